@@ -1,0 +1,36 @@
+"""asyncengine: an async-native LLM inference and serving engine.
+
+    from asyncengine import LLM, SamplingParams
+    llm = LLM()  # the default model, SmolLM2-135M-Instruct
+    print(llm.generate("The capital of France is", SamplingParams(temperature=0))[0].outputs[0].text)
+"""
+
+from asyncengine import _ops_path  # noqa: F401  (makes asyncengine.ops importable from a source tree)
+from asyncengine._version import __version__
+from asyncengine.config.engine import EngineConfig
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, StartupError
+from asyncengine.outputs import CompletionOutput, RequestOutput
+from asyncengine.sampling_params import SamplingParams
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineOverloadedError",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+    "StartupError",
+    "__version__",
+]
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and transformers; import it only when asked for, so `import asyncengine`
+    # (the CLI's --help, config tools) stays fast.
+    if name == "LLM":
+        from asyncengine.frontend.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'asyncengine' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from asyncengine.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The `asyncengine` command line."""

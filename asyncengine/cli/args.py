@@ -1,0 +1,87 @@
+"""One CLI flag per EngineConfig field: `max_num_seqs` becomes `--max-num-seqs`.
+
+Flags are derived from the Struct's fields and types, so a new option needs no CLI code. Dict fields
+take JSON (`--hf-overrides '{"rope_theta": 5e5}'`); list fields take JSON or comma-separated values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+import typing
+from typing import Any
+
+import msgspec
+
+from asyncengine.config.engine import EngineConfig, config_from_dict
+from asyncengine.errors import ConfigError
+
+# Fields given as the positional MODEL argument rather than a flag.
+_POSITIONAL = {"model"}
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _base_types(annotation: Any) -> set[Any]:
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(typing), {})  # annotations are postponed strings
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return {t for arg in typing.get_args(annotation) for t in _base_types(arg)}
+    return {origin or annotation}
+
+
+def _json_value(field: str):
+    def parse(text: str) -> Any:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"{flag_name(field)} takes JSON: {exc}") from exc
+
+    return parse
+
+
+def _list_value(text: str) -> list[str]:
+    if text.startswith("["):
+        return json.loads(text)
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine options (EngineConfig fields)")
+    hints = typing.get_type_hints(EngineConfig)
+    for field in msgspec.structs.fields(EngineConfig):
+        if field.name in _POSITIONAL:
+            continue
+        kinds = _base_types(hints[field.name]) - {type(None)}
+        kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS}
+        if kinds == {bool}:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif dict in kinds:
+            kwargs["type"] = _json_value(field.name)
+            kwargs["metavar"] = "JSON"
+        elif list in kinds:
+            kwargs["type"] = _list_value
+            kwargs["metavar"] = "A,B"
+        elif int in kinds:
+            kwargs["type"] = int
+        elif float in kinds:
+            kwargs["type"] = float
+        else:
+            kwargs["type"] = str
+        default = field.default if field.default is not msgspec.NODEFAULT else "{}"
+        kwargs["help"] = f"default: {default}"
+        group.add_argument(flag_name(field.name), **kwargs)
+
+
+def engine_config_from_args(args: argparse.Namespace, *, model: str | None) -> EngineConfig:
+    known = {f.name for f in msgspec.structs.fields(EngineConfig)}
+    values = {name: value for name, value in vars(args).items() if name in known}
+    values["model"] = model
+    return config_from_dict(values)
+
+
+__all__ = ["ConfigError", "add_engine_arguments", "engine_config_from_args", "flag_name"]

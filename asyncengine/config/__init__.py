@@ -1,0 +1,1 @@
+"""Configuration shared by every process: the engine options and the resolved model description."""

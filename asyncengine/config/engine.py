@@ -1,0 +1,179 @@
+"""EngineConfig: every engine option, named as vLLM's engine arguments where one exists.
+
+It is a msgspec Struct so that it crosses process boundaries as a msgpack frame, and so that the CLI can
+derive one flag per field (`max_num_seqs` -> `--max-num-seqs`). Values are checked here, field by field;
+checks that need the model (for example `max_model_len` against the model's context) live in
+`asyncengine.config.model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from asyncengine.errors import ConfigError
+
+# Options that are accepted with their default value but belong to a later part of the engine. Setting one
+# to anything else raises a ConfigError that says so, instead of silently ignoring the option.
+_NOT_YET_SUPPORTED: dict[str, str] = {
+    "tensor_parallel_size": "tensor parallelism",
+    "distributed_executor_backend": "worker processes",
+    "quantization": "quantization methods",
+    "scheduler_cls": "custom scheduler classes",
+    "worker_cls": "custom worker classes",
+    "worker_extension_cls": "worker extensions",
+    "logits_processors": "logits-processor plugins",
+    "kv_transfer_config": "KV connectors",
+}
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DEVICES_BUILT_IN = ("auto", "cpu", "cuda")
+
+# The KV cache on CPU has no device memory to measure, so it gets a fixed budget unless
+# `kv_cache_memory_bytes` or `num_gpu_blocks_override` say otherwise (docs/configuration.md).
+CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+
+
+class EngineConfig(msgspec.Struct, kw_only=True):
+    """Options of one engine. All have defaults; `model=None` means the default model."""
+
+    # Model and tokenizer
+    model: str | None = None
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    load_format: str = "auto"
+    download_dir: str | None = None
+    generation_config: str = "auto"
+    chat_template: str | None = None
+    hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
+    model_class_overrides: dict[str, str] = msgspec.field(default_factory=dict)
+    quantization: str | None = None
+
+    # Scheduling and KV cache
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_logprobs: int = 20
+    max_waiting_requests: int = 4096
+
+    # Placement and execution
+    device: str = "auto"
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    in_process: bool = True
+
+    # Extension hooks
+    scheduler_cls: str | None = None
+    worker_cls: str = "auto"
+    worker_extension_cls: str = ""
+    logits_processors: list[str] | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+    additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    plugins: str | None = None
+
+    def __post_init__(self) -> None:
+        self._check_ranges()
+        self._check_choices()
+        self._check_not_yet_supported()
+
+    def _check_ranges(self) -> None:
+        positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size")
+        for name in positive:
+            if getattr(self, name) < 1 and not (name == "max_logprobs" and self.max_logprobs == 0):
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", field=name)
+        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes", "num_gpu_blocks_override"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be at least 1 when given, got {value}", field=name)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+                field="gpu_memory_utilization",
+            )
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}", field="seed")
+
+    def _check_choices(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}", field="dtype")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}",
+                field="load_format",
+            )
+        if self.device not in DEVICES_BUILT_IN:
+            raise ConfigError(
+                f"device must be one of {', '.join(DEVICES_BUILT_IN)}; got {self.device!r}", field="device"
+            )
+        if self.generation_config not in ("auto", "vllm"):
+            raise ConfigError(
+                "generation_config must be 'auto' (use the model's generation_config.json) or 'vllm' "
+                f"(ignore it); got {self.generation_config!r}",
+                field="generation_config",
+            )
+        if self.block_size % 8 != 0 and self.block_size not in (1, 2, 4):
+            raise ConfigError(
+                f"block_size must be 1, 2, 4 or a multiple of 8, got {self.block_size}", field="block_size"
+            )
+
+    def _check_not_yet_supported(self) -> None:
+        defaults = _DEFAULTS
+        for name, feature in _NOT_YET_SUPPORTED.items():
+            value = getattr(self, name)
+            if value != defaults[name] and not (name == "distributed_executor_backend" and value == "uni"):
+                raise ConfigError(
+                    f"{name}={value!r}: {feature} are not implemented in this version of asyncengine; "
+                    f"leave {name} at its default ({defaults[name]!r})",
+                    field=name,
+                )
+        if not self.in_process:
+            raise ConfigError(
+                "in_process=False (engine core in its own process) is not implemented in this version of "
+                "asyncengine; leave in_process at True",
+                field="in_process",
+            )
+
+    @property
+    def effective_max_num_batched_tokens(self) -> int:
+        """The per-step token budget: the option, else 2048 (vLLM's default with chunked prefill)."""
+        return self.max_num_batched_tokens if self.max_num_batched_tokens is not None else 2048
+
+
+def _field_defaults() -> dict[str, Any]:
+    defaults: dict[str, Any] = {}
+    for field in msgspec.structs.fields(EngineConfig):
+        if field.default is not msgspec.NODEFAULT:
+            defaults[field.name] = field.default
+        elif field.default_factory is not msgspec.NODEFAULT:
+            defaults[field.name] = field.default_factory()
+    return defaults
+
+
+_DEFAULTS = _field_defaults()
+
+
+def config_from_dict(values: dict[str, Any]) -> EngineConfig:
+    """Build an EngineConfig from loose keyword values (LLM(**kwargs), a JSON frame), naming any bad field."""
+    known = {f.name for f in msgspec.structs.fields(EngineConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown engine option(s): {', '.join(unknown)}; see `asyncengine generate --help` for the list",
+            field=unknown[0],
+        )
+    try:
+        return msgspec.convert(values, EngineConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid engine option: {exc}") from exc

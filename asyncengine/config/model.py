@@ -1,0 +1,161 @@
+"""ModelConfig: what the engine needs to know about the model, resolved once in the frontend.
+
+It is a msgspec Struct so the frontend can ship it to other processes: they need not resolve the
+model argument again (which may involve converting a GGUF file).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
+from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
+
+# Keys under which configs give the longest context the model was trained for, in order of preference.
+_CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+
+
+class ModelConfig(msgspec.Struct, kw_only=True):
+    model_dir: str
+    tokenizer_dir: str | None
+    served_model_name: str
+    architectures: list[str]
+    hf_config: dict[str, Any]
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, Any]
+    hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def load_hf_config(self) -> Any:
+        """The transformers config object (with hf_overrides applied), for building the model."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.model_dir, **self.hf_overrides)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def build_model_config(config: EngineConfig, *, model_dir: Path, device: str, tokenizer: Any | None) -> ModelConfig:
+    """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`)."""
+    hf_config = load_config_json(model_dir)
+    hf_config.update(config.hf_overrides)
+    architectures = hf_config.get("architectures") or []
+    if not isinstance(architectures, list) or not architectures:
+        raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
+
+    from asyncengine.models.registry import ModelRegistry
+
+    if not any(ModelRegistry.is_supported(a) or a in config.model_class_overrides for a in architectures):
+        raise ModelLoadError(
+            f"model architecture(s) {', '.join(architectures)} of {model_dir} not supported; "
+            f"supported: {', '.join(ModelRegistry.get_supported_archs())}"
+        )
+
+    max_model_len = _max_model_len(config, hf_config)
+    generation_config = _load_generation_config(model_dir) if config.generation_config == "auto" else {}
+    eos_ids = _eos_token_ids(hf_config, generation_config, tokenizer)
+    defaults = {
+        field: generation_config[key]
+        for field, key in GENERATION_CONFIG_FIELDS.items()
+        if generation_config.get(key) is not None
+    }
+    # `do_sample: false` in generation_config.json means the model's authors want greedy by default.
+    if generation_config.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+
+    return ModelConfig(
+        model_dir=str(model_dir),
+        tokenizer_dir=None if config.skip_tokenizer_init else str(tokenizer_path(config, model_dir)),
+        served_model_name=config.served_model_name or config.model or DEFAULT_MODEL_NAME,
+        architectures=list(architectures),
+        hf_config=hf_config,
+        dtype=resolve_dtype(config.dtype, device),
+        max_model_len=max_model_len,
+        vocab_size=int(hf_config.get("vocab_size") or 0),
+        eos_token_ids=eos_ids,
+        generation_defaults=defaults,
+        hf_overrides=dict(config.hf_overrides),
+    )
+
+
+def tokenizer_path(config: EngineConfig, model_dir: Path) -> Path:
+    return Path(config.tokenizer).expanduser() if config.tokenizer else model_dir
+
+
+def load_config_json(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{path} is missing") from exc
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return data
+
+
+def _load_generation_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _max_model_len(config: EngineConfig, hf_config: dict[str, Any]) -> int:
+    sources = [hf_config] + [hf_config[k] for k in ("text_config",) if isinstance(hf_config.get(k), dict)]
+    derived = next(
+        (int(src[key]) for src in sources for key in _CONTEXT_LENGTH_KEYS if isinstance(src.get(key), int)), None
+    )
+    if config.max_model_len is None:
+        if derived is None:
+            raise ConfigError(
+                "config.json gives no context length (max_position_embeddings); set max_model_len",
+                field="max_model_len",
+            )
+        return derived
+    if derived is not None and config.max_model_len > derived:
+        raise ConfigError(
+            f"max_model_len={config.max_model_len} exceeds the model's context length ({derived}, "
+            "from config.json); lower it, or raise max_position_embeddings through hf_overrides if you "
+            "know the model handles it",
+            field="max_model_len",
+        )
+    return config.max_model_len
+
+
+def _eos_token_ids(hf_config: dict[str, Any], generation_config: dict[str, Any], tokenizer: Any | None) -> list[int]:
+    ids: list[int] = []
+    for source in (
+        getattr(tokenizer, "eos_token_id", None),
+        hf_config.get("eos_token_id"),
+        generation_config.get("eos_token_id"),
+    ):
+        for token_id in source if isinstance(source, list) else [source]:
+            if isinstance(token_id, int) and token_id not in ids:
+                ids.append(token_id)
+    return ids

@@ -1,0 +1,1 @@
+"""The engine-core role: scheduler, KV-block bookkeeping and the step loop."""

@@ -1,0 +1,240 @@
+"""Scheduler: continuous batching with a token budget, chunked prefill and preemption.
+
+Each step spends at most `max_num_batched_tokens` tokens. Running sequences come first, oldest first
+(one token each when decoding, the next chunk when a long prompt is still being prefilled); waiting
+sequences are admitted after them while the budget, `max_num_seqs` and free KV blocks allow. When a
+running sequence needs a block and none is free, the most recently admitted running sequence is
+preempted: its blocks are freed and it is recomputed later (its prefix may still be in the cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from asyncengine.engine_core.block_manager import BlockManager
+from asyncengine.engine_core.sequence import Sequence, SequenceStatus
+from asyncengine.wire.engine_core import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    SchedulerStats,
+)
+from asyncengine.wire.worker import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.sequences: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+        self._num_arrivals = 0
+        # Sequences the worker does not know yet (new, or resumed after preemption).
+        self._unsent: set[str] = set()
+        # Sequences the worker must forget at the next step.
+        self._forget: list[str] = []
+
+    # -- requests in and out -----------------------------------------------------------------------------
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        if request.request_id in self.sequences:
+            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+        seq = Sequence(request, self.block_manager.block_size, self._num_arrivals)
+        self._num_arrivals += 1
+        self.sequences[seq.request_id] = seq
+        self.waiting.append(seq)
+        self._unsent.add(seq.request_id)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
+        """Finish the given requests as aborted, freeing their blocks. Unknown ids are ignored
+        (the request may have finished on its own a moment earlier). Returns the ids aborted."""
+        aborted = []
+        for request_id in request_ids:
+            seq = self.sequences.get(request_id)
+            if seq is None:
+                continue
+            if seq.status is SequenceStatus.RUNNING:
+                self.running.remove(seq)
+            else:
+                self.waiting.remove(seq)
+            self._finish(seq, FinishReason.ABORT)
+            aborted.append(request_id)
+        return aborted
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.sequences)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.sequences)
+
+    # -- one step ----------------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        new_requests: list[NewRequestData] = []
+        cached_requests: list[CachedRequestData] = []
+        preempted_this_step = False
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_blocks_before = len(seq.block_ids)
+            while not self.block_manager.allocate(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted_this_step = True
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # it preempted itself: nothing after it is running any more
+            scheduled[seq.request_id] = num_new
+            budget -= num_new
+            if seq.request_id in self._unsent:
+                new_requests.append(self._new_request_data(seq))
+            else:
+                cached_requests.append(
+                    CachedRequestData(
+                        request_id=seq.request_id,
+                        new_block_ids=seq.block_ids[num_blocks_before:],
+                        num_computed_tokens=seq.num_computed_tokens,
+                    )
+                )
+            index += 1
+
+        # Admit waiting sequences, unless this step already had to preempt: admitting now would only
+        # take blocks the preempted sequences need back.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_this_step:
+            seq = self.waiting[0]
+            cached_blocks = self.block_manager.find_cached_prefix(seq)
+            num_cached = len(cached_blocks) * self.block_manager.block_size
+            num_new = seq.num_tokens - num_cached
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.block_manager.allocate(seq, num_new, cached_blocks):
+                break
+            self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.num_computed_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled[seq.request_id] = num_new
+            budget -= num_new
+            new_requests.append(self._new_request_data(seq))
+
+        # Tokens scheduled now count as computed from here on; the step's sampled token is appended
+        # when its output comes back.
+        for request_id, num_tokens in scheduled.items():
+            self.sequences[request_id].num_computed_tokens += num_tokens
+        forget, self._forget = self._forget, []
+        return SchedulerOutput(
+            new_requests=new_requests,
+            cached_requests=cached_requests,
+            num_scheduled_tokens=scheduled,
+            finished_request_ids=forget,
+        )
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        outputs: list[EngineCoreOutput] = []
+        logprobs = runner_output.logprobs
+        for position, request_id in enumerate(runner_output.request_ids):
+            seq = self.sequences.get(request_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            token_id = runner_output.sampled_token_ids[position]
+            seq.append_token(token_id)
+            finish_reason, stop_reason = self._check_stop(seq, token_id)
+            output = EngineCoreOutput(
+                request_id=request_id,
+                new_token_ids=[token_id],
+                new_logprobs=[logprobs[position]] if logprobs is not None and logprobs[position] else None,
+                finish_reason=finish_reason,
+                stop_reason=stop_reason,
+                num_cached_tokens=seq.num_cached_tokens,
+            )
+            outputs.append(output)
+            if finish_reason is not None:
+                self.running.remove(seq)
+                self._finish(seq, finish_reason, stop_reason)
+        return EngineCoreOutputs(
+            outputs=outputs,
+            scheduler_stats=self.stats(),
+            num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens,
+        )
+
+    def stats(self) -> SchedulerStats:
+        manager = self.block_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=manager.usage,
+            num_preemptions=self.num_preemptions,
+            prefix_cache_queries=manager.prefix_cache_queries,
+            prefix_cache_hits=manager.prefix_cache_hits,
+        )
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> tuple[str | None, int | None]:
+        sampling = seq.sampling
+        at_length = seq.num_output_tokens >= sampling.max_tokens or seq.num_tokens >= self.max_model_len
+        if seq.num_output_tokens >= sampling.min_tokens:
+            if token_id in sampling.stop_token_ids:
+                return FinishReason.STOP, token_id
+            if token_id in sampling.eos_token_ids:
+                return FinishReason.STOP, None
+        if at_length:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        self._unsent.add(seq.request_id)
+        self._forget.append(seq.request_id)
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | None = None) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        del self.sequences[seq.request_id]
+        if seq.request_id in self._unsent:
+            self._unsent.discard(seq.request_id)
+        else:
+            self._forget.append(seq.request_id)
+
+    def _new_request_data(self, seq: Sequence) -> NewRequestData:
+        self._unsent.discard(seq.request_id)
+        return NewRequestData(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            output_token_ids=seq.output_token_ids,
+            sampling=seq.sampling,
+            block_ids=list(seq.block_ids),
+            num_computed_tokens=seq.num_computed_tokens,
+        )

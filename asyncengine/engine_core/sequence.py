@@ -1,0 +1,80 @@
+"""Sequence: the engine core's view of one request while it is waiting, running or preempted."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+
+from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+def hash_block(parent: bytes | None, token_ids: list[int]) -> bytes:
+    """Content hash of one full block, chained to its parent so equal hashes mean equal prefixes."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(parent or b"root")
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return digest.digest()
+
+
+class Sequence:
+    """Token ids (prompt then output), progress, and the KV blocks that hold them."""
+
+    def __init__(self, request: EngineCoreRequest, block_size: int, arrival_index: int) -> None:
+        self.request_id = request.request_id
+        self.sampling: SamplingOptions = request.sampling
+        self.arrival_index = arrival_index
+        self.num_prompt_tokens = len(request.prompt_token_ids)
+        self.token_ids: list[int] = list(request.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
+        self.block_ids: list[int] = []
+        self.num_registered_blocks = 0  # leading blocks already named in the prefix cache
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+        self.num_preemptions = 0
+        self._block_size = block_size
+        self._block_hashes: list[bytes] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def block_hashes(self) -> list[bytes]:
+        """Hashes of every full block of tokens, extended lazily as tokens arrive."""
+        size = self._block_size
+        num_full = len(self.token_ids) // size
+        while len(self._block_hashes) < num_full:
+            index = len(self._block_hashes)
+            parent = self._block_hashes[-1] if self._block_hashes else None
+            self._block_hashes.append(hash_block(parent, self.token_ids[index * size : (index + 1) * size]))
+        return self._block_hashes
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, status={self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

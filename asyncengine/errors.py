@@ -1,0 +1,44 @@
+"""The errors asyncengine raises on purpose.
+
+Every error says what was wrong and what to do. The four public ones are re-exported from
+`asyncengine`; the others are subclasses, so `except StartupError` catches every way a start can fail.
+"""
+
+from __future__ import annotations
+
+
+class AsyncEngineError(Exception):
+    """Base class of every error asyncengine raises on purpose."""
+
+
+class RequestError(AsyncEngineError, ValueError):
+    """A request was invalid (the HTTP 400 family). `field` names the offending parameter."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class EngineOverloadedError(AsyncEngineError):
+    """The waiting queue is full (HTTP 503); retry later."""
+
+
+class EngineDeadError(AsyncEngineError):
+    """The engine can no longer serve requests: a process died or the engine was shut down."""
+
+
+class StartupError(AsyncEngineError):
+    """The engine could not start. The message names the phase and the culprit."""
+
+
+class ConfigError(StartupError, ValueError):
+    """The configuration is unusable (CLI exit code 2). `field` names the offending option."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ModelLoadError(StartupError):
+    """The model could not be found or loaded: a missing or corrupt file, an unknown architecture."""

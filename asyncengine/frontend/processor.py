@@ -1,0 +1,149 @@
+"""InputProcessor: from a user's prompt and SamplingParams to engine-core requests, or a RequestError.
+
+Everything a request can get wrong is caught here, in the frontend, before the engine core sees it:
+the prompt's form and length, token ids outside the vocabulary, sampling values the engine cannot
+honour. `n > 1` fans out into `n` engine-core requests (children) that share the prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.config.model import ModelConfig
+from asyncengine.errors import RequestError
+from asyncengine.sampling_params import SamplingParams
+from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
+
+
+@dataclass
+class ProcessedRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams  # with the model's defaults filled in
+    children: list[EngineCoreRequest]  # one per completion index
+
+
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    return request_id if n == 1 else f"{request_id}#{index}"
+
+
+class InputProcessor:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, tokenizer: Any | None) -> None:
+        self.engine_config = engine_config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+
+    def default_sampling_params(self) -> SamplingParams:
+        return SamplingParams().with_defaults(self.model_config.generation_defaults)
+
+    def process(self, request_id: str, prompt: Any, params: SamplingParams | None) -> ProcessedRequest:
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError(
+                f"sampling_params must be a SamplingParams, got {type(params).__name__}", field="sampling_params"
+            )
+        prompt_text, token_ids = self._tokenize(prompt)
+        self._check_prompt(token_ids)
+        params = params.with_defaults(self.model_config.generation_defaults)
+        self._check_params(params)
+        room = self.model_config.max_model_len - len(token_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        options = SamplingOptions(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            seed=params.seed,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            max_tokens=max_tokens,
+            min_tokens=min(params.min_tokens, max_tokens),
+            stop_token_ids=tuple(params.stop_token_ids or ()),
+            eos_token_ids=() if params.ignore_eos else tuple(self.model_config.eos_token_ids),
+            logprobs=params.logprobs,
+        )
+        arrival = time.monotonic()
+        children = []
+        for index in range(params.n):
+            child_options = options
+            if params.seed is not None and params.n > 1:
+                # Each completion gets its own stream of randomness, reproducible from the seed.
+                child_options = _replace_seed(options, params.seed + index)
+            children.append(
+                EngineCoreRequest(
+                    request_id=child_request_id(request_id, index, params.n),
+                    prompt_token_ids=token_ids,
+                    sampling=child_options,
+                    arrival_time=arrival,
+                )
+            )
+        return ProcessedRequest(request_id, prompt_text, token_ids, params, children)
+
+    # -- checks ------------------------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(
+                    "text prompts need a tokenizer, but the engine runs with skip_tokenizer_init: send "
+                    "{'prompt_token_ids': [...]}",
+                    field="prompt",
+                )
+            return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                token_ids = prompt["prompt_token_ids"]
+                if not isinstance(token_ids, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in token_ids
+                ):
+                    raise RequestError("prompt_token_ids must be a list of integers", field="prompt_token_ids")
+                return prompt.get("prompt"), list(token_ids)
+            if "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+        raise RequestError(
+            f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}", field="prompt"
+        )
+
+    def _check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise RequestError("the prompt is empty", field="prompt")
+        max_len = self.model_config.max_model_len
+        if len(token_ids) >= max_len:
+            raise RequestError(
+                f"the prompt is {len(token_ids)} tokens long, but max_model_len is {max_len} and at least one "
+                "token must be generated: shorten the prompt or raise max_model_len",
+                field="prompt",
+            )
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in token_ids if t < 0 or t >= vocab), None)
+        if bad is not None:
+            raise RequestError(
+                f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", field="prompt_token_ids"
+            )
+
+    def _check_params(self, params: SamplingParams) -> None:
+        limit = self.engine_config.max_logprobs
+        if params.logprobs is not None and params.logprobs > limit:
+            raise RequestError(
+                f"logprobs={params.logprobs} exceeds the engine's max_logprobs ({limit})", field="logprobs"
+            )
+        vocab = self.model_config.vocab_size
+        for token_id in params.stop_token_ids or ():
+            if token_id >= vocab:
+                raise RequestError(
+                    f"stop_token_ids has {token_id}, outside the vocabulary (0..{vocab - 1})", field="stop_token_ids"
+                )
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer (the engine runs with skip_tokenizer_init)", field="stop")
+
+
+def _replace_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
+    import msgspec
+
+    return msgspec.structs.replace(options, seed=seed)

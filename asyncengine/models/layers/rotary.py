@@ -1,0 +1,85 @@
+"""Rotary position embedding (RoPE), with the scaling variants Llama-family checkpoints use."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from asyncengine.errors import ModelLoadError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_parameters(hf_config: Any) -> dict[str, Any]:
+    """The rope settings of a config, whichever way transformers spelled them.
+
+    transformers 5 keeps them in `rope_parameters`; older config.json files have `rope_theta`
+    and an optional `rope_scaling` dict.
+    """
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        merged = dict(params)
+    else:
+        merged = dict(getattr(hf_config, "rope_scaling", None) or {})
+        merged["rope_theta"] = getattr(hf_config, "rope_theta", 10000.0)
+    merged.setdefault("rope_type", merged.pop("type", "default") or "default")
+    return merged
+
+
+def _inverse_frequencies(rotary_dim: int, params: dict[str, Any]) -> torch.Tensor:
+    base = float(params["rope_theta"])
+    # Same expression as transformers, so positions rotate by bit-identical angles in float32.
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float) / rotary_dim
+    inv_freq = 1.0 / (base**exponents)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        return _llama3_scaled(inv_freq, params)
+    raise ModelLoadError(
+        f"rope_type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+    )
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's rule: long wavelengths slowed by `factor`, short ones kept, a smooth blend between."""
+    factor = float(params["factor"])
+    low = float(params["low_freq_factor"])
+    high = float(params["high_freq_factor"])
+    original_context = float(params["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    slowed = torch.where(wavelength > original_context / low, inv_freq / factor, inv_freq)
+    blend = (original_context / wavelength - low) / (high - low)
+    blended = (1 - blend) * slowed / factor + blend * slowed
+    in_between = (wavelength >= original_context / high) & (wavelength <= original_context / low)
+    return torch.where(in_between, blended, slowed)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates query and key heads by their positions, reading cos/sin from a table built once."""
+
+    def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
+        super().__init__()
+        inv_freq = _inverse_frequencies(head_dim, params)
+        angles = torch.arange(max_position, dtype=torch.float).unsqueeze(1) * inv_freq.unsqueeze(0)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos_table", angles.cos(), persistent=False)
+        self.register_buffer("sin_table", angles.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`query` `[tokens, heads, head_dim]`, `key` `[tokens, kv_heads, head_dim]`."""
+        cos = self.cos_table[positions].unsqueeze(1).to(query.dtype)
+        sin = self.sin_table[positions].unsqueeze(1).to(query.dtype)
+        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin

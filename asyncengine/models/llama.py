@@ -1,0 +1,214 @@
+"""Llama (and the Llama-shaped models of Qwen2 and Qwen3, which subclass this file's classes).
+
+Written against the paged KV cache: the batch is a flat run of tokens with their positions, and each
+attention layer reads keys and values from cache pages (asyncengine/models/layers/attention.py).
+Checkpoint names follow transformers; q/k/v and gate/up are fused into one matrix each on load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from asyncengine.errors import ModelLoadError
+from asyncengine.models.layers.activation import SiluAndMul
+from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
+from asyncengine.models.layers.embedding import LMHead, VocabEmbedding
+from asyncengine.models.layers.linear import Linear, MergedLinear, copy_checked
+from asyncengine.models.layers.norm import RMSNorm
+from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
+
+# checkpoint projection name -> (fused parameter name, shard index)
+FUSED_PROJECTIONS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+# Checkpoint tensors that older exports carry but no model needs.
+IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def head_dim_of(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: Any, rotary: RotaryEmbedding, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = MergedLinear(config.hidden_size, self.split_sizes, bias=self.qkv_bias(config), dtype=dtype)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=self.o_bias(config), dtype=dtype)
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    @staticmethod
+    def qkv_bias(config: Any) -> bool:
+        return bool(getattr(config, "attention_bias", False))
+
+    @staticmethod
+    def o_bias(config: Any) -> bool:
+        return bool(getattr(config, "attention_bias", False))
+
+    def normalize_qk(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook for architectures that normalize heads before rotary (Qwen3); Llama does not."""
+        return query, key
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        query, key, value = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+        query = query.view(num_tokens, self.num_heads, self.head_dim)
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
+        query, key = self.normalize_qk(query, key)
+        query, key = self.rotary(positions, query, key)
+        return self.o_proj(self.attn(query, key, value.contiguous(), metadata))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [size, size], bias=bias, dtype=dtype)
+        self.down_proj = Linear(size, config.hidden_size, bias=bias, dtype=dtype)
+        self.act = SiluAndMul()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, config: Any, rotary: RotaryEmbedding, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.self_attn = self.attention_cls(config, rotary, dtype=dtype)
+        self.mlp = LlamaMLP(config, dtype=dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
+    def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        # One rotary table shared by every layer.
+        rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
+        self.layers = nn.ModuleList(
+            self.layer_cls(config, rotary, dtype=dtype) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls: type[LlamaModel] = LlamaModel
+
+    def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        self.model = self.model_cls(config, dtype=dtype, max_position=max_position)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Final hidden states, one row per input token."""
+        return self.model(input_ids, positions, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (transformers names) into the parameters; every parameter must be set."""
+        params = dict(self.named_parameters())
+        required = self._required_pieces(params)
+        loaded: set[tuple[str, int | None]] = set()
+        unexpected = []
+        for name, tensor in weights:
+            if name.endswith(IGNORED_CHECKPOINT_SUFFIXES):
+                continue
+            if self.tie_word_embeddings and name == "lm_head.weight":
+                continue  # a tied checkpoint may still store the copy
+            target_name, shard = _fused_target(name)
+            param = params.get(target_name)
+            if param is None:
+                unexpected.append(name)
+                continue
+            if shard is None:
+                copy_checked(param.data, tensor, name)
+            else:
+                module = self.get_submodule(target_name.rsplit(".", 1)[0])
+                module.load_shard(param, tensor, shard, name)
+            loaded.add((target_name, shard))
+        if unexpected:
+            raise ModelLoadError(
+                f"the checkpoint has tensors this {type(self).__name__} does not have: "
+                f"{_some(unexpected)}; is config.json's architecture right for these weights?"
+            )
+        missing = [name if shard is None else f"{name} (shard {shard})" for name, shard in required - loaded]
+        if missing:
+            raise ModelLoadError(f"the checkpoint lacks weights for: {_some(missing)}")
+
+    def _required_pieces(self, params: dict[str, nn.Parameter]) -> set[tuple[str, int | None]]:
+        """(parameter, shard) pairs a checkpoint must provide; shard None for unfused parameters."""
+        required: set[tuple[str, int | None]] = set()
+        for name in params:
+            if self.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            if isinstance(module, MergedLinear) and len(module.output_sizes) > 1:
+                required.update((name, shard) for shard in range(len(module.output_sizes)))
+            else:
+                required.add((name, None))
+        return required
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    names = sorted(names)
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _fused_target(name: str) -> tuple[str, int | None]:
+    """`model.layers.3.self_attn.k_proj.weight` -> (`model.layers.3.self_attn.qkv_proj.weight`, 1)."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in FUSED_PROJECTIONS:
+        fused, shard = FUSED_PROJECTIONS[parts[-2]]
+        return ".".join(parts[:-2] + [fused, parts[-1]]), shard
+    return name, None

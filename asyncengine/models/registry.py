@@ -1,0 +1,81 @@
+"""ModelRegistry: architecture name (config.json's `architectures`) -> model class.
+
+Built-in models register here in code, so the engine works from a source tree with no installed
+metadata. A class may be given lazily as "package.module:Class"; it is imported when first needed,
+and an import error is raised with its traceback (never remembered as "unsupported").
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from asyncengine.errors import ModelLoadError
+
+_BUILT_IN = {
+    "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
+}
+
+
+def import_by_path(path: str, *, what: str) -> Any:
+    """Import "package.module:attr", raising ModelLoadError that names `what` and the path."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelLoadError(f"{what}: {path!r} is not of the form 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(f"{what}: importing {module_name!r} failed: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ModelLoadError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
+
+
+class _ModelRegistry:
+    def __init__(self) -> None:
+        self._entries: dict[str, Any] = dict(_BUILT_IN)
+
+    def register_model(self, architecture: str, model: Any, *, override: bool = False) -> None:
+        """Register `model` (a class, or "package.module:Class") under `architecture`.
+
+        The same implementation twice is a no-op; a different one under a taken name is an error
+        unless `override=True`.
+        """
+        current = self._entries.get(architecture)
+        if current is not None and current != model and not override:
+            raise ValueError(
+                f"architecture {architecture!r} is already registered to {_describe(current)}; "
+                f"pass override=True to replace it with {_describe(model)}"
+            )
+        self._entries[architecture] = model
+
+    def get_supported_archs(self) -> list[str]:
+        return sorted(self._entries)
+
+    def is_supported(self, architecture: str) -> bool:
+        return architecture in self._entries
+
+    def resolve(self, architectures: list[str], overrides: dict[str, str] | None = None) -> tuple[str, type]:
+        """The first of `architectures` that has a class (config-given overrides win), and that class."""
+        overrides = overrides or {}
+        for architecture in architectures:
+            entry = overrides.get(architecture) or self._entries.get(architecture)
+            if entry is None:
+                continue
+            if isinstance(entry, str):
+                entry = import_by_path(entry, what=f"model class for {architecture}")
+            return architecture, entry
+        raise ModelLoadError(
+            f"model architecture(s) {', '.join(architectures) or '(none given)'} not supported; "
+            f"supported: {', '.join(self.get_supported_archs())}"
+        )
+
+
+def _describe(entry: Any) -> str:
+    return entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}"
+
+
+ModelRegistry = _ModelRegistry()

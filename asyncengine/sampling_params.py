@@ -1,0 +1,216 @@
+"""SamplingParams: how to sample one request, with vLLM's names and defaults.
+
+The class remembers which fields the caller set. A model's generation_config.json supplies defaults
+for the fields the request left alone (`with_defaults`), as ARCHITECTURE.md promises. Every check
+raises `RequestError` naming the field, so the HTTP layer can answer 400 with `param` filled in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from asyncengine.errors import RequestError
+
+_GREEDY_EPSILON = 1e-5
+
+# vLLM's defaults. Order is the constructor's keyword order.
+_DEFAULTS: dict[str, Any] = {
+    "n": 1,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "seed": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "stop": None,
+    "stop_token_ids": None,
+    "ignore_eos": False,
+    "max_tokens": 16,
+    "min_tokens": 0,
+    "logprobs": None,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "include_stop_str_in_output": False,
+}
+
+# Fields that a model's generation_config.json may supply, with the name it uses there.
+GENERATION_CONFIG_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_tokens": "max_new_tokens",
+}
+
+_UNSET: Any = object()
+
+
+class SamplingParams:
+    """Sampling options for one request. `temperature=0` is greedy; `top_k=0` (or -1) is off."""
+
+    __slots__ = (*_DEFAULTS, "_explicit")
+
+    def __init__(
+        self,
+        *,
+        n: int = _UNSET,
+        temperature: float = _UNSET,
+        top_p: float = _UNSET,
+        top_k: int = _UNSET,
+        min_p: float = _UNSET,
+        seed: int | None = _UNSET,
+        presence_penalty: float = _UNSET,
+        frequency_penalty: float = _UNSET,
+        repetition_penalty: float = _UNSET,
+        stop: str | list[str] | None = _UNSET,
+        stop_token_ids: list[int] | None = _UNSET,
+        ignore_eos: bool = _UNSET,
+        max_tokens: int | None = _UNSET,
+        min_tokens: int = _UNSET,
+        logprobs: int | None = _UNSET,
+        skip_special_tokens: bool = _UNSET,
+        spaces_between_special_tokens: bool = _UNSET,
+        include_stop_str_in_output: bool = _UNSET,
+    ) -> None:
+        given = dict(locals())
+        explicit = set()
+        for name, default in _DEFAULTS.items():
+            value = given[name]
+            if value is _UNSET:
+                value = default
+            else:
+                explicit.add(name)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_explicit", frozenset(explicit))
+        self._normalize_and_check()
+
+    # -- validation ------------------------------------------------------------------------------------
+
+    def _normalize_and_check(self) -> None:
+        _check_int(self.n, "n", minimum=1)
+        _check_number(self.temperature, "temperature", minimum=0.0)
+        _check_number(self.top_p, "top_p")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
+        _check_int(self.top_k, "top_k", minimum=-1)
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        _check_number(self.min_p, "min_p")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}", field="min_p")
+        if self.seed is not None:
+            _check_int(self.seed, "seed")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(value, name)
+            if not -2.0 <= value <= 2.0:
+                raise RequestError(f"{name} must be in [-2, 2], got {value}", field=name)
+        _check_number(self.repetition_penalty, "repetition_penalty")
+        if not self.repetition_penalty > 0.0:
+            raise RequestError(
+                f"repetition_penalty must be greater than 0, got {self.repetition_penalty}",
+                field="repetition_penalty",
+            )
+        object.__setattr__(self, "stop", _normalize_stop(self.stop))
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, (list, tuple)):
+                raise RequestError("stop_token_ids must be a list of token ids", field="stop_token_ids")
+            for token_id in self.stop_token_ids:
+                _check_int(token_id, "stop_token_ids", minimum=0)
+            object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name} must be true or false", field=name)
+        if self.max_tokens is not None:
+            _check_int(self.max_tokens, "max_tokens", minimum=1)
+        _check_int(self.min_tokens, "min_tokens", minimum=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise RequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                field="min_tokens",
+            )
+        if self.logprobs is not None:
+            _check_int(self.logprobs, "logprobs", minimum=0)
+
+    # -- derived views -----------------------------------------------------------------------------------
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPSILON
+
+    @property
+    def explicit_fields(self) -> frozenset[str]:
+        """The fields the caller set (the others may take the model's generation_config defaults)."""
+        return self._explicit
+
+    def with_defaults(self, defaults: dict[str, Any]) -> "SamplingParams":
+        """A copy where each field the caller did not set takes `defaults[field]` when present."""
+        values = {name: getattr(self, name) for name in self._explicit}
+        for name, value in defaults.items():
+            if name not in self._explicit and name in _DEFAULTS:
+                values[name] = value
+        try:
+            merged = SamplingParams(**values)
+        except RequestError as exc:
+            raise RequestError(
+                f"the model's generation_config.json gives an invalid default: {exc.message}", field=exc.field
+            ) from exc
+        # Defaults filled in are not "explicit": keep the caller's view of what they set.
+        object.__setattr__(merged, "_explicit", self._explicit)
+        return merged
+
+    def clone(self, **changes: Any) -> "SamplingParams":
+        values = {name: getattr(self, name) for name in self._explicit}
+        values.update(changes)
+        cloned = SamplingParams(**values)
+        object.__setattr__(cloned, "_explicit", self._explicit | frozenset(changes))
+        return cloned
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Assignment goes through the same checks as the constructor.
+        if name not in _DEFAULTS:
+            raise AttributeError(f"SamplingParams has no field {name!r}")
+        replaced = self.clone(**{name: value})
+        for field in _DEFAULTS:
+            object.__setattr__(self, field, getattr(replaced, field))
+        object.__setattr__(self, "_explicit", replaced._explicit)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SamplingParams):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _DEFAULTS)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _DEFAULTS)
+        return f"SamplingParams({fields})"
+
+
+def _check_int(value: Any, field: str, *, minimum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{field} must be an integer, got {value!r}", field=field)
+    if minimum is not None and value < minimum:
+        raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
+
+
+def _check_number(value: Any, field: str, *, minimum: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{field} must be a finite number, got {value!r}", field=field)
+    if minimum is not None and value < minimum:
+        raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
+
+
+def _normalize_stop(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise RequestError("stop must be a string or a list of strings", field="stop")
+    if any(s == "" for s in stop):
+        raise RequestError("stop strings must be non-empty", field="stop")
+    return list(stop)

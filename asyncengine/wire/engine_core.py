@@ -1,0 +1,82 @@
+"""Frontend <-> engine core messages: requests in, per-step token outputs back."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What the engine core and workers need of a request's SamplingParams, fully resolved.
+
+    Stop strings, detokenization and `n` stay in the frontend; here `max_tokens` is a number (the
+    frontend fills in the room left under max_model_len) and `eos_token_ids` lists every EOS id
+    of the model (empty when the request set ignore_eos).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    arrival_time: float = 0.0
+
+
+class FinishReason:
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class EngineCoreOutput(msgspec.Struct, kw_only=True):
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    # Per new token: the sampled token first, then the top-N, as (token ids, logprobs).
+    new_logprobs: list[tuple[list[int], list[float]]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SchedulerStats(msgspec.Struct, kw_only=True):
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, kw_only=True):
+    """Everything one engine step produced: it travels as one message."""
+
+    outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    num_scheduled_tokens: int = 0

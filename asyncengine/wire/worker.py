@@ -1,0 +1,53 @@
+"""Engine core <-> worker messages: what to compute this step, and what was sampled.
+
+As in vLLM v1, a request's full data is sent once (`NewRequestData`); afterwards only what changed
+(`CachedRequestData`). The worker keeps the tokens it sampled itself, so they never travel back in.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from asyncengine.wire.engine_core import SamplingOptions
+
+
+class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    # Output tokens already sampled: non-empty when a preempted request resumes.
+    output_token_ids: list[int]
+    sampling: SamplingOptions
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+class SchedulerOutput(msgspec.Struct, kw_only=True):
+    new_requests: list[NewRequestData] = msgspec.field(default_factory=list)
+    cached_requests: list[CachedRequestData] = msgspec.field(default_factory=list)
+    # Request id -> number of tokens to compute this step, in batch order.
+    num_scheduled_tokens: dict[str, int] = msgspec.field(default_factory=dict)
+    # Requests the worker should forget (finished, aborted or preempted since the last step).
+    finished_request_ids: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class ModelRunnerOutput(msgspec.Struct, kw_only=True):
+    """Requests that sampled this step (those whose scheduled tokens reached their end), in batch order."""
+
+    request_ids: list[str] = msgspec.field(default_factory=list)
+    sampled_token_ids: list[int] = msgspec.field(default_factory=list)
+    # Parallel to request_ids when any request asked for logprobs: sampled token first, then the top-N.
+    logprobs: list[tuple[list[int], list[float]] | None] | None = None

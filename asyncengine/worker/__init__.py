@@ -1,0 +1,1 @@
+"""The worker role: device, model, KV-cache memory, model runner and sampler."""

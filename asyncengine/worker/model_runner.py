@@ -1,0 +1,223 @@
+"""ModelRunner: keeps each request's tokens and blocks, turns a SchedulerOutput into model inputs,
+runs the model and the sampler.
+
+Per step the batch is a flat run of tokens in the scheduler's order. A request samples when the
+tokens scheduled for it reach the end of what it has (a decode step, or the last chunk of its
+prompt); a request whose prompt is still being prefilled in chunks produces nothing this step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asyncengine.config.engine import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
+from asyncengine.config.model import ModelConfig
+from asyncengine.errors import StartupError
+from asyncengine.loader.model_loader import load_model
+from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
+from asyncengine.worker.sampler import Sampler, SamplingRow
+from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+
+
+@dataclass
+class RequestState:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # prompt, then every token sampled so far
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling: SamplingOptions
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+
+class ModelRunner:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device) -> None:
+        self.engine_config = engine_config
+        self.model_config = model_config
+        self.device = device
+        self.block_size = engine_config.block_size
+        self.dtype = getattr(torch, model_config.dtype)
+        self.requests: dict[str, RequestState] = {}
+        self.model: torch.nn.Module | None = None
+        self.attention_layers: list[PagedAttention] = []
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_blocks = 0
+        self.sampler = Sampler(model_config.vocab_size, device, engine_config.seed)
+
+    # -- start-up ----------------------------------------------------------------------------------------
+
+    def load_model(self) -> None:
+        self.model = load_model(
+            self.model_config,
+            device=self.device,
+            load_format=self.engine_config.load_format,
+            model_class_overrides=self.engine_config.model_class_overrides,
+            seed=self.engine_config.seed,
+        )
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+
+    def kv_cache_bytes_per_block(self) -> int:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return sum(
+            2 * self.block_size * layer.num_kv_heads * layer.head_dim * element_size for layer in self.attention_layers
+        )
+
+    def determine_num_blocks(self) -> int:
+        """How many KV blocks to allocate: the override, else the byte budget, else what memory allows."""
+        config = self.engine_config
+        if config.num_gpu_blocks_override is not None:
+            return config.num_gpu_blocks_override
+        per_block = self.kv_cache_bytes_per_block()
+        if config.kv_cache_memory_bytes is not None:
+            budget = config.kv_cache_memory_bytes
+        elif self.device.type == "cuda":
+            budget = self._cuda_kv_budget()
+        else:
+            budget = CPU_DEFAULT_KV_CACHE_BYTES
+        return max(0, budget // per_block)
+
+    def _cuda_kv_budget(self) -> int:
+        """The memory left under gpu_memory_utilization after the weights and a peak-sized forward pass."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_tokens = min(self.engine_config.effective_max_num_batched_tokens, self.model_config.max_model_len)
+        self._profile_forward(num_tokens)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(total * self.engine_config.gpu_memory_utilization) - peak
+
+    def _profile_forward(self, num_tokens: int) -> None:
+        num_blocks = -(-num_tokens // self.block_size)
+        self._allocate_kv_cache(num_blocks)
+        state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions())
+        self.requests["__profile__"] = state
+        try:
+            self.execute_model(SchedulerOutput(num_scheduled_tokens={"__profile__": num_tokens}))
+        finally:
+            self.requests.pop("__profile__", None)
+            self.kv_caches = []
+            for layer in self.attention_layers:
+                layer.kv_cache = None
+            torch.cuda.synchronize(self.device)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        max_len = self.model_config.max_model_len
+        needed = -(-max_len // self.block_size)
+        if num_blocks < needed:
+            raise StartupError(
+                f"the KV cache has room for {num_blocks} blocks of {self.block_size} tokens "
+                f"({num_blocks * self.block_size} tokens), less than one sequence of max_model_len={max_len} "
+                "needs; raise kv_cache_memory_bytes (or gpu_memory_utilization), or lower max_model_len"
+            )
+        self._allocate_kv_cache(num_blocks)
+        self.num_blocks = num_blocks
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+            # Zeroed, not empty: padded attention reads stale slots (masked out), and a NaN there
+            # would still poison the result through 0 * NaN.
+            cache = (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            layer.kv_cache = cache
+            self.kv_caches.append(cache)
+
+    # -- one step ----------------------------------------------------------------------------------------
+
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        for request_id in scheduler_output.finished_request_ids:
+            self.requests.pop(request_id, None)
+        for new in scheduler_output.new_requests:
+            self.requests[new.request_id] = RequestState(
+                prompt_token_ids=list(new.prompt_token_ids),
+                token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                sampling=new.sampling,
+            )
+        for cached in scheduler_output.cached_requests:
+            state = self.requests[cached.request_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput()
+        inputs = self._prepare_inputs(scheduler_output)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+        if not inputs.sampling_request_ids:
+            return ModelRunnerOutput()
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        rows = []
+        for request_id in inputs.sampling_request_ids:
+            state = self.requests[request_id]
+            rows.append(SamplingRow(state.sampling, state.prompt_token_ids, state.output_token_ids))
+        sampled = self.sampler(logits, rows)
+        for request_id, token_id in zip(inputs.sampling_request_ids, sampled.token_ids):
+            self.requests[request_id].token_ids.append(token_id)
+        return ModelRunnerOutput(
+            request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs
+        )
+
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> "_StepInputs":
+        block_size = self.block_size
+        token_chunks, position_chunks, slot_chunks = [], [], []
+        query_lens, seq_lens, tables = [], [], []
+        logits_indices, sampling_ids = [], []
+        offset = 0
+        for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            state = self.requests[request_id]
+            start = state.num_computed_tokens
+            end = start + num_tokens
+            positions = np.arange(start, end)
+            blocks = np.asarray(state.block_ids, dtype=np.int64)
+            token_chunks.append(state.token_ids[start:end])
+            position_chunks.append(positions)
+            slot_chunks.append(blocks[positions // block_size] * block_size + positions % block_size)
+            query_lens.append(num_tokens)
+            seq_lens.append(end)
+            tables.append(state.block_ids)
+            offset += num_tokens
+            if end == len(state.token_ids):
+                logits_indices.append(offset - 1)
+                sampling_ids.append(request_id)
+        max_blocks = max(len(t) for t in tables)
+        block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
+        for row, table in enumerate(tables):
+            block_tables[row, : len(table)] = table
+
+        def to_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+        return _StepInputs(
+            input_ids=to_device(np.fromiter((t for c in token_chunks for t in c), dtype=np.int64, count=offset)),
+            positions=to_device(np.concatenate(position_chunks)),
+            metadata=AttentionMetadata(
+                slot_mapping=to_device(np.concatenate(slot_chunks)),
+                block_tables=to_device(block_tables),
+                query_lens=query_lens,
+                seq_lens=seq_lens,
+            ),
+            logits_indices=to_device(np.asarray(logits_indices, dtype=np.int64)),
+            sampling_request_ids=sampling_ids,
+        )
+
+
+@dataclass
+class _StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampling_request_ids: list[str]

@@ -1,0 +1,173 @@
+"""Sampler: from one row of logits per request to one token per request, with vLLM's semantics.
+
+Order of operations, per row: logprobs are taken from the raw logits (as vLLM's default
+`raw_logprobs`); then min_tokens masks the stop tokens; penalties (repetition on prompt and output,
+frequency and presence on output); greedy rows take the argmax; the others divide by temperature,
+apply min_p, top_k and top_p, and draw with the exponential race (argmax of p / E, E ~ Exp(1)).
+
+A request with a seed draws from a generator seeded by (seed, output position), so its tokens do not
+depend on which other requests share the batch, nor on whether it was preempted and recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncengine.wire.engine_core import SamplingOptions
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 64-bit seed space
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs of one request this step."""
+
+    options: SamplingOptions
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # Per row: (token ids, logprobs) with the sampled token first and then the top-N; None where the
+    # request did not ask for logprobs.
+    logprobs: list[tuple[list[int], list[float]] | None] | None = None
+
+
+@dataclass
+class _Batch:
+    rows: list[SamplingRow]
+    device: torch.device
+    greedy: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.greedy = [row.options.is_greedy for row in self.rows]
+
+    def column(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([getattr(row.options, name) for row in self.rows], dtype=dtype, device=self.device)
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self._generator = torch.Generator(device=device).manual_seed(seed)
+        self._row_generator = torch.Generator(device=device)
+
+    @torch.no_grad()
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        batch = _Batch(rows, logits.device)
+        logits = logits.float()
+        raw_logprobs = (
+            torch.log_softmax(logits, dim=-1) if any(r.options.logprobs is not None for r in rows) else None
+        )
+        logits = self._mask_stop_tokens_before_min_tokens(logits, rows)
+        if any(row.options.needs_penalties for row in rows):
+            logits = self._apply_penalties(logits, batch)
+        tokens = logits.argmax(dim=-1)
+        if not all(batch.greedy):
+            random_rows = [i for i, greedy in enumerate(batch.greedy) if not greedy]
+            sampled = self._sample_random(logits[random_rows], [rows[i] for i in random_rows])
+            tokens[random_rows] = sampled
+        token_list = tokens.tolist()
+        return SamplerOutput(token_ids=token_list, logprobs=self._logprobs(raw_logprobs, tokens, rows))
+
+    # -- processing steps --------------------------------------------------------------------------------
+
+    def _mask_stop_tokens_before_min_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        for index, row in enumerate(rows):
+            options = row.options
+            if len(row.output_token_ids) < options.min_tokens:
+                stop_ids = [t for t in (*options.stop_token_ids, *options.eos_token_ids) if t < logits.shape[1]]
+                if stop_ids:
+                    logits[index, stop_ids] = float("-inf")
+        return logits
+
+    def _apply_penalties(self, logits: torch.Tensor, batch: _Batch) -> torch.Tensor:
+        vocab = logits.shape[1]
+        output_counts = torch.zeros_like(logits)
+        seen = torch.zeros_like(logits, dtype=torch.bool)
+        for index, row in enumerate(batch.rows):
+            if not row.options.needs_penalties:
+                continue
+            if row.output_token_ids:
+                out = torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device).clamp_(max=vocab - 1)
+                output_counts[index].scatter_add_(0, out, torch.ones_like(out, dtype=logits.dtype))
+            prompt = torch.tensor(row.prompt_token_ids, dtype=torch.long, device=logits.device).clamp_(max=vocab - 1)
+            seen[index, prompt] = True
+        seen |= output_counts > 0
+        repetition = batch.column("repetition_penalty", torch.float32).unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
+        logits = torch.where(seen, penalized, logits)
+        frequency = batch.column("frequency_penalty", torch.float32).unsqueeze(1)
+        presence = batch.column("presence_penalty", torch.float32).unsqueeze(1)
+        return logits - frequency * output_counts - presence * (output_counts > 0).float()
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        batch = _Batch(rows, logits.device)
+        logits = logits / batch.column("temperature", torch.float32).unsqueeze(1)
+        if any(row.options.min_p > 0.0 for row in rows):
+            probs = torch.softmax(logits, dim=-1)
+            threshold = batch.column("min_p", torch.float32).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+            logits = logits.masked_fill(probs < threshold, float("-inf"))
+        use_top_k = any(row.options.top_k > 0 for row in rows)
+        use_top_p = any(row.options.top_p < 1.0 for row in rows)
+        if use_top_k or use_top_p:
+            logits = self._apply_top_k_top_p(logits, batch, use_top_k, use_top_p)
+        probs = torch.softmax(logits, dim=-1)
+        noise = torch.empty_like(probs)
+        for index, row in enumerate(rows):
+            seed = row.options.seed
+            if seed is None:
+                noise[index].exponential_(generator=self._generator)
+            else:
+                position = len(row.output_token_ids)
+                self._row_generator.manual_seed((seed * _SEED_MIX + position) & 0xFFFF_FFFF_FFFF_FFFF)
+                noise[index].exponential_(generator=self._row_generator)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _apply_top_k_top_p(logits: torch.Tensor, batch: _Batch, use_top_k: bool, use_top_p: bool) -> torch.Tensor:
+        vocab = logits.shape[1]
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        if use_top_k:
+            top_k = batch.column("top_k", torch.long)
+            top_k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+            drop |= ranks >= top_k.unsqueeze(1)
+        if use_top_p:
+            top_p = batch.column("top_p", torch.float32).unsqueeze(1)
+            probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+            # Mass strictly before each token: a token is kept while that is below top_p, so the
+            # most likely token always stays.
+            mass_before = probs.cumsum(dim=-1) - probs
+            drop |= mass_before >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+    @staticmethod
+    def _logprobs(
+        raw_logprobs: torch.Tensor | None, tokens: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[tuple[list[int], list[float]] | None] | None:
+        if raw_logprobs is None:
+            return None
+        max_n = max(row.options.logprobs or 0 for row in rows)
+        chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        if max_n > 0:
+            top_values, top_ids = raw_logprobs.topk(max_n, dim=-1)
+            top_values, top_ids = top_values.tolist(), top_ids.tolist()
+        result: list[tuple[list[int], list[float]] | None] = []
+        token_list = tokens.tolist()
+        for index, row in enumerate(rows):
+            n = row.options.logprobs
+            if n is None:
+                result.append(None)
+                continue
+            ids = [token_list[index]] + (top_ids[index][:n] if n else [])
+            values = [chosen[index]] + (top_values[index][:n] if n else [])
+            result.append((ids, values))
+        return result

@@ -1,0 +1,1 @@
+"""Kernels, each with a torch reference beside it. Imported as `asyncengine.ops`; imports no engine code."""

