@@ -1,16 +1,96 @@
 """Paged attention in plain torch: the reference every kernel is checked against, and the CPU path.
 
-Layout. The KV cache of one layer is two tensors `[num_blocks, block_size, num_kv_heads, head_dim]`.
-A batch is a flat run of tokens: sequence `b` owns query rows `query_start_loc[b]:query_start_loc[b+1]`,
-and after this step its context (cached prefix plus the new tokens) is `seq_lens[b]` tokens long, held
-in the blocks listed in row `b` of `block_tables`. New tokens are always the last of their context, so
-query row `i` of sequence `b` sits at position `seq_lens[b] - query_len + i` and sees keys up to there.
+Layout. The KV cache of one layer is two tensors `[num_kv_heads, num_blocks, block_size, head_dim]`:
+head-major, so that gathering a sequence's blocks yields, per head, its keys as one contiguous
+`[tokens, head_dim]` matrix that a matmul reads directly (no transpose copy).
+
+A batch is a flat run of tokens: sequence `b` owns `query_lens[b]` consecutive query rows, and after
+this step its context (cached prefix plus the new tokens) is `seq_lens[b]` tokens long, held in the
+blocks listed in row `b` of `block_tables`. New tokens are always the last of their context, so
+query row `i` of sequence `b` sits at position `seq_lens[b] - query_lens[b] + i` and sees keys up to there.
+
+Everything that depends only on the batch (which sequences decode, how they group, their masks) is
+worked out once per step by `plan_attention` and shared by every layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
+
+# Decoding sequences are attended in groups of similar length, each padded only to its own longest.
+DECODE_GROUP_SIZE = 8
+
+
+@dataclass
+class DecodeGroup:
+    rows: torch.Tensor  # [n] query rows, one per sequence
+    block_tables: torch.Tensor  # [n, blocks] enough blocks for the longest member
+    padding: torch.Tensor  # [1, n, 1, blocks * block_size] True where a slot is past a member's context
+    # gather_rows(block_tables, ...) for the cache shape seen by the first layer, reused by the others
+    cache_rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def rows_in(self, cache: torch.Tensor) -> torch.Tensor:
+        key = (cache.shape[0], cache.shape[1])
+        rows = self.cache_rows.get(key)
+        if rows is None:
+            rows = self.cache_rows[key] = gather_rows(self.block_tables, *key)
+        return rows
+
+
+@dataclass
+class PrefillSequence:
+    start: int  # first query row
+    query_len: int
+    seq_len: int
+    block_table: torch.Tensor  # [1, blocks]
+    causal_mask: torch.Tensor | None  # [query_len, seq_len] when part of the context is cached
+
+
+@dataclass
+class AttentionPlan:
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillSequence] = field(default_factory=list)
+
+
+def plan_attention(
+    query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int
+) -> AttentionPlan:
+    device = block_tables.device
+    plan = AttentionPlan()
+    decoding: list[tuple[int, int, int]] = []  # (seq_len, row, sequence index)
+    start = 0
+    for index, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
+        blocks = -(-seq_len // block_size)
+        if query_len == 1:
+            decoding.append((seq_len, start, index))
+        else:
+            mask = None
+            if query_len != seq_len:
+                # Bottom-right aligned causal mask: query i sees keys up to seq_len - query_len + i.
+                rows = torch.arange(query_len, device=device).unsqueeze(1)
+                cols = torch.arange(seq_len, device=device).unsqueeze(0)
+                mask = cols <= rows + (seq_len - query_len)
+            plan.prefills.append(
+                PrefillSequence(start, query_len, seq_len, block_tables[index : index + 1, :blocks], mask)
+            )
+        start += query_len
+    decoding.sort()
+    for first in range(0, len(decoding), DECODE_GROUP_SIZE):
+        members = decoding[first : first + DECODE_GROUP_SIZE]
+        lengths = torch.tensor([m[0] for m in members], device=device)
+        blocks = -(-members[-1][0] // block_size)
+        padding = torch.arange(blocks * block_size, device=device) >= lengths.unsqueeze(1)
+        plan.decode_groups.append(
+            DecodeGroup(
+                rows=torch.tensor([m[1] for m in members], device=device),
+                block_tables=block_tables[[m[2] for m in members], :blocks],
+                padding=padding[None, :, None, :],
+            )
+        )
+    return plan
 
 
 def store_kv(
@@ -20,24 +100,38 @@ def store_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write each token's key and value to its slot (`block_id * block_size + offset`)."""
-    num_kv_heads, head_dim = key_cache.shape[-2:]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    """Write each token's `[num_kv_heads, head_dim]` key and value to its slot (`block_id * block_size + offset`)."""
+    num_kv_heads, _, _, head_dim = key_cache.shape
+    key_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
+    value_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
 
 
-def gather_context(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` cached tokens of one sequence: `[length, num_kv_heads, head_dim]`."""
-    return cache[block_ids].flatten(0, 1)[:length]
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The blocks of each row of `block_tables` `[seqs, blocks]`, as `[num_kv_heads, seqs, blocks * block_size, head_dim]`.
+
+    One `index_select` over a 2-D view of the cache: on CPU it copies whole blocks and runs several
+    times faster than advanced indexing of the 4-D tensor. `rows` (from `gather_rows`) may be passed
+    when several layers gather the same blocks.
+    """
+    num_kv_heads, num_blocks, block_size, head_dim = cache.shape
+    num_seqs, blocks_per_seq = block_tables.shape
+    if rows is None:
+        rows = gather_rows(block_tables, num_kv_heads, num_blocks)
+    gathered = cache.view(num_kv_heads * num_blocks, block_size * head_dim).index_select(0, rows)
+    return gathered.view(num_kv_heads, num_seqs, blocks_per_seq * block_size, head_dim)
+
+
+def gather_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
+    """Row indices, in the 2-D view `[num_kv_heads * num_blocks, ...]` of a cache, of the given blocks."""
+    head_offsets = torch.arange(num_kv_heads, device=block_tables.device).view(-1, 1, 1) * num_blocks
+    return (block_tables.unsqueeze(0) + head_offsets).flatten()
 
 
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_lens: list[int],
-    seq_lens: list[int],
+    plan: AttentionPlan,
     scale: float,
     *,
     new_key: torch.Tensor | None = None,
@@ -45,71 +139,50 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of `query` `[num_tokens, num_heads, head_dim]` over each sequence's paged context.
 
-    `query_lens` and `seq_lens` are host lists (one entry per sequence). When `new_key`/`new_value`
-    (this step's keys and values, already stored in the cache) are given, a sequence whose whole
-    context is new this step reads them directly instead of gathering them back from the cache.
-    Returns `[num_tokens, num_heads, head_dim]`.
+    When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
+    a sequence whose whole context is new this step reads them directly instead of gathering them
+    back from the cache. Returns `[num_tokens, num_heads, head_dim]`.
     """
     output = torch.empty_like(query)
-    block_size = key_cache.shape[1]
-    decode_rows: list[int] = []
-    decode_seqs: list[int] = []
-    start = 0
-    for seq_index, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
-        if query_len == 1:
-            decode_rows.append(start)
-            decode_seqs.append(seq_index)
+    for seq in plan.prefills:
+        rows = slice(seq.start, seq.start + seq.query_len)
+        if new_key is not None and seq.causal_mask is None:
+            keys, values = new_key[rows], new_value[rows]
         else:
-            rows = slice(start, start + query_len)
-            if new_key is not None and query_len == seq_len:
-                keys, values = new_key[rows], new_value[rows]
-            else:
-                blocks = block_tables[seq_index, : -(-seq_len // block_size)]
-                keys = gather_context(key_cache, blocks, seq_len)
-                values = gather_context(value_cache, blocks, seq_len)
-            output[rows] = _prefill_attention(query[rows], keys, values, scale)
-        start += query_len
-    if decode_rows:
-        output[decode_rows] = _decode_attention(
-            query[decode_rows], key_cache, value_cache, block_tables[decode_seqs],
-            [seq_lens[i] for i in decode_seqs], scale,
-        )
+            keys = gather_blocks(key_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
+            values = gather_blocks(value_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
+        output[rows] = _prefill_attention(query[rows], keys, values, seq.causal_mask, scale)
+    for group in plan.decode_groups:
+        output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale)
     return output
 
 
-def _prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    query_len, context_len = query.shape[0], keys.shape[0]
+def _prefill_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """`query` `[query_len, heads, dim]` over `keys`/`values` `[context_len, kv_heads, dim]`."""
     q = query.transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
     k = keys.transpose(0, 1).unsqueeze(0)
     v = values.transpose(0, 1).unsqueeze(0)
-    if query_len == context_len:
+    if mask is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        # Queries are the last query_len positions of the context (bottom-right aligned causal mask).
-        offset = context_len - query_len
-        rows = torch.arange(query_len, device=query.device).unsqueeze(1)
-        cols = torch.arange(context_len, device=query.device).unsqueeze(0)
-        mask = cols <= rows + offset
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.squeeze(0).transpose(0, 1)
 
 
 def _decode_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: list[int],
-    scale: float,
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """One query per sequence: gather every context padded to the longest, mask the padding."""
-    block_size = key_cache.shape[1]
-    num_blocks = -(-max(seq_lens) // block_size)
-    tables = block_tables[:, :num_blocks]
-    keys = key_cache[tables].flatten(1, 2).transpose(1, 2)  # [batch, kv_heads, padded_len, dim]
-    values = value_cache[tables].flatten(1, 2).transpose(1, 2)
-    lengths = torch.tensor(seq_lens, device=query.device)
-    mask = torch.arange(keys.shape[2], device=query.device).unsqueeze(0) < lengths.unsqueeze(1)
-    q = query.unsqueeze(2)  # [batch, heads, 1, dim]
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True)
-    return out.squeeze(2)
+    """One query per sequence, `[n, heads, dim]`. Query heads are grouped under their KV head
+    (`[kv_heads, n, heads_per_kv_head, dim]`), so GQA needs no copy of the keys per query head."""
+    num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[3]
+    num_seqs = query.shape[0]
+    rows = group.rows_in(key_cache)
+    keys = gather_blocks(key_cache, group.block_tables, rows)  # [kv_heads, n, padded_len, dim]
+    values = gather_blocks(value_cache, group.block_tables, rows)
+    q = query.view(num_seqs, num_kv_heads, -1, head_dim).transpose(0, 1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale  # [kv_heads, n, heads_per_kv_head, padded_len]
+    scores.masked_fill_(group.padding, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)
+    return out.transpose(0, 1).reshape(num_seqs, -1, head_dim)

@@ -19,7 +19,7 @@ from asyncengine.models.layers.attention import AttentionMetadata, PagedAttentio
 from asyncengine.models.layers.embedding import LMHead, VocabEmbedding
 from asyncengine.models.layers.linear import Linear, MergedLinear, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
-from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
+from asyncengine.models.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
 
 # checkpoint projection name -> (fused parameter name, shard index)
 FUSED_PROJECTIONS = {
@@ -34,12 +34,15 @@ FUSED_PROJECTIONS = {
 IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
 def head_dim_of(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, rotary: RotaryEmbedding, *, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -48,7 +51,6 @@ class LlamaAttention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = MergedLinear(config.hidden_size, self.split_sizes, bias=self.qkv_bias(config), dtype=dtype)
         self.o_proj = Linear(q_size, config.hidden_size, bias=self.o_bias(config), dtype=dtype)
-        self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
     @staticmethod
@@ -63,14 +65,14 @@ class LlamaAttention(nn.Module):
         """Hook for architectures that normalize heads before rotary (Qwen3); Llama does not."""
         return query, key
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cos_sin: CosSin, metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         query, key, value = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         query, key = self.normalize_qk(query, key)
-        query, key = self.rotary(positions, query, key)
+        query, key = apply_rotary(query, key, cos_sin)
         return self.o_proj(self.attn(query, key, value.contiguous(), metadata))
 
 
@@ -90,18 +92,18 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls: type[LlamaAttention] = LlamaAttention
 
-    def __init__(self, config: Any, rotary: RotaryEmbedding, *, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
         super().__init__()
-        self.self_attn = self.attention_cls(config, rotary, dtype=dtype)
+        self.self_attn = self.attention_cls(config, dtype=dtype)
         self.mlp = LlamaMLP(config, dtype=dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(
         self,
-        positions: torch.Tensor,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
+        cos_sin: CosSin,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -109,7 +111,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, metadata)
+        hidden = self.self_attn(hidden, cos_sin, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -120,18 +122,17 @@ class LlamaModel(nn.Module):
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        # One rotary table shared by every layer.
-        rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
-        self.layers = nn.ModuleList(
-            self.layer_cls(config, rotary, dtype=dtype) for _ in range(config.num_hidden_layers)
-        )
+        # One rotary table; its cos/sin are looked up once per step and passed to every layer.
+        self.rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
+        self.layers = nn.ModuleList(self.layer_cls(config, dtype=dtype) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.lookup(positions, hidden.dtype)
         residual = None
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, metadata)
+            hidden, residual = layer(hidden, residual, cos_sin, metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

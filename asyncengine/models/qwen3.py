@@ -7,13 +7,12 @@ from typing import Any
 import torch
 
 from asyncengine.models.layers.norm import RMSNorm
-from asyncengine.models.layers.rotary import RotaryEmbedding
 from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, config: Any, rotary: RotaryEmbedding, *, dtype: torch.dtype) -> None:
-        super().__init__(config, rotary, dtype=dtype)
+    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype=dtype)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
 

@@ -18,6 +18,7 @@ from asyncengine.config.model import ModelConfig
 from asyncengine.errors import StartupError
 from asyncengine.loader.model_loader import load_model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
+from asyncengine.ops.paged_attention import plan_attention
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
@@ -121,7 +122,7 @@ class ModelRunner:
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = []
         for layer in self.attention_layers:
-            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+            shape = (layer.num_kv_heads, num_blocks, self.block_size, layer.head_dim)
             # Zeroed, not empty: padded attention reads stale slots (masked out), and a NaN there
             # would still poison the result through 0 * NaN.
             cache = (
@@ -205,9 +206,7 @@ class ModelRunner:
             positions=to_device(np.concatenate(position_chunks)),
             metadata=AttentionMetadata(
                 slot_mapping=to_device(np.concatenate(slot_chunks)),
-                block_tables=to_device(block_tables),
-                query_lens=query_lens,
-                seq_lens=seq_lens,
+                plan=plan_attention(query_lens, seq_lens, to_device(block_tables), block_size),
             ),
             logits_indices=to_device(np.asarray(logits_indices, dtype=np.int64)),
             sampling_request_ids=sampling_ids,

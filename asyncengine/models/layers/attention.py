@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asyncengine.ops.paged_attention import paged_attention, store_kv
+from asyncengine.ops.paged_attention import AttentionPlan, paged_attention, store_kv
 
 
 @dataclass
@@ -19,9 +19,7 @@ class AttentionMetadata:
     """Where this step's tokens go and what each sequence attends to (see ops/paged_attention.py)."""
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int64
-    query_lens: list[int]  # new tokens per sequence
-    seq_lens: list[int]  # context length per sequence after this step
+    plan: AttentionPlan  # built once per step, shared by every layer
 
 
 class PagedAttention(nn.Module):
@@ -42,7 +40,6 @@ class PagedAttention(nn.Module):
         key_cache, value_cache = self.kv_cache
         store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = paged_attention(
-            query, key_cache, value_cache, metadata.block_tables, metadata.query_lens, metadata.seq_lens,
-            self.scale, new_key=key, new_value=value,
+            query, key_cache, value_cache, metadata.plan, self.scale, new_key=key, new_value=value
         )
         return out.flatten(1)

@@ -76,10 +76,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_table", angles.cos(), persistent=False)
         self.register_buffer("sin_table", angles.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`query` `[tokens, heads, head_dim]`, `key` `[tokens, kv_heads, head_dim]`."""
-        cos = self.cos_table[positions].unsqueeze(1).to(query.dtype)
-        sin = self.sin_table[positions].unsqueeze(1).to(query.dtype)
-        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for each position, `[tokens, 1, head_dim]`: looked up once per step, used by every layer."""
+        return (
+            self.cos_table[positions].unsqueeze(1).to(dtype),
+            self.sin_table[positions].unsqueeze(1).to(dtype),
+        )
+
+
+def apply_rotary(
+    query: torch.Tensor, key: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate `query` `[tokens, heads, head_dim]` and `key` `[tokens, kv_heads, head_dim]` by their positions."""
+    cos, sin = cos_sin
+    return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin

@@ -1,0 +1,175 @@
+"""Offline throughput: output tokens per second of a whole batch, prefill included, after a warm-up.
+
+    python bench/throughput.py                      # W3: 32 requests on the default model (CPU)
+    python bench/throughput.py --compare hf         # ... and transformers' padded generate, same run
+    python bench/throughput.py --workload w1 --random-model qwen3-0.6b --num-seqs 8 --max-input 256 --max-output 64
+
+Workloads are defined in ../shared/WORKLOADS.md: prompts of random token ids and per-request output
+lengths drawn with Python's `random` from seed 0. Greedy decoding, `ignore_eos`, so every request
+produces exactly its `max_tokens`; the script checks that the generated count equals their sum.
+Prints one summary line (and, with --json FILE, writes the figures there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from random import randint, seed
+
+WORKLOADS = {
+    # name: (num_seqs, min_input, max_input, min_output, max_output)
+    "w1": (256, 100, 1024, 100, 1024),
+    "w3": (32, 64, 512, 32, 256),
+}
+
+# The shape of Qwen3-0.6B (WORKLOADS.md, W1), for random-weight runs.
+QWEN3_06B_SHAPE = dict(
+    architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, num_hidden_layers=28,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+    tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
+    hidden_act="silu", bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16",
+)
+
+
+def draw_workload(num_seqs: int, lo: int, hi: int, out_lo: int, out_hi: int) -> tuple[list[list[int]], list[int]]:
+    """The draws of WORKLOADS.md, in its order: every prompt first, then every output length."""
+    seed(0)
+    prompts = [[randint(0, 10000) for _ in range(randint(lo, hi))] for _ in range(num_seqs)]
+    max_tokens = [randint(out_lo, out_hi) for _ in range(num_seqs)]
+    return prompts, max_tokens
+
+
+def random_model_dir(shape: dict, num_layers: int | None) -> str:
+    directory = Path(tempfile.mkdtemp(prefix="asyncengine-bench-"))
+    config = dict(shape)
+    if num_layers:
+        config["num_hidden_layers"] = num_layers
+    (directory / "config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
+def run_asyncengine(args, model: str | None, prompts, max_tokens, load_format: str) -> tuple[float, int]:
+    from asyncengine import LLM, SamplingParams
+
+    options = dict(load_format=load_format, skip_tokenizer_init=True, dtype=args.dtype, device=args.device)
+    if args.max_num_seqs:
+        options["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens:
+        options["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.max_model_len:
+        options["max_model_len"] = args.max_model_len
+    llm = LLM(model, **options)
+    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(requests[:2], [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)] * 2)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return elapsed, generated
+
+
+def run_transformers(args, model_dir: str, prompts, max_tokens, batch_size: int) -> tuple[float, int]:
+    """transformers' padded `generate`, batches sorted by prompt length, greedy, float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, args.dtype if args.dtype != "auto" else "float32")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    pad_id = 0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+
+    def generate(indices: list[int]) -> int:
+        batch = [prompts[i] for i in indices]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        new = max(max_tokens[i] for i in indices)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                do_sample=False, pad_token_id=pad_id,
+            )
+        return sum(min(max_tokens[i], out.shape[1] - width) for i in indices)
+
+    generate(order[:2])  # warm-up
+    start = time.perf_counter()
+    generated = sum(generate(order[i : i + batch_size]) for i in range(0, len(order), batch_size))
+    return time.perf_counter() - start, generated
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w3")
+    parser.add_argument("--num-seqs", type=int)
+    parser.add_argument("--min-input", type=int)
+    parser.add_argument("--max-input", type=int)
+    parser.add_argument("--min-output", type=int)
+    parser.add_argument("--max-output", type=int)
+    parser.add_argument("--model", default=None, help="model directory or .gguf (default: the default model)")
+    parser.add_argument("--random-model", choices=["qwen3-0.6b"], help="random weights of this shape instead")
+    parser.add_argument("--num-layers", type=int, help="with --random-model: fewer layers, for a quick run")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--compare", choices=["hf"], help="also run transformers in the same process")
+    parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+
+    preset = WORKLOADS[args.workload]
+    shape = [
+        getattr(args, name) if getattr(args, name) is not None else default
+        for name, default in zip(("num_seqs", "min_input", "max_input", "min_output", "max_output"), preset)
+    ]
+    prompts, max_tokens = draw_workload(*shape)
+    expected = sum(max_tokens)
+    load_format = "auto"
+    model = args.model
+    if args.random_model:
+        model = random_model_dir(QWEN3_06B_SHAPE, args.num_layers)
+        load_format = "dummy"
+
+    import torch
+
+    threads = torch.get_num_threads()
+    elapsed, generated = run_asyncengine(args, model, prompts, max_tokens, load_format)
+    if generated != expected:
+        print(f"error: generated {generated} tokens, expected {expected} (the sum of max_tokens)", file=sys.stderr)
+        return 1
+    result = {
+        "workload": args.workload, "shape": shape, "output_tokens": generated, "threads": threads,
+        "asyncengine_s": round(elapsed, 3), "asyncengine_tok_s": round(generated / elapsed, 2),
+    }
+    line = f"{args.workload}: {generated} output tokens, asyncengine {generated / elapsed:.1f} tok/s ({elapsed:.1f} s)"
+    if args.compare == "hf":
+        if args.random_model:
+            print("error: --compare hf needs real weights (transformers cannot load dummy weights)", file=sys.stderr)
+            return 2
+        from asyncengine.loader.model_source import resolve_model_dir
+
+        model_dir = str(resolve_model_dir(model))
+        hf_elapsed, hf_generated = run_transformers(args, model_dir, prompts, max_tokens, args.hf_batch_size)
+        ratio = (generated / elapsed) / (hf_generated / hf_elapsed)
+        result.update(hf_s=round(hf_elapsed, 3), hf_tok_s=round(hf_generated / hf_elapsed, 2), ratio=round(ratio, 3))
+        line += (
+            f" | transformers generate (batches of {args.hf_batch_size}) {hf_generated / hf_elapsed:.1f} tok/s "
+            f"({hf_elapsed:.1f} s) | ratio {ratio:.2f}x"
+        )
+    line += f" | {threads} threads"
+    print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
