@@ -116,7 +116,9 @@ class SamplingParams:
                 field="repetition_penalty",
             )
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
-        if self.stop_token_ids is not None:
+        if self.stop_token_ids is None:
+            object.__setattr__(self, "stop_token_ids", [])
+        else:
             if not isinstance(self.stop_token_ids, (list, tuple)):
                 raise RequestError("stop_token_ids must be a list of token ids", field="stop_token_ids")
             for token_id in self.stop_token_ids:
@@ -151,25 +153,33 @@ class SamplingParams:
     def with_defaults(self, defaults: dict[str, Any]) -> "SamplingParams":
         """A copy where each field the caller did not set takes `defaults[field]` when present."""
         values = {name: getattr(self, name) for name in self._explicit}
-        for name, value in defaults.items():
-            if name not in self._explicit and name in _DEFAULTS:
-                values[name] = value
+        filled = {name: value for name, value in defaults.items() if name not in self._explicit and name in _DEFAULTS}
+        values.update(filled)
         try:
             merged = SamplingParams(**values)
         except RequestError as exc:
-            raise RequestError(
-                f"the model's generation_config.json gives an invalid default: {exc.message}", field=exc.field
-            ) from exc
+            if exc.field in filled and exc.field not in self._explicit and len(filled) == 1:
+                message = f"the model's generation_config.json gives an invalid default: {exc.message}"
+            else:
+                message = (
+                    f"with the model's generation_config.json defaults ({', '.join(sorted(filled))}) "
+                    f"the request is invalid: {exc.message}"
+                )
+            raise RequestError(message, field=exc.field) from exc
         # Defaults filled in are not "explicit": keep the caller's view of what they set.
         object.__setattr__(merged, "_explicit", self._explicit)
         return merged
 
     def clone(self, **changes: Any) -> "SamplingParams":
-        values = {name: getattr(self, name) for name in self._explicit}
+        """A copy with `changes` applied (and checked); the changed fields count as set by the caller."""
+        values = {name: getattr(self, name) for name in _DEFAULTS}
         values.update(changes)
-        cloned = SamplingParams(**values)
-        object.__setattr__(cloned, "_explicit", self._explicit | frozenset(changes))
-        return cloned
+        return _rebuild(values, self._explicit | frozenset(changes))
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], frozenset[str]]]:
+        # copy.copy / copy.deepcopy: rebuild through the constructor (slots plus a validating
+        # __setattr__ cannot be restored attribute by attribute).
+        return _rebuild, ({name: getattr(self, name) for name in _DEFAULTS}, self._explicit)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Assignment goes through the same checks as the constructor.
@@ -188,6 +198,12 @@ class SamplingParams:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _DEFAULTS)
         return f"SamplingParams({fields})"
+
+
+def _rebuild(values: dict[str, Any], explicit: frozenset[str]) -> SamplingParams:
+    params = SamplingParams(**values)
+    object.__setattr__(params, "_explicit", frozenset(explicit))
+    return params
 
 
 def _check_int(value: Any, field: str, *, minimum: int | None = None) -> None:

@@ -57,3 +57,21 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"greedy parity with transformers: {PARITY_RECORD['sequences']} sequences, "
             f"{PARITY_RECORD['tokens']} tokens compared, {PARITY_RECORD['ties']} ties (top-2 gap < 1e-4)"
         )
+
+
+# --- hf_default_model --------------------------------------------------------------------------
+# transformers' own loading of the default model's GGUF file (float32, eager attention) and its
+# tokenizer: the reference for weight and greedy parity. Loaded once per session (~25 s).
+@pytest.fixture(scope="session")
+def hf_default_model():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncengine.loader.gguf import default_model_gguf_path
+
+    path = default_model_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer

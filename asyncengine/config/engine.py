@@ -176,4 +176,9 @@ def config_from_dict(values: dict[str, Any]) -> EngineConfig:
     try:
         return msgspec.convert(values, EngineConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid engine option: {exc}") from exc
+        if isinstance(exc.__cause__, ConfigError):  # raised by our own checks in __post_init__
+            raise exc.__cause__ from None
+        # A type error from msgspec ends with "- at `$.field`": keep the field for the caller.
+        _, _, path = str(exc).rpartition("at `$.")
+        field = path.rstrip("`").split(".")[0].split("[")[0] or None
+        raise ConfigError(f"invalid engine option: {exc}", field=field) from exc

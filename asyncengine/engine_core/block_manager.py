@@ -70,9 +70,12 @@ class BlockManager:
             hits.append(block_id)
         if hits and len(hits) * self.block_size >= seq.num_tokens:
             hits.pop()
-        self.prefix_cache_queries += seq.num_tokens
-        self.prefix_cache_hits += len(hits) * self.block_size
         return hits
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted sequence's lookup (the scheduler calls it once per request, on admission)."""
+        self.prefix_cache_queries += num_tokens
+        self.prefix_cache_hits += num_hit_tokens
 
     # -- allocation --------------------------------------------------------------------------------------
 

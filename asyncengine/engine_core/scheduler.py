@@ -135,6 +135,7 @@ class Scheduler:
             self.waiting.popleft()
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
+                self.block_manager.record_prefix_lookup(seq.num_tokens, num_cached)
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -28,6 +28,7 @@ class _Completion:
     core_request_id: str
     detokenizer: IncrementalDetokenizer | None
     min_tokens: int
+    include_stop_str_in_output: bool
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[dict[int, float]] | None = None
@@ -95,6 +96,7 @@ class OutputProcessor:
                 core_request_id=child.request_id,
                 detokenizer=detokenizer,
                 min_tokens=params.min_tokens,
+                include_stop_str_in_output=params.include_stop_str_in_output,
                 logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None,
             )
@@ -155,10 +157,13 @@ class OutputProcessor:
         stopped_here = False
         detokenizer = completion.detokenizer
         if detokenizer is not None:
+            text_token_ids = output.new_token_ids
+            if output.finish_reason == FinishReason.STOP and not completion.include_stop_str_in_output:
+                # The EOS or stop token that ended the completion is not part of its text (vLLM's rule),
+                # even with skip_special_tokens=False.
+                text_token_ids = text_token_ids[:-1]
             # Stop strings count only once min_tokens tokens exist, as vLLM does.
-            update = detokenizer.update(
-                output.new_token_ids, check_stop=len(completion.token_ids) > completion.min_tokens
-            )
+            update = detokenizer.update(text_token_ids, check_stop=len(completion.token_ids) > completion.min_tokens)
             completion.text += update.delta_text
             if update.stop_str is not None:
                 completion.finish_reason = FinishReason.STOP

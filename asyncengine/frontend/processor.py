@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
@@ -129,11 +131,14 @@ class InputProcessor:
 
     def _check_params(self, params: SamplingParams) -> None:
         limit = self.engine_config.max_logprobs
-        if params.logprobs is not None and params.logprobs > limit:
-            raise RequestError(
-                f"logprobs={params.logprobs} exceeds the engine's max_logprobs ({limit})", field="logprobs"
-            )
         vocab = self.model_config.vocab_size
+        if params.logprobs is not None and params.logprobs > min(limit, vocab):
+            raise RequestError(
+                f"logprobs={params.logprobs} exceeds the engine's max_logprobs ({limit})"
+                if params.logprobs > limit
+                else f"logprobs={params.logprobs} exceeds the vocabulary size ({vocab})",
+                field="logprobs",
+            )
         for token_id in params.stop_token_ids or ():
             if token_id >= vocab:
                 raise RequestError(
@@ -144,6 +149,4 @@ class InputProcessor:
 
 
 def _replace_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
-    import msgspec
-
     return msgspec.structs.replace(options, seed=seed)

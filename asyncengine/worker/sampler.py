@@ -78,11 +78,14 @@ class Sampler:
     # -- processing steps --------------------------------------------------------------------------------
 
     def _mask_stop_tokens_before_min_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        copied = False
         for index, row in enumerate(rows):
             options = row.options
             if len(row.output_token_ids) < options.min_tokens:
                 stop_ids = [t for t in (*options.stop_token_ids, *options.eos_token_ids) if t < logits.shape[1]]
                 if stop_ids:
+                    if not copied:  # never write into the caller's tensor
+                        logits, copied = logits.clone(), True
                     logits[index, stop_ids] = float("-inf")
         return logits
 
@@ -118,12 +121,11 @@ class Sampler:
         if use_top_k or use_top_p:
             logits = self._apply_top_k_top_p(logits, batch, use_top_k, use_top_p)
         probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs)
+        # Unseeded rows draw together from the engine's generator; seeded ones one by one from theirs.
+        noise = torch.empty_like(probs).exponential_(generator=self._generator)
         for index, row in enumerate(rows):
             seed = row.options.seed
-            if seed is None:
-                noise[index].exponential_(generator=self._generator)
-            else:
+            if seed is not None:
                 position = len(row.output_token_ids)
                 self._row_generator.manual_seed((seed * _SEED_MIX + position) & 0xFFFF_FFFF_FFFF_FFFF)
                 noise[index].exponential_(generator=self._row_generator)

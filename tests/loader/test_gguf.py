@@ -55,15 +55,11 @@ def racing_conversions(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def reference(racing_conversions):
-    """transformers' own reading of the GGUF file (it un-permutes Q/K itself); loaded once (~25 s)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = default_model_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model, tokenizer
+def reference(racing_conversions, hf_default_model):
+    """transformers' own reading of the GGUF file (it un-permutes Q/K itself), shared with the parity
+    tests. Requested after `racing_conversions` so that, when it is loaded here first (~25 s), the
+    racing conversions run on the other core meanwhile."""
+    return hf_default_model
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -132,7 +128,7 @@ def test_directory_loads_in_transformers_with_same_logits(default_model_dir: Pat
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32, attn_implementation="eager")
     ids = torch.tensor([reference[1].encode("The capital of France is")])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference[0](ids).logits, rtol=0, atol=0)
