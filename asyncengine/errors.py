@@ -42,3 +42,22 @@ class ConfigError(StartupError, ValueError):
 
 class ModelLoadError(StartupError):
     """The model could not be found or loaded: a missing or corrupt file, an unknown architecture."""
+
+
+class WorkerError(AsyncEngineError):
+    """A worker method called by name (collective_rpc, a start-up step) raised; the message names the rank."""
+
+
+# Errors that keep their type when they cross a process boundary (by name, never pickled).
+_TRANSPORTABLE = {cls.__name__: cls for cls in (RequestError, ConfigError, ModelLoadError, StartupError,
+                                                  EngineDeadError, EngineOverloadedError, WorkerError)}
+
+
+def error_type_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def rebuild_error(type_name: str | None, message: str) -> AsyncEngineError:
+    """The error a peer reported, as our class of the same name (WorkerError when we have none)."""
+    cls = _TRANSPORTABLE.get(type_name or "", WorkerError)
+    return cls(message)

@@ -75,3 +75,21 @@ def hf_default_model():
     ).eval()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model, tokenizer
+
+
+# --- make_llm ----------------------------------------------------------------------------------
+# LLM(...) for a test, closed when the test ends (an LLM owns an engine thread, maybe processes).
+@pytest.fixture
+def make_llm():
+    from asyncengine import LLM
+
+    made = []
+
+    def make(*args, **kwargs):
+        llm = LLM(*args, **kwargs)
+        made.append(llm)
+        return llm
+
+    yield make
+    for llm in made:
+        llm.close()

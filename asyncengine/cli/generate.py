@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import anyio
+
 from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
 from asyncengine.sampling_params import SamplingParams
 
@@ -28,30 +30,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asyncengine.frontend.llm_engine import LLMEngine
-    from asyncengine.frontend.output_processor import OutputKind
-    from asyncengine.frontend.tokenizer import render_chat
-
     config = engine_config_from_args(args, model=args.model)
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k
     )
-    engine = LLMEngine(config)
-    prompt: object = args.prompt
-    has_template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
-    if not args.raw and has_template:
-        text = render_chat(engine.tokenizer, [{"role": "user", "content": args.prompt}], engine.chat_template)
-        prompt = {"prompt": text, "prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False)}
-    request_id = engine.add_request(None, prompt, params, OutputKind.DELTA)
-    out = sys.stdout
-    try:
-        while engine.has_unfinished_requests():
-            for output in engine.step():
+    return anyio.run(_stream, config, args, params, backend="trio")
+
+
+async def _stream(config, args: argparse.Namespace, params: SamplingParams) -> int:
+    from asyncengine.frontend.async_engine import AsyncEngine
+    from asyncengine.frontend.tokenizer import render_chat
+
+    async with AsyncEngine.start(config) as engine:
+        prompt: object = args.prompt
+        has_template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
+        if not args.raw and has_template:
+            text = render_chat(engine.tokenizer, [{"role": "user", "content": args.prompt}], engine.chat_template)
+            prompt = {"prompt": text, "prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False)}
+        async with engine.stream(prompt, params) as outputs:
+            async for output in outputs:
                 for completion in output.outputs:
-                    out.write(completion.text)
-                    out.flush()
-    finally:
-        if engine.has_unfinished_requests():
-            engine.abort_request(request_id)
-    out.write("\n")
+                    sys.stdout.write(completion.text)
+                    sys.stdout.flush()
+    sys.stdout.write("\n")
     return 0

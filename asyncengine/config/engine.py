@@ -17,8 +17,6 @@ from asyncengine.errors import ConfigError
 # Options that are accepted with their default value but belong to a later part of the engine. Setting one
 # to anything else raises a ConfigError that says so, instead of silently ignoring the option.
 _NOT_YET_SUPPORTED: dict[str, str] = {
-    "tensor_parallel_size": "tensor parallelism",
-    "distributed_executor_backend": "worker processes",
     "quantization": "quantization methods",
     "scheduler_cls": "custom scheduler classes",
     "worker_cls": "custom worker classes",
@@ -73,6 +71,10 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     in_process: bool = True
+    async_scheduling: bool = True
+    # How the frontend reaches an engine core in its own process: a Unix socket in a private
+    # directory, or TCP (with a per-launch secret in the hand-shake).
+    transport: str = "unix"
 
     # Extension hooks
     scheduler_cls: str | None = None
@@ -87,6 +89,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         self._check_ranges()
         self._check_choices()
         self._check_not_yet_supported()
+        self._check_placement()
 
     def _check_ranges(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size")
@@ -132,18 +135,29 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         defaults = _DEFAULTS
         for name, feature in _NOT_YET_SUPPORTED.items():
             value = getattr(self, name)
-            if value != defaults[name] and not (name == "distributed_executor_backend" and value == "uni"):
+            if value != defaults[name]:
                 raise ConfigError(
                     f"{name}={value!r}: {feature} are not implemented in this version of asyncengine; "
                     f"leave {name} at its default ({defaults[name]!r})",
                     field=name,
                 )
-        if not self.in_process:
+
+    def _check_placement(self) -> None:
+        backend = self.distributed_executor_backend
+        if backend not in (None, "uni", "mp"):
             raise ConfigError(
-                "in_process=False (engine core in its own process) is not implemented in this version of "
-                "asyncengine; leave in_process at True",
-                field="in_process",
+                f"distributed_executor_backend must be 'uni' (the worker in a thread of the engine-core "
+                f"process) or 'mp' (one process per rank); got {backend!r}",
+                field="distributed_executor_backend",
             )
+        if backend == "uni" and self.tensor_parallel_size > 1:
+            raise ConfigError(
+                f"tensor_parallel_size={self.tensor_parallel_size} needs one process per rank: use "
+                "distributed_executor_backend='mp' (the default when tensor_parallel_size > 1)",
+                field="distributed_executor_backend",
+            )
+        if self.transport not in ("unix", "tcp"):
+            raise ConfigError(f"transport must be 'unix' or 'tcp', got {self.transport!r}", field="transport")
 
     @property
     def effective_max_num_batched_tokens(self) -> int:

@@ -1,5 +1,9 @@
 """Scheduler: continuous batching with a token budget, chunked prefill and preemption.
 
+It supports async scheduling: step N+1 may be scheduled before step N's sampled tokens are folded
+in. A sequence counts the tokens it will sample in steps still in flight (`num_pending_tokens`); the
+worker knows those tokens itself when it runs the next step, so the scheduler never needs their values.
+
 Each step spends at most `max_num_batched_tokens` tokens. Running sequences come first, oldest first
 (one token each when decoding, the next chunk when a long prompt is still being prefilled); waiting
 sequences are admitted after them while the budget, `max_num_seqs` and free KV blocks allow. When a
@@ -44,6 +48,7 @@ class Scheduler:
         self.sequences: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self._num_arrivals = 0
+        self._admitted: list[str] = []  # first admissions since the last update_from_output
         # Sequences the worker does not know yet (new, or resumed after preemption).
         self._unsent: set[str] = set()
         # Sequences the worker must forget at the next step.
@@ -95,7 +100,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
+            if num_new <= 0 or self._will_finish_by_length(seq):
+                index += 1  # its last token is still in flight: nothing to compute until it comes back
+                continue
             num_blocks_before = len(seq.block_ids)
             while not self.block_manager.allocate(seq, num_new):
                 victim = self.running.pop()
@@ -123,6 +131,8 @@ class Scheduler:
         # take blocks the preempted sequences need back.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_this_step:
             seq = self.waiting[0]
+            if seq.num_pending_tokens:
+                break  # preempted while a step computing it was in flight: resume once it is back
             cached_blocks = self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.block_manager.block_size
             num_new = seq.num_tokens - num_cached
@@ -136,6 +146,7 @@ class Scheduler:
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
                 self.block_manager.record_prefix_lookup(seq.num_tokens, num_cached)
+                self._admitted.append(seq.request_id)
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -143,10 +154,13 @@ class Scheduler:
             budget -= num_new
             new_requests.append(self._new_request_data(seq))
 
-        # Tokens scheduled now count as computed from here on; the step's sampled token is appended
-        # when its output comes back.
+        # Tokens scheduled now count as computed from here on; a sequence whose scheduled tokens reach
+        # its end samples one token, appended when the step's output comes back.
         for request_id, num_tokens in scheduled.items():
-            self.sequences[request_id].num_computed_tokens += num_tokens
+            seq = self.sequences[request_id]
+            seq.num_computed_tokens += num_tokens
+            if seq.num_computed_tokens == seq.num_tokens_with_pending:
+                seq.num_pending_tokens += 1
         forget, self._forget = self._forget, []
         return SchedulerOutput(
             new_requests=new_requests,
@@ -160,8 +174,9 @@ class Scheduler:
         logprobs = runner_output.logprobs
         for position, request_id in enumerate(runner_output.request_ids):
             seq = self.sequences.get(request_id)
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
-                continue  # aborted while the step ran
+            if seq is None:
+                continue  # finished or aborted while the step ran
+            seq.num_pending_tokens -= 1
             token_id = runner_output.sampled_token_ids[position]
             seq.append_token(token_id)
             finish_reason, stop_reason = self._check_stop(seq, token_id)
@@ -175,12 +190,15 @@ class Scheduler:
             )
             outputs.append(output)
             if finish_reason is not None:
-                self.running.remove(seq)
+                # A sequence preempted while this step ran sits in the waiting queue.
+                (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
                 self._finish(seq, finish_reason, stop_reason)
+        admitted, self._admitted = self._admitted, []
         return EngineCoreOutputs(
             outputs=outputs,
             scheduler_stats=self.stats(),
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens,
+            admitted_request_ids=admitted,
         )
 
     def stats(self) -> SchedulerStats:
@@ -195,6 +213,13 @@ class Scheduler:
         )
 
     # -- helpers -----------------------------------------------------------------------------------------
+
+    def _will_finish_by_length(self, seq: Sequence) -> bool:
+        """True when the tokens in flight already take the sequence to max_tokens or max_model_len."""
+        if not seq.num_pending_tokens:
+            return False
+        num_outputs = seq.num_output_tokens + seq.num_pending_tokens
+        return num_outputs >= seq.sampling.max_tokens or seq.num_tokens_with_pending >= self.max_model_len
 
     def _check_stop(self, seq: Sequence, token_id: int) -> tuple[str | None, int | None]:
         sampling = seq.sampling

@@ -34,6 +34,9 @@ class Sequence:
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens scheduled to be sampled whose result has not come back yet (async scheduling runs
+        # the next step's schedule before the previous step's tokens are known).
+        self.num_pending_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
         self.block_ids: list[int] = []
         self.num_registered_blocks = 0  # leading blocks already named in the prefix cache
@@ -47,6 +50,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,17 +1,29 @@
-"""LLM: the blocking, batch-at-once API (vLLM's `LLM` class)."""
+"""LLM: the blocking, batch-at-once API (vLLM's `LLM` class), on the same AsyncEngine as everything else.
+
+The engine runs in an event loop on a thread of its own (an anyio blocking portal); each call here
+submits its prompts to it and waits for every final output. `close()` (or leaving `with LLM() as
+llm:`) shuts the engine down; so does the interpreter's exit.
+"""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
+
+import anyio
+from anyio.from_thread import start_blocking_portal
 
 from asyncengine.config.engine import config_from_dict
 from asyncengine.errors import RequestError
-from asyncengine.frontend.llm_engine import LLMEngine
+from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.frontend.tokenizer import render_chat
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
+from asyncengine.wire.engine_core import SchedulerStats
 
 # A progress bar appears by default only for batches at least this large.
 PROGRESS_BAR_MIN_PROMPTS = 32
@@ -22,13 +34,39 @@ class LLM:
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
         self.config = config_from_dict({"model": model, **config})
-        self.engine = LLMEngine(self.config)
+        self._resources = ExitStack()
+        try:
+            self._portal = self._resources.enter_context(start_blocking_portal(backend="trio", name="asyncengine"))
+            self.engine: AsyncEngine = self._resources.enter_context(
+                self._portal.wrap_async_context_manager(AsyncEngine.start(self.config))
+            )
+        except BaseException:
+            self._resources.close()
+            raise
+        self._finalizer = weakref.finalize(self, _close_elsewhere, self._resources)
+
+    def close(self) -> None:
+        """Shut the engine down (its processes and threads included)."""
+        if self._finalizer.detach() is not None:
+            self._resources.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         return self.engine.processor.default_sampling_params()
+
+    def get_scheduler_stats(self) -> SchedulerStats:
+        return self._portal.call(self.engine.get_scheduler_stats)
+
+    def collective_rpc(self, method: str, args: tuple | list = ()) -> list[Any]:
+        return self._portal.call(self.engine.collective_rpc, method, args)
 
     def generate(
         self,
@@ -58,17 +96,14 @@ class LLM:
         """Generate replies to one conversation or a list of them, through the chat template."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         template = chat_template or self.engine.chat_template
-        prompts = [
-            render_chat(self.engine.tokenizer, conversation, template, add_generation_prompt=add_generation_prompt)
-            for conversation in conversations
-        ]
-        # The template already wrote any BOS token: tokenize without adding special tokens again.
-        token_prompts = [
-            {"prompt": text, "prompt_token_ids": self.engine.tokenizer.encode(text, add_special_tokens=False)}
-            for text in prompts
-        ]
-        params_list = self._params_per_prompt(sampling_params, len(token_prompts))
-        return self._run(token_prompts, params_list, use_tqdm)
+        tokenizer = self.engine.tokenizer
+        prompts = []
+        for conversation in conversations:
+            text = render_chat(tokenizer, conversation, template, add_generation_prompt=add_generation_prompt)
+            # The template already wrote any BOS token: tokenize without adding special tokens again.
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        params_list = self._params_per_prompt(sampling_params, len(prompts))
+        return self._run(prompts, params_list, use_tqdm)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
@@ -84,36 +119,53 @@ class LLM:
         return params_list
 
     def _run(self, prompts: list[Any], params_list: list[SamplingParams | None], use_tqdm: bool | None) -> list[RequestOutput]:
-        engine = self.engine
         # Validate every prompt before any is queued, so a bad one leaves nothing half-started.
-        request_ids = []
-        try:
-            for prompt, params in zip(prompts, params_list):
-                request_ids.append(engine.add_request(None, prompt, params, OutputKind.FINAL_ONLY))
-        except RequestError:
-            for request_id in request_ids:
-                engine.abort_request(request_id)
-            raise
+        processed = self._portal.call(
+            lambda: [self.engine.process_request(p, params) for p, params in zip(prompts, params_list)]
+        )
         show_bar = use_tqdm if use_tqdm is not None else len(prompts) >= PROGRESS_BAR_MIN_PROMPTS
         bar = None
         if show_bar:
             from tqdm import tqdm
 
             bar = tqdm(total=len(prompts), desc="Generating", unit="req", dynamic_ncols=True)
-        finished: dict[str, RequestOutput] = {}
         try:
-            while len(finished) < len(request_ids):
-                for output in engine.step():
-                    if output.finished:
-                        finished[output.request_id] = output
-                        if bar is not None:
-                            bar.update(1)
-        except BaseException:
-            for request_id in request_ids:
-                if request_id not in finished:
-                    engine.abort_request(request_id)
-            raise
+            return self._portal.call(self._collect, processed, bar)
         finally:
             if bar is not None:
                 bar.close()
-        return [finished[request_id] for request_id in request_ids]
+
+    async def _collect(self, processed: list, bar: Any) -> list[RequestOutput]:
+        results: list[RequestOutput | None] = [None] * len(processed)
+        failures: list[Exception] = []
+
+        async def one(index: int, scope: anyio.CancelScope) -> None:
+            try:
+                async for output in self.engine.submit(processed[index], OutputKind.FINAL_ONLY):
+                    results[index] = output
+            except Exception as exc:  # the first failure (a dead engine) is re-raised below, unwrapped
+                failures.append(exc)
+                scope.cancel()
+                return
+            if bar is not None:
+                bar.update(1)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(processed)):
+                tg.start_soon(one, index, tg.cancel_scope)
+        if failures:
+            raise failures[0]
+        return results
+
+
+def _close_elsewhere(resources: ExitStack) -> None:
+    """Close an LLM that was garbage-collected without close().
+
+    Collection can happen on any thread, the engine's own event-loop thread included, where waiting
+    for the engine to stop would deadlock; so the closing happens on a thread of its own. At
+    interpreter exit no new thread may start, and closing in place is safe.
+    """
+    try:
+        threading.Thread(target=resources.close, name="asyncengine-close").start()
+    except RuntimeError:
+        resources.close()

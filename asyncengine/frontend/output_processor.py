@@ -109,18 +109,27 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
     @property
     def num_unfinished_requests(self) -> int:
         return len(self._requests)
 
-    def abort_request(self, request_id: str) -> list[str]:
-        """Forget a request; returns the engine-core ids of its unfinished completions, to abort there."""
+    def abort_request(self, request_id: str) -> tuple[list[str], RequestOutput | None]:
+        """Forget a request. Returns the engine-core ids of its unfinished completions (to abort there)
+        and its last output, where those completions end with finish_reason "abort"."""
         state = self._requests.pop(request_id, None)
         if state is None:
-            return []
+            return [], None
+        unfinished = [c for c in state.completions if not c.finished]
         for completion in state.completions:
             self._by_core_id.pop(completion.core_request_id, None)
-        return [c.core_request_id for c in state.completions if not c.finished]
+        for completion in unfinished:
+            if completion.detokenizer is not None:
+                completion.text += completion.detokenizer.flush()
+            completion.finish_reason = FinishReason.ABORT
+        return [c.core_request_id for c in unfinished], self._make_output(state)
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         to_abort: list[str] = []

@@ -74,9 +74,12 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_hits: int = 0
 
 
-class EngineCoreOutputs(msgspec.Struct, kw_only=True):
+class EngineCoreOutputs(msgspec.Struct, kw_only=True, tag=True):
     """Everything one engine step produced: it travels as one message."""
 
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
     num_scheduled_tokens: int = 0
+    # Requests the scheduler started running for the first time since the previous message: the
+    # frontend's bound on waiting requests counts them as no longer waiting.
+    admitted_request_ids: list[str] = msgspec.field(default_factory=list)

@@ -51,3 +51,7 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     sampled_token_ids: list[int] = msgspec.field(default_factory=list)
     # Parallel to request_ids when any request asked for logprobs: sampled token first, then the top-N.
     logprobs: list[tuple[list[int], list[float]] | None] | None = None
+    # When the worker started and finished the step (time.monotonic, the same clock in every local
+    # process): the engine core's step trace shows what overlapped it.
+    started_at: float = 0.0
+    finished_at: float = 0.0

@@ -1,8 +1,15 @@
-"""Worker: owns one device, the model on it and its KV cache; executes the steps the engine core schedules."""
+"""Worker: owns one device (one tensor-parallel rank), the model shard on it and its KV cache.
+
+The engine core drives it by method name (`init_device`, `load_model`, `determine_num_blocks`,
+`initialize_kv_cache`, `execute_model`), in a thread of the engine-core process or in a process of
+its own; `collective_rpc` reaches its other public methods the same way.
+"""
 
 from __future__ import annotations
 
+import os
 import random
+import time
 
 import numpy as np
 import torch
@@ -10,19 +17,36 @@ import torch
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+from asyncengine.worker import parallel
 from asyncengine.worker.model_runner import ModelRunner
 
 
 class Worker:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str) -> None:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        model_config: ModelConfig,
+        device: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        distributed_init_method: str | None = None,
+    ) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
-        self.device = torch.device(device)
+        self.rank = rank
+        self.world_size = world_size
+        self.distributed_init_method = distributed_init_method
+        self.device = torch.device(device if device != "cuda" or world_size == 1 else f"cuda:{rank}")
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        elif self.world_size > 1:
+            # Ranks share the machine's cores: without this each would start one thread per core.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+        parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.device)
         seed = self.engine_config.seed
         random.seed(seed)
         np.random.seed(seed)
@@ -39,4 +63,23 @@ class Worker:
         self.model_runner.initialize_kv_cache(num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+        started = time.monotonic()
+        output = self.model_runner.execute_model(scheduler_output)
+        output.started_at, output.finished_at = started, time.monotonic()
+        return output
+
+    def shutdown(self) -> None:
+        parallel.destroy()
+
+    # -- for collective_rpc ----------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        """Who this worker is: rank, process, device, the model's parameter bytes on this rank."""
+        model = self.model_runner.model if self.model_runner else None
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
+        }

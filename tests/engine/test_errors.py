@@ -20,11 +20,16 @@ def model_copy(tiny_model, tmp_path) -> Path:
     return target
 
 
-def tiny_llm(path, **options) -> LLM:
-    return LLM(str(path), skip_tokenizer_init=True, max_model_len=64, kv_cache_memory_bytes=2**20, **options)
+@pytest.fixture
+def tiny_llm(make_llm):
+    def make(path, **options) -> LLM:
+        defaults = dict(skip_tokenizer_init=True, max_model_len=64, kv_cache_memory_bytes=2**20)
+        return make_llm(str(path), **{**defaults, **options})
+
+    return make
 
 
-def test_prompt_longer_than_max_model_len_then_the_engine_still_works(tiny_model):
+def test_prompt_longer_than_max_model_len_then_the_engine_still_works(tiny_model, tiny_llm):
     llm = tiny_llm(tiny_model("llama").path)
     with pytest.raises(RequestError) as info:
         llm.generate({"prompt_token_ids": [5] * 64})
@@ -33,7 +38,7 @@ def test_prompt_longer_than_max_model_len_then_the_engine_still_works(tiny_model
     assert len(output.outputs[0].token_ids) == 3
 
 
-def test_generation_stops_at_max_model_len(tiny_model):
+def test_generation_stops_at_max_model_len(tiny_model, tiny_llm):
     llm = tiny_llm(tiny_model("llama").path)
     [output] = llm.generate({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=100, ignore_eos=True))
     assert len(output.outputs[0].token_ids) == 4 and output.outputs[0].finish_reason == "length"
@@ -45,7 +50,7 @@ def test_invalid_sampling_parameter_names_the_field():
     assert info.value.field == "temperature"
 
 
-def test_unknown_architecture_lists_the_supported_ones(model_copy):
+def test_unknown_architecture_lists_the_supported_ones(model_copy, tiny_llm):
     config = json.loads((model_copy / "config.json").read_text())
     config["architectures"] = ["FancyNetForCausalLM"]
     (model_copy / "config.json").write_text(json.dumps(config))
@@ -55,14 +60,14 @@ def test_unknown_architecture_lists_the_supported_ones(model_copy):
     assert "FancyNetForCausalLM" in message and "LlamaForCausalLM" in message and "Qwen3ForCausalLM" in message
 
 
-def test_missing_weight_file(model_copy):
+def test_missing_weight_file(model_copy, tiny_llm):
     (model_copy / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError) as info:
         tiny_llm(model_copy)
     assert "no *.safetensors" in str(info.value) and str(model_copy) in str(info.value)
 
 
-def test_corrupt_weight_file(model_copy):
+def test_corrupt_weight_file(model_copy, tiny_llm):
     weights = model_copy / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(ModelLoadError) as info:
@@ -70,7 +75,7 @@ def test_corrupt_weight_file(model_copy):
     assert str(weights) in str(info.value)
 
 
-def test_weights_that_do_not_match_the_config(model_copy):
+def test_weights_that_do_not_match_the_config(model_copy, tiny_llm):
     config = json.loads((model_copy / "config.json").read_text())
     config["intermediate_size"] = 96
     (model_copy / "config.json").write_text(json.dumps(config))
@@ -80,14 +85,14 @@ def test_weights_that_do_not_match_the_config(model_copy):
     assert "model.layers.0.mlp." in message and "160" in message and "do not match the config" in message
 
 
-def test_missing_config_and_missing_model(tmp_path):
+def test_missing_config_and_missing_model(tmp_path, tiny_llm):
     with pytest.raises(ModelLoadError, match="no config.json"):
         tiny_llm(tmp_path)
     with pytest.raises(ModelLoadError, match="neither a local directory nor a .gguf file"):
         tiny_llm(tmp_path / "nowhere")
 
 
-def test_unusable_configuration(tiny_model):
+def test_unusable_configuration(tiny_model, tiny_llm):
     path = tiny_model("llama").path
     with pytest.raises(ConfigError) as info:
         tiny_llm(path, block_size=0)
@@ -95,20 +100,23 @@ def test_unusable_configuration(tiny_model):
     with pytest.raises(ConfigError, match="unknown engine option"):
         tiny_llm(path, max_num_sequences=4)
     with pytest.raises(ConfigError) as info:
-        LLM(str(path), skip_tokenizer_init=True, max_model_len=100_000)
+        tiny_llm(path, max_model_len=100_000)
     assert info.value.field == "max_model_len" and "512" in str(info.value)
     with pytest.raises(ConfigError) as info:
-        tiny_llm(path, tensor_parallel_size=2)
-    assert "not implemented" in str(info.value)
+        tiny_llm(path, quantization="int8")
+    assert info.value.field == "quantization" and "not implemented" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        tiny_llm(path, tensor_parallel_size=2, distributed_executor_backend="uni")
+    assert info.value.field == "distributed_executor_backend"
 
 
-def test_kv_cache_too_small_for_one_sequence(tiny_model):
+def test_kv_cache_too_small_for_one_sequence(tiny_model, tiny_llm):
     with pytest.raises(StartupError) as info:
-        LLM(str(tiny_model("llama").path), skip_tokenizer_init=True, max_model_len=256, num_gpu_blocks_override=3)
+        tiny_llm(tiny_model("llama").path, max_model_len=256, num_gpu_blocks_override=3)
     assert "max_model_len=256" in str(info.value)
 
 
-def test_generation_config_defaults_and_eos_ids(model_copy):
+def test_generation_config_defaults_and_eos_ids(model_copy, tiny_llm):
     # Find the token greedy decoding produces first, then declare it an EOS id of the model.
     prompt = {"prompt_token_ids": [7, 8, 9, 10]}
     [probe] = tiny_llm(model_copy).generate(prompt, SamplingParams(temperature=0, max_tokens=1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from asyncengine import LLM, SamplingParams
+from support.engine_checks import assert_all_blocks_free
 from support.hf_reference import compare_greedy, hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -57,13 +58,12 @@ def check(llm: LLM, prompts, references, parity_record) -> list:
         parity_record["sequences"] += 1
         parity_record["tokens"] += result.num_compared
         parity_record["ties"] += int(result.tie)
-    manager = llm.engine.engine_core.scheduler.block_manager
-    assert manager.num_free_blocks == manager.num_blocks
+    assert_all_blocks_free(llm.get_scheduler_stats())
     return outputs
 
 
-def test_batch(default_model_dir, prompts, references, parity_record):
-    llm = LLM(str(default_model_dir), kv_cache_memory_bytes=256 * 2**20, max_model_len=1024)
+def test_batch(default_model_dir, prompts, references, parity_record, make_llm):
+    llm = make_llm(str(default_model_dir), kv_cache_memory_bytes=256 * 2**20, max_model_len=1024)
     outputs = check(llm, prompts, references, parity_record)
     # Text is the detokenized token ids.
     tokenizer = llm.get_tokenizer()
@@ -74,13 +74,13 @@ def test_batch(default_model_dir, prompts, references, parity_record):
     assert all(o.num_cached_tokens >= 16 for o in again if len(o.prompt_token_ids) > 16)
 
 
-def test_chunked_prefill(default_model_dir, prompts, references, parity_record):
-    llm = LLM(str(default_model_dir), kv_cache_memory_bytes=256 * 2**20, max_model_len=1024, max_num_batched_tokens=24)
+def test_chunked_prefill(default_model_dir, prompts, references, parity_record, make_llm):
+    llm = make_llm(str(default_model_dir), kv_cache_memory_bytes=256 * 2**20, max_model_len=1024, max_num_batched_tokens=24)
     check(llm, prompts, references, parity_record)
 
 
-def test_preemption(default_model_dir, prompts, references, parity_record):
+def test_preemption(default_model_dir, prompts, references, parity_record, make_llm):
     # 20 blocks of 16 tokens; the batch needs about 45.
-    llm = LLM(str(default_model_dir), max_model_len=320, num_gpu_blocks_override=20)
+    llm = make_llm(str(default_model_dir), max_model_len=320, num_gpu_blocks_override=20)
     check(llm, prompts, references, parity_record)
-    assert llm.engine.engine_core.scheduler.num_preemptions > 0
+    assert llm.get_scheduler_stats().num_preemptions > 0

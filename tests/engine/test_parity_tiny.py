@@ -14,6 +14,7 @@ import random
 import pytest
 
 from asyncengine import LLM, SamplingParams
+from support.engine_checks import assert_all_blocks_free
 from support.hf_reference import compare_greedy, hf_greedy
 
 NUM_TOKENS = 32
@@ -45,22 +46,21 @@ def run_and_compare(llm: LLM, model, prompts: list[list[int]], parity_record) ->
 
 
 def assert_no_leak(llm: LLM) -> None:
-    manager = llm.engine.engine_core.scheduler.block_manager
-    assert manager.num_free_blocks == manager.num_blocks
+    assert_all_blocks_free(llm.get_scheduler_stats())
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_batch_of_mixed_lengths(tiny_model, parity_record, name):
+def test_batch_of_mixed_lengths(tiny_model, parity_record, make_llm, name):
     model = tiny_model(name)
-    llm = LLM(str(model.path), skip_tokenizer_init=True, max_model_len=256)
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256)
     run_and_compare(llm, model, make_prompts(model.vocab_size, seed=1), parity_record)
     assert_no_leak(llm)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_prefix_cache_hits(tiny_model, parity_record, name):
+def test_prefix_cache_hits(tiny_model, parity_record, make_llm, name):
     model = tiny_model(name)
-    llm = LLM(str(model.path), skip_tokenizer_init=True, max_model_len=256, block_size=8)
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, block_size=8)
     prompts = make_prompts(model.vocab_size, seed=2, shared_prefix=40)
     first = run_and_compare(llm, model, prompts, parity_record)
     second = run_and_compare(llm, model, prompts, parity_record)
@@ -69,27 +69,27 @@ def test_prefix_cache_hits(tiny_model, parity_record, name):
     for prompt, output in zip(prompts, second):
         full_blocks = len(prompt) // 8 - (len(prompt) % 8 == 0)
         assert output.num_cached_tokens == full_blocks * 8
-    # Within the first run, prompts after the first already share the 40-token prefix (5 blocks).
-    assert all(o.num_cached_tokens >= 40 for o in first[1:])
+    # Within the first run, every prompt but the one scheduled first finds the shared 40-token prefix.
+    assert sum(o.num_cached_tokens >= 40 for o in first) >= len(first) - 1
     assert [o.outputs[0].token_ids for o in first] == [o.outputs[0].token_ids for o in second]
     assert_no_leak(llm)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_chunked_prefill(tiny_model, parity_record, name):
+def test_chunked_prefill(tiny_model, parity_record, make_llm, name):
     model = tiny_model(name)
-    llm = LLM(str(model.path), skip_tokenizer_init=True, max_model_len=256, max_num_batched_tokens=16)
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, max_num_batched_tokens=16)
     run_and_compare(llm, model, make_prompts(model.vocab_size, seed=3), parity_record)
     assert_no_leak(llm)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_preemption_with_tiny_kv_cache(tiny_model, parity_record, name):
+def test_preemption_with_tiny_kv_cache(tiny_model, parity_record, make_llm, name):
     model = tiny_model(name)
     # 12 blocks of 8 tokens: one sequence of max_model_len fits, the batch (about 50 blocks) does not.
-    llm = LLM(
+    llm = make_llm(
         str(model.path), skip_tokenizer_init=True, max_model_len=96, block_size=8, num_gpu_blocks_override=12
     )
     run_and_compare(llm, model, make_prompts(model.vocab_size, seed=4), parity_record)
-    assert llm.engine.engine_core.scheduler.num_preemptions > 0
+    assert llm.get_scheduler_stats().num_preemptions > 0
     assert_no_leak(llm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncengine import LLM, RequestError, SamplingParams
+from support.engine_checks import assert_all_blocks_free
 
 pytestmark = pytest.mark.slow
 
@@ -12,8 +13,9 @@ FRANCE = [{"role": "user", "content": "What is the capital of France? Answer in 
 
 
 @pytest.fixture(scope="module")
-def llm(default_model_dir) -> LLM:
-    return LLM(str(default_model_dir), kv_cache_memory_bytes=256 * 2**20, max_model_len=1024)
+def llm(default_model_dir):
+    with LLM(str(default_model_dir), kv_cache_memory_bytes=256 * 2**20, max_model_len=1024) as llm:
+        yield llm
 
 
 def greedy(**kwargs) -> SamplingParams:
@@ -122,8 +124,6 @@ def test_a_bad_prompt_in_a_batch_queues_nothing(llm):
     with pytest.raises(RequestError) as info:
         llm.generate(["fine", {"prompt_token_ids": [1, 10**9]}], greedy(max_tokens=4))
     assert info.value.field == "prompt_token_ids"
-    assert not llm.engine.has_unfinished_requests()
-    manager = llm.engine.engine_core.scheduler.block_manager
-    assert manager.num_free_blocks == manager.num_blocks
+    assert_all_blocks_free(llm.get_scheduler_stats())
     [ok] = llm.generate("fine", greedy(max_tokens=2))
     assert ok.finished

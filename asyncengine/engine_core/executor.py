@@ -1,0 +1,393 @@
+"""Executors run the workers for the engine core: in a thread of this process (`uni`) or one process
+per tensor-parallel rank (`mp`).
+
+Both take work in order: steps (`submit_step`, answered later through a `Reply`, so the engine core
+can schedule step N+1 while step N runs) and calls by method name (`call`, on every rank). When a
+worker dies or raises, the executor records an `EngineDeadError` naming it and fails every reply.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import Process, TaskGroup, TaskStatus
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.config.model import ModelConfig
+from asyncengine.errors import EngineDeadError, StartupError, rebuild_error
+from asyncengine.runtime.connection import accept_child, open_listener
+from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
+from asyncengine.wire.framing import FrameStream, ProtocolError
+from asyncengine.wire.messages import (
+    ExecuteModel,
+    ExecutorInbox,
+    Ready,
+    Shutdown,
+    StartupFailed,
+    StartupParams,
+    StepResult,
+    WorkerCall,
+    WorkerCallResult,
+)
+from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+
+WORKER_START_TIMEOUT = 600.0  # loading a large model can take minutes
+
+_ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+
+
+class Reply:
+    """The answer to one piece of work, set once by the executor and awaited by its caller."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        if not self._event.is_set():
+            self._value = value
+            self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Executor(ABC):
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str) -> None:
+        self.engine_config = engine_config
+        self.model_config = model_config
+        self.device = device
+        self.world_size = engine_config.tensor_parallel_size
+        self.failure: EngineDeadError | None = None
+
+    @abstractmethod
+    async def start(self, task_group: TaskGroup) -> None:
+        """Bring the workers up (devices initialized); tasks it needs run in `task_group`."""
+
+    @abstractmethod
+    async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
+        """Queue one step; the reply's value is rank 0's ModelRunnerOutput."""
+
+    @abstractmethod
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        """Run worker method `method` on every rank, in order with the steps; each rank's result."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the workers (and their processes); idempotent."""
+
+    def _die(self, error: EngineDeadError) -> None:
+        if self.failure is None:
+            self.failure = error
+
+    async def start_workers(self) -> int:
+        """The start-up every engine core runs: load the model, size and allocate the KV cache."""
+        await self.call("load_model")
+        num_blocks = min(await self.call("determine_num_blocks"))
+        await self.call("initialize_kv_cache", num_blocks)
+        return num_blocks
+
+
+def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    error = EngineDeadError(f"{where} failed: {summary}")
+    error.__cause__ = exc
+    return error
+
+
+class UniExecutor(Executor):
+    """One worker in a thread of this process: model execution stays off the event loop."""
+
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str, *, owner: str) -> None:
+        super().__init__(engine_config, model_config, device)
+        from asyncengine.worker.worker import Worker
+
+        self.worker = Worker(engine_config, model_config, device)
+        self.where = f"the worker (a thread of {owner})"
+        self._work_send, self._work_receive = anyio.create_memory_object_stream[tuple[str, Any, Reply]](math.inf)
+        self._worker_thread = anyio.CapacityLimiter(1)
+        self._stopped = False
+
+    async def start(self, task_group: TaskGroup) -> None:
+        await task_group.start(self._run)
+        await self.call("init_device")
+
+    async def _run(self, *, task_status: TaskStatus) -> None:
+        task_status.started()
+        async with self._work_receive:
+            async for kind, payload, reply in self._work_receive:
+                if self.failure is not None:
+                    reply.fail(self.failure)
+                    continue
+                if kind == "step":
+                    try:
+                        result = await anyio.to_thread.run_sync(
+                            self.worker.execute_model, payload, limiter=self._worker_thread
+                        )
+                    except Exception as exc:  # a step failed: the engine is dead, and says why
+                        self._die(_describe_exception(self.where, exc))
+                        reply.fail(self.failure)
+                        continue
+                else:
+                    method, args = payload
+                    try:
+                        result = await anyio.to_thread.run_sync(
+                            lambda: getattr(self.worker, method)(*args), limiter=self._worker_thread
+                        )
+                    except Exception as exc:  # a failed call is its caller's error, not the engine's death
+                        reply.fail(exc)
+                        continue
+                reply.set(result)
+
+    async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
+        reply = Reply()
+        if self.failure is not None:
+            reply.fail(self.failure)
+        else:
+            self._work_send.send_nowait(("step", scheduler_output, reply))
+        return reply
+
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        if self.failure is not None:
+            raise self.failure
+        _check_method_name(method)
+        reply = Reply()
+        self._work_send.send_nowait(("call", (method, args), reply))
+        return [await reply.wait()]
+
+    async def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        with anyio.CancelScope(shield=True):
+            if self.failure is None:
+                reply = Reply()
+                self._work_send.send_nowait(("call", ("shutdown", ()), reply))
+                with anyio.move_on_after(5.0):
+                    await reply.wait()
+            self._die(EngineDeadError("the engine was shut down"))
+            self._work_send.close()
+
+
+class MultiprocExecutor(Executor):
+    """One worker process per tensor-parallel rank, connected over framed sockets."""
+
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str) -> None:
+        super().__init__(engine_config, model_config, device)
+        self._processes: list[Process] = []
+        self._connections: list[FrameStream] = []
+        # Per rank, the replies still owed, in the order the work was sent.
+        self._pending_steps: list[deque[Reply]] = []
+        self._pending_calls: dict[int, list[Reply]] = {}
+        self._next_call_id = 0
+        self._stopping = False
+
+    async def start(self, task_group: TaskGroup) -> None:
+        listener = await open_listener()
+        distributed_init = None
+        if self.world_size > 1:
+            distributed_init = f"tcp://127.0.0.1:{_free_port()}"
+        try:
+            for rank in range(self.world_size):
+                self._processes.append(
+                    await spawn_child("asyncengine.worker.process", address=listener.address,
+                                      secret=listener.secret, rank=rank)
+                )
+            by_rank: dict[int, FrameStream] = {}
+            for _ in range(self.world_size):
+                frames, hello = await self._accept(listener)
+                by_rank[hello.rank] = frames
+            self._connections = [by_rank[rank] for rank in range(self.world_size)]
+        finally:
+            await listener.aclose()
+        self._pending_steps = [deque() for _ in range(self.world_size)]
+        for rank, frames in enumerate(self._connections):
+            await frames.send(
+                StartupParams(
+                    engine_config=self.engine_config, model_config=self.model_config, device=self.device,
+                    rank=rank, world_size=self.world_size, distributed_init_method=distributed_init,
+                )
+            )
+        # Every rank initializes its device (and joins the process group) at once: wait for all.
+        for rank, frames in enumerate(self._connections):
+            reply = await self._receive_startup(rank, frames)
+            if isinstance(reply, StartupFailed):
+                raise rebuild_error(
+                    reply.error_type or "StartupError",
+                    f"worker rank {rank} failed in phase {reply.phase!r}: {reply.error}",
+                )
+        for rank in range(self.world_size):
+            task_group.start_soon(self._receive_loop, rank)
+            task_group.start_soon(self._watch_process, rank)
+
+    async def _accept(self, listener):
+        try:
+            return await accept_child(listener, ExecutorInbox, role="worker", timeout=WORKER_START_TIMEOUT)
+        except TimeoutError as exc:
+            exits = [f"rank {r} {describe_exit(p.returncode)}" for r, p in enumerate(self._processes)]
+            raise StartupError(f"worker processes did not connect ({'; '.join(exits)})") from exc
+
+    async def _receive_startup(self, rank: int, frames: FrameStream) -> Ready | StartupFailed:
+        try:
+            with anyio.fail_after(WORKER_START_TIMEOUT):
+                return await frames.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, ProtocolError, TimeoutError) as exc:
+            process = self._processes[rank]
+            with anyio.move_on_after(2.0):
+                await process.wait()
+            raise StartupError(
+                f"worker rank {rank} (pid {process.pid}) {describe_exit(process.returncode)} during start-up"
+            ) from exc
+
+    def _rank_name(self, rank: int) -> str:
+        return f"worker rank {rank} (pid {self._processes[rank].pid})"
+
+    async def _receive_loop(self, rank: int) -> None:
+        frames = self._connections[rank]
+        try:
+            while True:
+                message = await frames.receive()
+                if isinstance(message, StepResult):
+                    reply = self._pending_steps[rank].popleft()
+                    if message.error is not None:
+                        self._fail_all(EngineDeadError(f"{self._rank_name(rank)} failed: {message.error}"))
+                        reply.fail(self.failure)
+                    else:
+                        reply.set(message.output)
+                elif isinstance(message, WorkerCallResult):
+                    replies = self._pending_calls.get(message.call_id)
+                    if replies is None:
+                        continue
+                    if message.error is not None:
+                        replies[rank].fail(rebuild_error(message.error_type, f"{self._rank_name(rank)}: {message.error}"))
+                    else:
+                        replies[rank].set(message.result)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, ProtocolError):
+            await self._lost(rank)
+
+    async def _watch_process(self, rank: int) -> None:
+        await self._processes[rank].wait()
+        await self._lost(rank)
+
+    async def _lost(self, rank: int) -> None:
+        if self._stopping:
+            return
+        process = self._processes[rank]
+        with anyio.move_on_after(2.0):  # the connection usually closes a moment before the exit is seen
+            await process.wait()
+        self._fail_all(EngineDeadError(f"{self._rank_name(rank)} {describe_exit(process.returncode)}"))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        self._die(error)
+        for pending in self._pending_steps:
+            while pending:
+                pending.popleft().fail(self.failure)
+        for replies in self._pending_calls.values():
+            for reply in replies:
+                reply.fail(self.failure)
+
+    async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
+        replies = [Reply() for _ in range(self.world_size)]
+        if self.failure is not None:
+            replies[0].fail(self.failure)
+            return replies[0]
+        message = ExecuteModel(scheduler_output=scheduler_output)
+        for rank, frames in enumerate(self._connections):
+            self._pending_steps[rank].append(replies[rank])
+            await self._send(rank, frames, message)
+        if self.world_size == 1:
+            return replies[0]
+        return _AllRanks(replies)
+
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        if self.failure is not None:
+            raise self.failure
+        _check_method_name(method)
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        replies = [Reply() for _ in range(self.world_size)]
+        self._pending_calls[call_id] = replies
+        try:
+            for rank, frames in enumerate(self._connections):
+                await self._send(rank, frames, WorkerCall(call_id=call_id, method=method, args=list(args)))
+            return [await reply.wait() for reply in replies]
+        finally:
+            del self._pending_calls[call_id]
+
+    async def _send(self, rank: int, frames: FrameStream, message: Any) -> None:
+        try:
+            await frames.send(message)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._lost(rank)
+            raise self.failure from None
+
+    async def shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._die(EngineDeadError("the engine was shut down"))
+        with anyio.CancelScope(shield=True):
+            for frames in self._connections:
+                with anyio.move_on_after(1.0):
+                    try:
+                        await frames.send(Shutdown())
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        pass  # already gone: stop_process below reaps it
+            for process in self._processes:
+                await stop_process(process, grace_period=5.0)
+            for frames in self._connections:
+                await frames.aclose()
+
+
+class _AllRanks(Reply):
+    """Rank 0's output once every rank has finished the step (a failure on any rank fails it)."""
+
+    def __init__(self, replies: list[Reply]) -> None:
+        super().__init__()
+        self._replies = replies
+
+    async def wait(self) -> ModelRunnerOutput:
+        results = [await reply.wait() for reply in self._replies]
+        return results[0]
+
+
+def _check_method_name(method: str) -> None:
+    if not method or method.startswith("_"):
+        raise ValueError(f"worker method {method!r} cannot be called: only public methods are callable")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def round_trip(value: Any) -> Any:
+    """What `value` becomes after crossing a process boundary: collective_rpc gives every executor's
+    callers the same types (lists, dicts, numbers, strings), wherever the worker runs."""
+    encoder, decoder = _ROUND_TRIP
+    return decoder.decode(encoder.encode(value))
+
+
+def build_executor(engine_config: EngineConfig, model_config: ModelConfig, device: str, *, owner: str) -> Executor:
+    backend = engine_config.distributed_executor_backend or ("uni" if engine_config.tensor_parallel_size == 1 else "mp")
+    if backend == "uni":
+        return UniExecutor(engine_config, model_config, device, owner=owner)
+    return MultiprocExecutor(engine_config, model_config, device)

@@ -1,0 +1,177 @@
+"""The engine core's step loop, with async scheduling, and its handling of incoming messages.
+
+With async scheduling the loop keeps two steps in the executor: while step N runs, it schedules and
+submits step N+1, then folds in step N's sampled tokens when they arrive. Scheduling and output
+handling thus overlap model execution instead of adding to it. Without it, one step at a time.
+
+Requests, aborts and calls arrive on a task of their own and act on the scheduler between steps (one
+event loop, so no locks). The outputs of one step travel as one message. If the executor reports a
+dead worker, the loop sends `EngineCoreDead` naming it and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+
+from asyncengine.engine_core.core import EngineCore
+from asyncengine.engine_core.executor import Reply, round_trip
+from asyncengine.errors import EngineDeadError, error_type_name
+from asyncengine.wire.messages import (
+    AbortRequests,
+    AddRequests,
+    EngineCoreDead,
+    Shutdown,
+    UtilityCall,
+    UtilityResult,
+)
+from asyncengine.wire.worker import SchedulerOutput
+
+Send = Callable[[Any], Awaitable[None]]
+logger = logging.getLogger(__name__)
+
+
+class StepRecord(msgspec.Struct, array_like=True):
+    """When one step was scheduled, ran on the worker and was folded in (time.monotonic seconds)."""
+
+    step: int
+    num_tokens: int
+    schedule_start: float
+    schedule_end: float
+    execute_start: float
+    execute_end: float
+    update_start: float
+    update_end: float
+
+
+@dataclass
+class _InFlight:
+    step: int
+    scheduler_output: SchedulerOutput
+    reply: Reply
+    schedule_start: float
+    schedule_end: float
+
+
+class EngineCoreLoop:
+    def __init__(self, core: EngineCore, send: Send, *, process_name: str) -> None:
+        self.core = core
+        self.scheduler = core.scheduler
+        self.executor = core.executor
+        self.send = send
+        self.process_name = process_name
+        self.pipeline_depth = 2 if core.engine_config.async_scheduling else 1
+        self._wakeup = anyio.Event()
+        self._num_steps = 0
+        self._trace: list[StepRecord] | None = None
+
+    async def serve(self, inbox: AsyncIterator[Any]) -> None:
+        """Run until `Shutdown`, the end of `inbox`, or a dead executor (reported with EngineCoreDead)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read_inbox, inbox, tg)
+            try:
+                await self._step_loop()
+            except EngineDeadError as dead:
+                await self._report_death(str(dead))
+            except Exception as exc:  # a bug in the core itself: every caller learns it, with the culprit
+                logger.exception("the engine core's step loop failed")
+                await self._report_death(f"{self.process_name}'s step loop raised {type(exc).__name__}: {exc}")
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.executor.shutdown()
+
+    async def _report_death(self, cause: str) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            await self.send(EngineCoreDead(process=self.process_name, cause=cause))
+
+    # -- incoming messages -----------------------------------------------------------------------------
+
+    async def _read_inbox(self, inbox: AsyncIterator[Any], tg: anyio.abc.TaskGroup) -> None:
+        async for message in inbox:
+            if isinstance(message, AddRequests):
+                for request in message.requests:
+                    self.scheduler.add_request(request)
+                self._wakeup.set()
+            elif isinstance(message, AbortRequests):
+                self.scheduler.abort_requests(message.request_ids)
+                self._wakeup.set()
+            elif isinstance(message, UtilityCall):
+                tg.start_soon(self._utility, message)
+            elif isinstance(message, Shutdown):
+                break
+        tg.cancel_scope.cancel()  # the frontend is done (or gone): stop stepping
+
+    async def _utility(self, call: UtilityCall) -> None:
+        try:
+            result = await self._run_utility(call.method, call.args)
+        except Exception as exc:  # the caller receives the error, typed and named; the engine goes on
+            reply = UtilityResult(call_id=call.call_id, error=str(exc) or repr(exc), error_type=error_type_name(exc))
+        else:
+            reply = UtilityResult(call_id=call.call_id, result=result)
+        await self.send(reply)
+
+    async def _run_utility(self, method: str, args: list[Any]) -> Any:
+        if method == "collective_rpc":
+            worker_method, worker_args = args
+            return round_trip(await self.executor.call(worker_method, *worker_args))
+        if method == "get_scheduler_stats":
+            return round_trip(self.scheduler.stats())
+        if method == "reset_prefix_cache":
+            self.scheduler.block_manager.reset_prefix_cache()
+            return True
+        if method == "kv_cache_info":
+            manager = self.scheduler.block_manager
+            return {"num_blocks": manager.num_blocks, "num_free_blocks": manager.num_free_blocks,
+                    "block_size": manager.block_size}
+        if method == "start_step_trace":
+            self._trace = []
+            return True
+        if method == "stop_step_trace":
+            trace, self._trace = self._trace or [], None
+            return round_trip(trace)
+        raise ValueError(f"unknown engine-core call {method!r}")
+
+    # -- the step loop ---------------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        in_flight: deque[_InFlight] = deque()
+        while True:
+            while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished():
+                started = time.monotonic()
+                scheduler_output = self.scheduler.schedule()
+                scheduled = time.monotonic()
+                if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
+                    break
+                reply = await self.executor.submit_step(scheduler_output)
+                in_flight.append(_InFlight(self._num_steps, scheduler_output, reply, started, scheduled))
+                self._num_steps += 1
+            if not in_flight:
+                if self.scheduler.has_unfinished():
+                    raise EngineDeadError(
+                        f"the scheduler holds {self.scheduler.num_unfinished} requests but can schedule none: "
+                        "this is a bug in asyncengine's scheduler"
+                    )
+                self._wakeup = anyio.Event()
+                await self._wakeup.wait()
+                continue
+            step = in_flight.popleft()
+            runner_output = await step.reply.wait()
+            update_start = time.monotonic()
+            outputs = self.scheduler.update_from_output(step.scheduler_output, runner_output)
+            update_end = time.monotonic()
+            if self._trace is not None:
+                self._trace.append(
+                    StepRecord(
+                        step.step, step.scheduler_output.total_num_scheduled_tokens, step.schedule_start,
+                        step.schedule_end, runner_output.started_at, runner_output.finished_at, update_start, update_end,
+                    )
+                )
+            await self.send(outputs)

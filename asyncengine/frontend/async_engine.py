@@ -1,0 +1,285 @@
+"""AsyncEngine: the engine for async applications, on anyio (trio or asyncio).
+
+    async with AsyncEngine.start(EngineConfig(...)) as engine:
+        async for output in engine.generate("Hello", SamplingParams(max_tokens=32)):
+            print(output.outputs[0].text, end="")
+
+`AsyncEngine.start` owns a task group: the engine core (in this event loop, or in its own process)
+and the output handler run in it, and leaving the `async with` shuts them down. Each output carries
+what is new since the previous one. A request is aborted, and its KV blocks freed, when its consumer
+stops: `abort(request_id)`, cancellation, closing the generator, or leaving `stream(...)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+
+from asyncengine.config.engine import EngineConfig, config_from_dict
+from asyncengine.engine_core.executor import Reply
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, rebuild_error
+from asyncengine.frontend.admission import AdmissionGate
+from asyncengine.frontend.core_client import CoreClient, start_core_client
+from asyncengine.frontend.output_collector import OutputCollector
+from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
+from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
+from asyncengine.frontend.startup import FrontendSetup, prepare_async
+from asyncengine.outputs import RequestOutput
+from asyncengine.runtime.groups import single_exceptions
+from asyncengine.sampling_params import SamplingParams
+from asyncengine.wire.engine_core import EngineCoreOutputs, SchedulerStats
+from asyncengine.wire.messages import AbortRequests, AddRequests, EngineCoreDead, UtilityCall, UtilityResult
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, setup: FrontendSetup, core: CoreClient) -> None:
+        self.config = config
+        self.model_config = setup.model_config
+        self.tokenizer = setup.tokenizer
+        self.chat_template = setup.chat_template
+        self.processor = InputProcessor(config, setup.model_config, setup.tokenizer)
+        self.output_processor = OutputProcessor(setup.tokenizer)
+        self._core = core
+        self._collectors: dict[str, OutputCollector] = {}
+        self._gate = AdmissionGate(config.max_waiting_requests)
+        self._waiting: dict[str, str] = {}  # engine-core request id -> its request, until admitted
+        self._calls: dict[int, Reply] = {}
+        self._call_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._dead: EngineDeadError | None = None
+        self._accepting = True
+        self._closing = False
+        self.last_scheduler_stats: SchedulerStats | None = None
+
+    # -- life cycle ------------------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def start(cls, config: EngineConfig | None = None, **options: Any) -> AsyncIterator["AsyncEngine"]:
+        """Start an engine; `config` or keyword options (EngineConfig fields), not both."""
+        if config is None:
+            config = config_from_dict(options)
+        elif options:
+            raise TypeError("pass an EngineConfig or keyword options, not both")
+        setup = await prepare_async(config)
+        with single_exceptions():
+            async with anyio.create_task_group() as tg:
+                core = await start_core_client(config)(config, setup, tg)
+                engine = cls(config, setup, core)
+                tg.start_soon(engine._handle_outputs)
+                try:
+                    yield engine
+                finally:
+                    await engine._close()
+                    tg.cancel_scope.cancel()
+
+    @property
+    def is_running(self) -> bool:
+        return self._dead is None and self._accepting
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        return self._dead
+
+    async def shutdown(self, grace_period: float = 30.0) -> None:
+        """Stop admitting requests, let running ones finish for up to `grace_period` seconds, abort the rest."""
+        self._accepting = False
+        with anyio.move_on_after(grace_period):
+            while self._collectors and self._dead is None:
+                await anyio.sleep(0.05)
+        for request_id in list(self._collectors):
+            await self.abort(request_id)
+
+    async def _close(self) -> None:
+        self._accepting = False
+        self._closing = True
+        with anyio.CancelScope(shield=True):
+            await self._core.close()
+        self._fail_everything(EngineDeadError("the engine was shut down"))
+
+    # -- requests --------------------------------------------------------------------------------------
+
+    def process_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> ProcessedRequest:
+        """Validate and tokenize a request without queueing it (RequestError when it is bad)."""
+        self._check_accepting()
+        request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
+        if not isinstance(request_id, str) or not request_id:
+            raise RequestError("request_id must be a non-empty string", field="request_id")
+        if request_id in self._collectors:
+            raise RequestError(f"request id {request_id!r} is already in use", field="request_id")
+        return self.processor.process(request_id, prompt, params)
+
+    async def generate(
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        nowait: bool = False,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield what is new for this request until it finishes (the last output has `finished`)."""
+        processed = self.process_request(prompt, params, request_id)
+        async for output in self.submit(processed, OutputKind.DELTA, nowait=nowait):
+            yield output
+
+    async def submit(
+        self, processed: ProcessedRequest, kind: OutputKind, *, nowait: bool = False
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Queue an already processed request and yield its outputs (deltas, or only the final one)."""
+        request_id = processed.request_id
+        num_children = len(processed.children)
+        if num_children > self.config.max_waiting_requests:
+            raise RequestError(
+                f"n={num_children} exceeds max_waiting_requests ({self.config.max_waiting_requests})", field="n"
+            )
+        if nowait:
+            if not self._gate.try_enter(num_children):
+                raise EngineOverloadedError(
+                    f"{self.config.max_waiting_requests} requests are already waiting (max_waiting_requests); "
+                    "retry later"
+                )
+        else:
+            await self._gate.enter(num_children)
+        self._check_accepting()
+        collector = OutputCollector()
+        self._collectors[request_id] = collector
+        self.output_processor.add_request(processed, kind)
+        for child in processed.children:
+            self._waiting[child.request_id] = request_id
+        finished = False
+        try:
+            await self._core.send(AddRequests(requests=processed.children))
+            while not finished:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                with anyio.CancelScope(shield=True):
+                    await self._abort(request_id, notify=False)
+
+    @asynccontextmanager
+    async def stream(
+        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None, *, nowait: bool = False
+    ) -> AsyncIterator[AsyncGenerator[RequestOutput, None]]:
+        """`async with engine.stream(...) as outputs:`; leaving the block aborts an unfinished request."""
+        outputs = self.generate(prompt, params, request_id, nowait=nowait)
+        try:
+            yield outputs
+        finally:
+            await outputs.aclose()
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request: its consumer gets a last output with finish_reason "abort"."""
+        await self._abort(request_id, notify=True)
+
+    async def _abort(self, request_id: str, *, notify: bool) -> None:
+        collector = self._collectors.pop(request_id, None)
+        core_ids, final = self.output_processor.abort_request(request_id)
+        self._leave_waiting(core_ids)
+        if collector is not None and notify and final is not None:
+            collector.put(final)
+        if core_ids and self._dead is None:
+            try:
+                await self._core.send(AbortRequests(request_ids=core_ids))
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the engine core is gone: there is nothing left to abort
+
+    def _check_accepting(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        if not self._accepting:
+            raise EngineDeadError("the engine is shutting down and accepts no new requests")
+
+    def _leave_waiting(self, core_ids: list[str]) -> None:
+        left = sum(1 for core_id in core_ids if self._waiting.pop(core_id, None) is not None)
+        if left:
+            self._gate.leave(left)
+
+    # -- calls into the engine core and the workers -----------------------------------------------------
+
+    async def collective_rpc(self, method: str, args: tuple | list = ()) -> list[Any]:
+        """Run public worker method `method` on every rank; each rank's result (msgspec-encodable)."""
+        return await self._call_core("collective_rpc", method, list(args))
+
+    async def get_scheduler_stats(self) -> SchedulerStats:
+        return msgspec.convert(await self._call_core("get_scheduler_stats"), SchedulerStats)
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call_core("reset_prefix_cache")
+
+    async def call_engine_core(self, method: str, *args: Any) -> Any:
+        """A named engine-core call (`kv_cache_info`, `start_step_trace`, `stop_step_trace`, ...)."""
+        return await self._call_core(method, *args)
+
+    async def _call_core(self, method: str, *args: Any) -> Any:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        call_id = next(self._call_ids)
+        reply = self._calls[call_id] = Reply()
+        try:
+            await self._core.send(UtilityCall(call_id=call_id, method=method, args=list(args)))
+            return await reply.wait()
+        finally:
+            self._calls.pop(call_id, None)
+
+    # -- outputs ---------------------------------------------------------------------------------------
+
+    async def _handle_outputs(self) -> None:
+        while True:
+            try:
+                message = await self._core.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                if not self._closing:
+                    self._die(EngineDeadError(f"{await self._core.death_cause()}"))
+                return
+            if isinstance(message, EngineCoreOutputs):
+                await self._on_step(message)
+            elif isinstance(message, UtilityResult):
+                reply = self._calls.get(message.call_id)
+                if reply is not None:
+                    if message.error is not None:
+                        reply.fail(rebuild_error(message.error_type, message.error))
+                    else:
+                        reply.set(message.result)
+            elif isinstance(message, EngineCoreDead):
+                self._die(EngineDeadError(f"{message.process}: {message.cause}"))
+                return
+
+    async def _on_step(self, message: EngineCoreOutputs) -> None:
+        self.last_scheduler_stats = message.scheduler_stats
+        self._leave_waiting(message.admitted_request_ids)
+        processed = self.output_processor.process_outputs(message.outputs)
+        for output in processed.request_outputs:
+            collector = self._collectors.get(output.request_id)
+            if collector is not None:
+                collector.put(output)
+            if output.finished:
+                self._collectors.pop(output.request_id, None)
+        finished_core_ids = [o.request_id for o in message.outputs if o.finished]
+        self._leave_waiting(finished_core_ids + processed.core_requests_to_abort)
+        if processed.core_requests_to_abort:
+            await self._core.send(AbortRequests(request_ids=processed.core_requests_to_abort))
+
+    def _die(self, error: EngineDeadError) -> None:
+        if self._dead is None:
+            self._dead = error
+            logger.error("engine dead: %s", error)
+        self._fail_everything(self._dead)
+
+    def _fail_everything(self, error: EngineDeadError) -> None:
+        for collector in self._collectors.values():
+            collector.fail(error)
+        self._collectors.clear()
+        for reply in self._calls.values():
+            reply.fail(error)
+        self._gate.fail(error)

@@ -1,0 +1,185 @@
+"""How the frontend talks to its engine core: the same messages, two placements.
+
+`InProcessCoreClient` runs the engine core's loop as tasks of the caller's event loop, connected by
+memory object streams. `ProcessCoreClient` starts the engine core as a fresh interpreter and talks to
+it in frames over a Unix socket in a private directory (or TCP with a secret).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import Process, TaskGroup
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.engine_core.core import EngineCore
+from asyncengine.engine_core.loop import EngineCoreLoop
+from asyncengine.errors import StartupError, rebuild_error
+from asyncengine.frontend.startup import FrontendSetup
+from asyncengine.runtime.connection import accept_child, open_listener
+from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
+from asyncengine.wire.framing import FrameStream
+from asyncengine.wire.messages import FrontendInbox, Ready, Shutdown, StartupFailed, StartupParams
+
+ENGINE_CORE_START_TIMEOUT = 900.0  # it loads the model before it says Ready
+T = TypeVar("T")
+
+
+class CoreClient(ABC):
+    process_name: str
+
+    @abstractmethod
+    async def send(self, message: Any) -> None: ...
+
+    @abstractmethod
+    async def receive(self) -> Any:
+        """The next message from the engine core; anyio.EndOfStream once it is gone."""
+
+    @abstractmethod
+    async def death_cause(self) -> str:
+        """Why the engine core went away, once `receive` has ended without a Shutdown."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Ask the engine core to stop and wait for it (forcing it after a grace period)."""
+
+
+class InProcessCoreClient(CoreClient):
+    process_name = "the engine core (in-process)"
+
+    def __init__(self, core: EngineCore) -> None:
+        self._to_core, self._core_inbox = anyio.create_memory_object_stream[Any](1024)
+        self._core_outbox, self._from_core = anyio.create_memory_object_stream[Any](64)
+        self.loop = EngineCoreLoop(core, self._core_outbox.send, process_name=self.process_name)
+        self._stopped = anyio.Event()
+
+    @classmethod
+    async def start(cls, config: EngineConfig, setup: FrontendSetup, task_group: TaskGroup) -> "InProcessCoreClient":
+        core = await EngineCore.start(config, setup.model_config, setup.device, task_group, owner="this process")
+        client = cls(core)
+        task_group.start_soon(client._serve)
+        return client
+
+    async def _serve(self) -> None:
+        try:
+            await self.loop.serve(self._core_inbox)
+        finally:
+            self._core_outbox.close()
+            self._stopped.set()
+
+    async def send(self, message: Any) -> None:
+        await self._to_core.send(message)
+
+    async def receive(self) -> Any:
+        return await self._from_core.receive()
+
+    async def death_cause(self) -> str:
+        return f"{self.process_name} stopped"
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            self._to_core.close()  # the loop sees the end of its inbox and stops
+            with anyio.move_on_after(30.0):
+                await self._stopped.wait()
+
+
+class ProcessCoreClient(CoreClient):
+    def __init__(self, process: Process, frames: FrameStream) -> None:
+        self.process = process
+        self.frames = frames
+        self.process_name = f"the engine core (pid {process.pid})"
+
+    @classmethod
+    async def start(cls, config: EngineConfig, setup: FrontendSetup, task_group: TaskGroup) -> "ProcessCoreClient":
+        listener = await open_listener(config.transport)
+        process = None
+        try:
+            process = await spawn_child("asyncengine.engine_core.process", address=listener.address,
+                                        secret=listener.secret)
+            frames, _ = await _while_alive(
+                process, "connecting",
+                lambda: accept_child(listener, FrontendInbox, role="engine core", timeout=ENGINE_CORE_START_TIMEOUT),
+            )
+        except BaseException:
+            if process is not None:
+                await stop_process(process, grace_period=0.0)
+            raise
+        finally:
+            await listener.aclose()
+        client = cls(process, frames)
+        try:
+            await frames.send(
+                StartupParams(engine_config=config, model_config=setup.model_config, device=setup.device)
+            )
+            reply = await _while_alive(process, "starting", frames.receive)
+            if isinstance(reply, StartupFailed):
+                raise rebuild_error(
+                    reply.error_type or "StartupError",
+                    f"{client.process_name} failed in start-up phase {reply.phase!r}: {reply.error}",
+                )
+            if not isinstance(reply, Ready):
+                raise StartupError(f"{client.process_name} sent {type(reply).__name__} instead of Ready")
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def send(self, message: Any) -> None:
+        await self.frames.send(message)
+
+    async def receive(self) -> Any:
+        try:
+            return await self.frames.receive()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise anyio.EndOfStream from exc
+
+    async def death_cause(self) -> str:
+        with anyio.move_on_after(2.0):  # the socket closes a moment before the exit is visible
+            await self.process.wait()
+        return f"{self.process_name} {describe_exit(self.process.returncode)}"
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self.process.returncode is None:
+                with anyio.move_on_after(2.0):
+                    try:
+                        await self.frames.send(Shutdown())
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        pass  # already gone; stop_process reaps it
+            await stop_process(self.process, grace_period=10.0)
+            await self.frames.aclose()
+
+
+async def _while_alive(process: Process, doing: str, work: Callable[[], Awaitable[T]]) -> T:
+    """`await work()`, unless `process` exits first: then a StartupError saying how it ended."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    async def run_work(scope: anyio.CancelScope) -> None:
+        try:
+            result.append(await work())
+        except Exception as exc:  # re-raised below, outside the task group (which would wrap it in a group)
+            failure.append(exc)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_work, tg.cancel_scope)
+        await process.wait()
+        tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    if result:
+        return result[0]
+    raise StartupError(
+        f"the engine core (pid {process.pid}) {describe_exit(process.returncode)} while {doing}; "
+        "its log above says why"
+    )
+
+
+def start_core_client(config: EngineConfig) -> Callable[[EngineConfig, FrontendSetup, TaskGroup], Awaitable[CoreClient]]:
+    return InProcessCoreClient.start if config.in_process else ProcessCoreClient.start
+
+

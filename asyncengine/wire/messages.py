@@ -1,0 +1,123 @@
+"""Every message between processes: the start-up hand-shake, frontend <-> engine core, engine core <-> worker.
+
+Each is a tagged msgspec Struct; a connection decodes into the union of what its peer may send.
+Method calls travel by registered name with msgspec-encodable arguments (`UtilityCall`, `WorkerCall`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.config.model import ModelConfig
+from asyncengine.wire.engine_core import EngineCoreOutputs, EngineCoreRequest
+from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+
+
+class Message(msgspec.Struct, tag=True, kw_only=True):
+    pass
+
+
+# -- hand-shake (child -> parent: Hello, then Ready or StartupFailed; parent -> child: StartupParams) ---
+
+
+class Hello(Message):
+    secret: str
+    role: str  # "engine core" or "worker"
+    rank: int
+    pid: int
+
+
+class StartupParams(Message):
+    engine_config: EngineConfig
+    model_config: ModelConfig
+    device: str
+    rank: int = 0
+    world_size: int = 1
+    # torch.distributed rendezvous ("tcp://127.0.0.1:PORT") when world_size > 1
+    distributed_init_method: str | None = None
+
+
+class Ready(Message):
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class StartupFailed(Message):
+    phase: str
+    error: str
+    error_type: str | None = None  # the exception's class name, rebuilt on the other side (errors.py)
+
+
+# -- frontend -> engine core ----------------------------------------------------------------------------
+
+
+class AddRequests(Message):
+    requests: list[EngineCoreRequest]
+
+
+class AbortRequests(Message):
+    request_ids: list[str]
+
+
+class UtilityCall(Message):
+    call_id: int
+    method: str
+    args: list[Any] = msgspec.field(default_factory=list)
+
+
+class Shutdown(Message):
+    pass
+
+
+# -- engine core -> frontend ----------------------------------------------------------------------------
+
+
+class UtilityResult(Message):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+
+
+class EngineCoreDead(Message):
+    """Sent by the engine core just before it stops because something died or failed under it."""
+
+    process: str
+    cause: str
+
+
+# -- engine core -> worker ------------------------------------------------------------------------------
+
+
+class ExecuteModel(Message):
+    scheduler_output: SchedulerOutput
+
+
+class WorkerCall(Message):
+    call_id: int
+    method: str
+    args: list[Any] = msgspec.field(default_factory=list)
+
+
+# -- worker -> engine core ------------------------------------------------------------------------------
+
+
+class StepResult(Message):
+    output: ModelRunnerOutput | None = None
+    error: str | None = None
+
+
+class WorkerCallResult(Message):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+
+
+# What each side of each connection may receive.
+FrontendInbox = Union[Hello, Ready, StartupFailed, EngineCoreOutputs, UtilityResult, EngineCoreDead]
+EngineCoreInbox = Union[StartupParams, AddRequests, AbortRequests, UtilityCall, Shutdown]
+ExecutorInbox = Union[Hello, Ready, StartupFailed, StepResult, WorkerCallResult]
+WorkerInbox = Union[StartupParams, ExecuteModel, WorkerCall, Shutdown]
