@@ -7,7 +7,9 @@ model argument again (which may involve converting a GGUF file).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -16,6 +18,8 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
+
+logger = logging.getLogger(__name__)
 
 # Keys under which configs give the longest context the model was trained for, in order of preference.
 _CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
@@ -26,6 +30,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     tokenizer_dir: str | None
     served_model_name: str
     architectures: list[str]
+    # config.json with hf_overrides applied and, where transformers knows the model type, completed
+    # with transformers' defaults: workers build the model from it without importing transformers.
     hf_config: dict[str, Any]
     dtype: str
     max_model_len: int
@@ -35,10 +41,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def load_hf_config(self) -> Any:
-        """The transformers config object (with hf_overrides applied), for building the model."""
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(self.model_dir, **self.hf_overrides)
+        """The model's config as attributes (`config.hidden_size`), for building the model."""
+        return SimpleNamespace(**self.hf_config)
 
 
 def resolve_device(device: str) -> str:
@@ -57,8 +61,7 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 def build_model_config(config: EngineConfig, *, model_dir: Path, device: str, tokenizer: Any | None) -> ModelConfig:
     """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`)."""
-    hf_config = load_config_json(model_dir)
-    hf_config.update(config.hf_overrides)
+    hf_config = complete_hf_config(model_dir, load_config_json(model_dir), config.hf_overrides)
     architectures = hf_config.get("architectures") or []
     if not isinstance(architectures, list) or not architectures:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
@@ -96,6 +99,21 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, device: str, to
         generation_defaults=defaults,
         hf_overrides=dict(config.hf_overrides),
     )
+
+
+def complete_hf_config(model_dir: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """config.json plus overrides, completed with transformers' defaults when it knows the model type
+    (a plugin's own model type may be unknown to it: then the file's values are all there is)."""
+    from transformers import AutoConfig
+
+    merged = {**raw, **overrides}
+    try:
+        completed = AutoConfig.from_pretrained(str(model_dir), **overrides).to_dict()
+    except (ValueError, KeyError) as exc:
+        logger.info("transformers does not know model type %r (%s): using config.json as is", raw.get("model_type"), exc)
+        return merged
+    completed.update({key: value for key, value in merged.items() if key not in completed})
+    return completed
 
 
 def tokenizer_path(config: EngineConfig, model_dir: Path) -> Path:

@@ -3,6 +3,8 @@
 Written against the paged KV cache: the batch is a flat run of tokens with their positions, and each
 attention layer reads keys and values from cache pages (asyncengine/models/layers/attention.py).
 Checkpoint names follow transformers; q/k/v and gate/up are fused into one matrix each on load.
+With tensor parallelism each rank holds whole KV-head groups (`partition_heads`), a slice of the MLP
+and of the vocabulary; every layer class loads its own part of each checkpoint tensor (`load`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from torch import nn
 from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.activation import SiluAndMul
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
-from asyncengine.models.layers.embedding import LMHead, VocabEmbedding
-from asyncengine.models.layers.linear import Linear, MergedLinear, copy_checked
+from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.models.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from asyncengine.worker import parallel
 
 # checkpoint projection name -> (fused parameter name, shard index)
 FUSED_PROJECTIONS = {
@@ -41,16 +44,46 @@ def head_dim_of(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def partition_heads(num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """This rank's [start, end) of query heads and of KV heads.
+
+    Ranks take whole groups (a KV head with the query heads that share it), as evenly as possible, so
+    an uneven count (SmolLM2's 3 KV heads on 2 ranks) still works. With fewer KV heads than ranks,
+    each KV head is repeated on `ranks / kv_heads` ranks, which split its query heads.
+    """
+    ranks, rank = parallel.world_size(), parallel.rank()
+    group = num_heads // num_kv_heads
+    if num_kv_heads >= ranks:
+        kv_start, kv_end = parallel.split_evenly(num_kv_heads, ranks)[rank]
+        return (kv_start * group, kv_end * group), (kv_start, kv_end)
+    if ranks % num_kv_heads or group % (ranks // num_kv_heads):
+        raise ModelLoadError(
+            f"{num_heads} attention heads with {num_kv_heads} KV heads cannot be split over "
+            f"tensor_parallel_size={ranks}: with fewer KV heads than ranks, the ranks must divide evenly "
+            "among the KV heads and their query heads"
+        )
+    replicas = ranks // num_kv_heads
+    kv_head = rank // replicas
+    q_start, q_end = parallel.split_evenly(group, replicas)[rank % replicas]
+    return (kv_head * group + q_start, kv_head * group + q_end), (kv_head, kv_head + 1)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = head_dim_of(config)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = MergedLinear(config.hidden_size, self.split_sizes, bias=self.qkv_bias(config), dtype=dtype)
-        self.o_proj = Linear(q_size, config.hidden_size, bias=self.o_bias(config), dtype=dtype)
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = dim = head_dim_of(config)
+        (q_start, q_end), (kv_start, kv_end) = partition_heads(total_heads, total_kv_heads)
+        self.num_heads, self.num_kv_heads = q_end - q_start, kv_end - kv_start
+        q_rows, kv_rows = (q_start * dim, q_end * dim), (kv_start * dim, kv_end * dim)
+        self.split_sizes = [self.num_heads * dim, self.num_kv_heads * dim, self.num_kv_heads * dim]
+        q_total, kv_total = total_heads * dim, total_kv_heads * dim
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, [q_rows, kv_rows, kv_rows], [q_total, kv_total, kv_total],
+            bias=self.qkv_bias(config), dtype=dtype,
+        )
+        self.o_proj = RowParallelLinear(q_rows, q_total, config.hidden_size, bias=self.o_bias(config), dtype=dtype)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
     @staticmethod
@@ -81,8 +114,9 @@ class LlamaMLP(nn.Module):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, [size, size], bias=bias, dtype=dtype)
-        self.down_proj = Linear(size, config.hidden_size, bias=bias, dtype=dtype)
+        rows = parallel.split_evenly(size, parallel.world_size())[parallel.rank()]
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [rows, rows], [size, size], bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(rows, size, config.hidden_size, bias=bias, dtype=dtype)
         self.act = SiluAndMul()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -121,7 +155,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
         # One rotary table; its cos/sin are looked up once per step and passed to every layer.
         self.rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
         self.layers = nn.ModuleList(self.layer_cls(config, dtype=dtype) for _ in range(config.num_hidden_layers))
@@ -145,7 +179,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = self.model_cls(config, dtype=dtype, max_position=max_position)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -172,11 +206,11 @@ class LlamaForCausalLM(nn.Module):
             if param is None:
                 unexpected.append(name)
                 continue
-            if shard is None:
-                copy_checked(param.data, tensor, name)
+            module = self.get_submodule(target_name.rsplit(".", 1)[0])
+            if hasattr(module, "load"):  # a layer that keeps only its tensor-parallel part
+                module.load(param, tensor, shard, name)
             else:
-                module = self.get_submodule(target_name.rsplit(".", 1)[0])
-                module.load_shard(param, tensor, shard, name)
+                copy_checked(param.data, tensor, name)
             loaded.add((target_name, shard))
         if unexpected:
             raise ModelLoadError(
@@ -194,8 +228,8 @@ class LlamaForCausalLM(nn.Module):
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue
             module = self.get_submodule(name.rsplit(".", 1)[0])
-            if isinstance(module, MergedLinear) and len(module.output_sizes) > 1:
-                required.update((name, shard) for shard in range(len(module.output_sizes)))
+            if isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
+                required.update((name, shard) for shard in range(module.num_shards))
             else:
                 required.add((name, None))
         return required

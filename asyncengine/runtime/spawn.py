@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import anyio
@@ -65,18 +67,20 @@ async def stop_process(process: Process, *, grace_period: float) -> None:
             await process.wait()
 
 
-def die_with_parent() -> None:
-    """Linux: have the kernel kill this process when the parent that started it exits.
+def die_with_parent(poll_interval: float = 0.5) -> None:
+    """Exit as soon as the process that started this one is gone.
 
-    The connection to the parent closing also stops a child; this covers a parent that dies while
-    the child is busy (loading a model, say) and not reading its connection.
+    The connection to the parent closing also stops a child, but only when the child reads it; this
+    covers a parent killed while the child is busy (loading a model, say). A watcher thread polls
+    the parent pid: when the parent dies the child is re-parented and the pid changes. (Linux's
+    PR_SET_PDEATHSIG is no substitute: it fires when the parent *thread* that spawned the child ends,
+    and event loops spawn from short-lived helper threads.)
     """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+    parent = os.getppid()
 
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent is already gone
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_interval)
         os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -1,7 +1,9 @@
-"""Linear layers whose weights may be stored as several checkpoint tensors (shards).
+"""Linear layers that split across tensor-parallel ranks, loading their part of each checkpoint tensor.
 
-Fusing q/k/v (and gate/up) into one matrix makes one matmul instead of three; the checkpoint still
-names them separately, so each shard is copied into its rows when weights load.
+`ColumnParallelLinear` splits output features: rank r computes rows [start, end) of each of its shards
+(q, k and v fused into one matrix, or gate and up), so no communication is needed. `RowParallelLinear`
+splits input features: each rank multiplies its slice and the partial results are summed across ranks
+(its bias added once, after the sum). With one rank both are plain linear layers.
 """
 
 from __future__ import annotations
@@ -11,41 +13,78 @@ import torch.nn.functional as F
 from torch import nn
 
 from asyncengine.errors import ModelLoadError
+from asyncengine.worker import parallel
 
 
-class MergedLinear(nn.Module):
-    """`y = x W^T (+ b)` where W stacks `len(output_sizes)` shards along the output dimension."""
+class ColumnParallelLinear(nn.Module):
+    """`y = x W^T (+ b)`; W stacks, per shard, the rows `shard_rows[i] = (start, end)` of checkpoint tensor i,
+    which has `shard_sizes[i]` rows in all."""
 
-    def __init__(self, in_features: int, output_sizes: list[int], *, bias: bool, dtype: torch.dtype) -> None:
+    def __init__(
+        self, in_features: int, shard_rows: list[tuple[int, int]], shard_sizes: list[int], *, bias: bool,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
         self.in_features = in_features
-        self.output_sizes = list(output_sizes)
-        out_features = sum(output_sizes)
+        self.shard_rows = list(shard_rows)
+        self.shard_sizes = list(shard_sizes)
+        self.output_sizes = [end - start for start, end in shard_rows]
+        out_features = sum(self.output_sizes)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
-        self.bias = (
-            nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
-        )
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int, name: str) -> None:
-        """Copy checkpoint tensor `loaded` (named `name`) into shard `shard` of `param`."""
-        start = sum(self.output_sizes[:shard])
-        target = param.data.narrow(0, start, self.output_sizes[shard])
-        copy_checked(target, loaded, name)
+    def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:
+        shard = shard or 0
+        start, end = self.shard_rows[shard]
+        expected = (self.shard_sizes[shard],) + ((self.in_features,) if param is self.weight else ())
+        check_shape(loaded, expected, name)
+        offset = sum(self.output_sizes[:shard])
+        copy_checked(param.data.narrow(0, offset, end - start), loaded.narrow(0, start, end - start), name)
 
 
-class Linear(MergedLinear):
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype: torch.dtype) -> None:
-        super().__init__(in_features, [out_features], bias=bias, dtype=dtype)
+class RowParallelLinear(nn.Module):
+    """`y = sum over ranks of x_r W_r^T (+ b)`; this rank holds input columns `in_cols = (start, end)`."""
+
+    def __init__(
+        self, in_cols: tuple[int, int], in_total: int, out_features: int, *, bias: bool, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.in_cols = in_cols
+        self.in_total = in_total
+        in_features = in_cols[1] - in_cols[0]
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = parallel.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:
+        if param is self.bias:
+            copy_checked(param.data, loaded, name)
+            return
+        start, end = self.in_cols
+        check_shape(loaded, (param.shape[0], self.in_total), name)
+        copy_checked(param.data, loaded.narrow(1, start, end - start), name)
+
+
+def check_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
+    """The whole checkpoint tensor must have the shape config.json implies (before any rank takes its part)."""
+    if tuple(loaded.shape) != tuple(expected):
+        raise ModelLoadError(
+            f"checkpoint tensor {name!r} has shape {tuple(loaded.shape)}, but the model built from "
+            f"config.json expects {tuple(expected)}: the weights do not match the config"
+        )
 
 
 def copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     """Copy with a clear error when the checkpoint's tensor has the wrong shape."""
-    if tuple(target.shape) != tuple(loaded.shape):
-        raise ModelLoadError(
-            f"checkpoint tensor {name!r} has shape {tuple(loaded.shape)}, but the model built from "
-            f"config.json expects {tuple(target.shape)}: the weights do not match the config"
-        )
+    check_shape(loaded, tuple(target.shape), name)
     target.copy_(loaded)
