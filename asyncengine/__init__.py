@@ -14,6 +14,7 @@ from asyncengine.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",
+    "AsyncEngine",
     "CompletionOutput",
     "EngineConfig",
     "EngineDeadError",
@@ -27,10 +28,14 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # LLM pulls in torch and transformers; import it only when asked for, so `import asyncengine`
+    # LLM and AsyncEngine pull in the engine; import them only when asked for, so `import asyncengine`
     # (the CLI's --help, config tools) stays fast.
     if name == "LLM":
         from asyncengine.frontend.llm import LLM
 
         return LLM
+    if name == "AsyncEngine":
+        from asyncengine.frontend.async_engine import AsyncEngine
+
+        return AsyncEngine
     raise AttributeError(f"module 'asyncengine' has no attribute {name!r}")

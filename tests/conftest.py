@@ -93,3 +93,26 @@ def make_llm():
     yield make
     for llm in made:
         llm.close()
+
+
+# --- anyio_backend and the event-loop guard ------------------------------------------------------
+# Async tests (@pytest.mark.anyio) run on trio and on asyncio. On trio a LoopBlockingGuard
+# (tests/support/loop_guard.py) watches every task step; a test whose event loop was blocked longer
+# than the threshold fails at teardown. Tests that must run on trio only use `trio_backend`.
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request):
+    if request.param == "asyncio":
+        return "asyncio"
+    from support.loop_guard import LoopBlockingGuard
+
+    guard = LoopBlockingGuard()
+    request.node.loop_guard = guard
+    return ("trio", {"instruments": [guard]})
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_blocked_loop(request):
+    yield
+    guard = getattr(request.node, "loop_guard", None)
+    if guard is not None and guard.violations and not getattr(request.node, "expect_blocked_loop", False):
+        pytest.fail(f"the event loop was blocked: {guard.report()}", pytrace=False)

@@ -8,7 +8,6 @@ worker dies or raises, the executor records an `EngineDeadError` naming it and f
 
 from __future__ import annotations
 
-import math
 import traceback
 from abc import ABC, abstractmethod
 from collections import deque
@@ -22,6 +21,8 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import EngineDeadError, StartupError, rebuild_error
 from asyncengine.runtime.connection import accept_child, open_listener
+from asyncengine.runtime.dedicated_thread import DedicatedThread
+from asyncengine.runtime.reply import Reply
 from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
 from asyncengine.wire.framing import FrameStream, ProtocolError
 from asyncengine.wire.messages import (
@@ -40,31 +41,6 @@ from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 WORKER_START_TIMEOUT = 600.0  # loading a large model can take minutes
 
 _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
-
-
-class Reply:
-    """The answer to one piece of work, set once by the executor and awaited by its caller."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def set(self, value: Any) -> None:
-        if not self._event.is_set():
-            self._value = value
-            self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._event.is_set():
-            self._error = error
-            self._event.set()
-
-    async def wait(self) -> Any:
-        await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 class Executor(ABC):
@@ -111,7 +87,7 @@ def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
 
 
 class UniExecutor(Executor):
-    """One worker in a thread of this process: model execution stays off the event loop."""
+    """One worker on a dedicated thread of this process: model execution stays off the event loop."""
 
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str, *, owner: str) -> None:
         super().__init__(engine_config, model_config, device)
@@ -119,56 +95,25 @@ class UniExecutor(Executor):
 
         self.worker = Worker(engine_config, model_config, device)
         self.where = f"the worker (a thread of {owner})"
-        self._work_send, self._work_receive = anyio.create_memory_object_stream[tuple[str, Any, Reply]](math.inf)
-        self._worker_thread = anyio.CapacityLimiter(1)
+        self._thread = DedicatedThread("asyncengine-worker")
         self._stopped = False
 
     async def start(self, task_group: TaskGroup) -> None:
-        await task_group.start(self._run)
+        await task_group.start(self._thread.serve)
         await self.call("init_device")
 
-    async def _run(self, *, task_status: TaskStatus) -> None:
-        task_status.started()
-        async with self._work_receive:
-            async for kind, payload, reply in self._work_receive:
-                if self.failure is not None:
-                    reply.fail(self.failure)
-                    continue
-                if kind == "step":
-                    try:
-                        result = await anyio.to_thread.run_sync(
-                            self.worker.execute_model, payload, limiter=self._worker_thread
-                        )
-                    except Exception as exc:  # a step failed: the engine is dead, and says why
-                        self._die(_describe_exception(self.where, exc))
-                        reply.fail(self.failure)
-                        continue
-                else:
-                    method, args = payload
-                    try:
-                        result = await anyio.to_thread.run_sync(
-                            lambda: getattr(self.worker, method)(*args), limiter=self._worker_thread
-                        )
-                    except Exception as exc:  # a failed call is its caller's error, not the engine's death
-                        reply.fail(exc)
-                        continue
-                reply.set(result)
-
     async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
-        reply = Reply()
         if self.failure is not None:
+            reply = Reply()
             reply.fail(self.failure)
-        else:
-            self._work_send.send_nowait(("step", scheduler_output, reply))
-        return reply
+            return reply
+        return _StepReply(self, self._thread.submit(self.worker.execute_model, scheduler_output))
 
     async def call(self, method: str, *args: Any) -> list[Any]:
         if self.failure is not None:
             raise self.failure
         _check_method_name(method)
-        reply = Reply()
-        self._work_send.send_nowait(("call", (method, args), reply))
-        return [await reply.wait()]
+        return [await self._thread.run(getattr(self.worker, method), *args)]
 
     async def shutdown(self) -> None:
         if self._stopped:
@@ -176,12 +121,26 @@ class UniExecutor(Executor):
         self._stopped = True
         with anyio.CancelScope(shield=True):
             if self.failure is None:
-                reply = Reply()
-                self._work_send.send_nowait(("call", ("shutdown", ()), reply))
                 with anyio.move_on_after(5.0):
-                    await reply.wait()
+                    await self._thread.run(self.worker.shutdown)
             self._die(EngineDeadError("the engine was shut down"))
-            self._work_send.close()
+            self._thread.close()
+
+
+class _StepReply(Reply):
+    """A step's reply from the dedicated thread: a failed step kills the engine, naming the worker."""
+
+    def __init__(self, executor: UniExecutor, inner: Reply) -> None:
+        super().__init__()
+        self._executor = executor
+        self._inner = inner
+
+    async def wait(self) -> ModelRunnerOutput:
+        try:
+            return await self._inner.wait()
+        except Exception as exc:  # a step failed: the engine is dead, and says why
+            self._executor._die(_describe_exception(self._executor.where, exc))
+            raise self._executor.failure from exc
 
 
 class MultiprocExecutor(Executor):

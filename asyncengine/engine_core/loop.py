@@ -22,7 +22,8 @@ import anyio
 import msgspec
 
 from asyncengine.engine_core.core import EngineCore
-from asyncengine.engine_core.executor import Reply, round_trip
+from asyncengine.engine_core.executor import round_trip
+from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, error_type_name
 from asyncengine.wire.messages import (
     AbortRequests,

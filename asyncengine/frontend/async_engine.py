@@ -23,7 +23,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
-from asyncengine.engine_core.executor import Reply
+from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, rebuild_error
 from asyncengine.frontend.admission import AdmissionGate
 from asyncengine.frontend.core_client import CoreClient, start_core_client

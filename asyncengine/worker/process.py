@@ -7,12 +7,16 @@ the event loop keeps reading its connection.
 
 from __future__ import annotations
 
+import math
 import traceback
+from typing import Any
 
 import anyio
 
 from asyncengine.errors import error_type_name
 from asyncengine.runtime.child import child_main, run_phase
+from asyncengine.runtime.dedicated_thread import DedicatedThread
+from asyncengine.runtime.reply import Reply
 from asyncengine.wire.framing import FrameStream
 from asyncengine.wire.messages import (
     ExecuteModel,
@@ -33,30 +37,63 @@ async def serve_worker(frames: FrameStream, params: StartupParams) -> None:
         params.engine_config, params.model_config, params.device, rank=params.rank,
         world_size=params.world_size, distributed_init_method=params.distributed_init_method,
     )
-    await run_phase("init device", lambda: anyio.to_thread.run_sync(worker.init_device))
-    await frames.send(Ready(info={"rank": params.rank}))
-    while True:
-        message = await frames.receive()
-        if isinstance(message, ExecuteModel):
-            try:
-                output = await anyio.to_thread.run_sync(worker.execute_model, message.scheduler_output)
-            except Exception as exc:  # the engine core names this rank and fails every request
-                await frames.send(StepResult(error=_summary(exc)))
-                raise
-            await frames.send(StepResult(output=output))
-        elif isinstance(message, WorkerCall):
-            try:
-                method = getattr(worker, message.method)
-                result = await anyio.to_thread.run_sync(lambda: method(*message.args))
-            except Exception as exc:  # the caller gets the error with this rank's name
-                await frames.send(
-                    WorkerCallResult(call_id=message.call_id, error=_summary(exc), error_type=error_type_name(exc))
-                )
+    # Every call runs on one thread for the process's life (see runtime/dedicated_thread.py).
+    thread = DedicatedThread("asyncengine-worker")
+    async with anyio.create_task_group() as tg:
+        await tg.start(thread.serve)
+        try:
+            await run_phase("init device", lambda: thread.run(worker.init_device))
+            await frames.send(Ready(info={"rank": params.rank}))
+            await _serve_messages(frames, worker, thread)
+        finally:
+            thread.close()
+
+
+async def _serve_messages(frames: FrameStream, worker, thread: DedicatedThread) -> None:
+    """Hand each message to the thread as soon as it arrives (so step N+1 starts the moment step N
+    ends), and send the answers back in order from a second task."""
+    answers, pending = anyio.create_memory_object_stream[tuple[Any, Reply]](math.inf)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_send_answers, frames, pending)
+        async with answers:
+            while True:
+                message = await frames.receive()
+                if isinstance(message, ExecuteModel):
+                    answers.send_nowait((message, thread.submit(worker.execute_model, message.scheduler_output)))
+                elif isinstance(message, WorkerCall):
+                    method = getattr(worker, message.method, None)
+                    if method is None:
+                        reply = Reply()
+                        reply.fail(AttributeError(f"the worker has no method {message.method!r}"))
+                    else:
+                        reply = thread.submit(method, *message.args)
+                    answers.send_nowait((message, reply))
+                elif isinstance(message, Shutdown):
+                    answers.send_nowait((message, thread.submit(worker.shutdown)))
+                    break
+
+
+async def _send_answers(frames: FrameStream, pending) -> None:
+    async with pending:
+        async for message, reply in pending:
+            if isinstance(message, ExecuteModel):
+                try:
+                    output = await reply.wait()
+                except Exception as exc:  # the engine core names this rank and fails every request
+                    await frames.send(StepResult(error=_summary(exc)))
+                    raise
+                await frames.send(StepResult(output=output))
+            elif isinstance(message, WorkerCall):
+                try:
+                    result = await reply.wait()
+                except Exception as exc:  # the caller gets the error with this rank's name
+                    await frames.send(
+                        WorkerCallResult(call_id=message.call_id, error=_summary(exc), error_type=error_type_name(exc))
+                    )
+                else:
+                    await frames.send(WorkerCallResult(call_id=message.call_id, result=result))
             else:
-                await frames.send(WorkerCallResult(call_id=message.call_id, result=result))
-        elif isinstance(message, Shutdown):
-            await anyio.to_thread.run_sync(worker.shutdown)
-            return
+                await reply.wait()  # Shutdown: the process group is torn down, then we exit
 
 
 def _summary(exc: BaseException) -> str:
