@@ -544,13 +544,7 @@ async def test_after_shutdown_requests_are_refused(llama):
         await engine.generate(prompt([1, 2]), greedy(2)).__anext__()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: ARCHITECTURE.md ('Public names') promises `from asyncengine import AsyncEngine`, "
-    "but asyncengine/__init__.py neither imports nor lazily provides it",
-    raises=ImportError,
-)
 def test_async_engine_is_a_public_name():
-    from asyncengine import AsyncEngine as Public
+    from asyncengine import AsyncEngine as Public  # ARCHITECTURE.md, "Public names"
 
     assert Public is AsyncEngine

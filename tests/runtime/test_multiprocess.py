@@ -170,8 +170,8 @@ async def test_engine_core_in_its_own_process(llama, in_process_outputs, backend
 @pytest.mark.xfail(
     strict=True,
     reason="engine bug: WorkerError promises a message that names the rank (errors.py), as the mp executor's "
-    "does ('worker rank 0 (pid N): AttributeError: ...'); UniExecutor._run (engine_core/executor.py) fails "
-    "the reply with the bare exception, so the caller reads only \"'Worker' object has no attribute ...\"",
+    "does ('worker rank 0 (pid N): AttributeError: ...'); UniExecutor.call (engine_core/executor.py) lets the "
+    "worker's bare exception through, so the caller reads only \"'Worker' object has no attribute ...\"",
     raises=AssertionError,
 )
 async def test_uni_worker_errors_name_the_worker(llama):
