@@ -57,7 +57,13 @@ def error_type_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def rebuild_error(type_name: str | None, message: str) -> AsyncEngineError:
+def error_field(exc: BaseException) -> str | None:
+    return getattr(exc, "field", None)
+
+
+def rebuild_error(type_name: str | None, message: str, field: str | None = None) -> AsyncEngineError:
     """The error a peer reported, as our class of the same name (WorkerError when we have none)."""
     cls = _TRANSPORTABLE.get(type_name or "", WorkerError)
+    if cls in (RequestError, ConfigError):
+        return cls(message, field=field)
     return cls(message)

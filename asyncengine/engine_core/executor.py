@@ -19,7 +19,15 @@ from anyio.abc import Process, TaskGroup, TaskStatus
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
-from asyncengine.errors import EngineDeadError, StartupError, rebuild_error
+from asyncengine.errors import (
+    AsyncEngineError,
+    EngineDeadError,
+    RequestError,
+    StartupError,
+    WorkerError,
+    error_field,
+    rebuild_error,
+)
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
@@ -113,7 +121,13 @@ class UniExecutor(Executor):
         if self.failure is not None:
             raise self.failure
         _check_method_name(method)
-        return [await self._thread.run(getattr(self.worker, method), *args)]
+        function = getattr(self.worker, method, None)
+        if function is None:
+            raise WorkerError(f"{self.where}: the worker has no method {method!r}")
+        try:
+            return [await self._thread.run(function, *args)]
+        except Exception as exc:  # re-raised with the worker named, keeping our error types
+            raise _name_the_worker(self.where, exc) from exc
 
     async def shutdown(self) -> None:
         if self._stopped:
@@ -189,6 +203,7 @@ class MultiprocExecutor(Executor):
                 raise rebuild_error(
                     reply.error_type or "StartupError",
                     f"worker rank {rank} failed in phase {reply.phase!r}: {reply.error}",
+                    reply.error_field,
                 )
         for rank in range(self.world_size):
             task_group.start_soon(self._receive_loop, rank)
@@ -233,7 +248,9 @@ class MultiprocExecutor(Executor):
                     if replies is None:
                         continue
                     if message.error is not None:
-                        replies[rank].fail(rebuild_error(message.error_type, f"{self._rank_name(rank)}: {message.error}"))
+                        replies[rank].fail(rebuild_error(
+                            message.error_type, f"{self._rank_name(rank)}: {message.error}", message.error_field
+                        ))
                     else:
                         replies[rank].set(message.result)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, ProtocolError):
@@ -325,9 +342,16 @@ class _AllRanks(Reply):
         return results[0]
 
 
+def _name_the_worker(where: str, exc: Exception) -> Exception:
+    """The same error as a peer process would report it: our types keep their type, others become WorkerError."""
+    message = str(exc) if isinstance(exc, AsyncEngineError) else f"{type(exc).__name__}: {exc}"
+    return rebuild_error(type(exc).__name__, f"{where}: {message}", error_field(exc))
+
+
 def _check_method_name(method: str) -> None:
-    if not method or method.startswith("_"):
-        raise ValueError(f"worker method {method!r} cannot be called: only public methods are callable")
+    if not isinstance(method, str) or not method or method.startswith("_"):
+        raise RequestError(f"worker method {method!r} cannot be called: only public methods are callable",
+                           field="method")
 
 
 def _free_port() -> int:

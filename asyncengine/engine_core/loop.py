@@ -24,7 +24,7 @@ import msgspec
 from asyncengine.engine_core.core import EngineCore
 from asyncengine.engine_core.executor import round_trip
 from asyncengine.runtime.reply import Reply
-from asyncengine.errors import EngineDeadError, error_type_name
+from asyncengine.errors import EngineDeadError, RequestError, error_field, error_type_name
 from asyncengine.wire.messages import (
     AbortRequests,
     AddRequests,
@@ -96,6 +96,14 @@ class EngineCoreLoop:
     # -- incoming messages -----------------------------------------------------------------------------
 
     async def _read_inbox(self, inbox: AsyncIterator[Any], tg: anyio.abc.TaskGroup) -> None:
+        try:
+            await self._handle_inbox(inbox, tg)
+        except Exception as exc:  # a message the core cannot take is a bug: every caller learns it, named
+            logger.exception("the engine core failed handling a message")
+            await self._report_death(f"{self.process_name} failed handling a message: {type(exc).__name__}: {exc}")
+        tg.cancel_scope.cancel()  # the frontend is done (or gone, or we died): stop stepping
+
+    async def _handle_inbox(self, inbox: AsyncIterator[Any], tg: anyio.abc.TaskGroup) -> None:
         async for message in inbox:
             if isinstance(message, AddRequests):
                 for request in message.requests:
@@ -108,13 +116,15 @@ class EngineCoreLoop:
                 tg.start_soon(self._utility, message)
             elif isinstance(message, Shutdown):
                 break
-        tg.cancel_scope.cancel()  # the frontend is done (or gone): stop stepping
 
     async def _utility(self, call: UtilityCall) -> None:
         try:
             result = await self._run_utility(call.method, call.args)
         except Exception as exc:  # the caller receives the error, typed and named; the engine goes on
-            reply = UtilityResult(call_id=call.call_id, error=str(exc) or repr(exc), error_type=error_type_name(exc))
+            reply = UtilityResult(
+                call_id=call.call_id, error=str(exc) or repr(exc), error_type=error_type_name(exc),
+                error_field=error_field(exc),
+            )
         else:
             reply = UtilityResult(call_id=call.call_id, result=result)
         await self.send(reply)
@@ -138,7 +148,7 @@ class EngineCoreLoop:
         if method == "stop_step_trace":
             trace, self._trace = self._trace or [], None
             return round_trip(trace)
-        raise ValueError(f"unknown engine-core call {method!r}")
+        raise RequestError(f"unknown engine-core call {method!r}", field="method")
 
     # -- the step loop ---------------------------------------------------------------------------------
 

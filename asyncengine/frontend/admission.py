@@ -7,6 +7,8 @@ room (backpressure); `try_enter` is the `nowait` form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 
 
@@ -25,14 +27,22 @@ class AdmissionGate:
         self.count += places
         return True
 
-    async def enter(self, places: int) -> None:
-        while not self.try_enter(places):
+    async def enter(self, places: int, still_wanted: Callable[[], bool] = lambda: True) -> bool:
+        """Wait for room and take it (True), or return False once `still_wanted()` turns false
+        (the request was aborted while it waited: `wake()` makes waiters look again)."""
+        while still_wanted():
+            if self.try_enter(places):
+                return True
             await self._changed.wait()
+        return False
+
+    def wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
     def leave(self, places: int) -> None:
         self.count -= places
-        self._changed.set()
-        self._changed = anyio.Event()
+        self.wake()
 
     def fail(self, error: BaseException) -> None:
         """Wake every waiter with `error` (the engine died or shut down)."""

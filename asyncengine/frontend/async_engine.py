@@ -52,6 +52,7 @@ class AsyncEngine:
         self._collectors: dict[str, OutputCollector] = {}
         self._gate = AdmissionGate(config.max_waiting_requests)
         self._waiting: dict[str, str] = {}  # engine-core request id -> its request, until admitted
+        self._in_core: set[str] = set()  # engine-core request ids sent and not yet finished
         self._calls: dict[int, Reply] = {}
         self._call_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -141,23 +142,31 @@ class AsyncEngine:
             raise RequestError(
                 f"n={num_children} exceeds max_waiting_requests ({self.config.max_waiting_requests})", field="n"
             )
-        if nowait:
-            if not self._gate.try_enter(num_children):
-                raise EngineOverloadedError(
-                    f"{self.config.max_waiting_requests} requests are already waiting (max_waiting_requests); "
-                    "retry later"
-                )
-        else:
-            await self._gate.enter(num_children)
-        self._check_accepting()
+        if request_id in self._collectors:
+            raise RequestError(f"request id {request_id!r} is already in use", field="request_id")
+        # Registered before waiting for admission, so it can be aborted (and its id is taken) meanwhile.
         collector = OutputCollector()
         self._collectors[request_id] = collector
         self.output_processor.add_request(processed, kind)
-        for child in processed.children:
-            self._waiting[child.request_id] = request_id
         finished = False
         try:
-            await self._core.send(AddRequests(requests=processed.children))
+            if nowait:
+                if not self._gate.try_enter(num_children):
+                    raise EngineOverloadedError(
+                        f"{self.config.max_waiting_requests} requests are already waiting (max_waiting_requests); "
+                        "retry later"
+                    )
+                admitted = True
+            else:
+                admitted = await self._gate.enter(num_children, lambda: self._collectors.get(request_id) is collector)
+            if admitted and self._collectors.get(request_id) is not collector:
+                self._gate.leave(num_children)  # aborted at the very moment it got in
+            elif admitted:
+                for child in processed.children:  # from here on, aborting the request gives the places back
+                    self._waiting[child.request_id] = request_id
+                self._check_accepting()
+                self._in_core.update(child.request_id for child in processed.children)
+                await self._core.send(AddRequests(requests=processed.children))
             while not finished:
                 output = await collector.get()
                 finished = output.finished
@@ -184,13 +193,18 @@ class AsyncEngine:
 
     async def _abort(self, request_id: str, *, notify: bool) -> None:
         collector = self._collectors.pop(request_id, None)
+        if collector is None:
+            return  # unknown, finished, or already aborted
         core_ids, final = self.output_processor.abort_request(request_id)
         self._leave_waiting(core_ids)
-        if collector is not None and notify and final is not None:
+        if notify and final is not None:
             collector.put(final)
-        if core_ids and self._dead is None:
+        self._gate.wake()  # it may be waiting for admission: let it see it was aborted
+        sent = [core_id for core_id in core_ids if core_id in self._in_core]
+        self._in_core.difference_update(core_ids)
+        if sent and self._dead is None:
             try:
-                await self._core.send(AbortRequests(request_ids=core_ids))
+                await self._core.send(AbortRequests(request_ids=sent))
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the engine core is gone: there is nothing left to abort
 
@@ -248,7 +262,7 @@ class AsyncEngine:
                 reply = self._calls.get(message.call_id)
                 if reply is not None:
                     if message.error is not None:
-                        reply.fail(rebuild_error(message.error_type, message.error))
+                        reply.fail(rebuild_error(message.error_type, message.error, message.error_field))
                     else:
                         reply.set(message.result)
             elif isinstance(message, EngineCoreDead):
@@ -267,6 +281,8 @@ class AsyncEngine:
                 self._collectors.pop(output.request_id, None)
         finished_core_ids = [o.request_id for o in message.outputs if o.finished]
         self._leave_waiting(finished_core_ids + processed.core_requests_to_abort)
+        self._in_core.difference_update(finished_core_ids)
+        self._in_core.difference_update(processed.core_requests_to_abort)
         if processed.core_requests_to_abort:
             await self._core.send(AbortRequests(request_ids=processed.core_requests_to_abort))
 

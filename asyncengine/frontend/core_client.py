@@ -119,6 +119,7 @@ class ProcessCoreClient(CoreClient):
                 raise rebuild_error(
                     reply.error_type or "StartupError",
                     f"{client.process_name} failed in start-up phase {reply.phase!r}: {reply.error}",
+                    reply.error_field,
                 )
             if not isinstance(reply, Ready):
                 raise StartupError(f"{client.process_name} sent {type(reply).__name__} instead of Ready")

@@ -7,6 +7,7 @@ honour. `n > 1` fans out into `n` engine-core requests (children) that share the
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,11 @@ class ProcessedRequest:
     children: list[EngineCoreRequest]  # one per completion index
 
 
-def child_request_id(request_id: str, index: int, n: int) -> str:
-    return request_id if n == 1 else f"{request_id}#{index}"
+def child_request_id(request_id: str, index: int, n: int, submission: int) -> str:
+    """The engine core's id of completion `index`: unique per submission, so a user's request id may
+    be reused once the earlier request is gone (even while its last step is still in flight), and may
+    look like another request's completion id without colliding with it."""
+    return f"{submission}:{request_id}" if n == 1 else f"{submission}:{request_id}#{index}"
 
 
 class InputProcessor:
@@ -38,6 +42,7 @@ class InputProcessor:
         self.engine_config = engine_config
         self.model_config = model_config
         self.tokenizer = tokenizer
+        self._submissions = itertools.count()
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams().with_defaults(self.model_config.generation_defaults)
@@ -71,6 +76,7 @@ class InputProcessor:
             logprobs=params.logprobs,
         )
         arrival = time.monotonic()
+        submission = next(self._submissions)
         children = []
         for index in range(params.n):
             child_options = options
@@ -79,7 +85,7 @@ class InputProcessor:
                 child_options = _replace_seed(options, params.seed + index)
             children.append(
                 EngineCoreRequest(
-                    request_id=child_request_id(request_id, index, params.n),
+                    request_id=child_request_id(request_id, index, params.n, submission),
                     prompt_token_ids=token_ids,
                     sampling=child_options,
                     arrival_time=arrival,

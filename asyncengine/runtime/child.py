@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from asyncengine.errors import error_type_name
+from asyncengine.errors import AsyncEngineError, error_field, error_type_name
 from asyncengine.runtime.connection import connect_to_parent
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_RANK, ENV_SECRET, die_with_parent
 from asyncengine.wire.framing import FrameStream
@@ -25,11 +25,12 @@ logger = logging.getLogger(__name__)
 
 
 class PhaseFailed(Exception):
-    def __init__(self, phase: str, error: str, error_type: str | None = None) -> None:
+    def __init__(self, phase: str, error: str, error_type: str | None = None, field: str | None = None) -> None:
         super().__init__(f"{phase}: {error}")
         self.phase = phase
         self.error = error
         self.error_type = error_type
+        self.field = field
 
 
 async def run_phase(phase: str, work: Callable[[], Awaitable[Any]]) -> Any:
@@ -38,7 +39,8 @@ async def run_phase(phase: str, work: Callable[[], Awaitable[Any]]) -> Any:
         return await work()
     except Exception as exc:  # reported to the parent with the phase and the error; the child then exits
         logger.debug("start-up phase %r failed", phase, exc_info=True)
-        raise PhaseFailed(phase, str(exc) or type(exc).__name__, error_type_name(exc)) from exc
+        message = str(exc) if isinstance(exc, AsyncEngineError) else f"{type(exc).__name__}: {exc}"
+        raise PhaseFailed(phase, message, error_type_name(exc), error_field(exc)) from exc
 
 
 def child_main(role: str, inbox_type: Any, body: Callable[[FrameStream, StartupParams], Awaitable[None]]) -> int:
@@ -63,7 +65,8 @@ def child_main(role: str, inbox_type: Any, body: Callable[[FrameStream, StartupP
                 logger.error("start-up failed in phase %r: %s", failure.phase, failure.error)
                 with anyio.move_on_after(5.0):
                     await frames.send(
-                        StartupFailed(phase=failure.phase, error=failure.error, error_type=failure.error_type)
+                        StartupFailed(phase=failure.phase, error=failure.error, error_type=failure.error_type,
+                                      error_field=failure.field)
                     )
                 tg.cancel_scope.cancel()
                 return 1

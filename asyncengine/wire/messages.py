@@ -48,6 +48,7 @@ class StartupFailed(Message):
     phase: str
     error: str
     error_type: str | None = None  # the exception's class name, rebuilt on the other side (errors.py)
+    error_field: str | None = None
 
 
 # -- frontend -> engine core ----------------------------------------------------------------------------
@@ -79,6 +80,7 @@ class UtilityResult(Message):
     result: Any = None
     error: str | None = None
     error_type: str | None = None
+    error_field: str | None = None  # RequestError/ConfigError.field
 
 
 class EngineCoreDead(Message):
@@ -114,6 +116,7 @@ class WorkerCallResult(Message):
     result: Any = None
     error: str | None = None
     error_type: str | None = None
+    error_field: str | None = None  # RequestError/ConfigError.field
 
 
 # What each side of each connection may receive.

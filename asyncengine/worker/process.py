@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from asyncengine.errors import error_type_name
+from asyncengine.errors import error_field, error_type_name
 from asyncengine.runtime.child import child_main, run_phase
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
@@ -88,7 +88,8 @@ async def _send_answers(frames: FrameStream, pending) -> None:
                     result = await reply.wait()
                 except Exception as exc:  # the caller gets the error with this rank's name
                     await frames.send(
-                        WorkerCallResult(call_id=message.call_id, error=_summary(exc), error_type=error_type_name(exc))
+                        WorkerCallResult(call_id=message.call_id, error=_summary(exc), error_type=error_type_name(exc),
+                                         error_field=error_field(exc))
                     )
                 else:
                     await frames.send(WorkerCallResult(call_id=message.call_id, result=result))

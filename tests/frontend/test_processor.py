@@ -58,7 +58,7 @@ def test_token_id_prompt():
     assert out.prompt_token_ids == [1, 5, 9]
     assert len(out.children) == 1
     child = out.children[0]
-    assert child.request_id == "r"
+    assert child.request_id.endswith(":r")  # unique per submission, ending in the caller's id
     assert child.prompt_token_ids == [1, 5, 9]
     assert isinstance(child.sampling, SamplingOptions)
 
@@ -252,6 +252,9 @@ def test_n_without_seed_leaves_children_unseeded():
     assert len({child.request_id for child in out.children}) == 3
 
 
-def test_n_one_keeps_the_request_id_and_the_seed():
-    out = processor().process("req", tokens(5), SamplingParams(seed=42))
-    assert [(c.request_id, c.sampling.seed) for c in out.children] == [("req", 42)]
+def test_n_one_keeps_the_seed_and_engine_core_ids_are_unique_per_submission():
+    proc = processor()
+    first = proc.process("req", tokens(5), SamplingParams(seed=42))
+    second = proc.process("req", tokens(5), SamplingParams(seed=42))
+    assert [c.sampling.seed for c in first.children] == [42]
+    assert first.children[0].request_id != second.children[0].request_id

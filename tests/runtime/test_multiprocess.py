@@ -21,9 +21,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from asyncengine import LLM, EngineDeadError, SamplingParams
-from asyncengine.errors import WorkerError
-from asyncengine.frontend.async_engine import AsyncEngine
+from asyncengine import LLM, AsyncEngine, EngineDeadError, SamplingParams
+from asyncengine.errors import RequestError, WorkerError
 from support.engine_checks import assert_all_blocks_free
 
 pytestmark = pytest.mark.anyio
@@ -154,11 +153,16 @@ async def test_engine_core_in_its_own_process(llama, in_process_outputs, backend
                 await engine.collective_rpc("no_such_method")
             with pytest.raises(WorkerError, match="describe"):
                 await engine.collective_rpc("describe", [1])
-            with pytest.raises(WorkerError, match="only public methods"):
-                await engine.collective_rpc("_private")
+            with pytest.raises(RequestError, match="only public methods") as refused:
+                await engine.collective_rpc("_private")  # refused before any worker is involved
+            assert refused.value.field == "method"
+            # The error names the worker: its rank and process, or the engine-core process it is a thread of.
+            with pytest.raises(WorkerError) as info:
+                await engine.collective_rpc("no_such_method")
             if backend == "mp":
-                with pytest.raises(WorkerError, match=rf"worker rank 0 \(pid {worker['pid']}\)"):
-                    await engine.collective_rpc("no_such_method")
+                assert f"worker rank 0 (pid {worker['pid']})" in str(info.value), str(info.value)
+            else:
+                assert f"the worker (a thread of the engine core (pid {core_pid}))" in str(info.value), str(info.value)
             assert engine.is_running
             assert await generate_all(engine, PROMPTS[:2], greedy(NUM_TOKENS)) == in_process_outputs[:2]
             assert_all_blocks_free(await wait_until_idle(engine))
@@ -167,19 +171,15 @@ async def test_engine_core_in_its_own_process(llama, in_process_outputs, backend
     await wait_not_running(engine_pids, timeout=5, reaped=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: WorkerError promises a message that names the rank (errors.py), as the mp executor's "
-    "does ('worker rank 0 (pid N): AttributeError: ...'); UniExecutor.call (engine_core/executor.py) lets the "
-    "worker's bare exception through, so the caller reads only \"'Worker' object has no attribute ...\"",
-    raises=AssertionError,
-)
 async def test_uni_worker_errors_name_the_worker(llama):
+    """WorkerError names the worker (errors.py) on the in-process thread too, as the mp executor does."""
     async with start_engine(llama, distributed_executor_backend="uni") as engine:
-        with pytest.raises(WorkerError) as info:
+        with pytest.raises(WorkerError, match=r"the worker \(a thread of .*\).*no_such_method"):
             await engine.collective_rpc("no_such_method")
-        assert "no_such_method" in str(info.value)
-        assert "rank 0" in str(info.value), str(info.value)
+        with pytest.raises(WorkerError, match=r"the worker \(a thread of .*\): TypeError: .*describe"):
+            await engine.collective_rpc("describe", [1])
+        (worker,) = await engine.collective_rpc("describe")
+        assert worker["pid"] == os.getpid()
 
 
 # -- death -----------------------------------------------------------------------------------------------
