@@ -2,6 +2,7 @@
 
     python bench/runtime.py                 # W3 (32 requests, default model) in four configurations
     python bench/runtime.py --num-seqs 8    # a quicker, smaller draw
+    python bench/runtime.py --random-model small   # millisecond steps: where the overheads show
 
 Configurations: the engine core in this event loop (worker in a thread) or in its own process (with
 its worker in a process of its own, `mp`), each with async scheduling on and off. Every request is
@@ -22,7 +23,7 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import WORKLOADS, draw_workload  # noqa: E402
+from throughput import RANDOM_SHAPES, WORKLOADS, draw_workload, random_model_dir  # noqa: E402
 
 CONFIGURATIONS = [
     ("in-process, async scheduling", dict(in_process=True, async_scheduling=True)),
@@ -59,7 +60,7 @@ async def run_configuration(options: dict, args, prompts, max_tokens) -> dict:
     from asyncengine import SamplingParams
     from asyncengine.frontend.async_engine import AsyncEngine
 
-    config = dict(model=args.model, skip_tokenizer_init=True, **options)
+    config = dict(model=args.model, skip_tokenizer_init=True, load_format=args.load_format, **options)
     async with AsyncEngine.start(**config) as engine:
         async def one(prompt, n, counts):
             params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n)
@@ -88,11 +89,16 @@ def main() -> int:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w3")
     parser.add_argument("--num-seqs", type=int)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--random-model", choices=sorted(RANDOM_SHAPES),
+                        help="random weights of this shape (`small`: millisecond steps, where overheads show)")
     parser.add_argument("--only", type=int, nargs="*", help="indices of the configurations to run")
     parser.add_argument("--json")
     args = parser.parse_args()
     num_seqs, lo, hi, out_lo, out_hi = WORKLOADS[args.workload]
     prompts, max_tokens = draw_workload(args.num_seqs or num_seqs, lo, hi, out_lo, out_hi)
+    args.load_format = "auto"
+    if args.random_model:
+        args.model, args.load_format = random_model_dir(RANDOM_SHAPES[args.random_model], None), "dummy"
     results = {}
     chosen = [CONFIGURATIONS[i] for i in args.only] if args.only else CONFIGURATIONS
     for name, options in chosen:

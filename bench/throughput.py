@@ -36,6 +36,17 @@ QWEN3_06B_SHAPE = dict(
 )
 
 
+# A small random model whose steps take milliseconds on CPU: engine overheads (scheduling, IPC,
+# output handling) become visible next to the model's time.
+SMALL_SHAPE = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, intermediate_size=512, vocab_size=10240,
+    tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=2048, rms_norm_eps=1e-6,
+    hidden_act="silu", bos_token_id=1, eos_token_id=2,
+)
+RANDOM_SHAPES = {"qwen3-0.6b": QWEN3_06B_SHAPE, "small": SMALL_SHAPE}
+
+
 def draw_workload(num_seqs: int, lo: int, hi: int, out_lo: int, out_hi: int) -> tuple[list[list[int]], list[int]]:
     """The draws of WORKLOADS.md, in its order: every prompt first, then every output length."""
     seed(0)
@@ -112,7 +123,7 @@ def main() -> int:
     parser.add_argument("--min-output", type=int)
     parser.add_argument("--max-output", type=int)
     parser.add_argument("--model", default=None, help="model directory or .gguf (default: the default model)")
-    parser.add_argument("--random-model", choices=["qwen3-0.6b"], help="random weights of this shape instead")
+    parser.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights of this shape instead")
     parser.add_argument("--num-layers", type=int, help="with --random-model: fewer layers, for a quick run")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
@@ -134,7 +145,7 @@ def main() -> int:
     load_format = "auto"
     model = args.model
     if args.random_model:
-        model = random_model_dir(QWEN3_06B_SHAPE, args.num_layers)
+        model = random_model_dir(RANDOM_SHAPES[args.random_model], args.num_layers)
         load_format = "dummy"
 
     import torch
