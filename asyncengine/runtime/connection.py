@@ -45,7 +45,8 @@ async def open_listener(transport: str = "unix", host: str = "127.0.0.1") -> Lis
         listener = await anyio.create_unix_listener(path, mode=0o600)
         return Listener(f"unix:{path}", secret, listener, directory)
     if transport == "tcp":
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=0)
+        # One address, hence one socket: its listener (the wrapper has no accept()).
+        listener = (await anyio.create_tcp_listener(local_host=host, local_port=0)).listeners[0]
         port = listener.extra(anyio.abc.SocketAttribute.local_port)
         return Listener(f"tcp:{host}:{port}", secret, listener)
     raise ValueError(f"unknown transport {transport!r} (unix or tcp)")
