@@ -61,9 +61,11 @@ def error_field(exc: BaseException) -> str | None:
     return getattr(exc, "field", None)
 
 
-def rebuild_error(type_name: str | None, message: str, field: str | None = None) -> AsyncEngineError:
-    """The error a peer reported, as our class of the same name (WorkerError when we have none)."""
-    cls = _TRANSPORTABLE.get(type_name or "", WorkerError)
+def rebuild_error(
+    type_name: str | None, message: str, field: str | None = None, *, default: type[AsyncEngineError] | None = None
+) -> AsyncEngineError:
+    """The error a peer reported, as our class of the same name (else `default`, else WorkerError)."""
+    cls = _TRANSPORTABLE.get(type_name or "", default or WorkerError)
     if cls in (RequestError, ConfigError):
         return cls(message, field=field)
     return cls(message)

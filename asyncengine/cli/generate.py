@@ -11,7 +11,7 @@ from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
 from asyncengine.sampling_params import SamplingParams
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="stream a completion of PROMPT (chat template applied unless --raw)",
@@ -26,6 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     add_engine_arguments(parser)
+    if platform is not None:
+        platform.pre_register_and_update(parser)
     parser.set_defaults(handler=run)
 
 

@@ -16,8 +16,13 @@ from asyncengine.errors import ConfigError, RequestError, StartupError
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from asyncengine.cli import generate
+# Commands that start an engine: the platform is resolved before their arguments are parsed, so it
+# can add options of its own (Platform.pre_register_and_update).
+ENGINE_COMMANDS = ("generate",)
+
+
+def build_parser(platform=None) -> argparse.ArgumentParser:
+    from asyncengine.cli import generate, plugins
 
     parser = argparse.ArgumentParser(prog="asyncengine", description="An async-native LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"asyncengine {__version__}")
@@ -25,12 +30,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="default: warning"
     )
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
-    generate.add_parser(subparsers)
+    generate.add_parser(subparsers, platform)
+    plugins.add_parser(subparsers)
     return parser
 
 
+def preresolve_platform(argv: list[str]):
+    """Pre-parse --device and --plugins and resolve the platform (a traced phase, as in every start)."""
+    import anyio
+
+    from asyncengine.config.engine import config_from_dict
+    from asyncengine.plugin_runtime.phases import resolve_platform_only
+    from asyncengine.plugin_runtime.records import StartupTrace
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--device", default="auto")
+    pre.add_argument("--plugins", default=None)
+    known, _ = pre.parse_known_args(argv)
+    config = config_from_dict({"device": known.device, "plugins": known.plugins})
+    return anyio.run(resolve_platform_only, config, StartupTrace("frontend"), backend="trio")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        platform = preresolve_platform(argv) if argv[:1] and argv[0] in ENGINE_COMMANDS else None
+    except ConfigError as exc:
+        print(f"asyncengine: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StartupError as exc:
+        print(f"asyncengine: start-up failed: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    parser = build_parser(platform)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr

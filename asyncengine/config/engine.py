@@ -27,7 +27,6 @@ _NOT_YET_SUPPORTED: dict[str, str] = {
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-DEVICES_BUILT_IN = ("auto", "cpu", "cuda")
 
 # The KV cache on CPU has no device memory to measure, so it gets a fixed budget unless
 # `kv_cache_memory_bytes` or `num_gpu_blocks_override` say otherwise (docs/configuration.md).
@@ -83,7 +82,13 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     logits_processors: list[str] | None = None
     kv_transfer_config: dict[str, Any] | None = None
     additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
-    plugins: str | None = None
+
+    # Plugins and start-up
+    plugins: str | None = None  # the allow-list; None: ASYNCENGINE_PLUGINS, else every plugin but endpoints
+    plugins_lenient: bool = False  # record a failed plugin and go on, instead of failing start-up
+    plugin_startup_timeout: float = 60.0  # seconds one plugin may take to import and run
+    startup_trace: str | None = None  # write the start-up records of every process here (JSON)
+    io_processor_plugin: str | None = None
 
     def __post_init__(self) -> None:
         self._check_ranges()
@@ -116,10 +121,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}",
                 field="load_format",
             )
-        if self.device not in DEVICES_BUILT_IN:
-            raise ConfigError(
-                f"device must be one of {', '.join(DEVICES_BUILT_IN)}; got {self.device!r}", field="device"
-            )
+        if not self.device:
+            raise ConfigError("device must be 'auto', a built-in platform (cpu, cuda) or a platform plugin's name",
+                              field="device")
+        if self.plugin_startup_timeout <= 0:
+            raise ConfigError("plugin_startup_timeout must be positive", field="plugin_startup_timeout")
         if self.generation_config not in ("auto", "vllm"):
             raise ConfigError(
                 "generation_config must be 'auto' (use the model's generation_config.json) or 'vllm' "

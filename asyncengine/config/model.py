@@ -45,22 +45,9 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         return SimpleNamespace(**self.hf_config)
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype(dtype: str, device: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device == "cuda" else "float32"
-
-
-def build_model_config(config: EngineConfig, *, model_dir: Path, device: str, tokenizer: Any | None) -> ModelConfig:
-    """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`)."""
+def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: str, tokenizer: Any | None) -> ModelConfig:
+    """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`); `default_dtype` is the
+    platform's meaning of dtype "auto"."""
     hf_config = complete_hf_config(model_dir, load_config_json(model_dir), config.hf_overrides)
     architectures = hf_config.get("architectures") or []
     if not isinstance(architectures, list) or not architectures:
@@ -92,7 +79,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, device: str, to
         served_model_name=config.served_model_name or config.model or DEFAULT_MODEL_NAME,
         architectures=list(architectures),
         hf_config=hf_config,
-        dtype=resolve_dtype(config.dtype, device),
+        dtype=default_dtype if config.dtype == "auto" else config.dtype,
         max_model_len=max_model_len,
         vocab_size=int(hf_config.get("vocab_size") or 0),
         eos_token_ids=eos_ids,

@@ -1,11 +1,13 @@
 """EngineCore: the scheduler and the executor that runs its steps, started in order.
 
-Start-up: the executor brings its workers up (threads or processes), they load the model, the
-smallest KV-cache size any rank can hold is allocated on all of them, and the scheduler is built
-around that many blocks. The step loop that drives the core lives in `engine_core/loop.py`.
+Start-up phases (recorded in the engine core's StartupTrace): `start workers` (threads or processes;
+worker processes run their own plugin phases and send their records), `load model`, `kv cache` (the
+smallest size any rank can hold, allocated on all of them). The step loop lives in `loop.py`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from anyio.abc import TaskGroup
 
@@ -15,6 +17,7 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.executor import Executor, build_executor
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError
+from asyncengine.plugin_runtime.records import StartupTrace
 
 
 class EngineCore:
@@ -36,13 +39,31 @@ class EngineCore:
 
     @classmethod
     async def start(
-        cls, engine_config: EngineConfig, model_config: ModelConfig, device: str, task_group: TaskGroup, *, owner: str
-    ) -> "EngineCore":
-        check_budget(engine_config, model_config)
-        executor = build_executor(engine_config, model_config, device, owner=owner)
+        cls,
+        engine_config: EngineConfig,
+        model_config: ModelConfig | None,
+        plugin_state: Any,
+        task_group: TaskGroup,
+        *,
+        trace: StartupTrace,
+        frontend_manifest: Any = None,
+    ) -> "EngineCore | None":
+        """The started core; None for a `plugins check` start (`model_config` None), which only starts
+        and checks the workers."""
+        if model_config is not None:
+            check_budget(engine_config, model_config)
+        executor = build_executor(engine_config, model_config, plugin_state, owner=trace.process)
         try:
-            await executor.start(task_group)
-            num_blocks = await executor.start_workers()
+            async with trace.phase("start workers"):
+                await executor.start(task_group, trace=trace, manifest=frontend_manifest)
+            if model_config is None:
+                await executor.shutdown()
+                return None
+            async with trace.phase("load model"):
+                await executor.call("load_model")
+            async with trace.phase("kv cache"):
+                num_blocks = min(await executor.call("determine_num_blocks"))
+                await executor.call("initialize_kv_cache", num_blocks)
         except BaseException:
             await executor.shutdown()
             raise

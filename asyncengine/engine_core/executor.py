@@ -28,6 +28,7 @@ from asyncengine.errors import (
     error_field,
     rebuild_error,
 )
+from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
@@ -52,16 +53,17 @@ _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 
 
 class Executor(ABC):
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any) -> None:
         self.engine_config = engine_config
-        self.model_config = model_config
-        self.device = device
+        self.model_config = model_config  # None: a `plugins check` start
+        self.platform = platform
         self.world_size = engine_config.tensor_parallel_size
         self.failure: EngineDeadError | None = None
 
     @abstractmethod
-    async def start(self, task_group: TaskGroup) -> None:
-        """Bring the workers up (devices initialized); tasks it needs run in `task_group`."""
+    async def start(self, task_group: TaskGroup, *, trace: StartupTrace, manifest: Any = None) -> None:
+        """Bring the workers up (devices initialized, unless this is a check); tasks it needs run in
+        `task_group`; worker processes' start-up records are added to `trace`."""
 
     @abstractmethod
     async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
@@ -79,13 +81,6 @@ class Executor(ABC):
         if self.failure is None:
             self.failure = error
 
-    async def start_workers(self) -> int:
-        """The start-up every engine core runs: load the model, size and allocate the KV cache."""
-        await self.call("load_model")
-        num_blocks = min(await self.call("determine_num_blocks"))
-        await self.call("initialize_kv_cache", num_blocks)
-        return num_blocks
-
 
 def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
     summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -97,18 +92,20 @@ def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
 class UniExecutor(Executor):
     """One worker on a dedicated thread of this process: model execution stays off the event loop."""
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str, *, owner: str) -> None:
-        super().__init__(engine_config, model_config, device)
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any, *, owner: str) -> None:
+        super().__init__(engine_config, model_config, platform)
         from asyncengine.worker.worker import Worker
 
-        self.worker = Worker(engine_config, model_config, device)
+        self.worker = Worker(engine_config, model_config, platform)
         self.where = f"the worker (a thread of {owner})"
         self._thread = DedicatedThread("asyncengine-worker")
         self._stopped = False
 
-    async def start(self, task_group: TaskGroup) -> None:
+    async def start(self, task_group: TaskGroup, *, trace: StartupTrace, manifest: Any = None) -> None:
+        # The worker's plugin phases ran in this process already (it plays the worker role too).
         await task_group.start(self._thread.serve)
-        await self.call("init_device")
+        if self.model_config is not None:
+            await self.call("init_device")
 
     async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
         if self.failure is not None:
@@ -160,8 +157,8 @@ class _StepReply(Reply):
 class MultiprocExecutor(Executor):
     """One worker process per tensor-parallel rank, connected over framed sockets."""
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str) -> None:
-        super().__init__(engine_config, model_config, device)
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any) -> None:
+        super().__init__(engine_config, model_config, platform)
         self._processes: list[Process] = []
         self._connections: list[FrameStream] = []
         # Per rank, the replies still owed, in the order the work was sent.
@@ -170,7 +167,7 @@ class MultiprocExecutor(Executor):
         self._next_call_id = 0
         self._stopping = False
 
-    async def start(self, task_group: TaskGroup) -> None:
+    async def start(self, task_group: TaskGroup, *, trace: StartupTrace, manifest: Any = None) -> None:
         listener = await open_listener()
         distributed_init = None
         if self.world_size > 1:
@@ -192,19 +189,20 @@ class MultiprocExecutor(Executor):
         for rank, frames in enumerate(self._connections):
             await frames.send(
                 StartupParams(
-                    engine_config=self.engine_config, model_config=self.model_config, device=self.device,
-                    rank=rank, world_size=self.world_size, distributed_init_method=distributed_init,
+                    engine_config=self.engine_config, model_config=self.model_config,
+                    platform=self.platform.device_name, manifest=manifest, rank=rank, world_size=self.world_size,
+                    distributed_init_method=distributed_init,
                 )
             )
         # Every rank initializes its device (and joins the process group) at once: wait for all.
+        failure = None
         for rank, frames in enumerate(self._connections):
             reply = await self._receive_startup(rank, frames)
-            if isinstance(reply, StartupFailed):
-                raise rebuild_error(
-                    reply.error_type or "StartupError",
-                    f"worker rank {rank} failed in phase {reply.phase!r}: {reply.error}",
-                    reply.error_field,
-                )
+            trace.extend(reply.records)
+            if isinstance(reply, StartupFailed) and failure is None:
+                failure = rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError)
+        if failure is not None:
+            raise failure
         for rank in range(self.world_size):
             task_group.start_soon(self._receive_loop, rank)
             task_group.start_soon(self._watch_process, rank)
@@ -369,8 +367,9 @@ def round_trip(value: Any) -> Any:
     return decoder.decode(encoder.encode(value))
 
 
-def build_executor(engine_config: EngineConfig, model_config: ModelConfig, device: str, *, owner: str) -> Executor:
+def build_executor(engine_config: EngineConfig, model_config: ModelConfig | None, plugin_state: Any, *,
+                   owner: str) -> Executor:
     backend = engine_config.distributed_executor_backend or ("uni" if engine_config.tensor_parallel_size == 1 else "mp")
     if backend == "uni":
-        return UniExecutor(engine_config, model_config, device, owner=owner)
-    return MultiprocExecutor(engine_config, model_config, device)
+        return UniExecutor(engine_config, model_config, plugin_state.platform, owner=owner)
+    return MultiprocExecutor(engine_config, model_config, plugin_state.platform)

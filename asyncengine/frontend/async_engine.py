@@ -32,6 +32,8 @@ from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
 from asyncengine.outputs import RequestOutput
+from asyncengine.plugin_runtime.phases import PluginState, frontend_roles, run_plugin_phases
+from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace, write_trace
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import EngineCoreOutputs, SchedulerStats
@@ -41,8 +43,13 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig, setup: FrontendSetup, core: CoreClient) -> None:
+    def __init__(self, config: EngineConfig, setup: FrontendSetup, core: CoreClient, plugins: PluginState,
+                 startup_records: list[StartupRecord]) -> None:
         self.config = config
+        self.plugins = plugins
+        self.platform = plugins.platform
+        # The start-up report: every process's records (GET /v1/startup, `plugins timeline --trace`).
+        self.startup_report = startup_records
         self.model_config = setup.model_config
         self.tokenizer = setup.tokenizer
         self.chat_template = setup.chat_template
@@ -71,17 +78,27 @@ class AsyncEngine:
             config = config_from_dict(options)
         elif options:
             raise TypeError("pass an EngineConfig or keyword options, not both")
-        setup = await prepare_async(config)
-        with single_exceptions():
-            async with anyio.create_task_group() as tg:
-                core = await start_core_client(config)(config, setup, tg)
-                engine = cls(config, setup, core)
-                tg.start_soon(engine._handle_outputs)
-                try:
-                    yield engine
-                finally:
-                    await engine._close()
-                    tg.cancel_scope.cancel()
+        trace = StartupTrace("frontend")
+        try:
+            plugins = await run_plugin_phases(frontend_roles(config), config, trace)
+            config = plugins.config
+            async with trace.phase("model"):
+                setup = await prepare_async(config, plugins.platform)
+            with single_exceptions():
+                async with anyio.create_task_group() as tg:
+                    async with trace.phase("engine core"):
+                        core = await start_core_client(config)(config, setup, tg, plugins, trace)
+                    async with trace.phase("ready"):
+                        engine = cls(config, setup, core, plugins, trace.records)
+                    tg.start_soon(engine._handle_outputs)
+                    try:
+                        yield engine
+                    finally:
+                        await engine._close()
+                        tg.cancel_scope.cancel()
+        finally:
+            if config.startup_trace:
+                write_trace(config.startup_trace, trace.records)
 
     @property
     def is_running(self) -> bool:

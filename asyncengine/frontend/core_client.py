@@ -19,6 +19,7 @@ from asyncengine.engine_core.core import EngineCore
 from asyncengine.engine_core.loop import EngineCoreLoop
 from asyncengine.errors import StartupError, rebuild_error
 from asyncengine.frontend.startup import FrontendSetup
+from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
 from asyncengine.wire.framing import FrameStream
@@ -57,8 +58,18 @@ class InProcessCoreClient(CoreClient):
         self._stopped = anyio.Event()
 
     @classmethod
-    async def start(cls, config: EngineConfig, setup: FrontendSetup, task_group: TaskGroup) -> "InProcessCoreClient":
-        core = await EngineCore.start(config, setup.model_config, setup.device, task_group, owner="this process")
+    async def start(cls, config: EngineConfig, setup: FrontendSetup | None, task_group: TaskGroup, plugins: Any,
+                    trace: StartupTrace) -> "InProcessCoreClient":
+        core_trace = StartupTrace("engine core")  # the same process, in its engine-core role
+        try:
+            core = await EngineCore.start(config, setup.model_config if setup else None, plugins, task_group,
+                                          trace=core_trace)
+            async with core_trace.phase("ready"):
+                pass
+        finally:
+            trace.extend(core_trace.records)
+        if core is None:
+            return None  # a `plugins check` start
         client = cls(core)
         task_group.start_soon(client._serve)
         return client
@@ -93,7 +104,8 @@ class ProcessCoreClient(CoreClient):
         self.process_name = f"the engine core (pid {process.pid})"
 
     @classmethod
-    async def start(cls, config: EngineConfig, setup: FrontendSetup, task_group: TaskGroup) -> "ProcessCoreClient":
+    async def start(cls, config: EngineConfig, setup: FrontendSetup | None, task_group: TaskGroup, plugins: Any,
+                    trace: StartupTrace) -> "ProcessCoreClient":
         listener = await open_listener(config.transport)
         process = None
         try:
@@ -112,17 +124,15 @@ class ProcessCoreClient(CoreClient):
         client = cls(process, frames)
         try:
             await frames.send(
-                StartupParams(engine_config=config, model_config=setup.model_config, device=setup.device)
+                StartupParams(engine_config=config, model_config=setup.model_config if setup else None,
+                              platform=plugins.platform.device_name, manifest=plugins.manifest)
             )
             reply = await _while_alive(process, "starting", frames.receive)
-            if isinstance(reply, StartupFailed):
-                raise rebuild_error(
-                    reply.error_type or "StartupError",
-                    f"{client.process_name} failed in start-up phase {reply.phase!r}: {reply.error}",
-                    reply.error_field,
-                )
-            if not isinstance(reply, Ready):
+            if not isinstance(reply, (Ready, StartupFailed)):
                 raise StartupError(f"{client.process_name} sent {type(reply).__name__} instead of Ready")
+            trace.extend(reply.records)
+            if isinstance(reply, StartupFailed):
+                raise rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError)
         except BaseException:
             await client.close()
             raise
@@ -180,7 +190,8 @@ async def _while_alive(process: Process, doing: str, work: Callable[[], Awaitabl
     )
 
 
-def start_core_client(config: EngineConfig) -> Callable[[EngineConfig, FrontendSetup, TaskGroup], Awaitable[CoreClient]]:
+def start_core_client(config: EngineConfig) -> Callable[..., Awaitable[CoreClient | None]]:
+    """`start(config, setup, task_group, plugin_state, trace)` for the configured placement."""
     return InProcessCoreClient.start if config.in_process else ProcessCoreClient.start
 
 

@@ -1,5 +1,5 @@
-"""The frontend's start-up steps before any engine core exists: find the model, load the tokenizer,
-resolve the model description. Each runs in a thread: they read files and may convert a GGUF model."""
+"""The frontend's `model` start-up phase: find the model, load the tokenizer, resolve the model
+description. It runs in a thread: it reads files and may convert a GGUF model."""
 
 from __future__ import annotations
 
@@ -9,27 +9,26 @@ from typing import Any
 import anyio
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.config.model import ModelConfig, build_model_config, resolve_device, tokenizer_path
+from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template
 from asyncengine.loader.model_source import resolve_model_dir
 
 
 @dataclass
 class FrontendSetup:
-    device: str
     model_config: ModelConfig
     tokenizer: Any | None
     chat_template: str | None
 
 
-def prepare(config: EngineConfig, *, progress: bool = True) -> FrontendSetup:
-    device = resolve_device(config.device)
+def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> FrontendSetup:
     model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
     tokenizer = None if config.skip_tokenizer_init else load_tokenizer(tokenizer_path(config, model_dir))
     chat_template = read_chat_template(config.chat_template)
-    model_config = build_model_config(config, model_dir=model_dir, device=device, tokenizer=tokenizer)
-    return FrontendSetup(device, model_config, tokenizer, chat_template)
+    model_config = build_model_config(config, model_dir=model_dir, default_dtype=platform.default_dtype,
+                                      tokenizer=tokenizer)
+    return FrontendSetup(model_config, tokenizer, chat_template)
 
 
-async def prepare_async(config: EngineConfig) -> FrontendSetup:
-    return await anyio.to_thread.run_sync(prepare, config)
+async def prepare_async(config: EngineConfig, platform: Any) -> FrontendSetup:
+    return await anyio.to_thread.run_sync(prepare, config, platform)

@@ -11,12 +11,7 @@ import importlib
 from typing import Any
 
 from asyncengine.errors import ModelLoadError
-
-_BUILT_IN = {
-    "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
-    "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
-    "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
-}
+from asyncengine.registries.base import BUILT_IN, Registry
 
 
 def import_by_path(path: str, *, what: str) -> Any:
@@ -34,35 +29,34 @@ def import_by_path(path: str, *, what: str) -> Any:
         raise ModelLoadError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
 
 
-class _ModelRegistry:
+class _ModelRegistry(Registry):
     def __init__(self) -> None:
-        self._entries: dict[str, Any] = dict(_BUILT_IN)
+        super().__init__("models", "model architecture")
+        for architecture, path in {
+            "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
+            "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
+            "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
+        }.items():
+            self.register(architecture, path, owner=BUILT_IN)
 
     def register_model(self, architecture: str, model: Any, *, override: bool = False) -> None:
-        """Register `model` (a class, or "package.module:Class") under `architecture`.
-
-        The same implementation twice is a no-op; a different one under a taken name is an error
-        unless `override=True`.
-        """
-        current = self._entries.get(architecture)
-        if current is not None and current != model and not override:
-            raise ValueError(
-                f"architecture {architecture!r} is already registered to {_describe(current)}; "
-                f"pass override=True to replace it with {_describe(model)}"
-            )
-        self._entries[architecture] = model
+        """Register `model` (a class, or "package.module:Class") under `architecture` (vLLM's name)."""
+        self.register(architecture, model, override=override)
 
     def get_supported_archs(self) -> list[str]:
-        return sorted(self._entries)
+        return self.keys()
 
     def is_supported(self, architecture: str) -> bool:
-        return architecture in self._entries
+        return architecture in self
 
     def resolve(self, architectures: list[str], overrides: dict[str, str] | None = None) -> tuple[str, type]:
         """The first of `architectures` that has a class (config-given overrides win), and that class."""
         overrides = overrides or {}
         for architecture in architectures:
-            entry = overrides.get(architecture) or self._entries.get(architecture)
+            entry = overrides.get(architecture)
+            if entry is None:
+                registered = self.get(architecture)
+                entry = registered.implementation if registered else None
             if entry is None:
                 continue
             if isinstance(entry, str):
@@ -72,10 +66,6 @@ class _ModelRegistry:
             f"model architecture(s) {', '.join(architectures) or '(none given)'} not supported; "
             f"supported: {', '.join(self.get_supported_archs())}"
         )
-
-
-def _describe(entry: Any) -> str:
-    return entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}"
 
 
 ModelRegistry = _ModelRegistry()

@@ -12,6 +12,8 @@ import msgspec
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
+from asyncengine.plugin_runtime.manifest import Manifest
+from asyncengine.plugin_runtime.records import StartupRecord
 from asyncengine.wire.engine_core import EngineCoreOutputs, EngineCoreRequest
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 
@@ -32,8 +34,9 @@ class Hello(Message):
 
 class StartupParams(Message):
     engine_config: EngineConfig
-    model_config: ModelConfig
-    device: str
+    model_config: ModelConfig | None  # None: a `plugins check` start, which loads no model
+    platform: str  # the platform the frontend resolved (its device name)
+    manifest: Manifest | None = None
     rank: int = 0
     world_size: int = 1
     # torch.distributed rendezvous ("tcp://127.0.0.1:PORT") when world_size > 1
@@ -42,11 +45,13 @@ class StartupParams(Message):
 
 class Ready(Message):
     info: dict[str, Any] = msgspec.field(default_factory=dict)
+    records: list[StartupRecord] = msgspec.field(default_factory=list)  # this process's and its children's
 
 
 class StartupFailed(Message):
     phase: str
     error: str
+    records: list[StartupRecord] = msgspec.field(default_factory=list)
     error_type: str | None = None  # the exception's class name, rebuilt on the other side (errors.py)
     error_field: str | None = None
 

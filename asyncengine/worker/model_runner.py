@@ -8,7 +8,9 @@ prompt); a request whose prompt is still being prefilled in chunks produces noth
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +24,9 @@ from asyncengine.ops.paged_attention import plan_attention
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,10 +43,12 @@ class RequestState:
 
 
 class ModelRunner:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, platform: Any) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.device = device
+        self.platform = platform
+        self.pin_memory = device.type != "cpu" and platform.is_pin_memory_available()
         self.block_size = engine_config.block_size
         self.dtype = getattr(torch, model_config.dtype)
         self.requests: dict[str, RequestState] = {}
@@ -62,6 +69,10 @@ class ModelRunner:
             seed=self.engine_config.seed,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        if self.attention_layers:
+            layer = self.attention_layers[0]
+            self.attention_backend = self.platform.get_attn_backend_cls(layer.head_dim, self.dtype, self.block_size)
+            logger.info("attention backend: %s", self.attention_backend)
 
     def kv_cache_bytes_per_block(self) -> int:
         element_size = torch.empty((), dtype=self.dtype).element_size()
@@ -77,20 +88,21 @@ class ModelRunner:
         per_block = self.kv_cache_bytes_per_block()
         if config.kv_cache_memory_bytes is not None:
             budget = config.kv_cache_memory_bytes
-        elif self.device.type == "cuda":
-            budget = self._cuda_kv_budget()
-        else:
+        elif self.device.type == "cpu":
             budget = CPU_DEFAULT_KV_CACHE_BYTES
+        else:
+            budget = self._device_kv_budget()
         return max(0, budget // per_block)
 
-    def _cuda_kv_budget(self) -> int:
+    def _device_kv_budget(self) -> int:
         """The memory left under gpu_memory_utilization after the weights and a peak-sized forward pass."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
         num_tokens = min(self.engine_config.effective_max_num_batched_tokens, self.model_config.max_model_len)
         self._profile_forward(num_tokens)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        total = torch.cuda.get_device_properties(self.device).total_memory
+        peak = self.platform.get_current_memory_usage(self.device)
+        total = self.platform.get_device_total_memory(self.device)
         return int(total * self.engine_config.gpu_memory_utilization) - peak
 
     def _profile_forward(self, num_tokens: int) -> None:
@@ -105,7 +117,8 @@ class ModelRunner:
             self.kv_caches = []
             for layer in self.attention_layers:
                 layer.kv_cache = None
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         max_len = self.model_config.max_model_len
@@ -150,8 +163,11 @@ class ModelRunner:
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        with self.platform.inference_mode():
+            return self._execute(scheduler_output)
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
@@ -199,7 +215,10 @@ class ModelRunner:
             block_tables[row, : len(table)] = table
 
         def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(self.device, non_blocking=True)
+            tensor = torch.from_numpy(array)
+            if self.pin_memory:
+                tensor = tensor.pin_memory()
+            return tensor.to(self.device, non_blocking=True)
 
         return _StepInputs(
             input_ids=to_device(np.fromiter((t for c in token_chunks for t in c), dtype=np.int64, count=offset)),

@@ -1,6 +1,6 @@
 """Tensor-parallel state of a worker process: its rank among the workers and the collectives.
 
-One process group per engine, made with torch.distributed (gloo on CPU, NCCL on CUDA). With a single
+One process group per engine, made with torch.distributed on the platform's backend. With a single
 rank nothing is initialized and the collectives are no-ops, so the model code is the same for both.
 """
 
@@ -21,12 +21,12 @@ class ParallelState:
 _state = ParallelState()
 
 
-def initialize(rank: int, world_size: int, init_method: str | None, device: torch.device) -> None:
+def initialize(rank: int, world_size: int, init_method: str | None, backend: str) -> None:
+    """Join the process group (`backend` is the platform's dist_backend: gloo on CPU, NCCL on CUDA)."""
     global _state
     _state = ParallelState(rank, world_size)
     if world_size == 1:
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
 
 

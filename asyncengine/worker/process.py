@@ -14,7 +14,10 @@ from typing import Any
 import anyio
 
 from asyncengine.errors import error_field, error_type_name
-from asyncengine.runtime.child import child_main, run_phase
+from asyncengine.plugin_runtime.groups import WORKER
+from asyncengine.plugin_runtime.phases import run_plugin_phases
+from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.runtime.child import child_main
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
 from asyncengine.wire.framing import FrameStream
@@ -30,11 +33,13 @@ from asyncengine.wire.messages import (
 )
 
 
-async def serve_worker(frames: FrameStream, params: StartupParams) -> None:
+async def serve_worker(frames: FrameStream, params: StartupParams, trace: StartupTrace) -> None:
     from asyncengine.worker.worker import Worker
 
+    state = await run_plugin_phases({WORKER}, params.engine_config, trace, device=params.platform,
+                                    device_chosen_by="the frontend", frontend_manifest=params.manifest)
     worker = Worker(
-        params.engine_config, params.model_config, params.device, rank=params.rank,
+        params.engine_config, params.model_config, state.platform, rank=params.rank,
         world_size=params.world_size, distributed_init_method=params.distributed_init_method,
     )
     # Every call runs on one thread for the process's life (see runtime/dedicated_thread.py).
@@ -42,8 +47,13 @@ async def serve_worker(frames: FrameStream, params: StartupParams) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(thread.serve)
         try:
-            await run_phase("init device", lambda: thread.run(worker.init_device))
-            await frames.send(Ready(info={"rank": params.rank}))
+            if params.model_config is not None:  # a `plugins check` start initializes no device
+                async with trace.phase("init device"):
+                    await thread.run(worker.init_device)
+            async with trace.phase("ready"):
+                pass
+            await frames.send(Ready(info={"rank": params.rank}, records=trace.records))
+            trace.ready = True
             await _serve_messages(frames, worker, thread)
         finally:
             thread.close()

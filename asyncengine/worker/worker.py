@@ -8,14 +8,13 @@ its own; `collective_rpc` reaches its other public methods the same way.
 from __future__ import annotations
 
 import os
-import random
 import time
 
-import numpy as np
 import torch
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
+from asyncengine.platforms.interface import Platform
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker import parallel
 from asyncengine.worker.model_runner import ModelRunner
@@ -25,8 +24,8 @@ class Worker:
     def __init__(
         self,
         engine_config: EngineConfig,
-        model_config: ModelConfig,
-        device: str,
+        model_config: ModelConfig | None,
+        platform: type[Platform],
         *,
         rank: int = 0,
         world_size: int = 1,
@@ -34,24 +33,22 @@ class Worker:
     ) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
+        self.platform = platform
         self.rank = rank
         self.world_size = world_size
         self.distributed_init_method = distributed_init_method
-        self.device = torch.device(device if device != "cuda" or world_size == 1 else f"cuda:{rank}")
+        device_type = platform.device_type
+        self.device = torch.device(device_type if device_type == "cpu" or world_size == 1 else f"{device_type}:{rank}")
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        elif self.world_size > 1:
+        self.platform.set_device(self.device)
+        if self.device.type == "cpu" and self.world_size > 1:
             # Ranks share the machine's cores: without this each would start one thread per core.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
-        parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.device)
-        seed = self.engine_config.seed
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-        self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device)
+        parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend)
+        self.platform.seed_everything(self.engine_config.seed)
+        self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device, self.platform)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -81,5 +78,6 @@ class Worker:
             "world_size": self.world_size,
             "pid": os.getpid(),
             "device": str(self.device),
+            "platform": self.platform.device_name,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
         }

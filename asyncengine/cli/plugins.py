@@ -1,0 +1,103 @@
+"""`asyncengine plugins list|timeline|check`: which process sees which plugin, before and after a start."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import anyio
+
+from asyncengine.config.engine import config_from_dict
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("plugins", help="installed plugins, the start-up timeline, a start-up check")
+    commands = parser.add_subparsers(dest="plugins_command", required=True)
+
+    listing = commands.add_parser("list", help="each installed plugin per group: distribution, version, "
+                                  "allowed or not, which processes load it")
+    _settings(listing, placement=False)
+    listing.set_defaults(handler=run_list)
+
+    timeline = commands.add_parser("timeline", help="per process, its start-up phases and what runs in each")
+    _settings(timeline, placement=True)
+    timeline.add_argument("--trace", metavar="FILE",
+                          help="print the records of a real start instead (written by --startup-trace FILE)")
+    timeline.add_argument("--json", action="store_true", help="print the plan as JSON")
+    timeline.set_defaults(handler=run_timeline)
+
+    check = commands.add_parser("check", help="start every role without a model and report (exit 1 on a failure)")
+    _settings(check, placement=True)
+    check.set_defaults(handler=run_check)
+
+
+def _settings(parser: argparse.ArgumentParser, *, placement: bool) -> None:
+    parser.add_argument("--plugins", default=None, help="the allow-list (default: ASYNCENGINE_PLUGINS, else all)")
+    parser.add_argument("--plugins-lenient", action="store_true", help="record a failed plugin and go on")
+    parser.add_argument("--plugin-startup-timeout", type=float, default=60.0, metavar="SECONDS")
+    if placement:
+        parser.add_argument("--device", default="auto")
+        parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+        parser.add_argument("--in-process", action="store_true", help="the engine core in the frontend's process")
+        parser.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
+
+
+def _config(args: argparse.Namespace):
+    values = {"plugins": args.plugins, "plugins_lenient": args.plugins_lenient,
+              "plugin_startup_timeout": args.plugin_startup_timeout}
+    if hasattr(args, "device"):
+        values.update(device=args.device, tensor_parallel_size=args.tp, in_process=args.in_process,
+                      distributed_executor_backend=args.distributed_executor_backend)
+    return config_from_dict(values)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from asyncengine.plugin_runtime.allow_list import AllowList
+    from asyncengine.plugin_runtime.discovery import installed_plugins
+
+    installed = installed_plugins()
+    allow_list = AllowList.resolve(_config(args).plugins)
+    allow_list.check(installed)
+    if not installed:
+        print("no asyncengine plugins are installed")
+        return 0
+    print(f"allow-list: {allow_list.as_option() if allow_list.names is not None else 'unset'} ({allow_list.source})")
+    for plugin in installed:
+        verdict = allow_list.verdict(plugin)
+        allowed = "allowed" if verdict is None else f"skipped: {verdict}"
+        processes = ", ".join(role for role in ("frontend", "engine core", "worker") if role in plugin.group.roles)
+        origin = f"{plugin.distribution} {plugin.version}" if plugin.distribution else "(no distribution)"
+        print(f"{plugin.group.entry_point_group}  {plugin.name}  [{origin}]  {allowed}  loaded in: {processes}")
+    return 0
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    if args.trace:
+        from asyncengine.plugin_runtime.records import format_report, read_trace
+
+        print(format_report(read_trace(args.trace)))
+        return 0
+    from asyncengine.plugin_runtime.timeline import format_plan, plan_start
+
+    plans = plan_start(_config(args))
+    if args.json:
+        import json
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(plan) for plan in plans], indent=2))
+    else:
+        print(format_plan(plans))
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from asyncengine.plugin_runtime.check import check_start
+    from asyncengine.plugin_runtime.records import FAILED, format_report
+
+    records, error = anyio.run(check_start, _config(args), backend="trio")
+    print(format_report(records))
+    if error is not None:
+        print(f"asyncengine: check failed: {error}", file=sys.stderr)
+        return 1
+    failed = [r for r in records if r.outcome == FAILED]
+    return 1 if failed else 0

@@ -1,0 +1,92 @@
+"""The Platform interface (EXTENSION_POINTS.md, "The Platform interface").
+
+A platform is a class, used through its class methods (like vLLM's). Built-in `cpu` and `cuda`
+implement it exactly as a plugin's platform does. Resolution checks that the identity attributes are
+set and the hooks are callable, so a platform that lacks one fails there, naming it, never later.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+class Platform:
+    # Identity
+    device_name: str | None = None  # "cpu", "cuda", or the plugin's name
+    device_type: str | None = None  # the torch device string
+    dist_backend: str | None = None  # torch.distributed backend for tensor parallelism
+    supported_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    supported_quantization: tuple[str, ...] = ()
+    default_dtype: str = "float32"  # what dtype="auto" means here
+
+    REQUIRED_ATTRIBUTES = ("device_name", "device_type", "dist_backend")
+    REQUIRED_HOOKS = (
+        "pre_register_and_update", "check_and_update_config", "validate_request", "get_attn_backend_cls",
+        "get_device_communicator_cls", "set_device", "seed_everything", "get_device_total_memory",
+        "get_current_memory_usage", "inference_mode", "is_pin_memory_available",
+    )
+
+    # -- life cycle ------------------------------------------------------------------------------------
+
+    @classmethod
+    def pre_register_and_update(cls, parser: Any = None) -> None:
+        """Add CLI options (called by the CLI after --device/--plugins are pre-parsed)."""
+
+    @classmethod
+    def check_and_update_config(cls, config: Any) -> Any:
+        """Validate the engine options for this platform and fill what it decides; return the config."""
+        return config
+
+    @classmethod
+    def validate_request(cls, prompt: Any, params: Any) -> None:
+        """Called in the frontend for every request; raise RequestError to refuse one."""
+
+    # -- selection -------------------------------------------------------------------------------------
+
+    @classmethod
+    def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
+        return "asyncengine.models.layers.attention:PagedAttention"
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str | None:
+        return None  # torch.distributed collectives on dist_backend
+
+    # -- device ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def set_device(cls, device: Any) -> None:
+        pass
+
+    @classmethod
+    def seed_everything(cls, seed: int) -> None:
+        import numpy as np
+        import torch
+
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+    @classmethod
+    def get_device_total_memory(cls, device: Any) -> int:
+        raise NotImplementedError(f"platform {cls.device_name} does not report device memory")
+
+    @classmethod
+    def get_current_memory_usage(cls, device: Any) -> int:
+        raise NotImplementedError(f"platform {cls.device_name} does not report memory usage")
+
+    @classmethod
+    def inference_mode(cls) -> Any:
+        import torch
+
+        return torch.inference_mode()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    # -- detection (built-ins only; a plugin's detector is its entry point) --------------------------------
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True

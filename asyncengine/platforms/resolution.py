@@ -1,0 +1,129 @@
+"""Choosing the platform: the first start-up phase of every process.
+
+Precedence (EXTENSION_POINTS.md, E2): `--device` names one (a built-in, or a platform plugin by its
+entry-point name); else exactly one active out-of-tree platform wins over the built-ins; two active
+ones are an error naming both; else `cuda` when a GPU is usable, else `cpu`. Every detector's
+verdict is a record; a detector that raises is an error, never a silent fallback. A platform class
+that lacks an identity attribute or a hook fails here, naming it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from asyncengine.errors import ConfigError, StartupError
+from asyncengine.plugin_runtime.discovery import InstalledPlugin
+from asyncengine.plugin_runtime.groups import PHASE_PLATFORM
+from asyncengine.plugin_runtime.loader import NOT_LOADED, PluginLoader
+from asyncengine.plugin_runtime.records import FAILED, OK, SKIPPED, StartupTrace, format_failure
+from asyncengine.platforms.cpu import CpuPlatform
+from asyncengine.platforms.cuda import CudaPlatform
+from asyncengine.platforms.interface import Platform
+
+BUILT_IN: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
+
+_current: type[Platform] | None = None
+
+
+def current_platform() -> type[Platform]:
+    """The platform this process resolved at start-up; raises before that (never guesses)."""
+    if _current is None:
+        raise StartupError(
+            "the platform is not resolved yet: it is chosen in the first start-up phase of a process "
+            "(AsyncEngine.start, LLM(...), the CLI); code that needs it must run after that"
+        )
+    return _current
+
+
+def set_current_platform(platform: type[Platform] | None) -> None:
+    global _current
+    _current = platform
+
+
+async def resolve_platform(
+    device: str, plugins: list[InstalledPlugin], loader: PluginLoader, *, chosen_by: str | None = None
+) -> type[Platform]:
+    """Resolve and install the platform. `plugins`: the allowed platform plugins. `chosen_by` names
+    who fixed `device` (a child's frontend), which then skips the detectors that do not matter."""
+    trace = loader.trace
+    by_name = {plugin.name: plugin for plugin in plugins}
+    started = time.time()
+    if device != "auto":
+        why = f"chosen by {chosen_by}" if chosen_by else "named by --device"
+        platform = await _named(device, by_name, loader, why)
+    else:
+        why = "detected"
+        platform = await _detect(by_name, loader)
+    check_platform(platform)
+    set_current_platform(platform)
+    trace.add(PHASE_PLATFORM, started=started, plugin=f"chosen: {platform.device_name}", reason=why)
+    return platform
+
+
+async def _named(device: str, by_name: dict[str, InstalledPlugin], loader: PluginLoader, why: str) -> type[Platform]:
+    for name, plugin in by_name.items():
+        if name != device:
+            loader.skip(plugin, PHASE_PLATFORM, f"not asked for: device {device!r} was {why}")
+    if device in BUILT_IN:
+        return BUILT_IN[device]
+    plugin = by_name.get(device)
+    if plugin is None:
+        known = ", ".join([*BUILT_IN, *by_name]) or "none"
+        raise ConfigError(f"device {device!r} is not a known platform; known: {known}", field="device")
+    path = await loader.load(plugin, PHASE_PLATFORM, call=True)
+    if path is None or path is NOT_LOADED:
+        raise StartupError(f"platform plugin {device!r} was named by --device but is not active here")
+    return _import_platform(path, plugin)
+
+
+async def _detect(by_name: dict[str, InstalledPlugin], loader: PluginLoader) -> type[Platform]:
+    trace = loader.trace
+    active: list[tuple[InstalledPlugin, str]] = []
+    for plugin in by_name.values():
+        path = await loader.load(plugin, PHASE_PLATFORM, call=True)
+        if path is NOT_LOADED:
+            continue  # it failed and the engine runs leniently: its record says so
+        trace.records[-1].reason = f"active: {path}" if path else "inactive (returned None)"
+        if path is not None:
+            active.append((plugin, path))
+    if len(active) > 1:
+        names = " and ".join(f"{p.name!r} ({path})" for p, path in active)
+        raise StartupError(
+            f"two or more out-of-tree platforms are active: {names}; choose one with --device NAME"
+        )
+    if active:
+        plugin, path = active[0]
+        trace.add(PHASE_PLATFORM, started=time.time(), plugin="detector:cuda", outcome=SKIPPED,
+                  reason=f"out-of-tree platform {plugin.name!r} is active and wins over the built-ins")
+        return _import_platform(path, plugin)
+    started = time.time()
+    try:
+        usable = CudaPlatform.is_available()
+    except Exception as exc:  # a detector that raises is an error, not a silent fallback to cpu
+        trace.add(PHASE_PLATFORM, started=started, plugin="detector:cuda", outcome=FAILED, reason=format_failure(exc))
+        raise StartupError(f"the cuda detector raised {type(exc).__name__}: {exc}") from exc
+    trace.add(PHASE_PLATFORM, started=started, plugin="detector:cuda", outcome=OK,
+              reason="a GPU is usable" if usable else "no usable GPU")
+    return CudaPlatform if usable else CpuPlatform
+
+
+def _import_platform(path: str, plugin: InstalledPlugin) -> type[Platform]:
+    from asyncengine.models.registry import import_by_path
+
+    if not isinstance(path, str):
+        raise StartupError(f"{plugin.label} returned {path!r}; a platform plugin returns a 'package.module:Class' path or None")
+    try:
+        return import_by_path(path, what=f"platform of {plugin.label}")
+    except Exception as exc:  # named with the plugin that pointed there
+        raise StartupError(f"{plugin.label}: cannot import its platform {path!r}: {exc}") from exc
+
+
+def check_platform(platform: object) -> None:
+    if not isinstance(platform, type) or not issubclass(platform, Platform):
+        raise StartupError(f"{platform!r} is not a subclass of asyncengine.plugins_api.Platform")
+    for attribute in Platform.REQUIRED_ATTRIBUTES:
+        if not getattr(platform, attribute, None):
+            raise StartupError(f"platform {platform.__name__} lacks {attribute!r}: set it on the class")
+    for hook in Platform.REQUIRED_HOOKS:
+        if not callable(getattr(platform, hook, None)):
+            raise StartupError(f"platform {platform.__name__} lacks the hook {hook!r} (it must be callable)")

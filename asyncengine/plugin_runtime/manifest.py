@@ -1,0 +1,71 @@
+"""The manifest: what the frontend loaded and registered, compared by every child at start-up.
+
+A registry lives in one process. The frontend ships its manifest (plugins loaded, with versions, and
+each registry's keys with who registered them) in the hand-shake; each engine-core and worker process
+compares the registries its role reads and fails start-up when a key the frontend has is missing
+there, naming the key, the registry, the process and the registrant. Extra keys in a child (ones its
+platform registers there, say) are recorded with their origin.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from asyncengine.errors import StartupError
+from asyncengine.plugin_runtime.groups import PHASE_MANIFEST
+from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.registries import all_registries
+
+
+class PluginInfo(msgspec.Struct, kw_only=True):
+    group: str
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    process: str
+    plugins: list[PluginInfo] = msgspec.field(default_factory=list)
+    registries: dict[str, dict[str, str]] = msgspec.field(default_factory=dict)  # registry -> key -> owner
+
+
+def build_manifest(process: str, plugins: list[PluginInfo]) -> Manifest:
+    return Manifest(
+        process=process,
+        plugins=plugins,
+        registries={name: registry.owners() for name, (registry, _) in all_registries().items()},
+    )
+
+
+class MissingRegistration(StartupError):
+    pass
+
+
+def check_manifest(frontend: Manifest, roles: set[str], trace: StartupTrace) -> None:
+    """Compare the registries `roles` read with the frontend's; raise on the first missing key."""
+    for name, (registry, readers) in all_registries().items():
+        if not roles & readers:
+            continue
+        started = time.time()
+        theirs = frontend.registries.get(name, {})
+        ours = registry.owners()
+        missing = [key for key in theirs if key not in ours]
+        if missing:
+            key = missing[0]
+            others = f" (and {len(missing) - 1} more: {', '.join(missing[1:4])})" if len(missing) > 1 else ""
+            trace.add(PHASE_MANIFEST, started=started, outcome="failed", plugin=f"registry:{name}",
+                      reason=f"missing {', '.join(missing)}")
+            raise MissingRegistration(
+                f"{trace.process} lacks {registry.what} {key!r} in registry {name!r}{others}, which "
+                f"{frontend.process} has (registered there by {theirs[key]}): a registration made in one "
+                "process does not reach the others; register it from a general plugin (entry-point group "
+                "asyncengine.general_plugins), which every process loads"
+            )
+        extra = {key: owner for key, owner in ours.items() if key not in theirs}
+        detail = "same keys as the frontend" if not extra else "extra keys here: " + ", ".join(
+            f"{key} (registered by {owner})" for key, owner in extra.items()
+        )
+        trace.add(PHASE_MANIFEST, started=started, plugin=f"registry:{name}", reason=detail)

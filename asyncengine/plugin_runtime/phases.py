@@ -1,0 +1,205 @@
+"""The plugin phases every process runs at start-up, in order, each one traced:
+
+1. platform (the platform plugins' detectors and the built-ins), 2. general plugins, 3. role groups
+(the groups this process's roles load), 4. config hooks (every `module:attr` the config names that
+this process reads, imported and type-checked), 5. manifest check (children only).
+
+A process may play several roles: in-process, the frontend is also the engine core (and, with `uni`,
+the worker). General plugins load once per process: a second engine started in the same process
+reuses what the first loaded (registrations are process-wide), and its records say so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.errors import ConfigError
+from asyncengine.plugin_runtime import groups as g
+from asyncengine.plugin_runtime.allow_list import AllowList
+from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
+from asyncengine.plugin_runtime.loader import NOT_LOADED, PluginLoader
+from asyncengine.plugin_runtime.manifest import Manifest, PluginInfo, build_manifest, check_manifest
+from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.platforms.interface import Platform
+from asyncengine.platforms.resolution import resolve_platform
+
+def frontend_roles(config: EngineConfig) -> set[str]:
+    """The roles the frontend's process plays: in-process it is also the engine core, and with `uni`
+    the worker (its thread)."""
+    roles = {g.FRONTEND}
+    if config.in_process:
+        roles.add(g.ENGINE_CORE)
+        backend = config.distributed_executor_backend or ("uni" if config.tensor_parallel_size == 1 else "mp")
+        if backend == "uni":
+            roles.add(g.WORKER)
+    return roles
+
+
+# (group, name) -> what loading returned, for plugins already loaded in this process.
+_loaded_in_process: dict[tuple[str, str], Any] = {}
+
+
+@dataclass
+class PluginState:
+    """What the plugin phases produced in one process."""
+
+    platform: type[Platform]
+    allow_list: AllowList
+    config: EngineConfig
+    loaded: list[PluginInfo] = field(default_factory=list)
+    io_processors: dict[str, type] = field(default_factory=dict)
+    stat_loggers: list[type] = field(default_factory=list)
+    endpoints: list[Any] = field(default_factory=list)
+    logits_processors: list[type] = field(default_factory=list)
+    manifest: Manifest | None = None
+
+
+async def run_plugin_phases(
+    roles: set[str],
+    config: EngineConfig,
+    trace: StartupTrace,
+    *,
+    device: str | None = None,
+    device_chosen_by: str | None = None,
+    frontend_manifest: Manifest | None = None,
+) -> PluginState:
+    """Run phases 1-4 (and 5 when `frontend_manifest` is given) for a process playing `roles`."""
+    installed = installed_plugins()
+    allow_list = AllowList.resolve(config.plugins)
+    allow_list.check(installed)
+    loader = PluginLoader(trace, timeout=config.plugin_startup_timeout, lenient=config.plugins_lenient)
+    allowed, skipped = _sort_out(installed, allow_list, roles)
+
+    async with trace.phase(g.PHASE_PLATFORM):
+        _record_skipped(skipped, g.PLATFORM, loader)
+        platform = await resolve_platform(
+            device or config.device, allowed[g.PLATFORM.key], loader, chosen_by=device_chosen_by
+        )
+        if device_chosen_by is None:  # the process that chooses also lets the platform adjust the config
+            config = _checked_config(platform.check_and_update_config(config), platform)
+    state = PluginState(platform=platform, allow_list=allow_list, config=config)
+
+    async with trace.phase(g.PHASE_GENERAL):
+        _record_skipped(skipped, g.GENERAL, loader)
+        for plugin in allowed[g.GENERAL.key]:
+            await _load_once(plugin, g.PHASE_GENERAL, loader, state, call=True)
+
+    async with trace.phase(g.PHASE_ROLE_GROUPS):
+        for group in (g.IO_PROCESSOR, g.STAT_LOGGER, g.ENDPOINT, g.LOGITS_PROCESSOR):
+            _record_skipped(skipped, group, loader)
+            for plugin in allowed[group.key]:
+                calls = group in (g.IO_PROCESSOR, g.ENDPOINT)  # the others name a class
+                result = await _load_once(plugin, g.PHASE_ROLE_GROUPS, loader, state, call=calls)
+                if result is not None:
+                    _keep(state, plugin, result, loader)
+
+    async with trace.phase(g.PHASE_CONFIG_HOOKS):
+        from asyncengine.plugin_runtime.config_hooks import check_config_hooks
+
+        check_config_hooks(config, roles, trace)
+
+    state.manifest = build_manifest(trace.process, state.loaded)
+    if frontend_manifest is not None:
+        async with trace.phase(g.PHASE_MANIFEST):
+            check_manifest(frontend_manifest, roles, trace)
+    return state
+
+
+async def resolve_platform_only(config: EngineConfig, trace: StartupTrace) -> type[Platform]:
+    """Just the platform phase (the CLI runs it before parsing, so the platform can add options)."""
+    installed = installed_plugins()
+    allow_list = AllowList.resolve(config.plugins)
+    allow_list.check(installed)
+    loader = PluginLoader(trace, timeout=config.plugin_startup_timeout, lenient=config.plugins_lenient)
+    platforms = [p for p in installed if p.group is g.PLATFORM and allow_list.verdict(p) is None]
+    async with trace.phase(g.PHASE_PLATFORM):
+        return await resolve_platform(config.device, platforms, loader)
+
+
+Skipped = dict[str, list[tuple[InstalledPlugin, str]]]
+
+
+def _sort_out(installed: list[InstalledPlugin], allow_list: AllowList,
+              roles: set[str]) -> tuple[dict[str, list[InstalledPlugin]], Skipped]:
+    """Per group this process loads: the plugins that may load, and the others with the reason."""
+    allowed: dict[str, list[InstalledPlugin]] = {group.key: [] for group in g.GROUPS}
+    skipped: Skipped = {group.key: [] for group in g.GROUPS}
+    for plugin in installed:
+        if not roles & plugin.group.roles:
+            continue
+        reason = allow_list.verdict(plugin)
+        if reason is None:
+            allowed[plugin.group.key].append(plugin)
+        else:
+            skipped[plugin.group.key].append((plugin, reason))
+    return allowed, skipped
+
+
+def _record_skipped(skipped: Skipped, group: g.Group, loader: PluginLoader) -> None:
+    for plugin, reason in skipped[group.key]:
+        loader.skip(plugin, group.phase, reason)
+
+
+async def _load_once(plugin: InstalledPlugin, phase: str, loader: PluginLoader, state: PluginState, *, call: bool) -> Any:
+    key = (plugin.group.key, plugin.name)
+    if key in _loaded_in_process:
+        loader.trace.add(phase, started=time.time(), reason="already loaded in this process",
+                         group=plugin.group.entry_point_group, plugin=plugin.name,
+                         distribution=plugin.distribution, version=plugin.version)
+        result = _loaded_in_process[key]
+    else:
+        result = await loader.load(plugin, phase, call=call)
+        if result is NOT_LOADED:
+            return None
+        _loaded_in_process[key] = result
+    state.loaded.append(PluginInfo(group=plugin.group.entry_point_group, name=plugin.name,
+                                   distribution=plugin.distribution, version=plugin.version))
+    return result
+
+
+def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: PluginLoader) -> None:
+    """Check what a role-group plugin gave and keep it for the engine."""
+    from asyncengine.frontend.endpoints import EndpointPlugin
+    from asyncengine.frontend.io_processor import IOProcessor
+    from asyncengine.frontend.stat_loggers import StatLoggerBase
+    from asyncengine.models.registry import import_by_path
+    from asyncengine.worker.logits_processors import LogitsProcessor
+
+    group = plugin.group
+    if group is g.IO_PROCESSOR:
+        cls = import_by_path(result, what=plugin.label) if isinstance(result, str) else result
+        if _is_subclass(cls, IOProcessor):
+            state.io_processors[plugin.name] = cls
+            return
+        problem = f"returned {result!r}, which is not an IOProcessor subclass (or its path)"
+    elif group is g.STAT_LOGGER:
+        if _is_subclass(result, StatLoggerBase):
+            state.stat_loggers.append(result)
+            return
+        problem = f"names {result!r}, which is not a StatLoggerBase subclass"
+    elif group is g.ENDPOINT:
+        if isinstance(result, EndpointPlugin) and result.name:
+            state.endpoints.append(result)
+            return
+        problem = f"returned {result!r}, which is not an EndpointPlugin with a name"
+    else:
+        if _is_subclass(result, LogitsProcessor):
+            state.logits_processors.append(result)
+            return
+        problem = f"names {result!r}, which is not a LogitsProcessor subclass"
+    loader.reject(plugin, group.phase, problem)
+
+
+def _is_subclass(value: Any, base: type) -> bool:
+    return isinstance(value, type) and issubclass(value, base)
+
+
+def _checked_config(config: Any, platform: type[Platform]) -> EngineConfig:
+    if not isinstance(config, EngineConfig):
+        raise ConfigError(f"platform {platform.device_name}: check_and_update_config returned {config!r}, not an EngineConfig")
+    return msgspec.convert(msgspec.to_builtins(config), EngineConfig)  # re-validated after the platform's changes

@@ -1,0 +1,135 @@
+"""The start-up report: one record per phase and per plugin, in every process.
+
+Children send their records back with their Ready (or StartupFailed), so the frontend holds the
+whole start: printed by `asyncengine plugins timeline --trace FILE`, written to `startup_trace`,
+served at `GET /v1/startup`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import msgspec
+
+from asyncengine.errors import AsyncEngineError, StartupError
+
+OK, SKIPPED, FAILED = "ok", "skipped", "failed"
+
+
+class StartupRecord(msgspec.Struct, kw_only=True):
+    pid: int
+    role: str  # "frontend", "engine core", "worker rank 0", ...
+    phase: str
+    group: str | None = None  # entry-point group of a plugin record
+    plugin: str | None = None  # plugin (entry point) name, or what else the record is about
+    distribution: str | None = None
+    version: str | None = None
+    outcome: str = OK
+    reason: str | None = None  # why skipped, the traceback of a failure, or a detail
+    start: float = 0.0  # time.time()
+    duration: float = 0.0  # seconds
+
+
+class PhaseFailure(StartupError):
+    """A start-up phase failed; the message names the process, the phase and the culprit."""
+
+    def __init__(self, message: str, *, phase: str, original: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.original = original
+
+
+class StartupTrace:
+    """The records of one process."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.pid = os.getpid()
+        self.records: list[StartupRecord] = []
+        self.ready = False  # set once the process reported Ready: later failures are not start-up failures
+
+    @property
+    def process(self) -> str:
+        return f"the {self.role} (pid {self.pid})"
+
+    def add(self, phase: str, *, started: float, outcome: str = OK, **fields) -> StartupRecord:
+        record = StartupRecord(
+            pid=self.pid, role=self.role, phase=phase, outcome=outcome, start=started,
+            duration=time.time() - started, **fields,
+        )
+        self.records.append(record)
+        return record
+
+    def extend(self, records: list[StartupRecord]) -> None:
+        self.records.extend(records)
+
+    @asynccontextmanager
+    async def phase(self, name: str) -> AsyncIterator[None]:
+        """Record the phase; a failure inside becomes PhaseFailure naming the process and the phase
+        (our own error types keep their type, with the same naming)."""
+        started = time.time()
+        try:
+            yield
+        except PhaseFailure as failure:
+            self.add(name, started=started, outcome=FAILED, reason=str(failure))
+            raise
+        except Exception as exc:  # recorded, then re-raised with the process and phase named
+            self.add(name, started=started, outcome=FAILED, reason=format_failure(exc))
+            raise name_the_phase(self.process, name, exc) from exc
+        else:
+            self.add(name, started=started)
+
+
+def name_the_phase(process: str, phase: str, exc: BaseException) -> Exception:
+    detail = str(exc) if isinstance(exc, AsyncEngineError) else f"{type(exc).__name__}: {exc}"
+    message = f"{process} failed in start-up phase {phase!r}: {detail}"
+    if isinstance(exc, AsyncEngineError) and not isinstance(exc, PhaseFailure):
+        named = type(exc)(message)  # keep ConfigError (exit 2), ModelLoadError, ...
+        if getattr(exc, "field", None) is not None:
+            named.field = exc.field
+        return named
+    return PhaseFailure(message, phase=phase, original=exc)
+
+
+def format_failure(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+
+
+def write_trace(path: str | os.PathLike, records: list[StartupRecord]) -> None:
+    Path(path).write_bytes(msgspec.json.encode(records))
+
+
+def read_trace(path: str | os.PathLike) -> list[StartupRecord]:
+    return msgspec.json.decode(Path(path).read_bytes(), type=list[StartupRecord])
+
+
+def format_report(records: list[StartupRecord]) -> str:
+    """Per process (in order of first appearance), its records in order, one line each."""
+    lines: list[str] = []
+    processes: dict[tuple[int, str], list[StartupRecord]] = {}
+    for record in records:
+        processes.setdefault((record.pid, record.role), []).append(record)
+    for (pid, role), items in processes.items():
+        lines.append(f"{role} (pid {pid})")
+        for record in items:
+            what = f"{record.phase}"
+            if record.plugin:
+                origin = f" [{record.distribution} {record.version}]" if record.distribution else ""
+                group = f" {record.group}" if record.group else ""
+                what += f":{group} {record.plugin}{origin}"
+            reason = ""
+            if record.reason:
+                first_line = record.reason.strip().splitlines()[-1 if record.outcome == FAILED else 0]
+                reason = f" ({first_line})"
+            lines.append(f"  {record.duration * 1000:8.1f} ms  {record.outcome:<7} {what}{reason}")
+    return "\n".join(lines)
+
+
+def records_as_json(records: list[StartupRecord]) -> str:
+    return json.dumps(msgspec.to_builtins(records), indent=2)

@@ -1,0 +1,1 @@
+raise ImportError("ae_plugin_import_error is broken on purpose")
