@@ -44,13 +44,17 @@ class ModelLoadError(StartupError):
     """The model could not be found or loaded: a missing or corrupt file, an unknown architecture."""
 
 
+class MissingRegistration(StartupError):
+    """A child process lacks a registry key the frontend has (the manifest check)."""
+
+
 class WorkerError(AsyncEngineError):
     """A worker method called by name (collective_rpc, a start-up step) raised; the message names the rank."""
 
 
 # Errors that keep their type when they cross a process boundary (by name, never pickled).
 _TRANSPORTABLE = {cls.__name__: cls for cls in (RequestError, ConfigError, ModelLoadError, StartupError,
-                                                  EngineDeadError, EngineOverloadedError, WorkerError)}
+                                                  MissingRegistration, EngineDeadError, EngineOverloadedError, WorkerError)}
 
 
 def error_type_name(exc: BaseException) -> str:

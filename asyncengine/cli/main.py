@@ -53,30 +53,32 @@ def preresolve_platform(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        platform = preresolve_platform(argv) if argv[:1] and argv[0] in ENGINE_COMMANDS else None
-    except ConfigError as exc:
-        print(f"asyncengine: configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except StartupError as exc:
-        print(f"asyncengine: start-up failed: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+    platform, code = _reporting_errors(
+        lambda: preresolve_platform(argv) if argv[:1] and argv[0] in ENGINE_COMMANDS else None)
+    if code is not None:
+        return code
     parser = build_parser(platform)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    result, code = _reporting_errors(lambda: args.handler(args))
+    return result if code is None else code
+
+
+def _reporting_errors(work) -> tuple[object, int | None]:
+    """Run `work`; on an error we raise on purpose, print one line and give the exit code."""
     try:
-        return args.handler(args)
+        return work(), None
     except ConfigError as exc:
         print(f"asyncengine: configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return None, EXIT_USAGE
     except RequestError as exc:
         print(f"asyncengine: bad request: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return None, EXIT_USAGE
     except StartupError as exc:
         print(f"asyncengine: start-up failed: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return None, EXIT_FAILURE
     except KeyboardInterrupt:
         print("asyncengine: interrupted", file=sys.stderr)
-        return 130
+        return None, 130

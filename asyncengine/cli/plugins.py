@@ -28,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     check = commands.add_parser("check", help="start every role without a model and report (exit 1 on a failure)")
     _settings(check, placement=True)
+    check.add_argument("--startup-trace", metavar="FILE", help="also write the records as JSON to FILE")
     check.set_defaults(handler=run_check)
 
 
@@ -92,9 +93,11 @@ def run_timeline(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from asyncengine.plugin_runtime.check import check_start
-    from asyncengine.plugin_runtime.records import FAILED, format_report
+    from asyncengine.plugin_runtime.records import FAILED, format_report, write_trace
 
     records, error = anyio.run(check_start, _config(args), backend="trio")
+    if args.startup_trace:
+        write_trace(args.startup_trace, records)
     print(format_report(records))
     if error is not None:
         print(f"asyncengine: check failed: {error}", file=sys.stderr)

@@ -28,7 +28,7 @@ from asyncengine.errors import (
     error_field,
     rebuild_error,
 )
-from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
@@ -200,7 +200,8 @@ class MultiprocExecutor(Executor):
             reply = await self._receive_startup(rank, frames)
             trace.extend(reply.records)
             if isinstance(reply, StartupFailed) and failure is None:
-                failure = rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError)
+                failure = reported_by_child(
+                    rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError))
         if failure is not None:
             raise failure
         for rank in range(self.world_size):

@@ -19,7 +19,7 @@ from asyncengine.engine_core.core import EngineCore
 from asyncengine.engine_core.loop import EngineCoreLoop
 from asyncengine.errors import StartupError, rebuild_error
 from asyncengine.frontend.startup import FrontendSetup
-from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
 from asyncengine.wire.framing import FrameStream
@@ -132,7 +132,8 @@ class ProcessCoreClient(CoreClient):
                 raise StartupError(f"{client.process_name} sent {type(reply).__name__} instead of Ready")
             trace.extend(reply.records)
             if isinstance(reply, StartupFailed):
-                raise rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError)
+                raise reported_by_child(
+                    rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError))
         except BaseException:
             await client.close()
             raise

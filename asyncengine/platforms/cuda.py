@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import sys
 from typing import Any
 
 from asyncengine.platforms.interface import Platform
@@ -15,6 +18,8 @@ class CudaPlatform(Platform):
 
     @classmethod
     def is_available(cls) -> bool:
+        if "torch" not in sys.modules and not _nvidia_device_present():
+            return False  # no driver, so no GPU: spares the CLI a 2 s torch import just to hear "no"
         import torch
 
         return torch.cuda.is_available()
@@ -47,3 +52,8 @@ class CudaPlatform(Platform):
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return True
+
+
+def _nvidia_device_present() -> bool:
+    """An NVIDIA driver's traces: its device nodes, its /proc entry, or WSL's GPU node."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")

@@ -39,9 +39,10 @@ class PluginLoader:
         leniently."""
         started = time.time()
         registrant = f"plugin {plugin.name!r}" + (f" ({plugin.distribution})" if plugin.distribution else "")
+        import_seconds = 0.0
         with anyio.move_on_after(self.timeout) as deadline:
             try:
-                loaded = await anyio.to_thread.run_sync(plugin.entry_point.load, abandon_on_cancel=True)
+                loaded, import_seconds = await anyio.to_thread.run_sync(_timed_import, plugin, abandon_on_cancel=True)
             except Exception as exc:  # the plugin's own failure: recorded with its traceback, named in the error
                 return self._failed(plugin, phase, started, f"failed to import: {type(exc).__name__}: {exc}", exc)
             if not call:
@@ -54,7 +55,7 @@ class PluginLoader:
         if deadline.cancelled_caught:
             problem = f"did not finish within {self.timeout:g} s (plugin_startup_timeout)"
             return self._failed(plugin, phase, started, problem, TimeoutError(problem))
-        self.trace.add(phase, started=started, outcome=OK, **_about(plugin))
+        self.trace.add(phase, started=started, outcome=OK, import_duration=import_seconds, **_about(plugin))
         return result
 
     def _failed(self, plugin: InstalledPlugin, phase: str, started: float, what: str, exc: BaseException) -> Any:
@@ -71,6 +72,13 @@ class PluginLoader:
         """A plugin loaded but gave something its group cannot use."""
         self.trace.records.pop()  # replace its "ok" record
         self._failed(plugin, phase, time.time(), problem, TypeError(problem))
+
+
+def _timed_import(plugin: InstalledPlugin) -> tuple[Any, float]:
+    """The entry point's object, and the seconds its import took (timed in the thread that imports)."""
+    started = time.perf_counter()
+    loaded = plugin.entry_point.load()
+    return loaded, time.perf_counter() - started
 
 
 async def _call_as(registrant: str, function: Any) -> Any:

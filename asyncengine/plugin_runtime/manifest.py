@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from asyncengine.errors import StartupError
+from asyncengine.errors import MissingRegistration
 from asyncengine.plugin_runtime.groups import PHASE_MANIFEST
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.registries import all_registries
@@ -40,10 +40,6 @@ def build_manifest(process: str, plugins: list[PluginInfo]) -> Manifest:
     )
 
 
-class MissingRegistration(StartupError):
-    pass
-
-
 def check_manifest(frontend: Manifest, roles: set[str], trace: StartupTrace) -> None:
     """Compare the registries `roles` read with the frontend's; raise on the first missing key."""
     for name, (registry, readers) in all_registries().items():
@@ -59,8 +55,8 @@ def check_manifest(frontend: Manifest, roles: set[str], trace: StartupTrace) -> 
             trace.add(PHASE_MANIFEST, started=started, outcome="failed", plugin=f"registry:{name}",
                       reason=f"missing {', '.join(missing)}")
             raise MissingRegistration(
-                f"{trace.process} lacks {registry.what} {key!r} in registry {name!r}{others}, which "
-                f"{frontend.process} has (registered there by {theirs[key]}): a registration made in one "
+                f"{registry.what} {key!r} is missing from registry {name!r} here{others}, while "
+                f"{frontend.process} has it (registered there by {theirs[key]}): a registration made in one "
                 "process does not reach the others; register it from a general plugin (entry-point group "
                 "asyncengine.general_plugins), which every process loads"
             )

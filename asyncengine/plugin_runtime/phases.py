@@ -69,9 +69,12 @@ async def run_plugin_phases(
     frontend_manifest: Manifest | None = None,
 ) -> PluginState:
     """Run phases 1-4 (and 5 when `frontend_manifest` is given) for a process playing `roles`."""
+    started = time.time()
     installed = installed_plugins()
     allow_list = AllowList.resolve(config.plugins)
     allow_list.check(installed)
+    trace.add(g.PHASE_PLATFORM, started=started, plugin="entry points",
+              reason=f"{len(installed)} installed in the six groups")
     loader = PluginLoader(trace, timeout=config.plugin_startup_timeout, lenient=config.plugins_lenient)
     allowed, skipped = _sort_out(installed, allow_list, roles)
 

@@ -34,10 +34,13 @@ class StartupRecord(msgspec.Struct, kw_only=True):
     reason: str | None = None  # why skipped, the traceback of a failure, or a detail
     start: float = 0.0  # time.time()
     duration: float = 0.0  # seconds
+    import_duration: float = 0.0  # of a loaded plugin: the seconds of `duration` spent importing its module
 
 
 class PhaseFailure(StartupError):
     """A start-up phase failed; the message names the process, the phase and the culprit."""
+
+    names_its_process = True  # see `phase`: an enclosing phase passes it on as it is
 
     def __init__(self, message: str, *, phase: str, original: BaseException | None = None) -> None:
         super().__init__(message)
@@ -72,14 +75,16 @@ class StartupTrace:
     @asynccontextmanager
     async def phase(self, name: str) -> AsyncIterator[None]:
         """Record the phase; a failure inside becomes PhaseFailure naming the process and the phase
-        (our own error types keep their type, with the same naming)."""
+        (our own error types keep their type, with the same naming). An error that already names
+        where it happened (an inner phase's, or one a child process reported) passes on unchanged, so
+        the message names the process and phase where the failure began, once."""
         started = time.time()
         try:
             yield
-        except PhaseFailure as failure:
-            self.add(name, started=started, outcome=FAILED, reason=str(failure))
-            raise
         except Exception as exc:  # recorded, then re-raised with the process and phase named
+            if getattr(exc, "names_its_process", False):
+                self.add(name, started=started, outcome=FAILED, reason=str(exc))
+                raise
             self.add(name, started=started, outcome=FAILED, reason=format_failure(exc))
             raise name_the_phase(self.process, name, exc) from exc
         else:
@@ -93,8 +98,16 @@ def name_the_phase(process: str, phase: str, exc: BaseException) -> Exception:
         named = type(exc)(message)  # keep ConfigError (exit 2), ModelLoadError, ...
         if getattr(exc, "field", None) is not None:
             named.field = exc.field
+        named.names_its_process = True
         return named
     return PhaseFailure(message, phase=phase, original=exc)
+
+
+def reported_by_child(error: Exception) -> Exception:
+    """Mark an error a child process reported at start-up: its message already names the child and
+    its phase, so the parent's phases pass it on unchanged."""
+    error.names_its_process = True
+    return error
 
 
 def format_failure(exc: BaseException) -> str:

@@ -22,6 +22,9 @@ from asyncengine.registries import all_registries
 class PhasePlan:
     name: str
     details: list[str] = field(default_factory=list)
+    # What the trace of a real start holds a record of in this phase: each plugin by its entry-point
+    # name (loaded or skipped), and "registry:NAME" for each registry the manifest check compares.
+    subjects: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -96,15 +99,20 @@ def _plugin_phases(roles: set[str], config: EngineConfig, installed: list[Instal
                    for group in (g.IO_PROCESSOR, g.STAT_LOGGER, g.ENDPOINT, g.LOGITS_PROCESSOR) if roles & group.roles]
     hooks = [field_name for field_name, readers in HOOK_READERS.items()
              if (g.FRONTEND in roles or roles & set(readers)) and getattr(config, field_name, None) not in (None, "", "auto", {})]
+    def subjects(*groups: g.Group) -> list[str]:
+        return [plugin.name for plugin in installed if plugin.group in groups and roles & plugin.group.roles]
+
     phases = [
-        PhasePlan(g.PHASE_PLATFORM, platform),
-        PhasePlan(g.PHASE_GENERAL, names(g.GENERAL) or ["none installed"]),
-        PhasePlan(g.PHASE_ROLE_GROUPS, role_groups or ["no group loads in this process"]),
+        PhasePlan(g.PHASE_PLATFORM, platform, subjects(g.PLATFORM)),
+        PhasePlan(g.PHASE_GENERAL, names(g.GENERAL) or ["none installed"], subjects(g.GENERAL)),
+        PhasePlan(g.PHASE_ROLE_GROUPS, role_groups or ["no group loads in this process"],
+                  subjects(g.IO_PROCESSOR, g.STAT_LOGGER, g.ENDPOINT, g.LOGITS_PROCESSOR)),
         PhasePlan(g.PHASE_CONFIG_HOOKS, hooks or ["no module:attr option set"]),
     ]
     if not chooses_platform:
         registries = [name for name, (_, readers) in all_registries().items() if roles & readers]
-        phases.append(PhasePlan(g.PHASE_MANIFEST, [f"registries: {', '.join(registries) or 'none read here'}"]))
+        phases.append(PhasePlan(g.PHASE_MANIFEST, [f"registries: {', '.join(registries) or 'none read here'}"],
+                                [f"registry:{name}" for name in registries]))
     return phases
 
 

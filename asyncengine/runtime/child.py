@@ -17,8 +17,9 @@ from typing import Any
 import anyio
 
 from asyncengine.errors import AsyncEngineError, error_field, error_type_name
-from asyncengine.plugin_runtime.records import PhaseFailure, StartupTrace
+from asyncengine.plugin_runtime.records import PhaseFailure, StartupTrace, name_the_phase
 from asyncengine.runtime.connection import connect_to_parent
+from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_RANK, ENV_SECRET, die_with_parent
 from asyncengine.wire.framing import FrameStream
 from asyncengine.wire.messages import StartupFailed, StartupParams
@@ -46,7 +47,8 @@ def child_main(role: str, inbox_type: Any, body: Body) -> int:
                 params = await frames.receive()
                 if not isinstance(params, StartupParams):
                     raise PhaseFailure(f"expected StartupParams, got {type(params).__name__}", phase="hand-shake")
-                await body(frames, params, trace)
+                with single_exceptions():  # the body's own task group wraps even one failure in a group
+                    await body(frames, params, trace)
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 tg.cancel_scope.cancel()  # the parent went away: nothing left to serve
                 return 0
@@ -56,6 +58,8 @@ def child_main(role: str, inbox_type: Any, body: Body) -> int:
                     tg.cancel_scope.cancel()
                     return 1
                 phase = getattr(exc, "phase", None) or (trace.records[-1].phase if trace.records else "start-up")
+                if not getattr(exc, "names_its_process", False):
+                    exc = name_the_phase(trace.process, phase, exc)
                 with anyio.move_on_after(5.0):
                     await frames.send(StartupFailed(
                         phase=phase, error=str(exc) if isinstance(exc, AsyncEngineError) else f"{type(exc).__name__}: {exc}",

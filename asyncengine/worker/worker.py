@@ -79,5 +79,7 @@ class Worker:
             "pid": os.getpid(),
             "device": str(self.device),
             "platform": self.platform.device_name,
+            "architecture": self.model_config.architectures[0] if self.model_config else None,
+            "model_class": f"{type(model).__module__}:{type(model).__qualname__}" if model else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
         }

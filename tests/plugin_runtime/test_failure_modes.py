@@ -4,6 +4,8 @@ without a model): the exit code and the exact report or error line."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -120,3 +122,34 @@ def test_one_active_out_of_tree_platform_wins_over_the_built_ins(cli, plugin_env
     assert "skipped platform: detector:cuda (out-of-tree platform 'cpu_a' is active and wins over the built-ins)" \
         in result.stdout
     assert result.stdout.count("platform: chosen: cpu_a") == 4  # frontend, engine core, two workers
+
+
+def test_an_async_general_plugin_runs_in_every_process(cli, plugin_env):
+    result = cli(["plugins", "check", "--distributed-executor-backend", "mp"], plugin_env("ae-plugin-async"))
+    assert result.returncode == 0, result.stderr
+    ok = re.findall(r"^ +(\d+\.\d) ms  ok      general plugins: asyncengine.general_plugins ae_async "
+                    r"\[ae-plugin-async 0.3.0\]$", result.stdout, re.MULTILINE)
+    assert len(ok) == 3  # frontend, engine core, worker
+    assert all(float(ms) >= 50 for ms in ok)  # its await ran to the end in each
+    # The worker compared the models registry with the frontend's: the plugin's key is there too.
+    assert "ok      manifest check: registry:models (same keys as the frontend)" in result.stdout
+
+
+OWNER_SCRIPT = """
+import sys, anyio
+from asyncengine.config.engine import EngineConfig
+from asyncengine.models.registry import ModelRegistry
+from asyncengine.plugin_runtime.phases import run_plugin_phases
+from asyncengine.plugin_runtime.records import StartupTrace
+
+anyio.run(run_plugin_phases, {"frontend"}, EngineConfig(), StartupTrace("frontend"), backend=sys.argv[1])
+print(ModelRegistry.owners()["AsyncPluginLlamaForCausalLM"])
+"""
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_what_an_async_plugin_registers_is_attributed_to_it(plugin_env, backend):
+    result = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, backend], env=plugin_env("ae-plugin-async"),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "plugin 'ae_async' (ae-plugin-async)"
