@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The OpenAI-compatible server on the default model, at http://127.0.0.1:8000/v1 (Ctrl-C stops it).
 serve: install
-	$(VENV)/bin/asyncengine generate "What is the capital of France? Answer in one word."
+	$(VENV)/bin/asyncengine serve
 
 test: install
 	$(PY) -m pytest

@@ -15,7 +15,17 @@ from asyncengine.frontend.stat_loggers import StatLoggerBase  # read in: fronten
 from asyncengine.models.registry import ModelRegistry  # read in: frontend (validate), worker (build)
 from asyncengine.platforms.interface import Platform  # read in: every process
 from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
+from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.registries.base import Registry, RegistrationError  # the registry type itself
+from asyncengine.server.parsers import (  # read in: frontend (the chat completions route)
+    DeltaMessage,
+    ExtractedToolCalls,
+    ReasoningParser,
+    ReasoningParserManager,
+    ToolCall,
+    ToolParser,
+    ToolParserManager,
+)
 from asyncengine.worker.logits_processors import LogitsProcessor  # read in: worker (build), frontend (validate)
 
 __all__ = [
@@ -28,4 +38,12 @@ __all__ = [
     "RegistrationError",
     "StatLoggerBase",
     "current_platform",
+    "current_process_role",
+    "DeltaMessage",
+    "ExtractedToolCalls",
+    "ReasoningParser",
+    "ReasoningParserManager",
+    "ToolCall",
+    "ToolParser",
+    "ToolParserManager",
 ]

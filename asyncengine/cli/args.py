@@ -51,10 +51,15 @@ def _list_value(text: str) -> list[str]:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine options (EngineConfig fields)")
-    hints = typing.get_type_hints(EngineConfig)
-    for field in msgspec.structs.fields(EngineConfig):
-        if field.name in _POSITIONAL:
+    add_struct_arguments(parser, EngineConfig, "engine options (EngineConfig fields)", skip=_POSITIONAL)
+
+
+def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: str, *, skip: set[str] = frozenset()) -> None:
+    """One flag per field of the msgspec Struct `struct`."""
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(struct)
+    for field in msgspec.structs.fields(struct):
+        if field.name in skip:
             continue
         kinds = _base_types(hints[field.name]) - {type(None)}
         kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS}
@@ -72,7 +77,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["type"] = float
         else:
             kwargs["type"] = str
-        default = field.default if field.default is not msgspec.NODEFAULT else "{}"
+        default = field.default if field.default is not msgspec.NODEFAULT else (
+            "[]" if list in kinds else "{}")
         kwargs["help"] = f"default: {default}"
         group.add_argument(flag_name(field.name), **kwargs)
 
@@ -84,4 +90,11 @@ def engine_config_from_args(args: argparse.Namespace, *, model: str | None) -> E
     return config_from_dict(values)
 
 
-__all__ = ["ConfigError", "add_engine_arguments", "engine_config_from_args", "flag_name"]
+def struct_values(args: argparse.Namespace, struct: type) -> dict[str, Any]:
+    """The flags the user gave that belong to `struct`."""
+    known = {f.name for f in msgspec.structs.fields(struct)}
+    return {name: value for name, value in vars(args).items() if name in known}
+
+
+__all__ = ["ConfigError", "add_engine_arguments", "add_struct_arguments", "engine_config_from_args", "flag_name",
+           "struct_values"]

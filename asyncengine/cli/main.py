@@ -18,19 +18,21 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 # Commands that start an engine: the platform is resolved before their arguments are parsed, so it
 # can add options of its own (Platform.pre_register_and_update).
-ENGINE_COMMANDS = ("generate",)
+ENGINE_COMMANDS = ("generate", "serve")
 
 
 def build_parser(platform=None) -> argparse.ArgumentParser:
-    from asyncengine.cli import generate, plugins
+    from asyncengine.cli import generate, plugins, serve
 
     parser = argparse.ArgumentParser(prog="asyncengine", description="An async-native LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"asyncengine {__version__}")
     parser.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="default: warning"
+        "--log-level", default=None, choices=["debug", "info", "warning", "error"],
+        help="default: warning (info for serve)"
     )
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
     generate.add_parser(subparsers, platform)
+    serve.add_parser(subparsers, platform)
     plugins.add_parser(subparsers)
     return parser
 
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(platform)
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=getattr(logging, (args.log_level or getattr(args, "log_level_default", "warning")).upper()),
+        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
     result, code = _reporting_errors(lambda: args.handler(args))
     return result if code is None else code

@@ -90,6 +90,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     startup_trace: str | None = None  # write the start-up records of every process here (JSON)
     io_processor_plugin: str | None = None
 
+    # Statistics
+    stats_log_interval: float = 10.0  # seconds between calls of every stat logger's log()
+
     def __post_init__(self) -> None:
         self._check_ranges()
         self._check_choices()
@@ -112,6 +115,10 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}", field="seed")
+        if not self.stats_log_interval > 0:  # written so that NaN fails too
+            raise ConfigError(
+                f"stats_log_interval must be > 0 seconds, got {self.stats_log_interval}", field="stats_log_interval"
+            )
 
     def _check_choices(self) -> None:
         if self.dtype not in DTYPES:

@@ -8,12 +8,20 @@
 and the output handler run in it, and leaving the `async with` shuts them down. Each output carries
 what is new since the previous one. A request is aborted, and its KV blocks freed, when its consumer
 stops: `abort(request_id)`, cancellation, closing the generator, or leaving `stream(...)`.
+
+Stat loggers (the stat-logger plugins, and any added with `add_stat_logger`) get every step's
+scheduler and iteration stats in `record`, and a `log()` call every `stats_log_interval` seconds. A
+stat logger that raises is a bug that would otherwise leave the metrics silently wrong, so the engine
+stops serving with an EngineDeadError naming it.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
+import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,16 +29,20 @@ from typing import Any
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
+from anyio.from_thread import run_sync as run_on_loop
+from anyio.lowlevel import current_token
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
 from asyncengine.runtime.reply import Reply
-from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, rebuild_error
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, StartupError, rebuild_error
 from asyncengine.frontend.admission import AdmissionGate
 from asyncengine.frontend.core_client import CoreClient, start_core_client
+from asyncengine.frontend.iteration_stats import IterationStats, StatsTracker
 from asyncengine.frontend.output_collector import OutputCollector
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
+from asyncengine.frontend.stat_loggers import StatLoggerBase
 from asyncengine.outputs import RequestOutput
 from asyncengine.plugin_runtime.phases import PluginState, frontend_roles, run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace, write_trace
@@ -67,6 +79,18 @@ class AsyncEngine:
         self._accepting = True
         self._closing = False
         self.last_scheduler_stats: SchedulerStats | None = None
+        # Stat loggers: a tuple replaced as a whole, so a step iterates a stable snapshot. The tracker
+        # is fed only while there is a logger: without one, stats cost nothing.
+        self._stat_loggers: tuple[StatLoggerBase, ...] = ()
+        self._stats = StatsTracker()
+        # `record` calls never overlap (a step's and the idle flush's). Taken without a checkpoint when
+        # free, so recording a step lets no other task run before a synchronous `record` is done.
+        self._stats_lock = anyio.Lock(fast_acquire=True)
+        self._logging_stats = False
+        self._task_group: TaskGroup | None = None
+        # Where the engine runs, so that add_stat_logger can be called from other threads (LLM's users).
+        self._loop_thread = threading.get_ident()
+        self._loop_token = current_token()
 
     # -- life cycle ------------------------------------------------------------------------------------
 
@@ -90,6 +114,9 @@ class AsyncEngine:
                         core = await start_core_client(config)(config, setup, tg, plugins, trace)
                     async with trace.phase("ready"):
                         engine = cls(config, setup, core, plugins, trace.records)
+                        engine._task_group = tg
+                        for stat_logger in _plugin_stat_loggers(plugins.stat_loggers, config):
+                            engine.add_stat_logger(stat_logger)
                     tg.start_soon(engine._handle_outputs)
                     try:
                         yield engine
@@ -183,6 +210,8 @@ class AsyncEngine:
                     self._waiting[child.request_id] = request_id
                 self._check_accepting()
                 self._in_core.update(child.request_id for child in processed.children)
+                if self._stat_loggers:
+                    self._stats.add_requests(processed.children)
                 await self._core.send(AddRequests(requests=processed.children))
             while not finished:
                 output = await collector.get()
@@ -214,6 +243,8 @@ class AsyncEngine:
             return  # unknown, finished, or already aborted
         core_ids, final = self.output_processor.abort_request(request_id)
         self._leave_waiting(core_ids)
+        if self._stat_loggers:
+            self._stats.abort(core_ids, time.monotonic())
         if notify and final is not None:
             collector.put(final)
         self._gate.wake()  # it may be waiting for admission: let it see it was aborted
@@ -287,6 +318,7 @@ class AsyncEngine:
                 return
 
     async def _on_step(self, message: EngineCoreOutputs) -> None:
+        received = time.monotonic() if self._stat_loggers else 0.0
         self.last_scheduler_stats = message.scheduler_stats
         self._leave_waiting(message.admitted_request_ids)
         processed = self.output_processor.process_outputs(message.outputs)
@@ -300,6 +332,13 @@ class AsyncEngine:
         self._leave_waiting(finished_core_ids + processed.core_requests_to_abort)
         self._in_core.difference_update(finished_core_ids)
         self._in_core.difference_update(processed.core_requests_to_abort)
+        if self._stat_loggers and self._dead is None:
+            # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
+            # before any consumer wakes up to its outputs, so a finished request is already counted.
+            iteration_stats = self._stats.step(
+                message.outputs, received, stopped_in_frontend=processed.core_requests_to_abort
+            )
+            await self._record_stats(message.scheduler_stats, iteration_stats)
         if processed.core_requests_to_abort:
             await self._core.send(AbortRequests(request_ids=processed.core_requests_to_abort))
 
@@ -316,3 +355,96 @@ class AsyncEngine:
         for reply in self._calls.values():
             reply.fail(error)
         self._gate.fail(error)
+        self._stats.clear()
+
+    # -- stat loggers ----------------------------------------------------------------------------------
+
+    def add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
+        """Give every step's stats to `stat_logger` from now on, and call its `log()` periodically.
+
+        Requests already running when the first logger arrives are not counted. Safe to call from
+        any thread: from another one (`llm.engine.add_stat_logger(...)` with the blocking LLM) it
+        runs on the engine's event loop and returns once the logger is in place.
+        """
+        if not isinstance(stat_logger, StatLoggerBase):
+            raise TypeError(f"add_stat_logger needs a StatLoggerBase instance, got {stat_logger!r}")
+        if threading.get_ident() == self._loop_thread:
+            self._add_stat_logger(stat_logger)
+        else:
+            run_on_loop(self._add_stat_logger, stat_logger, token=self._loop_token)
+
+    @property
+    def stat_loggers(self) -> tuple[StatLoggerBase, ...]:
+        return self._stat_loggers
+
+    def _add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        self._stat_loggers = (*self._stat_loggers, stat_logger)
+        if not self._logging_stats and self._task_group is not None:
+            self._logging_stats = True
+            self._task_group.start_soon(self._log_stats_periodically)
+
+    async def _record_stats(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
+        async with self._stats_lock:
+            for stat_logger in self._stat_loggers:
+                if self._dead is not None:
+                    return
+                try:
+                    result = stat_logger.record(scheduler_stats, iteration_stats)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception as exc:
+                    await self._stat_logger_failed(stat_logger, "record", exc)
+                    return
+
+    async def _log_stats_periodically(self) -> None:
+        """Every `stats_log_interval` seconds: report aborts an idle engine has not reported yet,
+        then call each logger's `log()`. Runs in the engine's task group, so it ends with the engine."""
+        while self._dead is None:
+            await anyio.sleep(self.config.stats_log_interval)
+            pending = self._stats.take_pending()
+            if pending is not None and self._dead is None:
+                await self._record_stats(self.last_scheduler_stats, pending)
+            for stat_logger in self._stat_loggers:
+                if self._dead is not None:
+                    return
+                try:
+                    result = stat_logger.log()
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception as exc:
+                    await self._stat_logger_failed(stat_logger, "log", exc)
+                    return
+
+    async def _stat_logger_failed(self, stat_logger: StatLoggerBase, method: str, exc: Exception) -> None:
+        name = _qualified_name(type(stat_logger))
+        logger.error("stat logger %s raised in %s()", name, method, exc_info=exc)
+        error = EngineDeadError(f"stat logger {name} raised in {method}(): {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        self._die(error)
+        # Nobody waits for the requests in the engine core any more: free what they hold there.
+        in_core = list(self._in_core)
+        self._in_core.clear()
+        if in_core:
+            try:
+                await self._core.send(AbortRequests(request_ids=in_core))
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the engine core is gone as well
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _plugin_stat_loggers(classes: list[type], config: EngineConfig) -> list[StatLoggerBase]:
+    """One instance of each stat-logger plugin class, built as `cls(config)`."""
+    loggers = []
+    for cls in classes:
+        try:
+            loggers.append(cls(config))
+        except Exception as exc:
+            raise StartupError(
+                f"stat logger plugin {_qualified_name(cls)} raised when constructed: {type(exc).__name__}: {exc}"
+            ) from exc
+    return loggers

@@ -34,8 +34,9 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None, *,
-                add_generation_prompt: bool = True) -> str:
-    """The prompt text for a conversation, through the tokenizer's chat template or `chat_template`."""
+                add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+    """The prompt text for a conversation, through the tokenizer's chat template or `chat_template`;
+    `template_kwargs` (`tools`, a request's `chat_template_kwargs`) reach the template as variables."""
     if tokenizer is None:
         raise RequestError("chat needs a tokenizer, but the engine runs with skip_tokenizer_init", field="messages")
     template = chat_template or getattr(tokenizer, "chat_template", None)
@@ -53,7 +54,8 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
 
     try:
         return tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
         )
     except TemplateError as exc:
         raise RequestError(f"the chat template failed on these messages: {exc}", field="messages") from exc

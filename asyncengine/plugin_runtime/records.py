@@ -48,10 +48,24 @@ class PhaseFailure(StartupError):
         self.original = original
 
 
+_process_role: str | None = None
+
+
+def current_process_role() -> str:
+    """The role this process started as: "frontend", "engine core", "worker rank N" (a plugin may
+    record where its code runs). In-process, the frontend's process plays every role: "frontend"."""
+    if _process_role is None:
+        raise StartupError("no engine has started in this process yet, so it has no role")
+    return _process_role
+
+
 class StartupTrace:
     """The records of one process."""
 
     def __init__(self, role: str) -> None:
+        global _process_role
+        if _process_role is None:
+            _process_role = role
         self.role = role
         self.pid = os.getpid()
         self.records: list[StartupRecord] = []

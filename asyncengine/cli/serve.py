@@ -1,0 +1,40 @@
+"""`asyncengine serve [MODEL]`: the OpenAI-compatible HTTP server.
+
+Engine options are EngineConfig's flags, server options ServerConfig's (`--host`, `--port`,
+`--api-key`, `--tool-call-parser`, ...). The engine core runs in its own process unless
+`--in-process` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import trio
+
+from asyncengine.cli.args import add_engine_arguments, add_struct_arguments, engine_config_from_args, struct_values
+from asyncengine.server.config import ServerConfig, server_config_from_dict
+
+
+def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the OpenAI-compatible API over HTTP",
+        description="Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI API at http://HOST:PORT/v1.",
+    )
+    parser.add_argument("model", nargs="?", default=None, help="model directory or .gguf file")
+    parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"],
+                        help="default: info for serve (one line per request)")
+    add_struct_arguments(parser, ServerConfig, "server options (ServerConfig fields)")
+    add_engine_arguments(parser)
+    if platform is not None:
+        platform.pre_register_and_update(parser)
+    parser.set_defaults(handler=run, log_level_default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    values = {"in_process": False, **vars(args)}  # serve puts the engine core in its own process by default
+    engine_config = engine_config_from_args(argparse.Namespace(**values), model=args.model)
+    server_config = server_config_from_dict(struct_values(args, ServerConfig))
+    from asyncengine.server.run import serve
+
+    trio.run(serve, engine_config, server_config)
+    return 0

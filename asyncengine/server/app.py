@@ -1,0 +1,211 @@
+"""create_app(engine_client, config): the OpenAI-compatible API as a QuartTrio app.
+
+Embeddable: give it a started AsyncEngine and serve it with any ASGI server running on trio (the
+`asyncengine serve` command uses Hypercorn's trio worker). Endpoint plugins attach their routes here,
+before the built-in ones, so a clash is seen and named; their background tasks start in the app's
+task group when it starts serving. `--middleware` wraps the app (an ASGI middleware class) or the
+dispatch of each request (an async function `(request, call_next)`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from asyncengine.errors import StartupError
+from asyncengine.server import routes
+from asyncengine.server.common import ServingContext
+from asyncengine.server.config import ServerConfig
+from asyncengine.server.errors import ApiError
+from asyncengine.server.metrics import PrometheusStatLogger
+from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
+
+logger = logging.getLogger("asyncengine.server")
+
+
+class ApiApp(QuartTrio):
+    """QuartTrio with function middleware around each request's dispatch."""
+
+    http_middlewares: list[Callable[..., Awaitable[Any]]]
+
+    async def full_dispatch_request(self, request_context: Any = None) -> Any:
+        dispatch = super().full_dispatch_request
+        chain = lambda _request=None: dispatch(request_context)  # noqa: E731
+        for middleware in reversed(self.http_middlewares):
+            chain = _bind(middleware, chain)
+        return await chain(request)
+
+
+def _bind(middleware: Callable[..., Awaitable[Any]], call_next: Callable[..., Awaitable[Any]]):
+    async def run(_request: Any = None) -> Any:
+        return await middleware(request, call_next)
+
+    return run
+
+
+def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp:
+    """The API over `engine_client` (a started AsyncEngine). Raises StartupError when a parser, a
+    middleware or an endpoint plugin cannot be used, naming it."""
+    config = config or ServerConfig()
+    app = ApiApp("asyncengine.server")
+    app.config.update(MAX_CONTENT_LENGTH=config.max_request_body_bytes, RESPONSE_TIMEOUT=None,
+                      BACKGROUND_TASK_SHUTDOWN_TIMEOUT=config.shutdown_grace_period)
+    app.http_middlewares = []
+    model_config = engine_client.model_config
+    context = ServingContext(
+        engine=engine_client, model_name=model_config.served_model_name, max_model_len=model_config.max_model_len,
+        chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
+        tool_parser=_tool_parser(config), reasoning_parser=_reasoning_parser(config),
+    )
+    metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name)
+    engine_client.add_stat_logger(metrics)
+    app.extensions["asyncengine"] = {"context": context, "metrics": metrics, "server_config": config}
+
+    endpoint_plugins = list(getattr(engine_client.plugins, "endpoints", []))
+    plugin_routes = _attach_endpoint_plugins(app, endpoint_plugins)
+    routes.add_builtin_routes(app, context, metrics, skip=_overridden_builtins(plugin_routes))
+    _add_hooks(app, config)
+    _apply_middleware(app, config.middleware)
+
+    @app.before_serving
+    async def start_endpoint_plugins() -> None:
+        for plugin in endpoint_plugins:  # each one's background work, owned by the app's task group
+            await app.nursery.start(plugin.serve, engine_client)
+
+    return app
+
+
+# -- parsers ---------------------------------------------------------------------------------------------
+
+
+def _tool_parser(config: ServerConfig) -> type | None:
+    if config.tool_parser_plugin:
+        ToolParserManager.import_tool_parser(config.tool_parser_plugin)
+    return ToolParserManager.get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None
+
+
+def _reasoning_parser(config: ServerConfig) -> type | None:
+    if config.reasoning_parser_plugin:
+        ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)
+    return ReasoningParserManager.get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None
+
+
+# -- endpoint plugins ------------------------------------------------------------------------------------
+
+_IMPLICIT_METHODS = {"HEAD", "OPTIONS"}
+
+
+def _route_keys(app: ApiApp) -> list[tuple[str, str]]:
+    return [(rule.rule, method) for rule in app.url_map.iter_rules()
+            for method in sorted((rule.methods or set()) - _IMPLICIT_METHODS)]
+
+
+def _attach_endpoint_plugins(app: ApiApp, plugins: list[Any]) -> dict[tuple[str, str], Any]:
+    """Attach each plugin's routes (before the built-in ones exist); (rule, method) -> its plugin."""
+    owners: dict[tuple[str, str], Any] = {}
+    for plugin in plugins:
+        before = len(_route_keys(app))
+        try:
+            plugin.attach(app)
+        except Exception as exc:  # the plugin's own failure, named
+            raise StartupError(f"endpoint plugin {plugin.name!r} failed in attach(app): "
+                               f"{type(exc).__name__}: {exc}") from exc
+        for key in _route_keys(app)[before:]:  # werkzeug keeps rules in the order they were added
+            if key in owners:
+                raise StartupError(f"endpoint plugins {owners[key].name!r} and {plugin.name!r} both add the route "
+                                   f"{key[1]} {key[0]}: remove one of them from the allow-list (--plugins)")
+            owners[key] = plugin
+    return owners
+
+
+def _overridden_builtins(plugin_routes: dict[tuple[str, str], Any]) -> set[tuple[str, str]]:
+    """The built-in routes the plugins replace; a clash without `override` is a StartupError naming it."""
+    overridden = set()
+    for key in routes.builtin_route_keys():
+        plugin = plugin_routes.get(key)
+        if plugin is None:
+            continue
+        rule, method = key
+        if not getattr(plugin, "override", False):
+            raise StartupError(
+                f"endpoint plugin {plugin.name!r} adds the route {method} {rule}, which is a built-in route: "
+                "choose another path, or set override = True on the plugin to replace the built-in one"
+            )
+        overridden.add(key)
+    return overridden
+
+
+# -- auth, request ids, errors, the request log ------------------------------------------------------------
+
+
+def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
+    @app.before_request
+    async def identify_and_authenticate() -> Any:
+        g.request_id = request.headers.get("X-Request-Id") or secrets.token_hex(12)
+        g.started = time.perf_counter()
+        if config.api_key and request.path.startswith("/v1/") and not _authorized(config.api_key):
+            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                           type="authentication_error", code="invalid_api_key")
+        return None
+
+    @app.after_request
+    async def echo_request_id(response: Response) -> Response:
+        response.headers["X-Request-Id"] = getattr(g, "request_id", "")
+        logger.info("%s %s %s %s %.1f ms", request.method, request.path, response.status_code,
+                    getattr(g, "request_id", "-"), (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000)
+        return response
+
+    @app.errorhandler(ApiError)
+    async def api_error(error: ApiError) -> Response:
+        return Response(error.body(), status=error.status, content_type="application/json", headers=error.headers)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        kinds = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+        message = {413: f"the request body is larger than the limit of {config.max_request_body_bytes} bytes "
+                        "(--max-request-body-bytes)"}.get(status, error.description or error.name)
+        body = ApiError(status, message, type=kinds.get(status, "invalid_request_error"),
+                        code="request_too_large" if status == 413 else None).body()
+        return Response(body, status=status, content_type="application/json")
+
+    @app.errorhandler(Exception)
+    async def unexpected(error: Exception) -> Response:
+        # A bug of ours or of a plugin's route: logged with its traceback, answered in OpenAI's shape.
+        logger.exception("%s %s failed", request.method, request.path)
+        body = ApiError(500, f"internal error: {type(error).__name__}: {error}", type="internal_error").body()
+        return Response(body, status=500, content_type="application/json")
+
+
+def _authorized(api_key: str) -> bool:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+# -- middleware ------------------------------------------------------------------------------------------
+
+
+def _apply_middleware(app: ApiApp, paths: list[str]) -> None:
+    from asyncengine.models.registry import import_by_path
+
+    for path in paths:
+        try:
+            middleware = import_by_path(path, what="--middleware")
+        except Exception as exc:  # an import error of the user's module, named with the option
+            raise StartupError(f"--middleware {path!r} cannot be loaded: {exc}") from exc
+        if inspect.isclass(middleware):
+            app.asgi_app = middleware(app.asgi_app)  # ASGI middleware: wraps the whole app
+        elif inspect.iscoroutinefunction(middleware):
+            app.http_middlewares.append(middleware)
+        else:
+            raise StartupError(f"--middleware {path!r} is {type(middleware).__name__}: give an ASGI middleware "
+                               "class or an async function (request, call_next)")

@@ -1,0 +1,172 @@
+"""What the completion and chat routes share: sampling parameters from a request, the model check,
+request ids, token strings for logprobs, server-sent events, and taking a request's first output
+before the response starts (so that overload and bad input still get an HTTP status)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import anyio
+import msgspec
+
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.outputs import RequestOutput
+from asyncengine.sampling_params import SamplingParams
+from asyncengine.server.errors import ApiError, bad_request, from_engine_error
+from asyncengine.server.protocol import SamplingFields, Usage
+
+# Request fields passed to SamplingParams only when the client set them, so that the model's
+# generation_config.json supplies the defaults of the others (as vLLM does).
+_OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "min_tokens")
+
+
+@dataclass
+class ServingContext:
+    """What a route needs from the server: the engine and the names it answers to."""
+
+    engine: Any  # AsyncEngine (or anything with its request methods)
+    model_name: str
+    max_model_len: int
+    chat_template: str | None = None
+    tool_parser: type | None = None  # chosen by --tool-call-parser
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: type | None = None  # chosen by --reasoning-parser
+
+
+def check_model(context: ServingContext, model: str | None) -> None:
+    if model is not None and model != context.model_name:
+        raise ApiError(400, f"the model {model!r} does not exist; this server serves {context.model_name!r}",
+                       param="model", code="model_not_found")
+
+
+def check_supported(request: Any) -> None:
+    for param, message in request.unsupported():
+        raise bad_request(message, param=param, code="unsupported_parameter")
+
+
+def new_id(prefix: str, header_id: str | None) -> str:
+    return f"{prefix}-{header_id or secrets.token_hex(12)}"
+
+
+def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
+                    prompt_len: int, max_model_len: int) -> SamplingParams:
+    """SamplingParams for `request`; a bad value is a 400 naming its field."""
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"the prompt is {prompt_len} tokens long, but max_model_len is {max_model_len} and at least one token "
+            "must be generated: shorten the prompt", param="prompt", code="context_length_exceeded",
+        )
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise bad_request(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len} and "
+            f"max_tokens asks for {max_tokens} more: lower max_tokens or shorten the prompt",
+            param="max_tokens", code="context_length_exceeded",
+        )
+    values: dict[str, Any] = {
+        "n": request.n,
+        "ignore_eos": request.ignore_eos,
+        "skip_special_tokens": request.skip_special_tokens,
+        "include_stop_str_in_output": request.include_stop_str_in_output,
+        "max_tokens": max_tokens,
+    }
+    for name in _OPTIONAL_FIELDS:
+        value = getattr(request, name)
+        if value is not None:
+            values[name] = value
+    if request.stop is not None:
+        values["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+    if request.stop_token_ids is not None:
+        values["stop_token_ids"] = list(request.stop_token_ids)
+    if logprobs is not None:
+        values["logprobs"] = logprobs
+    try:
+        return SamplingParams(**values)
+    except RequestError as error:
+        raise from_engine_error(error) from error
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens)
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(error: Exception) -> bytes:
+    """A failure after the stream began (the status line is gone): an error event, then the stream ends."""
+    api_error = from_engine_error(error) if isinstance(error, (RequestError, EngineOverloadedError, EngineDeadError)) \
+        else ApiError(500, f"{type(error).__name__}: {error}", type="internal_error")
+    return b"data: " + api_error.body() + b"\n\n"
+
+
+class TokenText:
+    """Token id -> its text, for logprobs (cached: the same ids recur)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._decode = lru_cache(maxsize=65536)(self._decode_one)
+        self._tokenizer = tokenizer
+
+    def _decode_one(self, token_id: int) -> str:
+        if self._tokenizer is None:
+            return f"token_id:{token_id}"
+        return self._tokenizer.decode([token_id])
+
+    def __call__(self, token_id: int) -> str:
+        return self._decode(token_id)
+
+
+async def start_stream(outputs: AsyncGenerator[RequestOutput, None]) -> RequestOutput:
+    """The first output of a request, taken before any response byte is sent; on failure (or when the
+    client leaves meanwhile) the request is aborted and the error raised as an HTTP error."""
+    try:
+        return await outputs.__anext__()
+    except (RequestError, EngineOverloadedError, EngineDeadError) as error:
+        with anyio.CancelScope(shield=True):
+            await outputs.aclose()
+        raise from_engine_error(error) from error
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await outputs.aclose()
+        raise
+
+
+async def first_then_rest(first: RequestOutput, outputs: AsyncGenerator[RequestOutput, None]):
+    """Iterate a request's outputs again from the one `start_stream` took; closing it closes `outputs`
+    (which aborts the request if it has not finished)."""
+    try:
+        yield first
+        if first.finished:
+            return
+        async for output in outputs:
+            yield output
+    finally:
+        with anyio.CancelScope(shield=True):
+            await outputs.aclose()
+
+
+@contextmanager
+def engine_errors_as_http() -> Iterator[None]:
+    """Around a task group of requests: the first engine error among its failures, as an HTTP error."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, _ = group.split((RequestError, EngineOverloadedError, EngineDeadError))
+        if matched is None:
+            raise
+        first = matched
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise from_engine_error(first) from group
+    except (RequestError, EngineOverloadedError, EngineDeadError) as error:
+        raise from_engine_error(error) from error

@@ -1,0 +1,76 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, with the HTTP status.
+
+Every way a request can go wrong maps here: a body msgspec rejects (400, with the path of the bad
+field), an engine RequestError (400, with its field), an unknown model (400), a body over the limit
+(413), a missing or wrong API key (401), a saturated engine (503 with Retry-After), a dead engine (503).
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+
+RETRY_AFTER_SECONDS = 1
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return msgspec.json.encode(
+            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        )
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+# "Expected `int`, got `str` - at `$.max_tokens`" -> "max_tokens"; "$.messages[0].role" -> "messages[0].role"
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+
+
+def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """A body msgspec could not decode or validate, as a 400 naming the field."""
+    text = str(error)
+    if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
+        return bad_request(f"the request body is not valid JSON: {text}", code="invalid_json")
+    match = _PATH.search(text)
+    parent = match.group(1) if match else ""
+    missing = _MISSING.match(text)
+    if missing:
+        param = f"{parent}.{missing.group(1)}" if parent else missing.group(1)
+        return bad_request(f"missing required parameter {param!r}", param=param, code="missing_parameter")
+    unknown = _UNKNOWN.match(text)
+    if unknown:
+        param = f"{parent}.{unknown.group(1)}" if parent else unknown.group(1)
+        return bad_request(f"unsupported parameter {param!r}: this server does not know it", param=param,
+                           code="unsupported_parameter")
+    message = _PATH.sub("", text)
+    return bad_request(f"invalid value for {parent or 'the body'!r}: {message}" if parent else
+                       f"invalid request body: {message}", param=parent or None, code="invalid_value")
+
+
+def from_engine_error(error: Exception) -> ApiError:
+    """Engine errors a request can meet, as HTTP errors."""
+    if isinstance(error, RequestError):
+        return bad_request(error.message, param=error.field, code="invalid_value")
+    if isinstance(error, EngineOverloadedError):
+        return ApiError(503, str(error), type="service_unavailable", code="engine_overloaded",
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if isinstance(error, EngineDeadError):
+        return ApiError(503, f"the engine is not running: {error}", type="service_unavailable", code="engine_dead")
+    raise TypeError(f"not an engine error: {error!r}")  # a bug here, not a request problem

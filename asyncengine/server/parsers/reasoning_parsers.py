@@ -1,0 +1,132 @@
+"""Reasoning parsers: split a model's text into its reasoning and its answer (OpenAI-style
+`reasoning_content` and `content`), whole or while it streams.
+
+`ReasoningParserManager` maps a name (`--reasoning-parser NAME`) to a ReasoningParser class; plugins
+add to it with `@ReasoningParserManager.register_module("name")`, loaded with
+`--reasoning-parser-plugin`. The route makes one parser instance per request, so a parser may keep
+streaming state on itself.
+
+Built in: `think`, for models that reason inside `<think>...</think>` (DeepSeek-R1, Qwen3, QwQ, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncengine.registries.base import BUILT_IN
+from asyncengine.server.parsers.loading import ParserRegistry
+from asyncengine.server.parsers.tool_parsers import partial_tag_length
+from asyncengine.server.parsers.types import DeltaMessage
+
+
+class ReasoningParser:
+    """Base class of reasoning parsers. `tokenizer` may be None (a parser that needs one says so)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a complete output; None for a part that is absent or empty."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning")
+
+    def extract_reasoning_streaming(
+        self, previous_text: str, current_text: str, delta_text: str, request: Any
+    ) -> DeltaMessage | None:
+        """What to send for the newest delta; None means nothing yet (text is being held back)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning_streaming")
+
+
+class _ReasoningParserRegistry(ParserRegistry):
+    def __init__(self) -> None:
+        super().__init__(
+            "reasoning_parsers", "reasoning parser", base=ReasoningParser, field="reasoning_parser",
+            option="--reasoning-parser", plugin_option="--reasoning-parser-plugin",
+        )
+
+    def get_reasoning_parser(self, name: str) -> type[ReasoningParser]:
+        return self.resolve(name)
+
+    def import_reasoning_parser(self, plugin: str) -> Any:
+        return self.import_plugin(plugin)
+
+
+ReasoningParserManager = _ReasoningParserRegistry()
+
+
+# -- think ----------------------------------------------------------------------------------------
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
+class ThinkReasoningParser(ReasoningParser):
+    """Reasoning inside `<think>...</think>`, where the opening tag may be missing.
+
+    Many chat templates put `<think>` into the prompt, so the model's output starts inside the
+    reasoning and only `</think>` shows. Hence, for a complete output:
+    - `</think>` present: before it is reasoning (less a leading `<think>`), after it is content;
+    - only a leading `<think>`: all after it is reasoning, content None (the model never finished);
+    - no tag at all: all of it is content.
+    Only a `<think>` at the very start (whitespace aside) opens reasoning; elsewhere it is text.
+
+    Streaming sends text as reasoning until `</think>`, then as content, holding back what could be
+    the start of a tag and never sending the tags. It cannot know, while a tagless output streams,
+    that no `</think>` will come, so such an output streams as reasoning although extract_reasoning
+    calls it content. Text held back when the stream ends (a partial tag) is never sent.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self._position = 0  # how much of current_text is dealt with
+        self._mode = "start"  # "start" (an opening tag may come) | "reasoning" | "content"
+
+    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        head, closed, tail = model_output.partition(THINK_END)
+        if closed:
+            return self._without_opening_tag(head) or None, tail or None
+        if model_output.lstrip().startswith(THINK_START):
+            return self._without_opening_tag(model_output) or None, None
+        return None, model_output or None
+
+    @staticmethod
+    def _without_opening_tag(text: str) -> str:
+        stripped = text.lstrip()
+        return stripped[len(THINK_START):] if stripped.startswith(THINK_START) else text
+
+    def extract_reasoning_streaming(
+        self, previous_text: str, current_text: str, delta_text: str, request: Any
+    ) -> DeltaMessage | None:
+        # Work from current_text and our own position rather than delta_text, so held-back text and
+        # however the route splits deltas make no difference.
+        reasoning: list[str] = []
+        content: list[str] = []
+        while True:
+            rest = current_text[self._position:]
+            if self._mode == "start":
+                begun = rest.lstrip()
+                if not begun or (len(begun) < len(THINK_START) and THINK_START.startswith(begun)):
+                    break  # only whitespace, or the start of what may be an opening tag: wait
+                if begun.startswith(THINK_START):
+                    self._position += len(rest) - len(begun) + len(THINK_START)
+                self._mode = "reasoning"  # with or without the opening tag, reasoning comes first
+            elif self._mode == "reasoning":
+                end = rest.find(THINK_END)
+                if end == -1:
+                    sendable = len(rest) - partial_tag_length(rest, THINK_END)
+                    reasoning.append(rest[:sendable])
+                    self._position += sendable
+                    break
+                reasoning.append(rest[:end])
+                self._position += end + len(THINK_END)
+                self._mode = "content"
+            else:
+                content.append(rest)
+                self._position = len(current_text)
+                break
+        reasoning_text, content_text = "".join(reasoning), "".join(content)
+        if not reasoning_text and not content_text:
+            return None
+        return DeltaMessage(reasoning_content=reasoning_text or None, content=content_text or None)
+
+
+ReasoningParserManager.register("think", ThinkReasoningParser, owner=BUILT_IN)

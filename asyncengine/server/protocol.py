@@ -1,0 +1,244 @@
+"""The bodies of the OpenAI-compatible API as msgspec Structs.
+
+Requests forbid unknown fields: a parameter we do not know is a 400 naming it, never silently
+ignored. Parameters we know but do not implement (`echo`, `suffix`, `logit_bias`, a `response_format`
+other than text, ...) are declared so that a request that sets them gets a 400 saying so
+(see `unsupported()`). Fields that OpenAI's clients send in several shapes (`prompt`) are typed
+`Any` here and checked by hand, since a msgspec union may hold only one array type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from asyncengine.server.parsers.types import DeltaMessage, ToolCall
+
+# -- requests ------------------------------------------------------------------------------------------
+
+
+class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What completions and chat completions share: OpenAI's sampling parameters and vLLM's extras."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Known, not implemented: a request that sets them gets a 400 that says so.
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    prompt: Any = None  # str | list[str] | list[int] | list[list[int]], checked in serving_completions
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    add_special_tokens: bool = True
+    echo: bool = False
+    suffix: str | None = None
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        found = _unsupported_shared(self)
+        if self.echo:
+            found.append(("echo", "echo is not supported"))
+        if self.suffix:
+            found.append(("suffix", "suffix is not supported"))
+        return found
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    # Messages are taken as clients send them (an assistant message copied back from a response carries
+    # fields such as `refusal`); the template sees role, content, name, tool calls and tool call ids.
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    type: str = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        found = _unsupported_shared(self)
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            found.append(("response_format", f"response_format {self.response_format.get('type')!r} is not "
+                                             "supported (structured output does not exist yet); only 'text'"))
+        return found
+
+
+def _unsupported_shared(request: SamplingFields) -> list[tuple[str, str]]:
+    found = []
+    if request.logit_bias:
+        found.append(("logit_bias", "logit_bias is not supported"))
+    if request.best_of is not None and request.best_of != request.n:
+        found.append(("best_of", "best_of other than n is not supported"))
+    return found
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (the template adds them)
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    tokens: list[int]
+
+
+# -- responses -----------------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
+    text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    usage: Usage | None = None
+
+
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = msgspec.field(default_factory=list)
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprob] | None = None
+
+
+class ResponseMessage(msgspec.Struct, kw_only=True):
+    role: str = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: ResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    object: str = "chat.completion"
+    usage: Usage | None = None
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: str = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    max_model_len: int
+    object: str = "model"
+    owned_by: str = "asyncengine"
+    root: str | None = None
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    data: list[ModelCard]
+    object: str = "list"

@@ -1,0 +1,141 @@
+"""The built-in routes: the OpenAI API under /v1, and /tokenize, /detokenize, /health, /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from quart import Response, current_app, g, request
+
+from asyncengine.errors import RequestError
+from asyncengine.server.common import ServingContext, check_model
+from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
+from asyncengine.server.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest,
+)
+from asyncengine.server.serving_chat import create_chat_completion, message_dicts
+from asyncengine.server.serving_completions import create_completion
+
+# (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
+_BUILTIN: list[tuple[str, str, str]] = [
+    ("/v1/models", "GET", "models"),
+    ("/v1/completions", "POST", "completions"),
+    ("/v1/chat/completions", "POST", "chat_completions"),
+    ("/v1/startup", "GET", "startup"),
+    ("/tokenize", "POST", "tokenize"),
+    ("/detokenize", "POST", "detokenize"),
+    ("/health", "GET", "health"),
+    ("/metrics", "GET", "metrics"),
+    ("/version", "GET", "version"),
+]
+
+
+def builtin_route_keys() -> list[tuple[str, str]]:
+    return [(rule, method) for rule, method, _ in _BUILTIN]
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(value), status=status, content_type="application/json")
+
+
+def sse_response(events: AsyncIterator[bytes]) -> Response:
+    response = Response(events, content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    response.timeout = None  # a stream lasts as long as its generation
+    return response
+
+
+async def decode_body(struct: type) -> Any:
+    body = await request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
+    if not body:
+        raise bad_request("the request has no body: send a JSON object", code="invalid_json")
+    try:
+        return msgspec.json.decode(body, type=struct)
+    except msgspec.DecodeError as error:  # ValidationError is a DecodeError too
+        raise from_validation_error(error) from error
+
+
+def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip: set[tuple[str, str]]) -> None:
+    engine = context.engine
+    created = int(time.time())
+
+    async def models() -> Response:
+        card = ModelCard(id=context.model_name, created=created, max_model_len=context.max_model_len,
+                         root=engine.config.model)
+        return json_response(ModelList(data=[card]))
+
+    async def completions() -> Response:
+        body = await decode_body(CompletionRequest)
+        result = await create_completion(context, body, g.request_id, current_app.nursery)
+        return sse_response(result) if body.stream else json_response(result)
+
+    async def chat_completions() -> Response:
+        body = await decode_body(ChatCompletionRequest)
+        result = await create_chat_completion(context, body, g.request_id, current_app.nursery)
+        return sse_response(result) if body.stream else json_response(result)
+
+    async def startup() -> Response:
+        return json_response(engine.startup_report)
+
+    async def tokenize() -> Response:
+        body = await decode_body(TokenizeRequest)
+        check_model(context, body.model)
+        tokenizer = _tokenizer(engine)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("send exactly one of 'prompt' and 'messages'", param="prompt")
+        if body.prompt is not None:
+            tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+        else:
+            from asyncengine.frontend.tokenizer import render_chat
+
+            try:
+                text = render_chat(tokenizer, message_dicts(body.messages), context.chat_template,
+                                   add_generation_prompt=body.add_generation_prompt)
+            except RequestError as error:
+                raise from_engine_error(error) from error
+            tokens = tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
+        return json_response({"count": len(tokens), "max_model_len": context.max_model_len, "tokens": tokens})
+
+    async def detokenize() -> Response:
+        body = await decode_body(DetokenizeRequest)
+        check_model(context, body.model)
+        tokenizer = _tokenizer(engine)
+        vocab = engine.model_config.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens",
+                              code="invalid_value")
+        return json_response({"prompt": tokenizer.decode(body.tokens)})
+
+    async def health() -> Response:
+        if engine.dead_error is not None:
+            raise ApiError(503, f"the engine is dead: {engine.dead_error}", type="service_unavailable",
+                           code="engine_dead")
+        if not engine.is_running:
+            raise ApiError(503, "the server is shutting down", type="service_unavailable", code="shutting_down")
+        return Response("", status=200)
+
+    async def metrics_route() -> Response:
+        if engine.dead_error is None:
+            metrics.update_scheduler_stats(await engine.get_scheduler_stats())  # current even when idle
+        body, content_type = metrics.render()
+        return Response(body, status=200, content_type=content_type)
+
+    async def version() -> Response:
+        from asyncengine import __version__
+
+        return json_response({"version": __version__})
+
+    views = {"models": models, "completions": completions, "chat_completions": chat_completions,
+             "startup": startup, "tokenize": tokenize, "detokenize": detokenize, "health": health,
+             "metrics": metrics_route, "version": version}
+    for rule, method, name in _BUILTIN:
+        if (rule, method) not in skip:
+            app.add_url_rule(rule, name, views[name], methods=[method])
+
+
+def _tokenizer(engine: Any) -> Any:
+    if engine.tokenizer is None:
+        raise bad_request("this server runs with skip_tokenizer_init: there is no tokenizer", code="no_tokenizer")
+    return engine.tokenizer

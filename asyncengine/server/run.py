@@ -1,0 +1,67 @@
+"""Serving the app: the engine and Hypercorn's trio worker in one task group, with graceful shutdown.
+
+On SIGINT or SIGTERM: Hypercorn stops accepting connections, the engine stops admitting requests,
+running requests (streams included) get `shutdown_grace_period` seconds to finish, what remains is
+aborted, and the process exits 0. A second signal cuts the grace period short.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from functools import partial
+
+import anyio
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.frontend.async_engine import AsyncEngine
+from asyncengine.server.app import create_app
+from asyncengine.server.config import ServerConfig
+
+logger = logging.getLogger("asyncengine.server")
+
+
+async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Start the engine, serve the API until a signal, then shut down gracefully."""
+    async with AsyncEngine.start(engine_config) as engine:
+        app = create_app(engine, server_config)
+        config = HypercornConfig()
+        config.bind = [f"{server_config.host}:{server_config.port}"]
+        config.graceful_timeout = server_config.shutdown_grace_period + 1.0
+        config.accesslog = None  # the app logs one line per request itself
+        config.errorlog = logging.getLogger("hypercorn.error")  # through logging only, not also to stderr
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signals, engine, stop, server_config.shutdown_grace_period)
+            binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
+            # The address a user (or a test with port 0) connects to, on stdout where scripts look for it.
+            print(f"asyncengine: serving {engine.model_config.served_model_name} on {', '.join(binds)}", flush=True)
+            task_status.started(binds)
+            # Hypercorn returns once stopped and its connections are done; the signal task then ends too.
+        logger.info("server stopped")
+
+
+async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: float) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for received in signals:
+            print(f"asyncengine: {signal.Signals(received).name} received: no new connections; running requests "
+                  f"have {grace_period:g} s to finish", file=sys.stderr, flush=True)
+            stop.set()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cut_short_on_second_signal, signals, tg.cancel_scope)
+                await engine.shutdown(grace_period)
+                tg.cancel_scope.cancel()
+            return
+
+
+async def _cut_short_on_second_signal(signals, scope: anyio.CancelScope) -> None:
+    async for received in signals:
+        print(f"asyncengine: {signal.Signals(received).name} received again: aborting running requests now",
+              file=sys.stderr, flush=True)
+        scope.cancel()
+        return

@@ -1,0 +1,298 @@
+"""POST /v1/chat/completions: the conversation through the chat template, one engine request with
+`n` completions, reasoning and tool calls split out of the text by the configured parsers.
+
+Parsers run per choice, on the text as it grows: the reasoning parser first (it separates
+`reasoning_content` from content), then the tool parser on the content. Each choice has parser
+instances of its own, since streaming parsers keep state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.frontend.output_processor import OutputKind
+from asyncengine.frontend.tokenizer import render_chat
+from asyncengine.outputs import CompletionOutput
+from asyncengine.server.common import (
+    SSE_DONE, ServingContext, TokenText, check_model, check_supported, engine_errors_as_http, first_then_rest, new_id,
+    sampling_params, sse, sse_error, start_stream, usage,
+)
+from asyncengine.server.errors import bad_request, from_engine_error
+from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall
+from asyncengine.server.protocol import (
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
+    ChatMessage, ResponseMessage, TokenLogprob, TopLogprob,
+)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them; content parts other than text are refused."""
+    result = []
+    for index, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for part_index, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"content part type {part.type!r} is not supported (only 'text')",
+                                      param=f"messages[{index}].content[{part_index}].type",
+                                      code="unsupported_parameter")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        entry: dict[str, Any] = {"role": message.role, "content": content}
+        for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+            value = getattr(message, name)
+            if value is not None:
+                entry[name] = value
+        result.append(entry)
+    return result
+
+
+def _tools_active(context: ServingContext, request: ChatCompletionRequest) -> bool:
+    choice = request.tool_choice
+    if choice not in (None, "auto", "none"):
+        raise bad_request(f"tool_choice {choice!r} is not supported: only 'auto' and 'none' (forcing a tool needs "
+                          "structured output, which does not exist yet)", param="tool_choice",
+                          code="unsupported_parameter")
+    if not request.tools or choice == "none":
+        return False
+    if not (context.enable_auto_tool_choice and context.tool_parser is not None):
+        raise bad_request("tools with tool_choice 'auto' need the server started with --enable-auto-tool-choice "
+                          "and --tool-call-parser NAME", param="tools", code="unsupported_parameter")
+    return True
+
+
+async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
+                                 task_group: Any) -> ChatCompletionResponse | AsyncIterator[bytes]:
+    check_model(context, request.model)
+    check_supported(request)
+    engine = context.engine
+    tools_active = _tools_active(context, request)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
+    template_kwargs = dict(request.chat_template_kwargs or {})
+    if request.tools:
+        template_kwargs["tools"] = [msgspec.to_builtins(tool) for tool in request.tools]
+    try:
+        text = render_chat(engine.tokenizer, message_dicts(request.messages), context.chat_template,
+                           add_generation_prompt=request.add_generation_prompt, **template_kwargs)
+    except RequestError as error:
+        raise from_engine_error(error) from error
+    token_ids = engine.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+    max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs, prompt_len=len(token_ids),
+                             max_model_len=context.max_model_len)
+    response_id = new_id("chatcmpl", header_id)
+    try:
+        processed = engine.process_request({"prompt": text, "prompt_token_ids": token_ids}, params,
+                                           header_id or response_id)
+    except (RequestError, EngineDeadError) as error:
+        raise from_engine_error(error) from error
+    shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer))
+    if request.stream:
+        outputs = engine.submit(processed, OutputKind.DELTA, nowait=True)
+        first = await start_stream(outputs)
+        return shaper.events(first_then_rest(first, outputs))
+    final = None
+    with engine_errors_as_http():
+        async for output in engine.submit(processed, OutputKind.FINAL_ONLY, nowait=True):
+            final = output
+    choices = [shaper.choice(c) for c in final.outputs]
+    completion_tokens = sum(len(c.token_ids) for c in final.outputs)
+    return ChatCompletionResponse(id=response_id, created=shaper.created, model=context.model_name, choices=choices,
+                                  usage=usage(len(final.prompt_token_ids), completion_tokens))
+
+
+@dataclass
+class _ChoiceState:
+    """One choice of a stream: the text so far and its parsers' state."""
+
+    reasoning: Any = None
+    tools: Any = None
+    text: str = ""
+    content: str = ""
+    role_sent: bool = False
+    tool_called: bool = False
+    # What the stream has sent, to send at the end what a parser still held back (see `_flush`).
+    reasoning_sent: str = ""
+    content_sent: str = ""
+    tool_calls_sent: int = 0
+
+
+class _ChatShaper:
+    def __init__(self, context: ServingContext, request: ChatCompletionRequest, response_id: str, tools_active: bool,
+                 token_text: TokenText) -> None:
+        self.context = context
+        self.request = request
+        self.id = response_id
+        self.created = int(time.time())
+        self.tools_active = tools_active
+        self.token_text = token_text
+        self.top_logprobs = request.top_logprobs or 0
+        self.states: dict[int, _ChoiceState] = {}
+
+    def _parsers(self) -> tuple[Any, Any]:
+        tokenizer = self.context.engine.tokenizer
+        reasoning = self.context.reasoning_parser(tokenizer) if self.context.reasoning_parser else None
+        tools = self.context.tool_parser(tokenizer) if self.tools_active else None
+        return reasoning, tools
+
+    # -- whole responses -------------------------------------------------------------------------------
+
+    def choice(self, completion: CompletionOutput) -> ChatChoice:
+        reasoning_parser, tool_parser = self._parsers()
+        reasoning, content = (reasoning_parser.extract_reasoning(completion.text, self.request)
+                              if reasoning_parser else (None, completion.text))
+        tool_calls = []
+        if tool_parser is not None and content is not None:
+            extracted = tool_parser.extract_tool_calls(content, self.request)
+            if extracted.tools_called:
+                tool_calls, content = extracted.tool_calls, extracted.content
+        finish_reason = completion.finish_reason
+        if tool_calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return ChatChoice(
+            index=completion.index,
+            message=ResponseMessage(content=content, reasoning_content=reasoning, tool_calls=tool_calls),
+            logprobs=self._logprobs(completion), finish_reason=finish_reason, stop_reason=completion.stop_reason,
+        )
+
+    def _logprobs(self, completion: CompletionOutput) -> ChatLogprobs | None:
+        if not self.request.logprobs:
+            return None
+        content = []
+        for token_id, ranked in zip(completion.token_ids, completion.logprobs or []):
+            token = self.token_text(token_id)
+            best = sorted(ranked.items(), key=lambda item: -item[1])[: self.top_logprobs]
+            content.append(TokenLogprob(
+                token=token, logprob=ranked.get(token_id, float("-inf")), bytes=list(token.encode()),
+                top_logprobs=[TopLogprob(token=(t := self.token_text(i)), logprob=lp, bytes=list(t.encode()))
+                              for i, lp in best],
+            ))
+        return ChatLogprobs(content=content)
+
+    # -- streams ---------------------------------------------------------------------------------------
+
+    async def events(self, outputs: Any) -> AsyncIterator[bytes]:
+        request = self.request
+        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        prompt_tokens = completion_tokens = 0
+        try:
+            async for output in outputs:
+                prompt_tokens = len(output.prompt_token_ids)
+                for completion in output.outputs:
+                    completion_tokens += len(completion.token_ids)
+                    for chunk in self._chunks(completion):
+                        yield sse(chunk)
+            if include_usage:
+                yield sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.context.model_name,
+                                              choices=[], usage=usage(prompt_tokens, completion_tokens)))
+            yield SSE_DONE
+        except (RequestError, EngineOverloadedError, EngineDeadError) as error:
+            yield sse_error(error)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await outputs.aclose()  # the client left early: abort the request
+
+    def _chunks(self, completion: CompletionOutput) -> list[ChatCompletionChunk]:
+        state = self.states.get(completion.index)
+        if state is None:
+            state = self.states[completion.index] = _ChoiceState(*self._parsers())
+        chunks = []
+        if not state.role_sent:
+            state.role_sent = True
+            chunks.append(self._chunk(completion.index, DeltaMessage(role="assistant", content="")))
+        delta = _count_sent(state, self._delta(state, completion.text) if completion.text else None)
+        if completion.finish_reason is not None and (state.reasoning is not None or state.tools is not None):
+            delta = _merge(delta, _count_sent(state, self._flush(state)))
+        logprobs = self._logprobs(completion) if completion.token_ids else None
+        finish_reason = completion.finish_reason
+        if finish_reason == "stop" and state.tool_called:
+            finish_reason = "tool_calls"
+        if delta is not None or logprobs is not None or finish_reason is not None:
+            chunks.append(self._chunk(completion.index, delta or DeltaMessage(), logprobs, finish_reason,
+                                      completion.stop_reason if finish_reason else None))
+        return chunks
+
+    def _delta(self, state: _ChoiceState, delta_text: str) -> DeltaMessage | None:
+        previous, state.text = state.text, state.text + delta_text
+        if state.reasoning is not None:
+            delta = state.reasoning.extract_reasoning_streaming(previous, state.text, delta_text, self.request)
+        else:
+            delta = DeltaMessage(content=delta_text)
+        if delta is None or state.tools is None or not delta.content:
+            return delta
+        content_before, state.content = state.content, state.content + delta.content
+        tool_delta = state.tools.extract_tool_calls_streaming(content_before, state.content, delta.content,
+                                                              self.request)
+        if tool_delta is not None and tool_delta.tool_calls:
+            state.tool_called = True
+        if delta.reasoning_content is None and tool_delta is None:
+            return None
+        return DeltaMessage(reasoning_content=delta.reasoning_content,
+                            content=tool_delta.content if tool_delta else None,
+                            tool_calls=tool_delta.tool_calls if tool_delta else None)
+
+    def _flush(self, state: _ChoiceState) -> DeltaMessage | None:
+        """At the end of a choice: what the whole text parses to, minus what the stream already sent.
+        Streaming parsers hold back text that might begin a tag; with no more text coming, it is due."""
+        reasoning_parser, tool_parser = self._parsers()
+        reasoning, content = (reasoning_parser.extract_reasoning(state.text, self.request)
+                              if reasoning_parser else (None, state.text))
+        tool_calls = []
+        if tool_parser is not None and content is not None:
+            extracted = tool_parser.extract_tool_calls(content, self.request)
+            if extracted.tools_called:
+                tool_calls, content = extracted.tool_calls, extracted.content
+        rest_reasoning = _rest(reasoning, state.reasoning_sent)
+        rest_content = _rest(content, state.content_sent)
+        missing = [DeltaToolCall(index=index, id=call.id, type=call.type,
+                                 function=DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments))
+                   for index, call in enumerate(tool_calls) if index >= state.tool_calls_sent]
+        if missing:
+            state.tool_called = True
+        if not (rest_reasoning or rest_content or missing):
+            return None
+        return DeltaMessage(reasoning_content=rest_reasoning, content=rest_content, tool_calls=missing or None)
+
+    def _chunk(self, index: int, delta: DeltaMessage, logprobs: ChatLogprobs | None = None,
+               finish_reason: str | None = None, stop_reason: Any = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.context.model_name,
+            choices=[ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                                     stop_reason=stop_reason)],
+        )
+
+
+def _count_sent(state: _ChoiceState, delta: DeltaMessage | None) -> DeltaMessage | None:
+    if delta is not None:
+        state.reasoning_sent += delta.reasoning_content or ""
+        state.content_sent += delta.content or ""
+        state.tool_calls_sent += len(delta.tool_calls or [])
+    return delta
+
+
+def _rest(full: str | None, sent: str) -> str | None:
+    """The part of `full` not sent yet, when what was sent is its beginning (else nothing: never resend)."""
+    if not full or not full.startswith(sent) or len(full) == len(sent):
+        return None
+    return full[len(sent):]
+
+
+def _merge(first: DeltaMessage | None, second: DeltaMessage | None) -> DeltaMessage | None:
+    if first is None or second is None:
+        return first or second
+    def join(a, b):
+        return a + b if a is not None and b is not None else (a if b is None else b)
+    return DeltaMessage(role=first.role or second.role,
+                        reasoning_content=join(first.reasoning_content, second.reasoning_content),
+                        content=join(first.content, second.content),
+                        tool_calls=(first.tool_calls or []) + (second.tool_calls or []) or None)

@@ -1,0 +1,227 @@
+"""POST /v1/completions: one engine request per prompt, each with `n` completions.
+
+Choice `index` is `prompt_index * n + completion_index`, as OpenAI numbers them. Without `stream` the
+prompts run concurrently and the response comes when all have finished. With `stream`, each output
+becomes an event as it comes; several prompts stream through one channel fed by a task per prompt,
+owned by the server's task group and cancelled (aborting its request) when the client goes away.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import anyio
+
+from asyncengine.frontend.output_processor import OutputKind
+from asyncengine.outputs import CompletionOutput, RequestOutput
+from asyncengine.server.common import (
+    SSE_DONE, ServingContext, TokenText, check_model, check_supported, engine_errors_as_http, first_then_rest, new_id,
+    sampling_params, sse, sse_error, start_stream, usage,
+)
+from asyncengine.server.errors import bad_request, from_engine_error
+from asyncengine.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+
+
+def prompts_of(request: CompletionRequest) -> list[str | list[int]]:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(_is_token_id(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of lists of token "
+                      f"ids; got {type(prompt).__name__}" + (" (empty)" if prompt in ([], "") else ""),
+                      param="prompt", code="invalid_value")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+async def create_completion(context: ServingContext, request: CompletionRequest, header_id: str | None,
+                            task_group: Any) -> CompletionResponse | AsyncIterator[bytes]:
+    check_model(context, request.model)
+    check_supported(request)
+    engine = context.engine
+    response_id = new_id("cmpl", header_id)
+    tokenizer = engine.tokenizer
+    submissions = []
+    for index, prompt in enumerate(prompts_of(request)):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise bad_request("text prompts need a tokenizer, but the server runs with skip_tokenizer_init: send "
+                                  "token ids", param="prompt")
+            engine_prompt = {"prompt": prompt,
+                             "prompt_token_ids": tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)}
+        else:
+            engine_prompt = {"prompt_token_ids": prompt}
+        params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
+                                 prompt_len=len(engine_prompt["prompt_token_ids"]), max_model_len=context.max_model_len)
+        request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
+        try:
+            submissions.append(engine.process_request(engine_prompt, params, request_id))
+        except (RequestError, EngineDeadError) as error:
+            raise from_engine_error(error) from error
+    shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
+    if request.stream:
+        return await _stream(engine, submissions, shaper, request, task_group)
+    finals: list[RequestOutput | None] = [None] * len(submissions)
+
+    async def run(index: int) -> None:
+        async for output in engine.submit(submissions[index], OutputKind.FINAL_ONLY, nowait=True):
+            finals[index] = output
+
+    with engine_errors_as_http():
+        async with anyio.create_task_group() as tg:
+            for index in range(len(submissions)):
+                tg.start_soon(run, index)
+    return shaper.response(finals)
+
+
+class _Shaper:
+    """Engine outputs -> OpenAI's completion objects."""
+
+    def __init__(self, context: ServingContext, response_id: str, request: CompletionRequest,
+                 token_text: TokenText) -> None:
+        self.id = response_id
+        self.created = int(time.time())
+        self.model = context.model_name
+        self.n = request.n
+        self.want_logprobs = request.logprobs is not None
+        self.token_text = token_text
+        self.offsets: dict[int, int] = {}  # choice index -> text offset so far (streams)
+
+    def choice(self, prompt_index: int, completion: CompletionOutput) -> CompletionChoice:
+        index = prompt_index * self.n + completion.index
+        logprobs = None
+        if self.want_logprobs:
+            logprobs = self._logprobs(index, completion)
+        return CompletionChoice(index=index, text=completion.text, logprobs=logprobs,
+                                finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+
+    def _logprobs(self, index: int, completion: CompletionOutput) -> CompletionLogprobs:
+        result = CompletionLogprobs()
+        offset = self.offsets.get(index, 0)
+        for token_id, ranked in zip(completion.token_ids, completion.logprobs or []):
+            text = self.token_text(token_id)
+            result.tokens.append(text)
+            result.token_logprobs.append(ranked.get(token_id))
+            result.top_logprobs.append({self.token_text(t): lp for t, lp in ranked.items()})
+            result.text_offset.append(offset)
+            offset += len(text)
+        self.offsets[index] = offset
+        return result
+
+    def response(self, finals: list[RequestOutput | None]) -> CompletionResponse:
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for prompt_index, output in enumerate(finals):
+            if output is None:
+                continue  # cannot happen: every task ran to its final output or raised
+            prompt_tokens += len(output.prompt_token_ids)
+            for completion in output.outputs:
+                completion_tokens += len(completion.token_ids)
+                choices.append(self.choice(prompt_index, completion))
+        choices.sort(key=lambda c: c.index)
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
+                                  usage=usage(prompt_tokens, completion_tokens))
+
+    def chunk(self, prompt_index: int, output: RequestOutput) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=[self.choice(prompt_index, c) for c in output.outputs])
+
+
+async def _stream(engine: Any, submissions: list, shaper: _Shaper, request: CompletionRequest,
+                  task_group: Any) -> AsyncIterator[bytes]:
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    if len(submissions) == 1:
+        outputs = engine.submit(submissions[0], OutputKind.DELTA, nowait=True)
+        first = await start_stream(outputs)  # errors before the first byte are HTTP errors
+        tagged = _tag(0, first_then_rest(first, outputs))
+    else:
+        tagged = await _fan_in(engine, submissions, task_group)
+    return _events(tagged, shaper, include_usage, num_prompts=len(submissions))
+
+
+async def _tag(prompt_index: int, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    try:
+        async for output in outputs:
+            yield prompt_index, output
+    finally:
+        with anyio.CancelScope(shield=True):
+            await outputs.aclose()  # `async for` leaves an inner generator open: close it, aborting the request
+
+
+async def _events(tagged: AsyncGenerator[tuple[int, RequestOutput], None], shaper: _Shaper, include_usage: bool,
+                  *, num_prompts: int) -> AsyncIterator[bytes]:
+    prompt_tokens: dict[int, int] = {}
+    completion_tokens = 0
+    try:
+        async for prompt_index, output in tagged:
+            prompt_tokens[prompt_index] = len(output.prompt_token_ids)
+            completion_tokens += sum(len(c.token_ids) for c in output.outputs)
+            chunk = shaper.chunk(prompt_index, output)
+            if chunk.choices:
+                yield sse(chunk)
+        if include_usage:
+            yield sse(CompletionResponse(id=shaper.id, created=shaper.created, model=shaper.model, choices=[],
+                                         usage=usage(sum(prompt_tokens.values()), completion_tokens)))
+        yield SSE_DONE
+    except (RequestError, EngineOverloadedError, EngineDeadError) as error:
+        yield sse_error(error)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await tagged.aclose()  # the client left early: abort what still runs
+
+
+async def _fan_in(engine: Any, submissions: list, task_group: Any) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """Several prompts' outputs through one channel. Each prompt's task belongs to the server's task group;
+    the returned generator cancels them all when it is closed, which aborts their requests."""
+    send, receive = anyio.create_memory_object_stream[tuple[int, Any]](len(submissions) * 4)
+    scopes = [anyio.CancelScope() for _ in submissions]
+    started: list[anyio.Event] = [anyio.Event() for _ in submissions]
+    failures: list[BaseException] = []
+
+    async def produce(index: int) -> None:
+        with scopes[index]:
+            try:
+                async for output in engine.submit(submissions[index], OutputKind.DELTA, nowait=True):
+                    started[index].set()
+                    await send.send((index, output))
+            except (RequestError, EngineOverloadedError, EngineDeadError) as error:
+                failures.append(error)
+                await send.send((index, error))
+            finally:
+                started[index].set()
+
+    for index in range(len(submissions)):
+        task_group.start_soon(produce, index)
+    for event in started:  # every prompt admitted and produced its first output, or one failed
+        await event.wait()
+        if failures:
+            for scope in scopes:
+                scope.cancel()
+            raise from_engine_error(failures[0])
+    return _drain(receive, scopes, len(submissions))
+
+
+async def _drain(receive: Any, scopes: list[anyio.CancelScope], count: int) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    finished = 0
+    try:
+        async with receive:
+            while finished < count:
+                index, item = await receive.receive()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    finished += 1
+                yield index, item
+    finally:
+        for scope in scopes:
+            scope.cancel()

@@ -1,0 +1,118 @@
+"""Malformed and invalid requests: each gets the documented 4xx in OpenAI's error shape, naming the
+parameter, and the server serves a valid request right after every one of them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+
+import pytest
+
+from support.server import API_KEY, MODEL_NAME
+
+pytestmark = pytest.mark.slow
+
+AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def send(server, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
+    url = urllib.parse.urlsplit(server.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    try:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        connection.request(method, path, body=data, headers=AUTH if headers is None else headers)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def completion(**fields) -> dict:
+    return {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2, **fields}
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL_NAME, "messages": CHAT, "max_tokens": 2, **fields}
+
+
+LONG_PROMPT = "word " * 9000  # more tokens than the model's 8192
+
+# (name, method, path, body, headers or None for the valid key, status, param, words the message must hold)
+CASES = [
+    ("broken JSON", "POST", "/v1/completions", b'{"prompt": "Hi",', None, 400, None, "not valid JSON"),
+    ("not an object", "POST", "/v1/completions", b'["Hi"]', None, 400, None, "Expected `object`"),
+    ("empty body", "POST", "/v1/completions", b"", None, 400, None, "no body"),
+    ("max_tokens of the wrong type", "POST", "/v1/completions", completion(max_tokens="ten"), None, 400,
+     "max_tokens", "Expected `int | null`"),
+    ("negative max_tokens", "POST", "/v1/completions", completion(max_tokens=-5), None, 400, "max_tokens",
+     "at least 1"),
+    ("negative temperature", "POST", "/v1/completions", completion(temperature=-1), None, 400, "temperature",
+     "temperature"),
+    ("top_p out of range", "POST", "/v1/completions", completion(top_p=1.5), None, 400, "top_p", "top_p"),
+    ("n of zero", "POST", "/v1/completions", completion(n=0), None, 400, "n", "n must be"),
+    ("too many logprobs", "POST", "/v1/completions", completion(logprobs=50), None, 400, "logprobs", "logprobs"),
+    ("prompt over the context", "POST", "/v1/completions", completion(prompt=LONG_PROMPT), None, 400, "prompt",
+     "max_model_len"),
+    ("max_tokens past the context", "POST", "/v1/completions", completion(max_tokens=9000), None, 400, "max_tokens",
+     "maximum context length"),
+    ("prompt of the wrong shape", "POST", "/v1/completions", completion(prompt=[1, "a"]), None, 400, "prompt",
+     "prompt must be"),
+    ("token id outside the vocabulary", "POST", "/v1/completions", completion(prompt=[1, 10**9]), None, 400,
+     "prompt_token_ids", "outside the vocabulary"),
+    ("unknown model", "POST", "/v1/completions", completion(model="gpt-4"), None, 400, "model", "does not exist"),
+    ("unknown parameter", "POST", "/v1/completions", completion(frobnicate=True), None, 400, "frobnicate",
+     "unsupported parameter"),
+    ("unsupported parameter: echo", "POST", "/v1/completions", completion(echo=True), None, 400, "echo",
+     "not supported"),
+    ("unsupported parameter: logit_bias", "POST", "/v1/completions", completion(logit_bias={"5": 1}), None, 400,
+     "logit_bias", "not supported"),
+    ("missing messages", "POST", "/v1/chat/completions", {"model": MODEL_NAME}, None, 400, "messages",
+     "missing required"),
+    ("a message without a role", "POST", "/v1/chat/completions", chat(messages=[{"content": "x"}]), None, 400,
+     "messages[0].role", "missing required"),
+    ("an image content part", "POST", "/v1/chat/completions",
+     chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), None, 400,
+     "messages[0].content[0].type", "not supported"),
+    ("structured output", "POST", "/v1/chat/completions", chat(response_format={"type": "json_object"}), None, 400,
+     "response_format", "not supported"),
+    ("tools without a tool parser", "POST", "/v1/chat/completions",
+     chat(tools=[{"type": "function", "function": {"name": "f"}}]), None, 400, "tools", "--enable-auto-tool-choice"),
+    ("top_logprobs without logprobs", "POST", "/v1/chat/completions", chat(top_logprobs=2), None, 400,
+     "top_logprobs", "needs logprobs"),
+    ("stream_options of the wrong type", "POST", "/v1/chat/completions", chat(stream=True, stream_options=5), None,
+     400, "stream_options", "Expected"),
+    ("missing API key", "POST", "/v1/completions", completion(), {"Content-Type": "application/json"}, 401, None,
+     "API key"),
+    ("wrong API key", "POST", "/v1/completions", completion(),
+     {"Authorization": "Bearer nope", "Content-Type": "application/json"}, 401, None, "API key"),
+    ("oversized body", "POST", "/v1/completions", completion(prompt="a" * (3 * 2**20)), None, 413, None,
+     "larger than the limit"),
+    ("unknown route", "GET", "/v1/engines", None, None, 404, None, "not found"),
+    ("wrong method", "GET", "/v1/completions", None, None, 405, None, "not allowed"),
+    ("detokenize outside the vocabulary", "POST", "/detokenize", {"tokens": [10**9]}, None, 400, "tokens",
+     "outside the vocabulary"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_bad_request_gets_its_error_and_the_server_goes_on(smol_server, case):
+    _, method, path, body, headers, status, param, words = case
+    got_status, got_headers, raw = send(smol_server, method, path, body, headers)
+    assert got_status == status, raw
+    error = json.loads(raw)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    assert words.lower() in error["message"].lower(), error["message"]
+    assert got_headers["content-type"] == "application/json"
+    # ... and a valid request right after it is served.
+    ok_status, _, ok_raw = send(smol_server, "POST", "/v1/completions", completion(temperature=0))
+    assert ok_status == 200, ok_raw
+    assert json.loads(ok_raw)["usage"]["completion_tokens"] == 2
+
+
+def test_routes_outside_v1_need_no_key_but_v1_does(smol_server):
+    assert send(smol_server, "GET", "/health", headers={})[0] == 200
+    assert send(smol_server, "GET", "/metrics", headers={})[0] == 200
+    assert send(smol_server, "GET", "/v1/models", headers={})[0] == 401
