@@ -25,7 +25,7 @@ from asyncengine.server.common import (
     sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.errors import bad_request, from_engine_error
-from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall
+from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
 from asyncengine.server.protocol import (
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
     ChatMessage, ResponseMessage, TokenLogprob, TopLogprob,
@@ -147,15 +147,20 @@ class _ChatShaper:
 
     # -- whole responses -------------------------------------------------------------------------------
 
-    def choice(self, completion: CompletionOutput) -> ChatChoice:
+    def _parse_whole(self, text: str) -> tuple[str | None, str | None, list[ToolCall]]:
+        """A choice's whole text -> (reasoning, content, tool calls), through the configured parsers."""
         reasoning_parser, tool_parser = self._parsers()
-        reasoning, content = (reasoning_parser.extract_reasoning(completion.text, self.request)
-                              if reasoning_parser else (None, completion.text))
-        tool_calls = []
+        reasoning, content = (reasoning_parser.extract_reasoning(text, self.request)
+                              if reasoning_parser else (None, text))
+        tool_calls: list[ToolCall] = []
         if tool_parser is not None and content is not None:
             extracted = tool_parser.extract_tool_calls(content, self.request)
             if extracted.tools_called:
                 tool_calls, content = extracted.tool_calls, extracted.content
+        return reasoning, content, tool_calls
+
+    def choice(self, completion: CompletionOutput) -> ChatChoice:
+        reasoning, content, tool_calls = self._parse_whole(completion.text)
         finish_reason = completion.finish_reason
         if tool_calls and finish_reason == "stop":
             finish_reason = "tool_calls"
@@ -244,14 +249,7 @@ class _ChatShaper:
     def _flush(self, state: _ChoiceState) -> DeltaMessage | None:
         """At the end of a choice: what the whole text parses to, minus what the stream already sent.
         Streaming parsers hold back text that might begin a tag; with no more text coming, it is due."""
-        reasoning_parser, tool_parser = self._parsers()
-        reasoning, content = (reasoning_parser.extract_reasoning(state.text, self.request)
-                              if reasoning_parser else (None, state.text))
-        tool_calls = []
-        if tool_parser is not None and content is not None:
-            extracted = tool_parser.extract_tool_calls(content, self.request)
-            if extracted.tools_called:
-                tool_calls, content = extracted.tool_calls, extracted.content
+        reasoning, content, tool_calls = self._parse_whole(state.text)
         rest_reasoning = _rest(reasoning, state.reasoning_sent)
         rest_content = _rest(content, state.content_sent)
         missing = [DeltaToolCall(index=index, id=call.id, type=call.type,
