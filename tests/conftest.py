@@ -126,7 +126,15 @@ def _fail_on_blocked_loop(request):
 # Real plugin distributions (tests/plugins/*), installed once per session, each into a target of its
 # own: a test puts exactly the ones it needs on the PYTHONPATH of the processes it starts. Nothing is
 # installed into .venv, so a deliberately broken plugin cannot break later runs or `make serve`.
-PLUGINS_DIR = Path(__file__).resolve().parent / "plugins"
+# Test distributions live in tests/plugins/; the first-party ones (real, separately installable) in plugins/.
+PLUGIN_DIRS = (Path(__file__).resolve().parent / "plugins", Path(__file__).resolve().parent.parent / "plugins")
+
+
+def plugin_source(name: str) -> Path:
+    for directory in PLUGIN_DIRS:
+        if (directory / name / "pyproject.toml").is_file():
+            return directory / name
+    raise LookupError(f"no plugin distribution {name!r} in {', '.join(str(d) for d in PLUGIN_DIRS)}")
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +145,9 @@ def plugin_target(tmp_path_factory):
     def install(name: str) -> Path:
         if name not in installed:
             source = root / "src" / name
-            shutil.copytree(PLUGINS_DIR / name, source)  # build in a copy: the repository stays clean
+            shutil.copytree(plugin_source(name), source, ignore=shutil.ignore_patterns("tests", "*.egg-info",
+                                                                                         "build", "__pycache__"))
+            # (built in a copy, so the repository stays clean)
             target = root / name
             subprocess.run(
                 [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
