@@ -9,9 +9,24 @@ the frontend has and a child lacks.
 
 from __future__ import annotations
 
+from asyncengine.attention.backend import AttentionBackend  # read in: worker (one instance per attention layer)
+from asyncengine.attention.registry import (  # read in: worker (the platform or `attention_backend` names one)
+    AttentionBackendRegistry,
+    register_attention_backend,
+)
+from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core (`--scheduler-cls` subclasses it)
+from asyncengine.errors import RequestError  # raise it to refuse a request (LogitsProcessor.validate_params)
 from asyncengine.frontend.endpoints import EndpointPlugin  # read in: frontend (opt-in)
 from asyncengine.frontend.io_processor import IOProcessor  # read in: frontend
 from asyncengine.frontend.stat_loggers import StatLoggerBase  # read in: frontend
+from asyncengine.loader.registry import (  # read in: worker (build), frontend (checks --load-format)
+    BaseModelLoader,
+    LoadConfig,
+    ModelLoaderRegistry,
+    SafetensorsLoader,
+    register_model_loader,
+)
+from asyncengine.models.layers.op_registry import register_op_impl  # read in: worker (op providers, per call)
 from asyncengine.models.registry import ModelRegistry  # read in: frontend (validate), worker (build)
 from asyncengine.platforms.interface import Platform  # read in: every process
 from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
@@ -27,18 +42,54 @@ from asyncengine.server.parsers import (  # read in: frontend (the chat completi
     ToolParserManager,
 )
 from asyncengine.worker.logits_processors import LogitsProcessor  # read in: worker (build), frontend (validate)
+from asyncengine.worker.logits_processors import (  # read in: worker (what update_state receives)
+    AddedRequest,
+    BatchUpdate,
+    MoveDirectionality,
+    MovedRequest,
+)
+
+
+def __getattr__(name: str):
+    # CustomOp (read in: worker; `CustomOp.register_oot` replaces an in-tree op by name) is an nn.Module:
+    # imported when asked for, so that importing this module does not import torch.
+    if name == "CustomOp":
+        from asyncengine.models.layers.custom_op import CustomOp
+
+        return CustomOp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# `--worker-extension-cls` (read in: worker) needs no base class: any class built as Class(worker), whose
+# public methods collective_rpc reaches after the worker's own (docs/hooks.md).
 
 __all__ = [
+    "AddedRequest",
+    "CustomOp",
+    "register_op_impl",
+    "AttentionBackend",
+    "AttentionBackendRegistry",
+    "register_attention_backend",
+    "BatchUpdate",
     "EndpointPlugin",
     "IOProcessor",
     "LogitsProcessor",
+    "MoveDirectionality",
+    "MovedRequest",
     "ModelRegistry",
     "Platform",
     "Registry",
     "RegistrationError",
+    "RequestError",
+    "Scheduler",
     "StatLoggerBase",
     "current_platform",
     "current_process_role",
+    "BaseModelLoader",
+    "LoadConfig",
+    "ModelLoaderRegistry",
+    "register_model_loader",
+    "SafetensorsLoader",
     "DeltaMessage",
     "ExtractedToolCalls",
     "ReasoningParser",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
+
 from asyncengine.errors import RequestError
 
 _GREEDY_EPSILON = 1e-5
@@ -34,6 +36,7 @@ _DEFAULTS: dict[str, Any] = {
     "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
     "include_stop_str_in_output": False,
+    "extra_args": None,
 }
 
 # Fields that a model's generation_config.json may supply, with the name it uses there.
@@ -75,6 +78,7 @@ class SamplingParams:
         skip_special_tokens: bool = _UNSET,
         spaces_between_special_tokens: bool = _UNSET,
         include_stop_str_in_output: bool = _UNSET,
+        extra_args: dict[str, Any] | None = _UNSET,
     ) -> None:
         given = dict(locals())
         explicit = set()
@@ -138,6 +142,7 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", minimum=0)
+        object.__setattr__(self, "extra_args", _normalize_extra_args(self.extra_args))
 
     # -- derived views -----------------------------------------------------------------------------------
 
@@ -218,6 +223,24 @@ def _check_number(value: Any, field: str, *, minimum: float | None = None) -> No
         raise RequestError(f"{field} must be a finite number, got {value!r}", field=field)
     if minimum is not None and value < minimum:
         raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
+
+
+def _normalize_extra_args(extra_args: Any) -> dict[str, Any] | None:
+    """extra_args as the worker will see it: it crosses processes as msgpack, so it must encode, and
+    keeping the decoded copy means validate_params in the frontend and the processors in the worker
+    see the same values (a tuple becomes a list in both)."""
+    if extra_args is None:
+        return None
+    if not isinstance(extra_args, dict) or not all(isinstance(key, str) for key in extra_args):
+        raise RequestError("extra_args must be a dict with string keys, or None", field="extra_args")
+    try:
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(extra_args), type=dict[str, Any])
+    except (TypeError, ValueError, OverflowError, msgspec.MsgspecError) as exc:
+        raise RequestError(
+            f"extra_args must hold only msgpack-encodable values (dicts, lists, strings, numbers, booleans, "
+            f"None): {exc}",
+            field="extra_args",
+        ) from exc
 
 
 def _normalize_stop(stop: Any) -> list[str]:

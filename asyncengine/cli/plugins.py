@@ -1,4 +1,4 @@
-"""`asyncengine plugins list|timeline|check`: which process sees which plugin, before and after a start."""
+"""`asyncengine plugins list|timeline|check|map`: which process sees which plugin, before and after a start."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("--startup-trace", metavar="FILE", help="also write the records as JSON to FILE")
     check.set_defaults(handler=run_check)
 
+    mapping = commands.add_parser("map", help="per process, every extension point read there and the code that "
+                                  "reads it")
+    mapping.add_argument("--markdown", action="store_true", help="a table with one column per process (for docs)")
+    mapping.add_argument("--write", metavar="FILE", help="write the docs page (docs/extension-map.md) to FILE")
+    mapping.set_defaults(handler=run_map)
+
 
 def _settings(parser: argparse.ArgumentParser, *, placement: bool) -> None:
     parser.add_argument("--plugins", default=None, help="the allow-list (default: ASYNCENGINE_PLUGINS, else all)")
@@ -41,6 +47,9 @@ def _settings(parser: argparse.ArgumentParser, *, placement: bool) -> None:
         parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
         parser.add_argument("--in-process", action="store_true", help="the engine core in the frontend's process")
         parser.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
+        # Config hooks: the timeline lists where each is checked; `check` imports and checks them there.
+        parser.add_argument("--scheduler-cls", default=None, metavar="PKG.MOD:CLASS")
+        parser.add_argument("--worker-extension-cls", default="", metavar="PKG.MOD:CLASS")
 
 
 def _config(args: argparse.Namespace):
@@ -48,7 +57,8 @@ def _config(args: argparse.Namespace):
               "plugin_startup_timeout": args.plugin_startup_timeout}
     if hasattr(args, "device"):
         values.update(device=args.device, tensor_parallel_size=args.tp, in_process=args.in_process,
-                      distributed_executor_backend=args.distributed_executor_backend)
+                      distributed_executor_backend=args.distributed_executor_backend,
+                      scheduler_cls=args.scheduler_cls, worker_extension_cls=args.worker_extension_cls)
     return config_from_dict(values)
 
 
@@ -104,3 +114,18 @@ def run_check(args: argparse.Namespace) -> int:
         return 1
     failed = [r for r in records if r.outcome == FAILED]
     return 1 if failed else 0
+
+
+def run_map(args: argparse.Namespace) -> int:
+    from asyncengine.plugin_runtime.extension_map import build_map, format_map, format_map_markdown
+
+    entries = build_map()
+    if args.write:
+        from pathlib import Path
+
+        from asyncengine.plugin_runtime.extension_map import docs_page
+
+        Path(args.write).write_text(docs_page(entries))
+        return 0
+    print(format_map_markdown(entries) if args.markdown else format_map(entries))
+    return 0

@@ -16,16 +16,16 @@ from asyncengine.errors import ConfigError
 
 # Options that are accepted with their default value but belong to a later part of the engine. Setting one
 # to anything else raises a ConfigError that says so, instead of silently ignoring the option.
+# (`scheduler_cls` and `worker_extension_cls` are implemented: checked in the config-hooks phase, see
+# asyncengine/plugin_runtime/config_hooks.py.)
 _NOT_YET_SUPPORTED: dict[str, str] = {
     "quantization": "quantization methods",
-    "scheduler_cls": "custom scheduler classes",
     "worker_cls": "custom worker classes",
-    "worker_extension_cls": "worker extensions",
-    "logits_processors": "logits-processor plugins",
     "kv_transfer_config": "KV connectors",
 }
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The built-in load formats; plugins add more (register_model_loader), checked once plugins are loaded.
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 # The KV cache on CPU has no device memory to measure, so it gets a fixed budget unless
@@ -67,6 +67,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # Placement and execution
     device: str = "auto"
     enforce_eager: bool = False
+    # A registered attention backend's name (or "pkg.mod:Class") for every layer, as vLLM's
+    # --attention-backend; None: the platform's get_attn_backend_cls chooses. Read in the worker.
+    attention_backend: str | None = None
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     in_process: bool = True
@@ -76,12 +79,15 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     transport: str = "unix"
 
     # Extension hooks
-    scheduler_cls: str | None = None
+    scheduler_cls: str | None = None  # "pkg.mod:Class", a Scheduler subclass; read in the engine core
     worker_cls: str = "auto"
-    worker_extension_cls: str = ""
+    worker_extension_cls: str = ""  # "pkg.mod:Class", built as Class(worker) in each worker (docs/hooks.md)
     logits_processors: list[str] | None = None
     kv_transfer_config: dict[str, Any] | None = None
     additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel", "native"]}), over the
+    # platform's order (docs/custom_ops.md); the worker checks the names. Read in the worker.
+    op_priority: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
     # Plugins and start-up
     plugins: str | None = None  # the allow-list; None: ASYNCENGINE_PLUGINS, else every plugin but endpoints
@@ -123,11 +129,18 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     def _check_choices(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}", field="dtype")
-        if self.load_format not in LOAD_FORMATS:
-            raise ConfigError(
-                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}",
-                field="load_format",
-            )
+        if not isinstance(self.load_format, str) or not self.load_format:
+            raise ConfigError("load_format must name a model loader (auto, safetensors, gguf, dummy, or a "
+                              "plugin's)", field="load_format")
+        if self.attention_backend is not None and not self.attention_backend.strip():
+            raise ConfigError("attention_backend must name a registered attention backend (or be unset: the "
+                              "platform chooses)", field="attention_backend")
+        if not isinstance(self.op_priority, dict) or not all(
+            isinstance(op, str) and isinstance(names, list) and all(isinstance(n, str) and n for n in names)
+            for op, names in self.op_priority.items()
+        ):
+            raise ConfigError("op_priority must map op names to lists of provider names, as "
+                              "{\"rms_norm\": [\"my_provider\", \"native\"]}", field="op_priority")
         if not self.device:
             raise ConfigError("device must be 'auto', a built-in platform (cpu, cuda) or a platform plugin's name",
                               field="device")

@@ -17,6 +17,7 @@ import msgspec
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
+from asyncengine.registries.base import reads
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         return SimpleNamespace(**self.hf_config)
 
 
+@reads("models", "frontend")  # the architecture must be one the worker can build
+@reads("hook:model_class_overrides", "frontend")
 def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: str, tokenizer: Any | None) -> ModelConfig:
     """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`); `default_dtype` is the
     platform's meaning of dtype "auto"."""

@@ -1,4 +1,5 @@
-"""EngineCore: the scheduler and the executor that runs its steps, started in order.
+"""EngineCore: the scheduler (`Scheduler`, or the subclass `scheduler_cls` names) and the executor
+that runs its steps, started in order.
 
 Start-up phases (recorded in the engine core's StartupTrace): `start workers` (threads or processes;
 worker processes run their own plugin phases and send their records), `load model`, `kv cache` (the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from anyio.abc import TaskGroup
 
 from asyncengine.config.engine import EngineConfig
@@ -17,7 +19,8 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.executor import Executor, build_executor
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError
-from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
+from asyncengine.registries.base import reads
 
 
 class EngineCore:
@@ -25,7 +28,9 @@ class EngineCore:
         self.engine_config = engine_config
         self.model_config = model_config
         self.executor = executor
-        self.scheduler = Scheduler(
+        # `scheduler_cls` (C1) replaces the class only: async scheduling is the step loop's (loop.py), so
+        # a subclass keeps it. The config-hooks phase of this process checked the class already.
+        self.scheduler = scheduler_class(engine_config)(
             block_manager=BlockManager(num_blocks, engine_config.block_size, engine_config.enable_prefix_caching),
             max_num_seqs=engine_config.max_num_seqs,
             max_num_batched_tokens=engine_config.effective_max_num_batched_tokens,
@@ -60,14 +65,29 @@ class EngineCore:
                 await executor.shutdown()
                 return None
             async with trace.phase("load model"):
-                await executor.call("load_model")
+                # Each rank answers with its records of what it chose (attention backend, ...).
+                for records in await executor.call("load_model"):
+                    trace.extend(msgspec.convert(records or [], list[StartupRecord]))
             async with trace.phase("kv cache"):
                 num_blocks = min(await executor.call("determine_num_blocks"))
                 await executor.call("initialize_kv_cache", num_blocks)
+                # The scheduler (with the block manager over these blocks) is built in this phase, so
+                # that a `scheduler_cls` whose constructor raises fails it, named, and the workers stop.
+                core = cls(engine_config, model_config, executor, num_blocks)
         except BaseException:
             await executor.shutdown()
             raise
-        return cls(engine_config, model_config, executor, num_blocks)
+        return core
+
+
+@reads("hook:scheduler_cls", "engine core")
+def scheduler_class(engine_config: EngineConfig) -> type[Scheduler]:
+    """The class `scheduler_cls` names ("pkg.mod:Class", a Scheduler subclass), else Scheduler."""
+    if not engine_config.scheduler_cls:
+        return Scheduler
+    from asyncengine.plugin_runtime.config_hooks import load_hook
+
+    return load_hook("scheduler_cls", engine_config.scheduler_cls)
 
 
 def check_budget(engine_config: EngineConfig, model_config: ModelConfig) -> None:

@@ -46,6 +46,7 @@ from asyncengine.wire.messages import (
     WorkerCallResult,
 )
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+from asyncengine.worker.extension import rpc_method
 
 WORKER_START_TIMEOUT = 600.0  # loading a large model can take minutes
 
@@ -92,11 +93,13 @@ def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
 class UniExecutor(Executor):
     """One worker on a dedicated thread of this process: model execution stays off the event loop."""
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any, *, owner: str) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any, *, owner: str,
+                 logits_processors: tuple[type, ...] | list[type] = ()) -> None:
         super().__init__(engine_config, model_config, platform)
         from asyncengine.worker.worker import Worker
 
-        self.worker = Worker(engine_config, model_config, platform)
+        # This process ran the worker role's plugin phases: its logits-processor classes are the worker's.
+        self.worker = Worker(engine_config, model_config, platform, logits_processors=logits_processors)
         self.where = f"the worker (a thread of {owner})"
         self._thread = DedicatedThread("asyncengine-worker")
         self._stopped = False
@@ -118,9 +121,10 @@ class UniExecutor(Executor):
         if self.failure is not None:
             raise self.failure
         _check_method_name(method)
-        function = getattr(self.worker, method, None)
-        if function is None:
-            raise WorkerError(f"{self.where}: the worker has no method {method!r}")
+        try:  # the worker's method, else its extension's: the same lookup as in a worker process
+            function = rpc_method(self.worker, method)
+        except WorkerError as exc:
+            raise WorkerError(f"{self.where}: {exc}") from None
         try:
             return [await self._thread.run(function, *args)]
         except Exception as exc:  # re-raised with the worker named, keeping our error types
@@ -372,5 +376,6 @@ def build_executor(engine_config: EngineConfig, model_config: ModelConfig | None
                    owner: str) -> Executor:
     backend = engine_config.distributed_executor_backend or ("uni" if engine_config.tensor_parallel_size == 1 else "mp")
     if backend == "uni":
-        return UniExecutor(engine_config, model_config, plugin_state.platform, owner=owner)
+        return UniExecutor(engine_config, model_config, plugin_state.platform, owner=owner,
+                           logits_processors=plugin_state.logits_processors)
     return MultiprocExecutor(engine_config, model_config, plugin_state.platform)

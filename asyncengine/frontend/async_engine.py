@@ -65,7 +65,7 @@ class AsyncEngine:
         self.model_config = setup.model_config
         self.tokenizer = setup.tokenizer
         self.chat_template = setup.chat_template
-        self.processor = InputProcessor(config, setup.model_config, setup.tokenizer)
+        self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors)
         self.output_processor = OutputProcessor(setup.tokenizer)
         self._core = core
         self._collectors: dict[str, OutputCollector] = {}
@@ -118,13 +118,15 @@ class AsyncEngine:
                         for stat_logger in _plugin_stat_loggers(plugins.stat_loggers, config):
                             engine.add_stat_logger(stat_logger)
                     tg.start_soon(engine._handle_outputs)
+                    if config.startup_trace:  # now, for a server that runs for days; again at the end
+                        write_trace(config.startup_trace, trace.records)
                     try:
                         yield engine
                     finally:
                         await engine._close()
                         tg.cancel_scope.cancel()
         finally:
-            if config.startup_trace:
+            if config.startup_trace:  # also when the start failed: the records say where
                 write_trace(config.startup_trace, trace.records)
 
     @property

@@ -8,7 +8,9 @@ honour. `n > 1` fans out into `n` engine-core requests (children) that share the
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,9 @@ from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
+from asyncengine.worker.logits_processors import processor_name
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,10 +43,14 @@ def child_request_id(request_id: str, index: int, n: int, submission: int) -> st
 
 
 class InputProcessor:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, tokenizer: Any | None) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, tokenizer: Any | None,
+                 logits_processors: Sequence[type] = ()) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.tokenizer = tokenizer
+        # The logits-processor classes (entry points and the `logits_processors` option): their
+        # validate_params runs here, so a bad argument is a 400 rather than a dead worker.
+        self.logits_processors = list(logits_processors)
         self._submissions = itertools.count()
 
     def default_sampling_params(self) -> SamplingParams:
@@ -58,6 +67,7 @@ class InputProcessor:
         self._check_prompt(token_ids)
         params = params.with_defaults(self.model_config.generation_defaults)
         self._check_params(params)
+        self._validate_with_logits_processors(params)
         room = self.model_config.max_model_len - len(token_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         options = SamplingOptions(
@@ -74,6 +84,7 @@ class InputProcessor:
             stop_token_ids=tuple(params.stop_token_ids or ()),
             eos_token_ids=() if params.ignore_eos else tuple(self.model_config.eos_token_ids),
             logprobs=params.logprobs,
+            extra_args=params.extra_args,
         )
         arrival = time.monotonic()
         submission = next(self._submissions)
@@ -152,6 +163,24 @@ class InputProcessor:
                 )
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer (the engine runs with skip_tokenizer_init)", field="stop")
+
+    def _validate_with_logits_processors(self, params: SamplingParams) -> None:
+        for cls in self.logits_processors:
+            try:
+                cls.validate_params(params)
+            except RequestError:
+                raise  # the processor's own verdict, naming its field
+            except Exception as exc:
+                # Plugin code raised something else: refuse this request, naming the class, and keep
+                # serving the others. A ValueError is how vLLM processors say "bad arguments"; anything
+                # else may be a bug in the plugin, so it is also logged with its traceback.
+                if not isinstance(exc, ValueError):
+                    logger.warning("logits processor %s raised in validate_params", processor_name(cls),
+                                   exc_info=True)
+                raise RequestError(
+                    f"logits processor {processor_name(cls)} rejected the request: {type(exc).__name__}: {exc}",
+                    field="extra_args",
+                ) from exc
 
 
 def _replace_seed(options: SamplingOptions, seed: int) -> SamplingOptions:

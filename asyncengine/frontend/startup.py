@@ -12,6 +12,8 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template
 from asyncengine.loader.model_source import resolve_model_dir
+from asyncengine.loader.registry import ModelLoaderRegistry
+from asyncengine.registries.base import reads
 
 
 @dataclass
@@ -21,7 +23,11 @@ class FrontendSetup:
     chat_template: str | None
 
 
+@reads("model_loaders", "frontend")  # the --load-format name, checked before anything starts
 def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> FrontendSetup:
+    # The loader name is checked here, once the general plugins (which may register loaders) have run,
+    # before a possibly long GGUF conversion; the worker builds the model with it.
+    ModelLoaderRegistry.loader_class(config.load_format)
     model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
     tokenizer = None if config.skip_tokenizer_init else load_tokenizer(tokenizer_path(config, model_dir))
     chat_template = read_chat_template(config.chat_template)

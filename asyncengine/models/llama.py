@@ -21,7 +21,7 @@ from asyncengine.models.layers.attention import AttentionMetadata, PagedAttentio
 from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
-from asyncengine.models.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
 from asyncengine.worker import parallel
 
 # checkpoint projection name -> (fused parameter name, shard index)
@@ -105,7 +105,7 @@ class LlamaAttention(nn.Module):
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         query, key = self.normalize_qk(query, key)
-        query, key = apply_rotary(query, key, cos_sin)
+        query, key = self.rotary_emb(query, key, cos_sin)
         return self.o_proj(self.attn(query, key, value.contiguous(), metadata))
 
 
@@ -159,6 +159,9 @@ class LlamaModel(nn.Module):
         # One rotary table; its cos/sin are looked up once per step and passed to every layer.
         self.rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
         self.layers = nn.ModuleList(self.layer_cls(config, dtype=dtype) for _ in range(config.num_hidden_layers))
+        for layer in self.layers:
+            # Shared, not copied: one table, and one op a plugin may replace (CustomOp "RotaryEmbedding").
+            layer.self_attn.rotary_emb = self.rotary
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:

@@ -15,6 +15,12 @@ class CpuPlatform(Platform):
     default_dtype = "float32"
 
     @classmethod
+    def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
+        from asyncengine.attention.registry import TORCH_PAGED
+
+        return TORCH_PAGED  # the built-in torch paged attention is the CPU path
+
+    @classmethod
     def get_device_total_memory(cls, device: Any) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 

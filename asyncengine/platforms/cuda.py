@@ -38,6 +38,12 @@ class CudaPlatform(Platform):
         torch.cuda.manual_seed_all(seed)
 
     @classmethod
+    def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
+        from asyncengine.attention.registry import TORCH_PAGED
+
+        return TORCH_PAGED  # no CUDA kernel is registered yet: the torch path runs on the GPU
+
+    @classmethod
     def get_device_total_memory(cls, device: Any) -> int:
         import torch
 

@@ -19,6 +19,10 @@ class Platform:
     supported_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     supported_quantization: tuple[str, ...] = ()
     default_dtype: str = "float32"  # what dtype="auto" means here
+    # Optional: op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel"]}); providers not
+    # named follow by registered priority, "native" (torch) last. Empty: registered priorities alone.
+    # The config's `op_priority` wins per op (asyncengine/models/layers/op_registry.py).
+    op_priority: dict[str, list[str]] = {}
 
     REQUIRED_ATTRIBUTES = ("device_name", "device_type", "dist_backend")
     REQUIRED_HOOKS = (
@@ -46,7 +50,12 @@ class Platform:
 
     @classmethod
     def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
-        return "asyncengine.models.layers.attention:PagedAttention"
+        """The attention backend for layers of this shape: a name registered with
+        `register_attention_backend` (or a "pkg.mod:Class" path). The worker resolves it through the
+        registry, once per distinct shape; the `attention_backend` option, when set, wins."""
+        from asyncengine.attention.registry import TORCH_PAGED
+
+        return TORCH_PAGED  # plain torch runs on any torch device
 
     @classmethod
     def get_device_communicator_cls(cls) -> str | None:

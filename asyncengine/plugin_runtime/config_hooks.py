@@ -2,17 +2,22 @@
 
 In the config-hooks phase each process imports and type-checks the hooks its roles read; the
 frontend checks all of them before it spawns anything, so a typo fails at once, in the process the
-user is looking at, naming the option and the path.
+user is looking at, naming the option, the path and what is wrong with it.
+
+HOOKS is the one table of which hook is checked how and read where: the phase below, the engine
+core and the worker (through `load_hook`), and the `plugins timeline` plan (through `hooks_checked`)
+all use it, so the plan lists exactly what each process checks.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.errors import ConfigError
+from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, PHASE_CONFIG_HOOKS, WORKER
 from asyncengine.plugin_runtime.records import StartupTrace
 
@@ -25,30 +30,95 @@ def _is_model_class(value: Any) -> str | None:
     return None
 
 
-def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, frozenset[str], Callable[[Any], str | None]]]:
-    """(option, path, roles that read it, check) for every hook the config names."""
+def _is_scheduler_class(value: Any) -> str | None:
+    from asyncengine.engine_core.scheduler import Scheduler
+
+    if not isinstance(value, type):
+        return f"is {value!r}, not a class; name a subclass of asyncengine.plugins_api.Scheduler"
+    if not issubclass(value, Scheduler):
+        return ("is not a subclass of asyncengine.engine_core.scheduler:Scheduler; subclass "
+                "asyncengine.plugins_api.Scheduler (the engine core builds it with Scheduler's keyword "
+                "arguments and keeps async scheduling, which belongs to its step loop)")
+    return None
+
+
+def _is_worker_extension(value: Any) -> str | None:
+    from asyncengine.worker.extension import extension_problem
+    from asyncengine.worker.worker import Worker
+
+    # The worker class is fixed while `worker_cls` only takes "auto"; once it takes a class, check
+    # against that class instead.
+    return extension_problem(value, Worker)
+
+
+def _is_logits_processor(value: Any) -> str | None:
+    from asyncengine.worker.logits_processors import LogitsProcessor
+
+    if not isinstance(value, type) or not issubclass(value, LogitsProcessor):
+        return f"is {value!r}, not a subclass of asyncengine.plugins_api.LogitsProcessor"
+    return None
+
+
+@dataclass(frozen=True)
+class Hook:
+    readers: tuple[str, ...]  # the roles that read it (EXTENSION_POINTS.md, "reads it")
+    check: Callable[[Any], str | None]  # what is wrong with the imported value, or None
+    checks: str  # what the check is, in words, for the timeline
+
+
+HOOKS: dict[str, Hook] = {
+    "model_class_overrides": Hook((FRONTEND, WORKER), _is_model_class, "a model class with load_weights"),
+    "scheduler_cls": Hook((ENGINE_CORE,), _is_scheduler_class, "a Scheduler subclass"),
+    "worker_extension_cls": Hook((WORKER,), _is_worker_extension,
+                                 "a class built as Class(worker), no public method clashing with the worker's"),
+    "logits_processors": Hook((FRONTEND, WORKER), _is_logits_processor, "a LogitsProcessor subclass"),
+}
+
+# Which roles read each hook (EXTENSION_POINTS.md's "reads it" column).
+HOOK_READERS = {option: hook.readers for option, hook in HOOKS.items()}
+
+
+def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, str]]:
+    """(option as named in messages, field, path) for every hook the config sets."""
     for architecture, path in config.model_class_overrides.items():
-        yield f"model_class_overrides[{architecture!r}]", path, frozenset({FRONTEND, WORKER}), _is_model_class
+        yield f"model_class_overrides[{architecture!r}]", "model_class_overrides", path
+    for field in ("scheduler_cls", "worker_extension_cls"):
+        path = getattr(config, field)
+        if path:  # None and "" both mean "the built-in"
+            yield field, field, path
+    for index, path in enumerate(config.logits_processors or ()):
+        yield f"logits_processors[{index}]", "logits_processors", path
+
+
+def hooks_checked(config: EngineConfig, roles: set[str]) -> list[tuple[str, str]]:
+    """(option, path) of the hooks a process playing `roles` checks: the frontend checks every hook
+    (before it spawns anything), the other processes those their roles read."""
+    checks_everything = FRONTEND in roles
+    return [(option, path) for option, field, path in _hooks(config)
+            if checks_everything or roles & set(HOOKS[field].readers)]
+
+
+def load_hook(option: str, path: str) -> Any:
+    """Import `path` and check it for `option`, or raise ConfigError naming the option, the path and
+    what is wrong."""
+    from asyncengine.models.registry import import_by_path
+
+    field = option.split("[")[0]
+    try:
+        value = import_by_path(path, what=option)
+    except ModelLoadError as exc:  # it names the option and the path already, and says what failed
+        raise ConfigError(str(exc), field=field) from exc
+    except Exception as exc:  # the module raised while being imported: named, with the error
+        raise ConfigError(f"{option}: importing {path!r} raised {type(exc).__name__}: {exc}", field=field) from exc
+    problem = HOOKS[field].check(value)
+    if problem:
+        raise ConfigError(f"{option}: {path} {problem}", field=field)
+    return value
 
 
 def check_config_hooks(config: EngineConfig, roles: set[str], trace: StartupTrace) -> None:
-    from asyncengine.models.registry import import_by_path
-
-    checks_everything = FRONTEND in roles
-    for option, path, readers, check in _hooks(config):
-        if not checks_everything and not roles & readers:
-            continue
+    """The config-hooks phase's work. It imports user code, so callers run it in a thread."""
+    for option, path in hooks_checked(config, roles):
         started = time.time()
-        try:
-            value = import_by_path(path, what=option)
-        except Exception as exc:  # named: the option, the path, the import error
-            raise ConfigError(f"{option}: {exc}", field=option.split("[")[0]) from exc
-        problem = check(value)
-        if problem:
-            raise ConfigError(f"{option}: {path} {problem}", field=option.split("[")[0])
+        load_hook(option, path)
         trace.add(PHASE_CONFIG_HOOKS, started=started, plugin=f"{option}={path}")
-
-
-# Which roles read each hook, for the timeline.
-HOOK_READERS = {"model_class_overrides": (FRONTEND, WORKER), "scheduler_cls": (ENGINE_CORE,),
-                "worker_cls": (WORKER,), "worker_extension_cls": (WORKER,)}

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import msgspec
 
 from asyncengine.config.engine import EngineConfig
@@ -27,6 +28,7 @@ from asyncengine.plugin_runtime.manifest import Manifest, PluginInfo, build_mani
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.platforms.interface import Platform
 from asyncengine.platforms.resolution import resolve_platform
+from asyncengine.registries.base import reads
 
 def frontend_roles(config: EngineConfig) -> set[str]:
     """The roles the frontend's process plays: in-process it is also the engine core, and with `uni`
@@ -104,7 +106,10 @@ async def run_plugin_phases(
     async with trace.phase(g.PHASE_CONFIG_HOOKS):
         from asyncengine.plugin_runtime.config_hooks import check_config_hooks
 
-        check_config_hooks(config, roles, trace)
+        # In a thread, as plugin imports are: importing a user's module may take seconds.
+        await anyio.to_thread.run_sync(check_config_hooks, config, roles, trace)
+        if roles & g.LOGITS_PROCESSOR.roles and config.logits_processors:
+            state.logits_processors = _with_configured_logits_processors(state.logits_processors, config)
 
     state.manifest = build_manifest(trace.process, state.loaded)
     if frontend_manifest is not None:
@@ -196,6 +201,20 @@ def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: Plug
             return
         problem = f"names {result!r}, which is not a LogitsProcessor subclass"
     loader.reject(plugin, group.phase, problem)
+
+
+@reads("hook:logits_processors", "frontend")  # to validate requests
+@reads("hook:logits_processors", "worker")  # to build them
+def _with_configured_logits_processors(from_entry_points: list[type], config: EngineConfig) -> list[type]:
+    """Both doors (E6 and C4) feed one list: entry points first (by name), then the option's classes
+    in its order, each class once. The phase above checked every path already, so this only looks
+    the classes up again (from the import cache)."""
+    from asyncengine.plugin_runtime.config_hooks import load_hook
+    from asyncengine.worker.logits_processors import merge_processor_classes
+
+    configured = [load_hook(f"logits_processors[{index}]", path)
+                  for index, path in enumerate(config.logits_processors or ())]
+    return merge_processor_classes(from_entry_points, configured)
 
 
 def _is_subclass(value: Any, base: type) -> bool:

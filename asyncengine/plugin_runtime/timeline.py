@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from asyncengine.config.engine import EngineConfig
 from asyncengine.plugin_runtime import groups as g
 from asyncengine.plugin_runtime.allow_list import AllowList
-from asyncengine.plugin_runtime.config_hooks import HOOK_READERS
+from asyncengine.plugin_runtime.config_hooks import HOOKS, hooks_checked
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
 from asyncengine.plugin_runtime.phases import frontend_roles
 from asyncengine.registries import all_registries
@@ -59,7 +59,10 @@ def plan_start(config: EngineConfig) -> list[ProcessPlan]:
                else "the worker on a thread of this process: platform hooks set_device, seed_everything")
     core.phases += [
         PhasePlan("start workers", [workers]),
-        PhasePlan("load model", ["worker: get_attn_backend_cls"]),
+        PhasePlan("load model", ["worker: get_attn_backend_cls (or attention_backend), resolved in the "
+                                 "attention_backends registry; the choice per layer is recorded",
+                                 "worker: op_priority (the config's, else the platform's) orders the op providers; "
+                                 "each op's provider and each out-of-tree custom op are recorded"]),
         PhasePlan("kv cache", ["worker: get_device_total_memory, get_current_memory_usage (not on cpu)"]),
         PhasePlan("ready", []),
     ]
@@ -97,8 +100,10 @@ def _plugin_phases(roles: set[str], config: EngineConfig, installed: list[Instal
         platform = ["the platform the frontend chose"]
     role_groups = [f"{group.key}: {', '.join(names(group)) or 'none installed'}"
                    for group in (g.IO_PROCESSOR, g.STAT_LOGGER, g.ENDPOINT, g.LOGITS_PROCESSOR) if roles & group.roles]
-    hooks = [field_name for field_name, readers in HOOK_READERS.items()
-             if (g.FRONTEND in roles or roles & set(readers)) and getattr(config, field_name, None) not in (None, "", "auto", {})]
+    # The same selection as the real phase (config_hooks.hooks_checked): the frontend checks every hook
+    # set, the other processes the hooks their roles read (HOOK_READERS).
+    hooks = [f"{option}={path} (import; {HOOKS[option.split('[')[0]].checks})"
+             for option, path in hooks_checked(config, roles)]
     def subjects(*groups: g.Group) -> list[str]:
         return [plugin.name for plugin in installed if plugin.group in groups and roles & plugin.group.roles]
 

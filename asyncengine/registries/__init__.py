@@ -13,12 +13,40 @@ FRONTEND, ENGINE_CORE, WORKER = "frontend", "engine core", "worker"
 
 def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
     """Registry name -> (registry, the roles that read it)."""
+    from asyncengine.attention.registry import AttentionBackendRegistry
+    from asyncengine.loader.registry import ModelLoaderRegistry
+    from asyncengine.models.layers.op_registry import CustomOpRegistry, OpProviderRegistry
     from asyncengine.models.registry import ModelRegistry
+    from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
 
     return {
         ModelRegistry.name: (ModelRegistry, frozenset({FRONTEND, WORKER})),
+        # The worker builds with it; the frontend checks the --load-format name before anything starts.
+        ModelLoaderRegistry.name: (ModelLoaderRegistry, frozenset({FRONTEND, WORKER})),
+        ToolParserManager.name: (ToolParserManager, frozenset({FRONTEND})),
+        ReasoningParserManager.name: (ReasoningParserManager, frozenset({FRONTEND})),
+        # The worker builds the model's custom ops (and their out-of-tree replacements) and runs their providers.
+        CustomOpRegistry.name: (CustomOpRegistry, frozenset({WORKER})),
+        OpProviderRegistry.name: (OpProviderRegistry, frozenset({WORKER})),
+        # The worker builds each layer's backend with it (the platform or attention_backend names one).
+        AttentionBackendRegistry.name: (AttentionBackendRegistry, frozenset({WORKER})),
     }
 
 
-__all__ = ["BUILT_IN", "ENGINE_CORE", "FRONTEND", "WORKER", "Registry", "RegistrationError", "all_registries",
-           "current_registrant"]
+# The modules whose functions read a registry or a config hook (marked with `reads`): imported to draw `plugins map`.
+READER_MODULES = (
+    "asyncengine.config.model",
+    "asyncengine.engine_core.core",
+    "asyncengine.plugin_runtime.phases",
+    "asyncengine.worker.extension",
+    "asyncengine.frontend.startup",
+    "asyncengine.loader.model_loader",
+    "asyncengine.loader.registry",
+    "asyncengine.models.layers.op_registry",
+    "asyncengine.server.app",
+    "asyncengine.attention.selector",
+)
+
+
+__all__ = ["BUILT_IN", "ENGINE_CORE", "FRONTEND", "READER_MODULES", "WORKER", "Registry", "RegistrationError",
+           "all_registries", "current_registrant"]

@@ -70,3 +70,46 @@ class Registry:
     def owners(self) -> dict[str, str]:
         """Key -> owner, for the manifest."""
         return {key: entry.owner for key, entry in sorted(self._entries.items())}
+
+
+# -- where registries are read ----------------------------------------------------------------------------
+# `asyncengine plugins map` shows, per process, every registry read there and the code that reads it.
+# The code says so itself: the function that looks a registry up carries `@reads(registry, role)`, and a
+# test checks that every lookup in the package sits in a function marked so. The map is built from these
+# marks, so it cannot drift from the code.
+
+
+@dataclass(frozen=True)
+class ReadSite:
+    registry: str  # the registry's name ("models")
+    role: str  # the process role that runs this code ("frontend", "engine core", "worker")
+    function: Any
+
+    @property
+    def location(self) -> str:
+        """`package/module.py:line` of the reading function."""
+        import inspect
+        from pathlib import Path
+
+        function = inspect.unwrap(self.function)
+        source = Path(inspect.getsourcefile(function) or "?")
+        parts = source.parts
+        start = max(i for i, part in enumerate(parts) if part == "asyncengine") if "asyncengine" in parts else 0
+        return f"{'/'.join(parts[start:])}:{inspect.getsourcelines(function)[1]}"
+
+
+_READ_SITES: list[ReadSite] = []
+
+
+def reads(registry: str, role: str):
+    """Mark a function as reading `registry` in processes of `role` (see `plugins map`)."""
+
+    def mark(function: Any) -> Any:
+        _READ_SITES.append(ReadSite(registry, role, function))
+        return function
+
+    return mark
+
+
+def recorded_read_sites() -> list[ReadSite]:
+    return list(_READ_SITES)

@@ -27,6 +27,7 @@ from asyncengine.server.common import ServingContext
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
 from asyncengine.server.metrics import PrometheusStatLogger
+from asyncengine.registries.base import reads
 from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
 
 logger = logging.getLogger("asyncengine.server")
@@ -87,12 +88,14 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
 # -- parsers ---------------------------------------------------------------------------------------------
 
 
+@reads("tool_parsers", "frontend")
 def _tool_parser(config: ServerConfig) -> type | None:
     if config.tool_parser_plugin:
         ToolParserManager.import_tool_parser(config.tool_parser_plugin)
     return ToolParserManager.get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None
 
 
+@reads("reasoning_parsers", "frontend")
 def _reasoning_parser(config: ServerConfig) -> type | None:
     if config.reasoning_parser_plugin:
         ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)

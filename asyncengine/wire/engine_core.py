@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -26,6 +28,9 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
+    # SamplingParams.extra_args, already checked to encode (and normalized to what msgpack decodes):
+    # per-request arguments for logits processors, which read them in the worker.
+    extra_args: dict[str, Any] | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -1,15 +1,38 @@
-"""LogitsProcessor: the interface of batch-level logits processors (vLLM v1's shape).
+"""Batch-level logits processors (vLLM v1's design): the interface, the BatchUpdate a processor
+receives, and the bookkeeping a worker keeps to produce it.
 
-Loaded in workers (to build) and in the frontend (to validate per-request arguments), from the
-entry-point group asyncengine.logits_processors or the `logits_processors` option.
+Processors come from the entry-point group `asyncengine.logits_processors` and from the
+`logits_processors` option (both end up in PluginState.logits_processors, each class once). The
+frontend calls each class's `validate_params(params)` per request; every worker builds one instance
+of each class when it loads the model and, before sampling a step, calls `update_state(batch_update)`
+then `apply(logits)`. docs/logits_processors.md is the user-facing description.
+
+Rows. The logits a processor sees hold one row per request that samples this step (a request whose
+prompt is still being prefilled in chunks, or that is not scheduled this step, has no row). A row
+index is stable for as long as its request keeps sampling step after step: the worker keeps a
+persistent layout, fills the rows freed by leaving requests with arriving ones, and closes the
+remaining gaps by moving the last rows down (MoveDirectionality.UNIDIRECTIONAL). Processors apply a
+BatchUpdate's `removed` and `added` (disjoint sets of indices, so in either order), then `moved` in
+list order, exactly as vLLM's built-in processors do.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 
 class LogitsProcessor:
+    """Base class of batch-level logits processors. Subclass it and override the four methods.
+
+    Built once per worker as `cls(engine_config, device, is_pin_memory)`. Every tensor-parallel rank
+    builds its own instance and sees the same batches: keep the processing deterministic, so that
+    every rank picks the same token.
+    """
+
     def __init__(self, engine_config: Any, device: Any, is_pin_memory: bool) -> None:
         self.engine_config = engine_config
         self.device = device
@@ -17,13 +40,187 @@ class LogitsProcessor:
 
     @classmethod
     def validate_params(cls, params: Any) -> None:
-        """Raise RequestError when a request's arguments for this processor are invalid."""
+        """Called in the frontend for every request, with its SamplingParams (per-request arguments
+        are in `params.extra_args`): raise RequestError(message, field=...) to refuse the request."""
 
     def is_argmax_invariant(self) -> bool:
+        """True when `apply` never changes the argmax of a row (it only reshapes the distribution,
+        as min_p does): the worker then skips `apply` for steps where no request samples at random.
+        Asked once, when the worker builds the processor."""
         return False
 
-    def update_state(self, batch_update: Any) -> None:
+    def update_state(self, batch_update: "BatchUpdate | None") -> None:
+        """What changed in the batch since the previous call (None: nothing). Called before every
+        `apply`, also for steps whose `apply` is skipped."""
         raise NotImplementedError
 
     def apply(self, logits: Any) -> Any:
+        """Return the processed logits, shape (batch_size, vocab), float32; may modify `logits` in place."""
         raise NotImplementedError
+
+
+class MoveDirectionality(enum.Enum):
+    UNIDIRECTIONAL = enum.auto()  # the request at a moves to b; a is empty afterwards
+    SWAP = enum.auto()  # the requests at a and b trade places (not produced today; part of vLLM's shape)
+
+
+class AddedRequest(NamedTuple):
+    """A request that takes row `index` (a tuple, as in vLLM: `for index, params, prompt, output in added`)."""
+
+    index: int
+    # The request's SamplingOptions: temperature, top_p, ..., extra_args (the request's own dict).
+    params: Any
+    prompt_token_ids: list[int]
+    # The worker's running list of the request's output tokens: it grows by one token after each
+    # step the request samples in, so a processor may keep a reference instead of copying it.
+    output_token_ids: list[int]
+
+
+class MovedRequest(NamedTuple):
+    from_index: int
+    to_index: int
+    direction: MoveDirectionality
+
+
+@dataclass(frozen=True)
+class BatchUpdate:
+    """How the batch changed since the processor's previous `update_state` call.
+
+    Read by logits processors in the worker. `removed` and `added` never share an index: a row
+    freed by a leaving request and taken by an arriving one is only in `added`.
+    """
+
+    batch_size: int  # rows of the logits the next `apply` receives
+    removed: Sequence[int]
+    added: Sequence[AddedRequest]
+    moved: Sequence[MovedRequest]
+
+
+class PersistentBatch:
+    """The row layout of the sampled batch, carried from step to step, and the BatchUpdate that
+    takes a processor from the previous layout to the next one.
+
+    Keys are hashable and compared by equality; the model runner uses its per-request state object
+    (hashed by identity), so a request that left the worker and came back (preempted and resumed)
+    is a new key, announced again with its new token lists.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[Hashable] = []
+
+    def step(self, keys: Sequence[Hashable],
+             describe: Callable[[Hashable], tuple[Any, list[int], list[int]]]) -> BatchUpdate | None:
+        """Lay out `keys` (the requests sampling this step, any order) and return the update, or None
+        when the layout did not change. Afterwards `rows` lists the keys in row order.
+
+        `describe(key)` gives (params, prompt_token_ids, output_token_ids) of an arriving key."""
+        wanted = set(keys)
+        if len(wanted) != len(keys):
+            raise ValueError("a request appears twice in one step's batch")
+        previous = self.rows
+        rows: list[Hashable | None] = [key if key in wanted else None for key in previous]
+        holes = deque(index for index, key in enumerate(rows) if key is None)
+        present = set(previous)
+        added = []
+        for key in keys:
+            if key in present:
+                continue
+            if holes:  # lowest free row first, so the batch stays dense
+                index = holes.popleft()
+                rows[index] = key
+            else:
+                index = len(rows)
+                rows.append(key)
+            params, prompt_token_ids, output_token_ids = describe(key)
+            added.append(AddedRequest(index, params, prompt_token_ids, output_token_ids))
+        removed = list(holes)
+        moved = []
+        while True:  # close the gaps: the last row moves into the lowest free one
+            while rows and rows[-1] is None:
+                rows.pop()
+            while holes and holes[-1] >= len(rows):
+                holes.pop()
+            if not holes:
+                break
+            hole, last = holes.popleft(), len(rows) - 1
+            rows[hole], rows[last] = rows[last], None
+            moved.append(MovedRequest(last, hole, MoveDirectionality.UNIDIRECTIONAL))
+        self.rows = rows
+        if not (added or removed or moved):
+            return None
+        return BatchUpdate(batch_size=len(rows), removed=removed, added=added, moved=moved)
+
+
+class LogitsProcessorError(RuntimeError):
+    """A logits processor raised, or returned something other than logits, in a worker."""
+
+
+def processor_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class LogitsProcessors:
+    """The processors one worker built, with the row layout that feeds them."""
+
+    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+        self.processors = list(processors)
+        # Asked once: vLLM also sorts processors into these two lists when it builds them.
+        self.argmax_invariant = [p for p in self.processors if p.is_argmax_invariant()]
+        self.non_argmax_invariant = [p for p in self.processors if p not in self.argmax_invariant]
+        self.batch = PersistentBatch()
+
+    @classmethod
+    def build(cls, classes: Sequence[type], engine_config: Any, device: Any,
+              is_pin_memory: bool) -> "LogitsProcessors | None":
+        """One instance per class; None when there are none (the runner then keeps no layout at all)."""
+        from asyncengine.errors import StartupError
+
+        built = []
+        for processor_cls in classes:
+            try:
+                built.append(processor_cls(engine_config, device, is_pin_memory))
+            except Exception as exc:  # plugin code: fail start-up naming the class
+                raise StartupError(
+                    f"logits processor {processor_name(processor_cls)} could not be built: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return cls(built) if built else None
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        for processor in self.processors:
+            try:
+                processor.update_state(batch_update)
+            except Exception as exc:  # named, then the step fails (the engine reports the worker)
+                raise _failed(processor, "update_state", exc) from exc
+
+    def apply(self, logits: Any, *, argmax_invariant: bool) -> Any:
+        for processor in self.argmax_invariant if argmax_invariant else self.non_argmax_invariant:
+            try:
+                result = processor.apply(logits)
+            except Exception as exc:
+                raise _failed(processor, "apply", exc) from exc
+            shape = getattr(result, "shape", None)
+            if shape != logits.shape:
+                raise LogitsProcessorError(
+                    f"logits processor {processor_name(type(processor))}: apply() returned "
+                    f"{type(result).__name__} of shape {shape}, not logits of shape {tuple(logits.shape)}"
+                )
+            logits = result
+        return logits
+
+
+def _failed(processor: LogitsProcessor, method: str, exc: Exception) -> LogitsProcessorError:
+    return LogitsProcessorError(
+        f"logits processor {processor_name(type(processor))} raised in {method}(): {type(exc).__name__}: {exc}"
+    )
+
+
+def merge_processor_classes(*sources: Sequence[type]) -> list[type]:
+    """The classes of every source in order, each once (the same class from the entry point and the
+    option is built once)."""
+    merged: list[type] = []
+    for source in sources:
+        for cls in source:
+            if cls not in merged:
+                merged.append(cls)
+    return merged

@@ -4,23 +4,33 @@ runs the model and the sampler.
 Per step the batch is a flat run of tokens in the scheduler's order. A request samples when the
 tokens scheduled for it reach the end of what it has (a decode step, or the last chunk of its
 prompt); a request whose prompt is still being prefilled in chunks produces nothing this step.
+
+With logits processors, the rows of the sampled logits follow their persistent layout
+(worker/logits_processors.py) instead of the scheduler's order, and they see the layout's changes
+(`update_state`) before the sampler applies them. Without any, none of that bookkeeping runs.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from asyncengine.attention.selector import select_attention_backends
 from asyncengine.config.engine import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import StartupError
 from asyncengine.loader.model_loader import load_model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.ops.paged_attention import plan_attention
+from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessors
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
@@ -29,21 +39,21 @@ from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the logits processors' row layout keys on the state object
 class RequestState:
     prompt_token_ids: list[int]
     token_ids: list[int]  # prompt, then every token sampled so far
     block_ids: list[int]
     num_computed_tokens: int
     sampling: SamplingOptions
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids) :]
+    # Every token sampled so far, as a list of its own: logits processors are handed this list once
+    # (BatchUpdate.added) and read it as it grows, as vLLM's are.
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, platform: Any) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, platform: Any,
+                 logits_processors: Sequence[type] = ()) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.device = device
@@ -57,6 +67,11 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.sampler = Sampler(model_config.vocab_size, device, engine_config.seed)
+        self.logits_processor_classes = list(logits_processors)
+        self.logits_processors: LogitsProcessors | None = None  # built with the model
+        # What this worker chose while loading (the attention backend, ...), for the start-up report:
+        # the engine core adds them to its trace under this process's name (Worker.load_model).
+        self.startup_records: list[StartupRecord] = []
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -69,10 +84,18 @@ class ModelRunner:
             seed=self.engine_config.seed,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
-        if self.attention_layers:
-            layer = self.attention_layers[0]
-            self.attention_backend = self.platform.get_attn_backend_cls(layer.head_dim, self.dtype, self.block_size)
-            logger.info("attention backend: %s", self.attention_backend)
+        started = time.time()
+        choice = select_attention_backends(self.platform, self.attention_layers, self.dtype, self.block_size,
+                                           self.engine_config.attention_backend)
+        for layer, backend in zip(self.attention_layers, choice.backends):
+            layer.backend = backend
+        logger.info("attention backend: %s", choice.summary())
+        self.startup_records.append(StartupRecord(
+            pid=os.getpid(), role=current_process_role(), phase="load model", plugin="attention backend",
+            reason=choice.summary(), start=started, duration=time.time() - started))
+        self.logits_processors = LogitsProcessors.build(
+            self.logits_processor_classes, self.engine_config, self.device, self.pin_memory
+        )
 
     def kv_cache_bytes_per_block(self) -> int:
         element_size = torch.empty((), dtype=self.dtype).element_size()
@@ -110,9 +133,12 @@ class ModelRunner:
         self._allocate_kv_cache(num_blocks)
         state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions())
         self.requests["__profile__"] = state
+        # The profile's dummy request is nobody's: logits processors never see it.
+        processors, self.logits_processors = self.logits_processors, None
         try:
             self.execute_model(SchedulerOutput(num_scheduled_tokens={"__profile__": num_tokens}))
         finally:
+            self.logits_processors = processors
             self.requests.pop("__profile__", None)
             self.kv_caches = []
             for layer in self.attention_layers:
@@ -157,6 +183,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 sampling=new.sampling,
+                output_token_ids=list(new.output_token_ids),
             )
         for cached in scheduler_output.cached_requests:
             state = self.requests[cached.request_id]
@@ -180,9 +207,16 @@ class ModelRunner:
         for request_id in inputs.sampling_request_ids:
             state = self.requests[request_id]
             rows.append(SamplingRow(state.sampling, state.prompt_token_ids, state.output_token_ids))
-        sampled = self.sampler(logits, rows)
+        processors = self.logits_processors
+        if processors is not None:
+            # Every token sampled before this step is in each request's output list by now: steps
+            # run one after another on this thread, whatever the engine core scheduled ahead.
+            processors.update_state(inputs.batch_update)
+        sampled = self.sampler(logits, rows, processors)
         for request_id, token_id in zip(inputs.sampling_request_ids, sampled.token_ids):
-            self.requests[request_id].token_ids.append(token_id)
+            state = self.requests[request_id]
+            state.token_ids.append(token_id)
+            state.output_token_ids.append(token_id)
         return ModelRunnerOutput(
             request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs
         )
@@ -209,6 +243,9 @@ class ModelRunner:
             if end == len(state.token_ids):
                 logits_indices.append(offset - 1)
                 sampling_ids.append(request_id)
+        batch_update = None
+        if self.logits_processors is not None and sampling_ids:
+            sampling_ids, logits_indices, batch_update = self._arrange_rows(sampling_ids, logits_indices)
         max_blocks = max(len(t) for t in tables)
         block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
         for row, table in enumerate(tables):
@@ -220,16 +257,32 @@ class ModelRunner:
                 tensor = tensor.pin_memory()
             return tensor.to(self.device, non_blocking=True)
 
+        device_block_tables = to_device(block_tables)
+
         return _StepInputs(
             input_ids=to_device(np.fromiter((t for c in token_chunks for t in c), dtype=np.int64, count=offset)),
             positions=to_device(np.concatenate(position_chunks)),
             metadata=AttentionMetadata(
                 slot_mapping=to_device(np.concatenate(slot_chunks)),
-                plan=plan_attention(query_lens, seq_lens, to_device(block_tables), block_size),
+                plan=plan_attention(query_lens, seq_lens, device_block_tables, block_size),
+                query_lens=query_lens,
+                seq_lens=seq_lens,
+                block_tables=device_block_tables,
             ),
             logits_indices=to_device(np.asarray(logits_indices, dtype=np.int64)),
             sampling_request_ids=sampling_ids,
+            batch_update=batch_update,
         )
+
+    def _arrange_rows(self, request_ids: list[str],
+                      logits_indices: list[int]) -> tuple[list[str], list[int], BatchUpdate | None]:
+        """The sampled requests (and their hidden-state indices) in the processors' row layout, and
+        the update that takes the processors there from the previous step's layout."""
+        by_state = {self.requests[rid]: (rid, index) for rid, index in zip(request_ids, logits_indices)}
+        batch = self.logits_processors.batch
+        update = batch.step(list(by_state), lambda s: (s.sampling, s.prompt_token_ids, s.output_token_ids))
+        ordered = [by_state[state] for state in batch.rows]
+        return [rid for rid, _ in ordered], [index for _, index in ordered], update
 
 
 @dataclass
@@ -239,3 +292,4 @@ class _StepInputs:
     metadata: AttentionMetadata
     logits_indices: torch.Tensor
     sampling_request_ids: list[str]
+    batch_update: BatchUpdate | None = None  # for the logits processors; None without any, or no change

@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from asyncengine.errors import error_field, error_type_name
+from asyncengine.errors import AsyncEngineError, WorkerError, error_field, error_type_name
 from asyncengine.plugin_runtime.groups import WORKER
 from asyncengine.plugin_runtime.phases import run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupTrace
@@ -31,6 +31,7 @@ from asyncengine.wire.messages import (
     WorkerCallResult,
     WorkerInbox,
 )
+from asyncengine.worker.extension import rpc_method
 
 
 async def serve_worker(frames: FrameStream, params: StartupParams, trace: StartupTrace) -> None:
@@ -41,6 +42,7 @@ async def serve_worker(frames: FrameStream, params: StartupParams, trace: Startu
     worker = Worker(
         params.engine_config, params.model_config, state.platform, rank=params.rank,
         world_size=params.world_size, distributed_init_method=params.distributed_init_method,
+        logits_processors=state.logits_processors,
     )
     # Every call runs on one thread for the process's life (see runtime/dedicated_thread.py).
     thread = DedicatedThread("asyncengine-worker")
@@ -71,10 +73,11 @@ async def _serve_messages(frames: FrameStream, worker, thread: DedicatedThread) 
                 if isinstance(message, ExecuteModel):
                     answers.send_nowait((message, thread.submit(worker.execute_model, message.scheduler_output)))
                 elif isinstance(message, WorkerCall):
-                    method = getattr(worker, message.method, None)
-                    if method is None:
+                    try:  # the worker's method, else its extension's (worker/extension.py)
+                        method = rpc_method(worker, message.method)
+                    except WorkerError as exc:
                         reply = Reply()
-                        reply.fail(AttributeError(f"the worker has no method {message.method!r}"))
+                        reply.fail(exc)
                     else:
                         reply = thread.submit(method, *message.args)
                     answers.send_nowait((message, reply))
@@ -98,7 +101,9 @@ async def _send_answers(frames: FrameStream, pending) -> None:
                     result = await reply.wait()
                 except Exception as exc:  # the caller gets the error with this rank's name
                     await frames.send(
-                        WorkerCallResult(call_id=message.call_id, error=_summary(exc), error_type=error_type_name(exc),
+                        WorkerCallResult(call_id=message.call_id, error_type=error_type_name(exc),
+                                         # our own errors keep their type by name: the message alone suffices
+                                         error=str(exc) if isinstance(exc, AsyncEngineError) else _summary(exc),
                                          error_field=error_field(exc))
                     )
                 else:

@@ -1,9 +1,12 @@
 """Sampler: from one row of logits per request to one token per request, with vLLM's semantics.
 
 Order of operations, per row: logprobs are taken from the raw logits (as vLLM's default
-`raw_logprobs`); then min_tokens masks the stop tokens; penalties (repetition on prompt and output,
-frequency and presence on output); greedy rows take the argmax; the others divide by temperature,
-apply min_p, top_k and top_p, and draw with the exponential race (argmax of p / E, E ~ Exp(1)).
+`raw_logprobs`); then the logits processors that may change the argmax (vLLM's order); min_tokens
+masks the stop tokens; penalties (repetition on prompt and output, frequency and presence on output);
+greedy rows take the argmax; for the others the batch is divided by temperature (greedy rows by 1),
+the argmax-invariant logits processors run (only when some row samples at random: they cannot change
+a greedy row's token), then min_p, top_k and top_p, and a draw with the exponential race (argmax of
+p / E, E ~ Exp(1)).
 
 A request with a seed draws from a generator seeded by (seed, output position), so its tokens do not
 depend on which other requests share the batch, nor on whether it was preempted and recomputed.
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.worker.logits_processors import LogitsProcessors
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 64-bit seed space
 
@@ -58,19 +62,32 @@ class Sampler:
         self._row_generator = torch.Generator(device=device)
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 processors: LogitsProcessors | None = None) -> SamplerOutput:
+        """`processors`: the worker's logits processors, their update_state already called for this
+        batch (row i of `logits` is `rows[i]`)."""
         batch = _Batch(rows, logits.device)
-        logits = logits.float()
+        given, logits = logits, logits.float()
         raw_logprobs = (
             torch.log_softmax(logits, dim=-1) if any(r.options.logprobs is not None for r in rows) else None
         )
+        if processors is not None and processors.non_argmax_invariant:
+            # A processor may write in place: never into the caller's tensor.
+            logits = processors.apply(logits.clone() if logits is given else logits, argmax_invariant=False)
         logits = self._mask_stop_tokens_before_min_tokens(logits, rows)
         if any(row.options.needs_penalties for row in rows):
             logits = self._apply_penalties(logits, batch)
         tokens = logits.argmax(dim=-1)
         if not all(batch.greedy):
             random_rows = [i for i, greedy in enumerate(batch.greedy) if not greedy]
-            sampled = self._sample_random(logits[random_rows], [rows[i] for i in random_rows])
+            # The whole batch is scaled (greedy rows by 1, their token is chosen already) so that
+            # argmax-invariant processors get every row at its index, as vLLM gives them.
+            temperature = torch.tensor([1.0 if greedy else row.options.temperature
+                                        for greedy, row in zip(batch.greedy, rows)], device=logits.device)
+            scaled = logits / temperature.unsqueeze(1)
+            if processors is not None and processors.argmax_invariant:
+                scaled = processors.apply(scaled, argmax_invariant=True)
+            sampled = self._sample_random(scaled[random_rows], [rows[i] for i in random_rows])
             tokens[random_rows] = sampled
         token_list = tokens.tolist()
         return SamplerOutput(token_ids=token_list, logprobs=self._logprobs(raw_logprobs, tokens, rows))
@@ -110,8 +127,8 @@ class Sampler:
         return logits - frequency * output_counts - presence * (output_counts > 0).float()
 
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """`logits` are already divided by each row's temperature."""
         batch = _Batch(rows, logits.device)
-        logits = logits / batch.column("temperature", torch.float32).unsqueeze(1)
         if any(row.options.min_p > 0.0 for row in rows):
             probs = torch.softmax(logits, dim=-1)
             threshold = batch.column("min_p", torch.float32).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)

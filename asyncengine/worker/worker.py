@@ -2,25 +2,42 @@
 
 The engine core drives it by method name (`init_device`, `load_model`, `determine_num_blocks`,
 `initialize_kv_cache`, `execute_model`), in a thread of the engine-core process or in a process of
-its own; `collective_rpc` reaches its other public methods the same way.
+its own; `collective_rpc` reaches its other public methods the same way, and then the methods of its
+extension (`worker_extension_cls`, composed: see worker/extension.py).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
+import msgspec
 import torch
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
+from asyncengine.models.layers import op_registry
 from asyncengine.platforms.interface import Platform
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker import parallel
+from asyncengine.worker.extension import build_extension
 from asyncengine.worker.model_runner import ModelRunner
 
 
 class Worker:
+    # The public attributes, declared so that the worker-extension clash check (worker/extension.py)
+    # sees them from the class alone, before any worker exists.
+    engine_config: EngineConfig
+    model_config: ModelConfig | None
+    platform: type[Platform]
+    rank: int
+    world_size: int
+    distributed_init_method: str | None
+    device: torch.device
+    model_runner: ModelRunner | None
+    extension: Any  # the `worker_extension_cls` instance, built in init_device; None without one
+
     def __init__(
         self,
         engine_config: EngineConfig,
@@ -30,6 +47,7 @@ class Worker:
         rank: int = 0,
         world_size: int = 1,
         distributed_init_method: str | None = None,
+        logits_processors: tuple[type, ...] | list[type] = (),
     ) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
@@ -39,7 +57,11 @@ class Worker:
         self.distributed_init_method = distributed_init_method
         device_type = platform.device_type
         self.device = torch.device(device_type if device_type == "cpu" or world_size == 1 else f"{device_type}:{rank}")
-        self.model_runner: ModelRunner | None = None
+        self.model_runner = None
+        self.extension = None
+        # The logits-processor classes of this process's plugin phases (entry points and the
+        # `logits_processors` option); the model runner builds them with the model.
+        self._logits_processors = tuple(logits_processors)
 
     def init_device(self) -> None:
         self.platform.set_device(self.device)
@@ -48,10 +70,21 @@ class Worker:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
         parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend)
         self.platform.seed_everything(self.engine_config.seed)
-        self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device, self.platform)
+        self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device, self.platform,
+                                        self._logits_processors)
+        if self.engine_config.worker_extension_cls:
+            # Built here, inside the traced `init device` phase, so a constructor that raises is
+            # reported with this worker and phase named; the model loads later, so an extension reads
+            # the worker's state when its methods are called, not in its constructor.
+            self.extension = build_extension(self, self.engine_config.worker_extension_cls)
 
-    def load_model(self) -> None:
+    def load_model(self) -> list[dict]:
+        """Load the model; returns this worker's start-up records of what it chose (as plain data, the
+        same whether it crosses a process boundary or not), which the engine core adds to the report."""
+        # Before the model exists: its custom ops choose their op provider per call, in this order.
+        op_registry.set_op_priority(self.engine_config.op_priority)
         self.model_runner.load_model()
+        return msgspec.to_builtins(self.model_runner.startup_records + op_registry.startup_records("load model"))
 
     def determine_num_blocks(self) -> int:
         return self.model_runner.determine_num_blocks()

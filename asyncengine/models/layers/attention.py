@@ -1,7 +1,8 @@
-"""The attention layer of every model: store this step's keys and values, attend over the pages.
+"""The attention layer of every model: hands this step's queries, keys and values to its backend.
 
-The model runner binds each layer's cache (`kv_cache`) once, after it allocates the cache, and passes
-the step's `AttentionMetadata` through the model's forward.
+The model runner binds each layer's cache (`kv_cache`) once it allocates the cache, and its backend
+(`backend`: the attention backend the platform chose, asyncengine/attention/) once the model is
+loaded; it passes the step's `AttentionMetadata` through the model's forward.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asyncengine.ops.paged_attention import AttentionPlan, paged_attention, store_kv
+from asyncengine.attention.backend import AttentionBackend
+from asyncengine.ops.paged_attention import AttentionPlan
 
 
 @dataclass
@@ -20,6 +22,10 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
     plan: AttentionPlan  # built once per step, shared by every layer
+    # The batch as plain data, for backends that plan their own way (already at hand: no extra work).
+    query_lens: list[int]  # per sequence: tokens computed this step
+    seq_lens: list[int]  # per sequence: context length after this step
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, on the device
 
 
 class PagedAttention(nn.Module):
@@ -30,16 +36,12 @@ class PagedAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.backend: AttentionBackend | None = None
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         """`query` `[tokens, heads, head_dim]`, `key`/`value` `[tokens, kv_heads, head_dim]`."""
-        if self.kv_cache is None:
-            raise RuntimeError("attention layer has no KV cache bound: the model runner must bind it first")
-        key_cache, value_cache = self.kv_cache
-        store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = paged_attention(
-            query, key_cache, value_cache, metadata.plan, self.scale, new_key=key, new_value=value
-        )
-        return out.flatten(1)
+        if self.kv_cache is None or self.backend is None:
+            raise RuntimeError("attention layer has no KV cache or backend bound: the model runner must bind them")
+        return self.backend.forward(query, key, value, self.kv_cache, metadata).flatten(1)

@@ -1,4 +1,10 @@
-"""Rotary position embedding (RoPE), with the scaling variants Llama-family checkpoints use."""
+"""Rotary position embedding (RoPE), with the scaling variants Llama-family checkpoints use.
+
+`RotaryEmbedding` is a custom op (custom_op.py): replaceable by name ("RotaryEmbedding"), and its
+rotation runs through the providers of op "rotary" (`rotary_native` is the reference). Unlike vLLM's
+`forward(positions, query, key)`, it takes the step's cos/sin, looked up once per step (`lookup`)
+and shared by every layer.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,10 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
 
 from asyncengine.errors import ModelLoadError
+from asyncengine.models.layers.custom_op import CustomOp
+from asyncengine.models.layers.op_registry import call_op
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -65,7 +72,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-class RotaryEmbedding(nn.Module):
+@CustomOp.register("RotaryEmbedding")
+class RotaryEmbedding(CustomOp):
     """Rotates query and key heads by their positions, reading cos/sin from a table built once."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
@@ -83,10 +91,15 @@ class RotaryEmbedding(nn.Module):
             self.sin_table[positions].unsqueeze(1).to(dtype),
         )
 
+    def forward_native(
+        self, query: torch.Tensor, key: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate `query` `[tokens, heads, head_dim]` and `key` `[tokens, kv_heads, head_dim]` by their positions."""
+        cos, sin = cos_sin
+        return call_op("rotary", query, key, cos, sin)
 
-def apply_rotary(
-    query: torch.Tensor, key: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+
+def rotary_native(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate `query` `[tokens, heads, head_dim]` and `key` `[tokens, kv_heads, head_dim]` by their positions."""
-    cos, sin = cos_sin
     return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin

@@ -1,0 +1,256 @@
+"""The custom-op tables (EXTENSION_POINTS.md, R2): in-tree op classes, their out-of-tree replacements,
+and op providers (several implementations of one op, chosen per call).
+
+Torch-free on purpose: the frontend builds its manifest from these registries, and a general plugin
+registers into them there too, without the frontend importing torch for it. The `CustomOp` class
+itself is in custom_op.py; the in-tree ops (norm.py, rotary.py, activation.py) use both.
+
+Two registries, read in the worker (the manifest check compares them there):
+- `custom_ops`: in-tree op name -> class ("RMSNorm"), and `oot:<name>` -> the out-of-tree class that
+  replaces it (`CustomOp.register_oot`). The built-in names are registered here as lazy paths, so
+  every process knows them (and can refuse an unknown name) before any model module is imported.
+- `op_providers`: `<op>/<provider>` -> function ("rms_norm/native"). Which provider runs is decided
+  per call: the providers in priority order, the first whose `supported(*args)` says yes (or that
+  has no predicate). The order: the providers named by `op_priority` in the config, else by the
+  platform's `op_priority`, in that order; then the others by their registered `priority` (higher
+  first, then by name); `native` (the torch reference, which supports everything) last unless named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncengine.errors import AsyncEngineError, ConfigError
+from asyncengine.models.registry import import_by_path
+from asyncengine.registries.base import BUILT_IN, Registry, RegistrationError, describe, reads
+
+CustomOpRegistry = Registry("custom_ops", "custom op")
+OpProviderRegistry = Registry("op_providers", "op provider")
+
+OOT_PREFIX = "oot:"
+NATIVE = "native"
+
+# In-tree ops and their torch implementations (provider "native"), by path: importing them needs torch.
+_IN_TREE_OPS = {
+    "RMSNorm": "asyncengine.models.layers.norm:RMSNorm",
+    "RotaryEmbedding": "asyncengine.models.layers.rotary:RotaryEmbedding",
+    "SiluAndMul": "asyncengine.models.layers.activation:SiluAndMul",
+}
+_NATIVE_PROVIDERS = {
+    "rms_norm": "asyncengine.models.layers.norm:rms_norm_native",
+    "rotary": "asyncengine.models.layers.rotary:rotary_native",
+    "silu_and_mul": "asyncengine.models.layers.activation:silu_and_mul_native",
+}
+
+
+class NoOpProvider(AsyncEngineError):
+    """No provider of an op accepts the arguments of a call (only possible for an op without `native`)."""
+
+
+# -- custom ops (classes) ---------------------------------------------------------------------------------
+
+
+def in_tree_op_names() -> list[str]:
+    return [key for key in CustomOpRegistry.keys() if not key.startswith(OOT_PREFIX)]
+
+
+def register_custom_op(name: str, op_class: Any) -> None:
+    """Register an in-tree op class under `name` (what `@CustomOp.register(name)` does)."""
+    if not isinstance(name, str) or not name or name.startswith(OOT_PREFIX):
+        raise RegistrationError(f"a custom op needs a name (a non-empty string, not starting with "
+                                f"{OOT_PREFIX!r}), got {name!r}")
+    CustomOpRegistry.register(name, op_class)
+
+
+def register_oot_op(name: str, op_class: Any, *, override: bool = False) -> None:
+    """Make building the in-tree op `name` build `op_class` instead (what `CustomOp.register_oot` does)."""
+    if not isinstance(op_class, (type, str)):
+        raise RegistrationError(f"CustomOp.register_oot takes a class (or 'pkg.mod:Class'), got {op_class!r}")
+    known = in_tree_op_names()
+    if name not in known:
+        raise RegistrationError(
+            f"CustomOp.register_oot: {name!r} is not an in-tree custom op, so there is nothing to replace; "
+            f"the op names are: {', '.join(known)}"
+        )
+    CustomOpRegistry.register(OOT_PREFIX + name, op_class, override=override)
+
+
+@reads("custom_ops", "worker")
+def oot_replacement(name: str) -> type | None:
+    """The out-of-tree class registered for the in-tree op `name`, if any (looked up per construction)."""
+    entry = CustomOpRegistry.get(OOT_PREFIX + name)
+    if entry is None:
+        return None
+    if isinstance(entry.implementation, str):
+        return import_by_path(entry.implementation, what=f"out-of-tree custom op {name!r}")
+    return entry.implementation
+
+
+# -- op providers (functions) -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Options:
+    supported: Callable[..., bool] | None
+    priority: int
+
+
+_options: dict[str, _Options] = {}
+_config_priority: dict[str, list[str]] = {}  # `op_priority` of the config, set by the worker before the model runs
+# op -> ((provider, function, supported), ...) in the order to try; rebuilt after any change.
+_chains: dict[str, tuple[tuple[str, Callable[..., Any], Callable[..., bool] | None], ...]] = {}
+
+
+def register_op_impl(
+    op: str,
+    provider: str,
+    fn: Callable[..., Any] | str,
+    *,
+    supported: Callable[..., bool] | None = None,
+    priority: int | None = None,
+    override: bool = False,
+) -> Callable[..., Any] | str:
+    """Register `fn` (or "pkg.mod:function") as `provider`'s implementation of `op`.
+
+    `fn` takes the op's arguments (rms_norm: `x, weight, eps`; silu_and_mul: `x`; rotary:
+    `query, key, cos, sin`). `supported(*args)`, when given, is asked before each call whether `fn`
+    handles those arguments; no predicate means it handles all. `priority` (default 0, higher first)
+    orders the providers that neither the config's nor the platform's `op_priority` names.
+    """
+    for label, value in (("op", op), ("provider", provider)):
+        if not isinstance(value, str) or not value or "/" in value:
+            raise RegistrationError(f"register_op_impl: the {label} must be a non-empty string without '/', "
+                                    f"got {value!r}")
+    if not (callable(fn) or isinstance(fn, str)):
+        raise RegistrationError(f"register_op_impl({op!r}, {provider!r}): fn must be callable or "
+                                f"'pkg.mod:function', got {fn!r}")
+    if supported is not None and not callable(supported):
+        raise RegistrationError(f"register_op_impl({op!r}, {provider!r}): supported must be callable or None")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise RegistrationError(f"register_op_impl({op!r}, {provider!r}): priority must be an int, got {priority!r}")
+    _register_provider(op, provider, fn, _Options(supported, priority or 0), override=override)
+    return fn
+
+
+def _register_provider(op: str, provider: str, fn: Any, options: _Options, *, override: bool = False,
+                       owner: str | None = None) -> None:
+    key = f"{op}/{provider}"
+    first = key not in OpProviderRegistry
+    OpProviderRegistry.register(key, fn, override=override, owner=owner)
+    if first or override:  # the same function again is a no-op: its first options stay
+        _options[key] = options
+    _chains.clear()
+
+
+def op_names() -> list[str]:
+    return sorted({key.partition("/")[0] for key in OpProviderRegistry.keys()})
+
+
+def providers_of(op: str) -> list[str]:
+    return [key.partition("/")[2] for key in OpProviderRegistry.keys() if key.partition("/")[0] == op]
+
+
+def set_op_priority(priority: dict[str, list[str]] | None) -> None:
+    """Install the config's `op_priority` in this process (the worker does, before it loads the model).
+
+    A name no provider has is an error here, where the providers are known, naming the known ones.
+    """
+    priority = dict(priority or {})
+    for op, names in priority.items():
+        if op not in op_names():
+            raise ConfigError(f"op_priority names op {op!r}, which has no providers; the ops are: "
+                              f"{', '.join(op_names())}", field="op_priority")
+        unknown = [name for name in names if name not in providers_of(op)]
+        if unknown:
+            raise ConfigError(f"op_priority[{op!r}] names provider(s) {', '.join(map(repr, unknown))} that op "
+                              f"{op!r} does not have; its providers are: {', '.join(providers_of(op))}",
+                              field="op_priority")
+    _config_priority.clear()
+    _config_priority.update({op: list(names) for op, names in priority.items()})
+    _chains.clear()
+
+
+@reads("op_providers", "worker")
+def provider_order(op: str) -> tuple[list[str], str]:
+    """The providers of `op` in the order they are tried, and where the preferred order came from."""
+    from asyncengine.platforms.resolution import current_platform
+
+    providers = providers_of(op)
+    if op in _config_priority:
+        preferred, source = _config_priority[op], "op_priority in the config"
+    else:
+        platform = current_platform()
+        preferred = (getattr(platform, "op_priority", None) or {}).get(op, [])
+        source = f"the {platform.device_name} platform's order"
+    # A platform may prefer providers that are not installed here: those are passed over.
+    named = list(dict.fromkeys(name for name in preferred if name in providers))
+    if not named:
+        source = "registered priorities"
+    rest = sorted((name for name in providers if name not in named and name != NATIVE),
+                  key=lambda name: (-_options[f"{op}/{name}"].priority, name))
+    if NATIVE in providers and NATIVE not in named:
+        rest.append(NATIVE)
+    return named + rest, source
+
+
+@reads("op_providers", "worker")
+def _build_chain(op: str) -> tuple[tuple[str, Callable[..., Any], Callable[..., bool] | None], ...]:
+    order, _ = provider_order(op)
+    chain = []
+    for name in order:
+        entry = OpProviderRegistry.get(f"{op}/{name}")
+        fn = entry.implementation
+        if isinstance(fn, str):
+            fn = import_by_path(fn, what=f"op provider {name!r} of {op!r}")
+        chain.append((name, fn, _options[f"{op}/{name}"].supported))
+    _chains[op] = tuple(chain)
+    return _chains[op]
+
+
+def call_op(op: str, *args: Any) -> Any:
+    """Run `op` with the first provider, in priority order, that supports these arguments."""
+    chain = _chains.get(op) or _build_chain(op)
+    for _name, fn, supported in chain:
+        if supported is None or supported(*args):
+            return fn(*args)
+    raise NoOpProvider(f"no provider of op {op!r} supports these arguments (tried {', '.join(n for n, _, _ in chain)})"
+                       if chain else f"op {op!r} has no providers; the ops are: {', '.join(op_names())}")
+
+
+def startup_records(phase: str) -> list[Any]:
+    """The worker's start-up records: per op, the provider it prefers and the priority list; per
+    out-of-tree replacement, the class that replaces the in-tree op."""
+    import os
+    import time
+
+    from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+
+    now, pid, role = time.time(), os.getpid(), current_process_role()
+    return [StartupRecord(pid=pid, role=role, phase=phase, plugin=subject, reason=detail, start=now)
+            for subject, detail in _choices()]
+
+
+@reads("custom_ops", "worker")
+def _choices() -> list[tuple[str, str]]:
+    choices = []
+    for op in op_names():
+        order, source = provider_order(op)
+        first = order[0]
+        detail = f"provider {first} (priority list: {', '.join(order)}; from {source})"
+        if _options[f"{op}/{first}"].supported is not None and len(order) > 1:
+            detail += f"; {first} is asked per call whether it supports the arguments, else the next in the list runs"
+        choices.append((f"op:{op}", detail))
+    for name in in_tree_op_names():
+        entry = CustomOpRegistry.get(OOT_PREFIX + name)
+        if entry is not None:
+            choices.append((f"custom op:{name}", f"out-of-tree class {describe(entry.implementation)} replaces "
+                                                 f"the in-tree {name} (registered by {entry.owner})"))
+    return choices
+
+
+for _name, _path in _IN_TREE_OPS.items():
+    CustomOpRegistry.register(_name, _path, owner=BUILT_IN)
+for _op, _path in _NATIVE_PROVIDERS.items():
+    _register_provider(_op, NATIVE, _path, _Options(None, 0), owner=BUILT_IN)

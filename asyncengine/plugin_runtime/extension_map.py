@@ -1,0 +1,127 @@
+"""`asyncengine plugins map`: where each extension point is read, one column per process.
+
+Three kinds, as EXTENSION_POINTS.md names them, and they reach a process differently:
+- an entry-point group is loaded by the process itself at start-up (it needs nothing from you);
+- a config hook reaches the process in the configuration every process receives;
+- a registry works in a process only if a general plugin (or the platform) filled it there.
+Each entry names the code that reads it (`path:line`), taken from the code itself: the groups' loaders,
+the functions marked `@reads(registry, role)`, and the config-hook table. Nothing here is typed twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncengine.plugin_runtime import groups as g
+
+PROCESSES = (g.FRONTEND, g.ENGINE_CORE, g.WORKER)
+ENTRY_POINT, CONFIG_HOOK, REGISTRY = "entry point", "config hook", "registry"
+PLURAL = {ENTRY_POINT: "entry-point groups", CONFIG_HOOK: "config hooks", REGISTRY: "registries"}
+HOW = {
+    ENTRY_POINT: "found and loaded by the process itself",
+    CONFIG_HOOK: "arrives in the configuration",
+    REGISTRY: "works only if a general plugin filled it in this process",
+}
+
+
+@dataclass(frozen=True)
+class MapEntry:
+    process: str
+    kind: str
+    name: str
+    location: str  # path:line of the code that reads it there
+
+
+def location_of(function: Any) -> str:
+    function = inspect.unwrap(function)
+    parts = Path(inspect.getsourcefile(function) or "?").parts
+    start = max(i for i, part in enumerate(parts) if part == "asyncengine") if "asyncengine" in parts else 0
+    return f"{'/'.join(parts[start:])}:{inspect.getsourcelines(function)[1]}"
+
+
+def _group_loader(group: g.Group) -> Any:
+    """The function that loads `group` in a process."""
+    if group is g.PLATFORM:
+        from asyncengine.platforms.resolution import resolve_platform
+
+        return resolve_platform
+    from asyncengine.plugin_runtime.phases import run_plugin_phases
+
+    return run_plugin_phases
+
+
+def build_map() -> list[MapEntry]:
+    from asyncengine.plugin_runtime.config_hooks import HOOK_READERS, load_hook
+    from asyncengine.registries import READER_MODULES, all_registries
+    from asyncengine.registries.base import recorded_read_sites
+
+    entries = []
+    for group in g.GROUPS:
+        for process in PROCESSES:
+            if process in group.roles:
+                entries.append(MapEntry(process, ENTRY_POINT, group.entry_point_group, location_of(_group_loader(group))))
+    for module in READER_MODULES:
+        importlib.import_module(module)
+    sites = recorded_read_sites()
+    for option, readers in HOOK_READERS.items():
+        for process in PROCESSES:
+            if process in readers:
+                # The function that uses the hook there, when it is marked; else the generic loader.
+                marked = [s.location for s in sites if s.registry == f"hook:{option}" and s.role == process]
+                for location in marked or [location_of(load_hook)]:
+                    entries.append(MapEntry(process, CONFIG_HOOK, option, location))
+    registries = all_registries()
+    for site in sites:
+        if site.registry in registries:
+            entries.append(MapEntry(site.role, REGISTRY, site.registry, site.location))
+    order = {process: index for index, process in enumerate(PROCESSES)}
+    kinds = {ENTRY_POINT: 0, CONFIG_HOOK: 1, REGISTRY: 2}
+    return sorted(entries, key=lambda e: (order[e.process], kinds[e.kind], e.name))
+
+
+def format_map(entries: list[MapEntry]) -> str:
+    lines = []
+    for process in PROCESSES:
+        lines.append(f"{process}")
+        for kind in (ENTRY_POINT, CONFIG_HOOK, REGISTRY):
+            mine = [e for e in entries if e.process == process and e.kind == kind]
+            if not mine:
+                continue
+            lines.append(f"  {PLURAL[kind]} ({HOW[kind]}):")
+            lines.extend(f"    {e.name:<36} {e.location}" for e in mine)
+    return "\n".join(lines)
+
+
+def format_map_markdown(entries: list[MapEntry]) -> str:
+    """The same picture as a table with one column per process (for docs/)."""
+    cells = {}
+    for process in PROCESSES:
+        cells[process] = [f"{_badge(e.kind)} `{e.name}` ({e.location})" for e in entries if e.process == process]
+    rows = max(len(column) for column in cells.values())
+    lines = ["| " + " | ".join(PROCESSES) + " |", "|" + "---|" * len(PROCESSES)]
+    for index in range(rows):
+        lines.append("| " + " | ".join(cells[p][index] if index < len(cells[p]) else "" for p in PROCESSES) + " |")
+    legend = "; ".join(f"{_badge(kind)} {kind}: {HOW[kind]}" for kind in (ENTRY_POINT, CONFIG_HOOK, REGISTRY))
+    return "\n".join(lines) + f"\n\n{legend}."
+
+
+def _badge(kind: str) -> str:
+    return {ENTRY_POINT: "[E]", CONFIG_HOOK: "[C]", REGISTRY: "[R]"}[kind]
+
+
+DOCS_PAGE_HEADER = """# Where each extension point is read
+
+Generated by `asyncengine plugins map --write docs/extension-map.md`; a test checks that this page is
+what the command prints today, so after code moves, run it again.
+
+---
+
+"""
+
+
+def docs_page(entries: list[MapEntry]) -> str:
+    return DOCS_PAGE_HEADER + format_map_markdown(entries) + "\n"
