@@ -14,11 +14,17 @@ from asyncengine.attention.registry import (  # read in: worker (the platform or
     AttentionBackendRegistry,
     register_attention_backend,
 )
+from asyncengine.engine_core.executor import (  # read in: engine core (`distributed_executor_backend=pkg.mod:Class`)
+    Executor,
+    MultiprocExecutor,
+    UniExecutor,
+)
 from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core (`--scheduler-cls` subclasses it)
 from asyncengine.errors import RequestError  # raise it to refuse a request (LogitsProcessor.validate_params)
 from asyncengine.frontend.endpoints import EndpointPlugin  # read in: frontend (opt-in)
 from asyncengine.frontend.io_processor import IOProcessor  # read in: frontend
 from asyncengine.frontend.stat_loggers import StatLoggerBase  # read in: frontend
+from asyncengine.frontend.tokenizer import TokenizerRegistry  # read in: frontend (chosen by --tokenizer-mode)
 from asyncengine.loader.registry import (  # read in: worker (build), frontend (checks --load-format)
     BaseModelLoader,
     LoadConfig,
@@ -27,8 +33,17 @@ from asyncengine.loader.registry import (  # read in: worker (build), frontend (
     register_model_loader,
 )
 from asyncengine.models.layers.op_registry import register_op_impl  # read in: worker (op providers, per call)
+from asyncengine.models.layers.quantization import (  # read in: worker (build), frontend (checks the name)
+    LinearMethod,
+    QuantizationConfig,
+    QuantizationRegistry,
+    register_quantization_config,
+)
 from asyncengine.models.registry import ModelRegistry  # read in: frontend (validate), worker (build)
 from asyncengine.platforms.interface import Platform  # read in: every process
+from asyncengine.plugin_runtime.additional_config import (  # read in: frontend (checks every key is claimed)
+    AdditionalConfigRegistry,
+)
 from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.registries.base import Registry, RegistrationError  # the registry type itself
@@ -65,6 +80,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AddedRequest",
+    "AdditionalConfigRegistry",
     "CustomOp",
     "register_op_impl",
     "AttentionBackend",
@@ -72,6 +88,9 @@ __all__ = [
     "register_attention_backend",
     "BatchUpdate",
     "EndpointPlugin",
+    "Executor",
+    "MultiprocExecutor",
+    "UniExecutor",
     "IOProcessor",
     "LogitsProcessor",
     "MoveDirectionality",
@@ -83,6 +102,7 @@ __all__ = [
     "RequestError",
     "Scheduler",
     "StatLoggerBase",
+    "TokenizerRegistry",
     "current_platform",
     "current_process_role",
     "BaseModelLoader",
@@ -90,6 +110,10 @@ __all__ = [
     "ModelLoaderRegistry",
     "register_model_loader",
     "SafetensorsLoader",
+    "LinearMethod",
+    "QuantizationConfig",
+    "QuantizationRegistry",
+    "register_quantization_config",
     "DeltaMessage",
     "ExtractedToolCalls",
     "ReasoningParser",

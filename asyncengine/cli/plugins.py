@@ -46,7 +46,7 @@ def _settings(parser: argparse.ArgumentParser, *, placement: bool) -> None:
         parser.add_argument("--device", default="auto")
         parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
         parser.add_argument("--in-process", action="store_true", help="the engine core in the frontend's process")
-        parser.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
+        parser.add_argument("--distributed-executor-backend", default=None, metavar="{uni,mp,PKG.MOD:EXECUTOR}")
         # Config hooks: the timeline lists where each is checked; `check` imports and checks them there.
         parser.add_argument("--scheduler-cls", default=None, metavar="PKG.MOD:CLASS")
         parser.add_argument("--worker-extension-cls", default="", metavar="PKG.MOD:CLASS")

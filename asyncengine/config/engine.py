@@ -19,7 +19,6 @@ from asyncengine.errors import ConfigError
 # (`scheduler_cls` and `worker_extension_cls` are implemented: checked in the config-hooks phase, see
 # asyncengine/plugin_runtime/config_hooks.py.)
 _NOT_YET_SUPPORTED: dict[str, str] = {
-    "quantization": "quantization methods",
     "worker_cls": "custom worker classes",
     "kv_transfer_config": "KV connectors",
 }
@@ -39,6 +38,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # Model and tokenizer
     model: str | None = None
     tokenizer: str | None = None
+    # A TokenizerRegistry key ("auto": transformers' AutoTokenizer); plugins add modes. Read in the frontend.
+    tokenizer_mode: str = "auto"
     skip_tokenizer_init: bool = False
     served_model_name: str | None = None
     dtype: str = "auto"
@@ -132,6 +133,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if not isinstance(self.load_format, str) or not self.load_format:
             raise ConfigError("load_format must name a model loader (auto, safetensors, gguf, dummy, or a "
                               "plugin's)", field="load_format")
+        if not isinstance(self.tokenizer_mode, str) or not self.tokenizer_mode.strip():
+            raise ConfigError("tokenizer_mode must name a registered tokenizer mode ('auto' or a plugin's)",
+                              field="tokenizer_mode")
         if self.attention_backend is not None and not self.attention_backend.strip():
             raise ConfigError("attention_backend must name a registered attention backend (or be unset: the "
                               "platform chooses)", field="attention_backend")
@@ -170,10 +174,12 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     def _check_placement(self) -> None:
         backend = self.distributed_executor_backend
-        if backend not in (None, "uni", "mp"):
+        module, colon, attr = (backend or "").partition(":")
+        if backend not in (None, "uni", "mp") and not (colon and module.strip() and attr.strip()):
             raise ConfigError(
                 f"distributed_executor_backend must be 'uni' (the worker in a thread of the engine-core "
-                f"process) or 'mp' (one process per rank); got {backend!r}",
+                f"process), 'mp' (one process per rank) or 'pkg.mod:Class' (an Executor subclass, C7); "
+                f"got {backend!r}",
                 field="distributed_executor_backend",
             )
         if backend == "uni" and self.tensor_parallel_size > 1:
@@ -184,6 +190,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         if self.transport not in ("unix", "tcp"):
             raise ConfigError(f"transport must be 'unix' or 'tcp', got {self.transport!r}", field="transport")
+
+    @property
+    def executor_backend(self) -> str:
+        """`distributed_executor_backend`, defaulted: 'uni' for one rank, else 'mp' (or a 'pkg.mod:Class')."""
+        return self.distributed_executor_backend or ("uni" if self.tensor_parallel_size == 1 else "mp")
 
     @property
     def effective_max_num_batched_tokens(self) -> int:

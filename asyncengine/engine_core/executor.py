@@ -29,6 +29,7 @@ from asyncengine.errors import (
     rebuild_error,
 )
 from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
+from asyncengine.registries.base import reads
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
@@ -372,10 +373,36 @@ def round_trip(value: Any) -> Any:
     return decoder.decode(encoder.encode(value))
 
 
+def worker_placement(engine_config: EngineConfig) -> str:
+    """"uni" when the worker runs in a thread of the engine core's process, else "mp" (worker processes).
+    A `pkg.mod:Executor` backend (C7) places it as the built-in it subclasses: UniExecutor's subclasses
+    run the worker in the engine core, so that process also plays the worker role (its plugin phases)."""
+    backend = engine_config.executor_backend
+    if backend in ("uni", "mp"):
+        return backend
+    from asyncengine.models.registry import import_by_path
+
+    try:
+        cls = import_by_path(backend, what="distributed_executor_backend")
+    except Exception:  # the config-hooks phase reports it, naming the option (the frontend, before spawning)
+        return "mp"
+    return "uni" if isinstance(cls, type) and issubclass(cls, UniExecutor) else "mp"
+
+
+@reads("hook:distributed_executor_backend", "engine core")
 def build_executor(engine_config: EngineConfig, model_config: ModelConfig | None, plugin_state: Any, *,
                    owner: str) -> Executor:
-    backend = engine_config.distributed_executor_backend or ("uni" if engine_config.tensor_parallel_size == 1 else "mp")
+    backend = engine_config.executor_backend
+    cls: type[Executor]
     if backend == "uni":
-        return UniExecutor(engine_config, model_config, plugin_state.platform, owner=owner,
-                           logits_processors=plugin_state.logits_processors)
-    return MultiprocExecutor(engine_config, model_config, plugin_state.platform)
+        cls = UniExecutor
+    elif backend == "mp":
+        cls = MultiprocExecutor
+    else:  # "pkg.mod:Class", checked to be an Executor subclass
+        from asyncengine.plugin_runtime.config_hooks import load_hook
+
+        cls = load_hook("distributed_executor_backend", backend)
+    if issubclass(cls, UniExecutor):
+        return cls(engine_config, model_config, plugin_state.platform, owner=owner,
+                   logits_processors=plugin_state.logits_processors)
+    return cls(engine_config, model_config, plugin_state.platform)

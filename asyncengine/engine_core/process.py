@@ -42,7 +42,9 @@ async def serve_engine_core(frames: FrameStream, params: StartupParams, trace: S
 
 
 def _worker_in_this_process(config) -> bool:
-    return (config.distributed_executor_backend or ("uni" if config.tensor_parallel_size == 1 else "mp")) == "uni"
+    from asyncengine.engine_core.executor import worker_placement
+
+    return worker_placement(config) == "uni"
 
 
 async def _messages(frames: FrameStream):

@@ -18,7 +18,9 @@ def load_model(
     load_format: str = "auto",
     model_class_overrides: dict[str, str] | None = None,
     seed: int = 0,
+    quantization: str | None = None,
 ) -> nn.Module:
     loader_cls = ModelLoaderRegistry.loader_class(load_format)
-    loader = loader_cls(LoadConfig(load_format=load_format, seed=seed, model_class_overrides=model_class_overrides))
+    loader = loader_cls(LoadConfig(load_format=load_format, seed=seed, model_class_overrides=model_class_overrides,
+                                   quantization=quantization))
     return loader.load_model(model_config, device)

@@ -31,6 +31,7 @@ class LoadConfig:
     load_format: str
     seed: int = 0
     model_class_overrides: dict[str, str] | None = None
+    quantization: str | None = None  # a QuantizationConfig's registered name: builds the linear layers
 
 
 class BaseModelLoader:
@@ -45,16 +46,27 @@ class BaseModelLoader:
 
     @reads("models", "worker")
     @reads("hook:model_class_overrides", "worker")
+    @reads("quantization", "worker")  # the QuantizationConfig that builds the linear layers
     def load_model(self, model_config: ModelConfig, device: torch.device) -> nn.Module:
         import torch  # here, not at import: plugins import this module through plugins_api
 
+        from asyncengine.models.layers.quantization import (
+            QuantizationRegistry,
+            building_with,
+            process_weights_after_loading,
+        )
         from asyncengine.models.registry import ModelRegistry
 
         _, model_cls = ModelRegistry.resolve(model_config.architectures, self.load_config.model_class_overrides)
-        with torch.device(device):
-            model = model_cls(model_config.load_hf_config(), dtype=getattr(torch, model_config.dtype),
+        hf_config = model_config.load_hf_config()
+        quant_config = None
+        if self.load_config.quantization is not None:
+            quant_config = QuantizationRegistry.config_class(self.load_config.quantization).from_model_config(hf_config)
+        with torch.device(device), building_with(quant_config):
+            model = model_cls(hf_config, dtype=getattr(torch, model_config.dtype),
                               max_position=model_config.max_model_len)
         self.load_weights(model, model_config)
+        process_weights_after_loading(model)
         return model.eval()
 
 
@@ -123,13 +135,20 @@ class DummyLoader(BaseModelLoader):
         generator = torch.Generator(device="cpu").manual_seed(self.load_config.seed)
         with torch.no_grad():
             for name, param in model.named_parameters():
+                module_name, _, leaf = name.rpartition(".")
+                method = getattr(model.get_submodule(module_name), "quant_method", None)
+                if leaf in getattr(method, "computed_parameters", ()):
+                    continue  # a quantization scale: set with its weight below
                 if name.endswith("bias"):
                     param.zero_()
                 elif param.dim() == 1:
                     param.fill_(1.0)
                 else:
                     values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=generator)
-                    param.copy_(values)
+                    if method is not None and leaf == "weight":  # through the layer's (quantization) method
+                        method.load_weight_rows(model.get_submodule(module_name), 0, values)
+                    else:
+                        param.copy_(values)
 
 
 for _name, _loader in (("safetensors", SafetensorsLoader), ("gguf", GgufLoader), ("dummy", DummyLoader)):

@@ -230,7 +230,10 @@ class LlamaForCausalLM(nn.Module):
         for name in params:
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            module = self.get_submodule(name.rsplit(".", 1)[0])
+            module_name, leaf = name.rsplit(".", 1)
+            module = self.get_submodule(module_name)
+            if leaf in getattr(getattr(module, "quant_method", None), "computed_parameters", ()):
+                continue  # computed while loading (a quantization scale), not read from the checkpoint
             if isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
                 required.update((name, shard) for shard in range(module.num_shards))
             else:

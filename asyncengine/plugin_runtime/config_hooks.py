@@ -59,6 +59,15 @@ def _is_logits_processor(value: Any) -> str | None:
     return None
 
 
+def _is_executor_class(value: Any) -> str | None:
+    from asyncengine.engine_core.executor import Executor
+
+    if not isinstance(value, type) or not issubclass(value, Executor):
+        return (f"is {value!r}, not an Executor: subclass asyncengine.plugins_api.Executor (or UniExecutor / "
+                "MultiprocExecutor)")
+    return None
+
+
 @dataclass(frozen=True)
 class Hook:
     readers: tuple[str, ...]  # the roles that read it (EXTENSION_POINTS.md, "reads it")
@@ -72,6 +81,7 @@ HOOKS: dict[str, Hook] = {
     "worker_extension_cls": Hook((WORKER,), _is_worker_extension,
                                  "a class built as Class(worker), no public method clashing with the worker's"),
     "logits_processors": Hook((FRONTEND, WORKER), _is_logits_processor, "a LogitsProcessor subclass"),
+    "distributed_executor_backend": Hook((ENGINE_CORE,), _is_executor_class, "an Executor subclass"),
 }
 
 # Which roles read each hook (EXTENSION_POINTS.md's "reads it" column).
@@ -88,6 +98,8 @@ def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, str]]:
             yield field, field, path
     for index, path in enumerate(config.logits_processors or ()):
         yield f"logits_processors[{index}]", "logits_processors", path
+    if config.executor_backend not in ("uni", "mp"):  # "pkg.mod:Executor" (C7)
+        yield "distributed_executor_backend", "distributed_executor_backend", config.executor_backend
 
 
 def hooks_checked(config: EngineConfig, roles: set[str]) -> list[tuple[str, str]]:

@@ -36,8 +36,9 @@ def frontend_roles(config: EngineConfig) -> set[str]:
     roles = {g.FRONTEND}
     if config.in_process:
         roles.add(g.ENGINE_CORE)
-        backend = config.distributed_executor_backend or ("uni" if config.tensor_parallel_size == 1 else "mp")
-        if backend == "uni":
+        from asyncengine.engine_core.executor import worker_placement
+
+        if worker_placement(config) == "uni":
             roles.add(g.WORKER)
     return roles
 
@@ -108,6 +109,10 @@ async def run_plugin_phases(
 
         # In a thread, as plugin imports are: importing a user's module may take seconds.
         await anyio.to_thread.run_sync(check_config_hooks, config, roles, trace)
+        if g.FRONTEND in roles:  # additional_config (C9): every key claimed by the platform or a plugin
+            from asyncengine.plugin_runtime.additional_config import check_additional_config
+
+            await anyio.to_thread.run_sync(check_additional_config, config, platform, trace)
         if roles & g.LOGITS_PROCESSOR.roles and config.logits_processors:
             state.logits_processors = _with_configured_logits_processors(state.logits_processors, config)
 

@@ -38,7 +38,9 @@ def plan_start(config: EngineConfig) -> list[ProcessPlan]:
     installed = installed_plugins()
     allow_list = AllowList.resolve(config.plugins)
     allow_list.check(installed)
-    backend = config.distributed_executor_backend or ("uni" if config.tensor_parallel_size == 1 else "mp")
+    from asyncengine.engine_core.executor import worker_placement
+
+    backend = worker_placement(config)  # "uni" or "mp" (a pkg.mod:Executor as the built-in it subclasses)
     plans = []
     roles = frontend_roles(config)
     frontend = ProcessPlan("frontend", "the calling process")

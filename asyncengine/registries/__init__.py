@@ -14,8 +14,11 @@ FRONTEND, ENGINE_CORE, WORKER = "frontend", "engine core", "worker"
 def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
     """Registry name -> (registry, the roles that read it)."""
     from asyncengine.attention.registry import AttentionBackendRegistry
+    from asyncengine.frontend.tokenizer import TokenizerRegistry
+    from asyncengine.plugin_runtime.additional_config import AdditionalConfigRegistry
     from asyncengine.loader.registry import ModelLoaderRegistry
     from asyncengine.models.layers.op_registry import CustomOpRegistry, OpProviderRegistry
+    from asyncengine.models.layers.quantization import QuantizationRegistry
     from asyncengine.models.registry import ModelRegistry
     from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
 
@@ -25,11 +28,17 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
         ModelLoaderRegistry.name: (ModelLoaderRegistry, frozenset({FRONTEND, WORKER})),
         ToolParserManager.name: (ToolParserManager, frozenset({FRONTEND})),
         ReasoningParserManager.name: (ReasoningParserManager, frozenset({FRONTEND})),
+        # --tokenizer-mode: the frontend tokenizes prompts and detokenizes outputs; no other process does.
+        TokenizerRegistry.name: (TokenizerRegistry, frozenset({FRONTEND})),
+        # additional_config keys: the frontend checks each key is claimed before anything is spawned.
+        AdditionalConfigRegistry.name: (AdditionalConfigRegistry, frozenset({FRONTEND})),
         # The worker builds the model's custom ops (and their out-of-tree replacements) and runs their providers.
         CustomOpRegistry.name: (CustomOpRegistry, frozenset({WORKER})),
         OpProviderRegistry.name: (OpProviderRegistry, frozenset({WORKER})),
         # The worker builds each layer's backend with it (the platform or attention_backend names one).
         AttentionBackendRegistry.name: (AttentionBackendRegistry, frozenset({WORKER})),
+        # The worker builds the linear layers with it; the frontend checks the `quantization` name first.
+        QuantizationRegistry.name: (QuantizationRegistry, frozenset({FRONTEND, WORKER})),
     }
 
 
@@ -37,9 +46,12 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
 READER_MODULES = (
     "asyncengine.config.model",
     "asyncengine.engine_core.core",
+    "asyncengine.engine_core.executor",
     "asyncengine.plugin_runtime.phases",
+    "asyncengine.plugin_runtime.additional_config",
     "asyncengine.worker.extension",
     "asyncengine.frontend.startup",
+    "asyncengine.frontend.tokenizer",
     "asyncengine.loader.model_loader",
     "asyncengine.loader.registry",
     "asyncengine.models.layers.op_registry",

@@ -82,6 +82,7 @@ class ModelRunner:
             load_format=self.engine_config.load_format,
             model_class_overrides=self.engine_config.model_class_overrides,
             seed=self.engine_config.seed,
+            quantization=self.engine_config.quantization,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         started = time.time()

@@ -18,8 +18,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "asyncengine"
 REGISTRY_OBJECTS = {"ModelRegistry": "models", "ModelLoaderRegistry": "model_loaders",
                     "ToolParserManager": "tool_parsers", "ReasoningParserManager": "reasoning_parsers",
                     "AttentionBackendRegistry": "attention_backends",
-                    "CustomOpRegistry": "custom_ops", "OpProviderRegistry": "op_providers"}
-REGISTERING = {"register", "register_model", "register_loader", "register_backend", "register_module",
+                    "CustomOpRegistry": "custom_ops", "OpProviderRegistry": "op_providers",
+                    "TokenizerRegistry": "tokenizers", "QuantizationRegistry": "quantization"}
+REGISTERING = {"register", "claim", "register_model", "register_loader", "register_backend", "register_module",
                "import_tool_parser", "import_reasoning_parser", "owners", "name", "what"}
 
 

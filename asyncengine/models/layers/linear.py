@@ -4,15 +4,18 @@
 (q, k and v fused into one matrix, or gate and up), so no communication is needed. `RowParallelLinear`
 splits input features: each rank multiplies its slice and the partial results are summed across ranks
 (its bias added once, after the sum). With one rank both are plain linear layers.
+
+Each layer's weight is created, loaded and applied by its `quant_method` (models/layers/quantization.py):
+plain float unless the model is built with a quantization method (`quantization="int8"`, or a plugin's).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from asyncengine.errors import ModelLoadError
+from asyncengine.models.layers.quantization import linear_method_for
 from asyncengine.worker import parallel
 
 
@@ -30,7 +33,8 @@ class ColumnParallelLinear(nn.Module):
         self.shard_sizes = list(shard_sizes)
         self.output_sizes = [end - start for start, end in shard_rows]
         out_features = sum(self.output_sizes)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.quant_method = linear_method_for(self)
+        self.quant_method.create_weights(self, in_features, out_features, dtype)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
 
     @property
@@ -38,7 +42,7 @@ class ColumnParallelLinear(nn.Module):
         return len(self.shard_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
     def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:
         shard = shard or 0
@@ -46,7 +50,10 @@ class ColumnParallelLinear(nn.Module):
         expected = (self.shard_sizes[shard],) + ((self.in_features,) if param is self.weight else ())
         check_shape(loaded, expected, name)
         offset = sum(self.output_sizes[:shard])
-        copy_checked(param.data.narrow(0, offset, end - start), loaded.narrow(0, start, end - start), name)
+        if param is self.weight:
+            self.quant_method.load_weight_rows(self, offset, loaded.narrow(0, start, end - start))
+        else:
+            copy_checked(param.data.narrow(0, offset, end - start), loaded.narrow(0, start, end - start), name)
 
 
 class RowParallelLinear(nn.Module):
@@ -59,11 +66,12 @@ class RowParallelLinear(nn.Module):
         self.in_cols = in_cols
         self.in_total = in_total
         in_features = in_cols[1] - in_cols[0]
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.quant_method = linear_method_for(self)
+        self.quant_method.create_weights(self, in_features, out_features, dtype)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = parallel.all_reduce(F.linear(x, self.weight))
+        y = parallel.all_reduce(self.quant_method.apply(self, x))
         return y if self.bias is None else y + self.bias
 
     def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:
@@ -72,7 +80,7 @@ class RowParallelLinear(nn.Module):
             return
         start, end = self.in_cols
         check_shape(loaded, (param.shape[0], self.in_total), name)
-        copy_checked(param.data, loaded.narrow(1, start, end - start), name)
+        self.quant_method.load_weight_rows(self, 0, loaded.narrow(1, start, end - start))
 
 
 def check_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:

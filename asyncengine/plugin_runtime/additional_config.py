@@ -1,0 +1,72 @@
+"""`additional_config` (EXTENSION_POINTS.md, C9): a dict of options for the platform or a plugin, each
+key validated by whoever claims it; a key nobody claims is an error, never silently ignored.
+
+Two ways to claim a key:
+- a platform lists it in `Platform.additional_config_keys` and validates its value in
+  `check_and_update_config` (which runs in the platform phase, before this check);
+- a general plugin calls `AdditionalConfigRegistry.claim("key", validator)`; the validator is called
+  with the value and raises to refuse it (the error names the key and the claimant).
+
+Checked in the frontend's config-hooks phase, before anything is spawned; every process receives the
+dict in the config, so a plugin reads its own key from `config.additional_config` wherever it runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asyncengine.errors import ConfigError
+from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
+from asyncengine.registries.base import Registry, RegistrationError, describe, reads
+
+
+def _accept_any(value: Any) -> None:
+    """The default validator: any value."""
+
+
+class _AdditionalConfigRegistry(Registry):
+    def __init__(self) -> None:
+        super().__init__("additional_config", "additional_config key")
+
+    def claim(self, key: str, validator: Callable[[Any], Any] | None = None, *, override: bool = False) -> None:
+        """Claim `additional_config[key]`; `validator(value)` raises to refuse a value (None: any value)."""
+        if validator is not None and not callable(validator):
+            raise RegistrationError(f"additional_config key {key!r}: the validator must be callable, got {validator!r}")
+        self.register(key, validator or _accept_any, override=override)
+
+
+AdditionalConfigRegistry = _AdditionalConfigRegistry()
+
+
+@reads("additional_config", "frontend")
+def check_additional_config(config: Any, platform: Any, trace: Any = None) -> None:
+    """Every key of `config.additional_config` must be claimed, and its claimant's validator accept it."""
+    values = config.additional_config or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"additional_config must be a dict, got {values!r}", field="additional_config")
+    platform_keys = tuple(getattr(platform, "additional_config_keys", ()) or ())
+    platform_name = f"platform {getattr(platform, 'device_name', None) or platform!r}"
+    for key, value in values.items():
+        started = time.time()
+        entry = AdditionalConfigRegistry.get(key) if isinstance(key, str) else None
+        if key in platform_keys:
+            claimant = platform_name  # validated by its check_and_update_config
+        elif entry is not None:
+            claimant = f"{entry.owner} (validator {describe(entry.implementation)})"
+            try:
+                entry.implementation(value)
+            except Exception as exc:
+                raise ConfigError(f"additional_config[{key!r}]={value!r} was refused by {claimant}: "
+                                  f"{type(exc).__name__}: {exc}", field="additional_config") from exc
+        else:
+            claimed = sorted({*platform_keys, *AdditionalConfigRegistry.keys()})
+            raise ConfigError(
+                f"additional_config key {key!r} is claimed by no platform or plugin; claimed keys: "
+                f"{', '.join(map(repr, claimed)) or 'none'} (a platform lists its keys in additional_config_keys; "
+                "a general plugin calls AdditionalConfigRegistry.claim(key, validator))",
+                field="additional_config",
+            )
+        if trace is not None:
+            trace.add(PHASE_CONFIG_HOOKS, started=started, plugin=f"additional_config[{key!r}] (claimed by {claimant})")
