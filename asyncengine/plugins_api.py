@@ -48,13 +48,17 @@ from asyncengine.platforms.resolution import current_platform  # every process, 
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.registries.base import Registry, RegistrationError  # the registry type itself
 from asyncengine.server.parsers import (  # read in: frontend (the chat completions route)
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
     ExtractedToolCalls,
+    FunctionCall,
     ReasoningParser,
     ReasoningParserManager,
     ToolCall,
     ToolParser,
     ToolParserManager,
+    new_tool_call_id,
 )
 from asyncengine.worker.logits_processors import LogitsProcessor  # read in: worker (build), frontend (validate)
 from asyncengine.worker.logits_processors import (  # read in: worker (what update_state receives)
@@ -72,6 +76,17 @@ def __getattr__(name: str):
         from asyncengine.models.layers.custom_op import CustomOp
 
         return CustomOp
+    # LlamaForCausalLM (read in: worker, which builds the model; frontend, which checks the architecture):
+    # subclass it for an out-of-tree architecture (ModelRegistry.register_model). Imports torch too.
+    if name == "LlamaForCausalLM":
+        from asyncengine.models.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM
+    # Worker (read in: worker; `--worker-cls pkg.mod:Class` subclasses it, C2). Imports torch too.
+    if name == "Worker":
+        from asyncengine.worker.worker import Worker
+
+        return Worker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -92,6 +107,7 @@ __all__ = [
     "MultiprocExecutor",
     "UniExecutor",
     "IOProcessor",
+    "LlamaForCausalLM",
     "LogitsProcessor",
     "MoveDirectionality",
     "MovedRequest",
@@ -103,6 +119,7 @@ __all__ = [
     "Scheduler",
     "StatLoggerBase",
     "TokenizerRegistry",
+    "Worker",
     "current_platform",
     "current_process_role",
     "BaseModelLoader",
@@ -114,8 +131,12 @@ __all__ = [
     "QuantizationConfig",
     "QuantizationRegistry",
     "register_quantization_config",
+    "DeltaFunctionCall",
     "DeltaMessage",
+    "DeltaToolCall",
     "ExtractedToolCalls",
+    "FunctionCall",
+    "new_tool_call_id",
     "ReasoningParser",
     "ReasoningParserManager",
     "ToolCall",

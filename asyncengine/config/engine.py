@@ -16,12 +16,14 @@ from asyncengine.errors import ConfigError
 
 # Options that are accepted with their default value but belong to a later part of the engine. Setting one
 # to anything else raises a ConfigError that says so, instead of silently ignoring the option.
-# (`scheduler_cls` and `worker_extension_cls` are implemented: checked in the config-hooks phase, see
-# asyncengine/plugin_runtime/config_hooks.py.)
+# (`scheduler_cls`, `worker_cls` and `worker_extension_cls` are implemented: checked in the config-hooks
+# phase, see asyncengine/plugin_runtime/config_hooks.py.)
 _NOT_YET_SUPPORTED: dict[str, str] = {
-    "worker_cls": "custom worker classes",
     "kv_transfer_config": "KV connectors",
 }
+
+# What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it (C2).
+BUILTIN_WORKER = "asyncengine.worker.worker:Worker"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The built-in load formats; plugins add more (register_model_loader), checked once plugins are loaded.
@@ -81,6 +83,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     # Extension hooks
     scheduler_cls: str | None = None  # "pkg.mod:Class", a Scheduler subclass; read in the engine core
+    # "auto" (the platform's check_and_update_config sets it; the built-in platforms: the built-in Worker)
+    # or "pkg.mod:Class", a subclass of asyncengine.plugins_api.Worker. Read in the worker.
     worker_cls: str = "auto"
     worker_extension_cls: str = ""  # "pkg.mod:Class", built as Class(worker) in each worker (docs/hooks.md)
     logits_processors: list[str] | None = None
@@ -187,6 +191,13 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"tensor_parallel_size={self.tensor_parallel_size} needs one process per rank: use "
                 "distributed_executor_backend='mp' (the default when tensor_parallel_size > 1)",
                 field="distributed_executor_backend",
+            )
+        worker_module, colon, worker_attr = self.worker_cls.partition(":")
+        if self.worker_cls != "auto" and not (colon and worker_module.strip() and worker_attr.strip()):
+            raise ConfigError(
+                f"worker_cls must be 'auto' (the platform chooses) or 'pkg.mod:Class' (a subclass of "
+                f"asyncengine.plugins_api.Worker, C2); got {self.worker_cls!r}",
+                field="worker_cls",
             )
         if self.transport not in ("unix", "tcp"):
             raise ConfigError(f"transport must be 'unix' or 'tcp', got {self.transport!r}", field="transport")

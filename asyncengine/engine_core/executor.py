@@ -97,10 +97,11 @@ class UniExecutor(Executor):
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any, *, owner: str,
                  logits_processors: tuple[type, ...] | list[type] = ()) -> None:
         super().__init__(engine_config, model_config, platform)
-        from asyncengine.worker.worker import Worker
+        from asyncengine.worker.worker import build_worker
 
         # This process ran the worker role's plugin phases: its logits-processor classes are the worker's.
-        self.worker = Worker(engine_config, model_config, platform, logits_processors=logits_processors)
+        # The class is the one `worker_cls` names (C2), the built-in Worker by default.
+        self.worker = build_worker(engine_config, model_config, platform, logits_processors=logits_processors)
         self.where = f"the worker (a thread of {owner})"
         self._thread = DedicatedThread("asyncengine-worker")
         self._stopped = False

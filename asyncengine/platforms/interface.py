@@ -42,7 +42,16 @@ class Platform:
 
     @classmethod
     def check_and_update_config(cls, config: Any) -> Any:
-        """Validate the engine options for this platform and fill what it decides; return the config."""
+        """Validate the engine options for this platform and fill what it decides; return the config.
+        This one sets `worker_cls="auto"` to the built-in Worker (CPU and CUDA use it); a platform with
+        a worker of its own sets its "pkg.mod:Class" (a Worker subclass, checked in the config-hooks
+        phase). A worker left at "auto" is the built-in one."""
+        if getattr(config, "worker_cls", None) == "auto":
+            import msgspec
+
+            from asyncengine.config.engine import BUILTIN_WORKER
+
+            config = msgspec.structs.replace(config, worker_cls=BUILTIN_WORKER)
         return config
 
     @classmethod

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from asyncengine.config.engine import EngineConfig
+from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, PHASE_CONFIG_HOOKS, WORKER
 from asyncengine.plugin_runtime.records import StartupTrace
@@ -42,13 +42,33 @@ def _is_scheduler_class(value: Any) -> str | None:
     return None
 
 
-def _is_worker_extension(value: Any) -> str | None:
-    from asyncengine.worker.extension import extension_problem
+def _is_worker_class(value: Any) -> str | None:
     from asyncengine.worker.worker import Worker
 
-    # The worker class is fixed while `worker_cls` only takes "auto"; once it takes a class, check
-    # against that class instead.
-    return extension_problem(value, Worker)
+    if not isinstance(value, type):
+        return f"is {value!r}, not a class; name a subclass of asyncengine.plugins_api.Worker"
+    if not issubclass(value, Worker):
+        return ("is not a subclass of asyncengine.worker.worker:Worker; subclass asyncengine.plugins_api.Worker "
+                "(the worker interface: each worker builds it with Worker's arguments and the engine core calls "
+                "its methods by name)")
+    return None
+
+
+def _configured_worker_class(config: EngineConfig | None) -> type:
+    """The class `worker_cls` names ("auto" and None: the built-in Worker)."""
+    from asyncengine.worker.worker import Worker
+
+    path = config.worker_cls if config is not None else "auto"
+    if path in ("auto", BUILTIN_WORKER):
+        return Worker
+    return load_hook("worker_cls", path)  # a bad one is reported naming worker_cls
+
+
+def _is_worker_extension(value: Any, config: EngineConfig | None = None) -> str | None:
+    from asyncengine.worker.extension import extension_problem
+
+    # Against the configured worker class: the names collective_rpc finds on the worker first.
+    return extension_problem(value, _configured_worker_class(config))
 
 
 def _is_logits_processor(value: Any) -> str | None:
@@ -73,13 +93,16 @@ class Hook:
     readers: tuple[str, ...]  # the roles that read it (EXTENSION_POINTS.md, "reads it")
     check: Callable[[Any], str | None]  # what is wrong with the imported value, or None
     checks: str  # what the check is, in words, for the timeline
+    with_config: bool = False  # check(value, config): the check depends on other options
 
 
 HOOKS: dict[str, Hook] = {
     "model_class_overrides": Hook((FRONTEND, WORKER), _is_model_class, "a model class with load_weights"),
     "scheduler_cls": Hook((ENGINE_CORE,), _is_scheduler_class, "a Scheduler subclass"),
+    "worker_cls": Hook((WORKER,), _is_worker_class, "a Worker subclass"),
     "worker_extension_cls": Hook((WORKER,), _is_worker_extension,
-                                 "a class built as Class(worker), no public method clashing with the worker's"),
+                                 "a class built as Class(worker), no public method clashing with the worker's",
+                                 with_config=True),
     "logits_processors": Hook((FRONTEND, WORKER), _is_logits_processor, "a LogitsProcessor subclass"),
     "distributed_executor_backend": Hook((ENGINE_CORE,), _is_executor_class, "an Executor subclass"),
 }
@@ -92,9 +115,9 @@ def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, str]]:
     """(option as named in messages, field, path) for every hook the config sets."""
     for architecture, path in config.model_class_overrides.items():
         yield f"model_class_overrides[{architecture!r}]", "model_class_overrides", path
-    for field in ("scheduler_cls", "worker_extension_cls"):
+    for field in ("scheduler_cls", "worker_cls", "worker_extension_cls"):
         path = getattr(config, field)
-        if path:  # None and "" both mean "the built-in"
+        if path and path not in ("auto", BUILTIN_WORKER):  # None, "" and "auto" all mean "the built-in"
             yield field, field, path
     for index, path in enumerate(config.logits_processors or ()):
         yield f"logits_processors[{index}]", "logits_processors", path
@@ -110,9 +133,10 @@ def hooks_checked(config: EngineConfig, roles: set[str]) -> list[tuple[str, str]
             if checks_everything or roles & set(HOOKS[field].readers)]
 
 
-def load_hook(option: str, path: str) -> Any:
+def load_hook(option: str, path: str, *, config: EngineConfig | None = None) -> Any:
     """Import `path` and check it for `option`, or raise ConfigError naming the option, the path and
-    what is wrong."""
+    what is wrong. `config` gives the checks that depend on other options those options
+    (`worker_extension_cls` is checked against the configured `worker_cls`)."""
     from asyncengine.models.registry import import_by_path
 
     field = option.split("[")[0]
@@ -122,7 +146,8 @@ def load_hook(option: str, path: str) -> Any:
         raise ConfigError(str(exc), field=field) from exc
     except Exception as exc:  # the module raised while being imported: named, with the error
         raise ConfigError(f"{option}: importing {path!r} raised {type(exc).__name__}: {exc}", field=field) from exc
-    problem = HOOKS[field].check(value)
+    hook = HOOKS[field]
+    problem = hook.check(value, config) if hook.with_config else hook.check(value)
     if problem:
         raise ConfigError(f"{option}: {path} {problem}", field=field)
     return value
@@ -132,5 +157,5 @@ def check_config_hooks(config: EngineConfig, roles: set[str], trace: StartupTrac
     """The config-hooks phase's work. It imports user code, so callers run it in a thread."""
     for option, path in hooks_checked(config, roles):
         started = time.time()
-        load_hook(option, path)
+        load_hook(option, path, config=config)
         trace.add(PHASE_CONFIG_HOOKS, started=started, plugin=f"{option}={path}")

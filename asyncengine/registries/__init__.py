@@ -50,6 +50,7 @@ READER_MODULES = (
     "asyncengine.plugin_runtime.phases",
     "asyncengine.plugin_runtime.additional_config",
     "asyncengine.worker.extension",
+    "asyncengine.worker.worker",
     "asyncengine.frontend.startup",
     "asyncengine.frontend.tokenizer",
     "asyncengine.loader.model_loader",

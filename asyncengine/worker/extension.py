@@ -67,10 +67,11 @@ def extension_problem(extension_cls: Any, worker_cls: type, *, worker_attributes
 @reads("hook:worker_extension_cls", "worker")
 def build_extension(worker: Any, path: str) -> Any:
     """The extension instance for `worker`. The config-hooks phase of this process checked the class
-    against the Worker class; checked again here against this worker's own class and attributes."""
+    against the configured worker class (`worker_cls`); checked again here against this worker's own
+    class and attributes."""
     from asyncengine.plugin_runtime.config_hooks import load_hook
 
-    extension_cls = load_hook(OPTION, path)
+    extension_cls = load_hook(OPTION, path, config=worker.engine_config)
     problem = extension_problem(extension_cls, type(worker), worker_attributes=vars(worker))
     if problem is not None:
         raise ConfigError(f"{OPTION}: {path} {problem}", field=OPTION)

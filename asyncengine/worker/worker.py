@@ -4,6 +4,9 @@ The engine core drives it by method name (`init_device`, `load_model`, `determin
 `initialize_kv_cache`, `execute_model`), in a thread of the engine-core process or in a process of
 its own; `collective_rpc` reaches its other public methods the same way, and then the methods of its
 extension (`worker_extension_cls`, composed: see worker/extension.py).
+
+`worker_cls` (C2) names a subclass to build instead ("auto": the platform's choice; the built-in
+platforms choose this class): `build_worker` builds it, in a worker process and in the uni executor.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from typing import Any
 import msgspec
 import torch
 
-from asyncengine.config.engine import EngineConfig
+from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.models.layers import op_registry
 from asyncengine.platforms.interface import Platform
+from asyncengine.registries.base import reads
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker import parallel
 from asyncengine.worker.extension import build_extension
@@ -116,3 +120,18 @@ class Worker:
             "model_class": f"{type(model).__module__}:{type(model).__qualname__}" if model else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
         }
+
+
+@reads("hook:worker_cls", "worker")
+def build_worker(engine_config: EngineConfig, model_config: ModelConfig | None, platform: type[Platform],
+                 **kwargs: Any) -> Worker:
+    """The worker of this rank: the class `worker_cls` names, built with Worker's arguments. The
+    config-hooks phase of this process checked that it is a Worker subclass ("auto", which a platform
+    that does not set it leaves, is the built-in Worker)."""
+    path = engine_config.worker_cls
+    cls: type[Worker] = Worker
+    if path not in ("auto", BUILTIN_WORKER):
+        from asyncengine.plugin_runtime.config_hooks import load_hook
+
+        cls = load_hook("worker_cls", path)
+    return cls(engine_config, model_config, platform, **kwargs)

@@ -106,8 +106,11 @@ def test_unusable_configuration(tiny_model, tiny_llm):
         tiny_llm(path, quantization="awq")  # not a registered quantization method
     assert info.value.field == "quantization" and "known: " in str(info.value) and "int8" in str(info.value)
     with pytest.raises(ConfigError) as info:
-        tiny_llm(path, worker_cls="pkg.mod:Worker")
-    assert info.value.field == "worker_cls" and "not implemented" in str(info.value)
+        tiny_llm(path, worker_cls="no_colon")  # "auto" or "pkg.mod:Class" (a Worker subclass)
+    assert info.value.field == "worker_cls" and "pkg.mod:Class" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        tiny_llm(path, worker_cls="ae_no_such_module:Worker")
+    assert info.value.field == "worker_cls" and "importing 'ae_no_such_module' failed" in str(info.value)
     with pytest.raises(ConfigError) as info:
         tiny_llm(path, tensor_parallel_size=2, distributed_executor_backend="uni")
     assert info.value.field == "distributed_executor_backend"

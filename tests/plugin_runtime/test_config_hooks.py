@@ -78,11 +78,12 @@ def hooks(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
-def test_both_options_are_accepted_and_worker_cls_is_still_not(hooks):
+def test_both_options_are_accepted_and_so_is_worker_cls(hooks):
     config = EngineConfig(scheduler_cls=f"{hooks}:CountingScheduler", worker_extension_cls=f"{hooks}:PingExtension")
     assert config.scheduler_cls.endswith(":CountingScheduler")
-    with pytest.raises(ConfigError, match="not implemented") as info:
-        EngineConfig(worker_cls="x.y:Worker")
+    assert EngineConfig(worker_cls="x.y:Worker").worker_cls == "x.y:Worker"  # C2: tests/plugin_runtime/test_worker_cls.py
+    with pytest.raises(ConfigError) as info:
+        EngineConfig(worker_cls="x.y")
     assert info.value.field == "worker_cls"
 
 
