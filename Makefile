@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the package's dependencies change.
 STAMP := $(VENV)/.asyncengine-installed
 
-.PHONY: install serve test bench clean-venv
+.PHONY: install chromium serve test bench clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,25 @@ install: $(STAMP)
 serve: install
 	$(VENV)/bin/asyncengine serve
 
-test: install
+# The docs tests drive the interactive start-up timeline page (docs/startup-timeline.md) in headless
+# Chromium: Debian's chromium and chromium-driver, installed here when missing. No browser is a failure
+# of `make test`, never a skipped test.
+CHROMIUM_PACKAGES := chromium chromium-driver
+
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "make test: chromium or chromedriver is missing and there is no apt-get to install them: install" \
+		     "Chromium and its WebDriver (Debian: apt-get install $(CHROMIUM_PACKAGES)), then run make test again" >&2; \
+		exit 1; \
+	fi; \
+	sudo=; if [ "$$(id -u)" != 0 ]; then sudo=sudo; fi; \
+	echo "make test: installing $(CHROMIUM_PACKAGES) (apt-get) for the docs page tests"; \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $(CHROMIUM_PACKAGES) \
+		|| { echo "make test: apt-get could not install $(CHROMIUM_PACKAGES) (see above); install them," \
+		          "then run make test again" >&2; exit 1; }
+
+test: install chromium
 	$(PY) -m pytest
 
 bench: install

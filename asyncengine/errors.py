@@ -12,12 +12,15 @@ class AsyncEngineError(Exception):
 
 
 class RequestError(AsyncEngineError, ValueError):
-    """A request was invalid (the HTTP 400 family). `field` names the offending parameter."""
+    """A request was invalid (the HTTP 400 family). `field` names the offending parameter; `source`, when
+    set, names the plugin that refused it (e.g. a logits processor's validate_params), so the HTTP
+    layer can say who did."""
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, source: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.source = source
 
 
 class EngineOverloadedError(AsyncEngineError):

@@ -21,10 +21,23 @@ from asyncengine.engine_core.executor import (  # read in: engine core (`distrib
 )
 from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core (`--scheduler-cls` subclasses it)
 from asyncengine.errors import RequestError  # raise it to refuse a request (LogitsProcessor.validate_params)
+from asyncengine.errors import ConfigError  # raise it to refuse an option (check_and_update_config, validators)
 from asyncengine.frontend.endpoints import EndpointPlugin  # read in: frontend (opt-in)
-from asyncengine.frontend.io_processor import IOProcessor  # read in: frontend
+from asyncengine.frontend.io_processor import IOProcessor  # read in: frontend (`--io-processor-plugin NAME`)
+from asyncengine.outputs import CompletionOutput, RequestOutput  # what IOProcessor.post_process receives
+from asyncengine.server.protocol import IOProcessRequest  # read in: frontend (what IOProcessor.pre_process receives)
 from asyncengine.frontend.stat_loggers import StatLoggerBase  # read in: frontend
 from asyncengine.frontend.tokenizer import TokenizerRegistry  # read in: frontend (chosen by --tokenizer-mode)
+from asyncengine.kv_transfer.base import (  # the KV connector interface: scheduler side in the engine core,
+    KVConnectorBase,  # worker side in each worker rank (docs/kv_connectors.md)
+    KVConnectorContext,
+    KVConnectorMetadata,
+    KVConnectorRequest,
+    KVConnectorRole,
+)
+from asyncengine.kv_transfer.config import KVTransferConfig  # kv_transfer_config, checked (every process)
+from asyncengine.kv_transfer.factory import KVConnectorFactory  # read in: engine core, worker (R6; C6 wins)
+from asyncengine.kv_transfer.local_disk import LocalDiskConnector  # the built-in connector, to subclass or wrap
 from asyncengine.loader.registry import (  # read in: worker (build), frontend (checks --load-format)
     BaseModelLoader,
     LoadConfig,
@@ -45,6 +58,7 @@ from asyncengine.plugin_runtime.additional_config import (  # read in: frontend 
     AdditionalConfigRegistry,
 )
 from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
+from asyncengine.platforms.resolution import requested_device  # every process: a platform detector reads it
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.registries.base import Registry, RegistrationError  # the registry type itself
 from asyncengine.server.parsers import (  # read in: frontend (the chat completions route)
@@ -107,6 +121,17 @@ __all__ = [
     "MultiprocExecutor",
     "UniExecutor",
     "IOProcessor",
+    "IOProcessRequest",
+    "RequestOutput",
+    "CompletionOutput",
+    "KVConnectorBase",
+    "KVConnectorContext",
+    "KVConnectorFactory",
+    "KVConnectorMetadata",
+    "KVConnectorRequest",
+    "KVConnectorRole",
+    "KVTransferConfig",
+    "LocalDiskConnector",
     "LlamaForCausalLM",
     "LogitsProcessor",
     "MoveDirectionality",
@@ -121,6 +146,8 @@ __all__ = [
     "TokenizerRegistry",
     "Worker",
     "current_platform",
+    "requested_device",
+    "ConfigError",
     "current_process_role",
     "BaseModelLoader",
     "LoadConfig",

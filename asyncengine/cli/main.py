@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from asyncengine._version import __version__
@@ -82,6 +83,12 @@ def _reporting_errors(work) -> tuple[object, int | None]:
     except StartupError as exc:
         print(f"asyncengine: start-up failed: {exc}", file=sys.stderr)
         return None, EXIT_FAILURE
+    except BrokenPipeError:
+        # The reader went away (`asyncengine plugins map | head`): it has what it wanted, so this is no failure.
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return None, 0
     except KeyboardInterrupt:
         print("asyncengine: interrupted", file=sys.stderr)
         return None, 130

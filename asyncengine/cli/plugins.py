@@ -24,6 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     timeline.add_argument("--trace", metavar="FILE",
                           help="print the records of a real start instead (written by --startup-trace FILE)")
     timeline.add_argument("--json", action="store_true", help="print the plan as JSON")
+    timeline.add_argument("--export-rules", metavar="FILE",
+                          help="write the rules the plan is computed from as JSON to FILE ('-': print them); the "
+                          "docs page startup-timeline.md computes its plan from this file")
     timeline.set_defaults(handler=run_timeline)
 
     check = commands.add_parser("check", help="start every role without a model and report (exit 1 on a failure)")
@@ -83,6 +86,17 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_timeline(args: argparse.Namespace) -> int:
+    if args.export_rules:
+        from asyncengine.plugin_runtime.timeline_rules import rules_json
+
+        text = rules_json()  # independent of the settings and of what is installed
+        if args.export_rules == "-":
+            sys.stdout.write(text)
+        else:
+            from pathlib import Path
+
+            Path(args.export_rules).write_text(text)
+        return 0
     if args.trace:
         from asyncengine.plugin_runtime.records import format_report, read_trace
 

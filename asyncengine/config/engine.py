@@ -13,14 +13,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.errors import ConfigError
-
-# Options that are accepted with their default value but belong to a later part of the engine. Setting one
-# to anything else raises a ConfigError that says so, instead of silently ignoring the option.
-# (`scheduler_cls`, `worker_cls` and `worker_extension_cls` are implemented: checked in the config-hooks
-# phase, see asyncengine/plugin_runtime/config_hooks.py.)
-_NOT_YET_SUPPORTED: dict[str, str] = {
-    "kv_transfer_config": "KV connectors",
-}
+from asyncengine.kv_transfer.config import KVTransferConfig, parse_kv_transfer_config
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it (C2).
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"
@@ -99,6 +92,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     plugins_lenient: bool = False  # record a failed plugin and go on, instead of failing start-up
     plugin_startup_timeout: float = 60.0  # seconds one plugin may take to import and run
     startup_trace: str | None = None  # write the start-up records of every process here (JSON)
+    # The IO processor (entry-point name, asyncengine.io_processor_plugins) that POST /v1/io_process uses.
     io_processor_plugin: str | None = None
 
     # Statistics
@@ -107,8 +101,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         self._check_ranges()
         self._check_choices()
-        self._check_not_yet_supported()
         self._check_placement()
+        # Keys and role here; the connector's name where the registry is read (engine core, workers).
+        parse_kv_transfer_config(self.kv_transfer_config)
 
     def _check_ranges(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size")
@@ -165,17 +160,6 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"block_size must be 1, 2, 4 or a multiple of 8, got {self.block_size}", field="block_size"
             )
 
-    def _check_not_yet_supported(self) -> None:
-        defaults = _DEFAULTS
-        for name, feature in _NOT_YET_SUPPORTED.items():
-            value = getattr(self, name)
-            if value != defaults[name]:
-                raise ConfigError(
-                    f"{name}={value!r}: {feature} are not implemented in this version of asyncengine; "
-                    f"leave {name} at its default ({defaults[name]!r})",
-                    field=name,
-                )
-
     def _check_placement(self) -> None:
         backend = self.distributed_executor_backend
         module, colon, attr = (backend or "").partition(":")
@@ -203,6 +187,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"transport must be 'unix' or 'tcp', got {self.transport!r}", field="transport")
 
     @property
+    def kv_transfer(self) -> KVTransferConfig | None:
+        """`kv_transfer_config`, checked and typed (None: no KV connector)."""
+        return parse_kv_transfer_config(self.kv_transfer_config)
+
+    @property
     def executor_backend(self) -> str:
         """`distributed_executor_backend`, defaulted: 'uni' for one rank, else 'mp' (or a 'pkg.mod:Class')."""
         return self.distributed_executor_backend or ("uni" if self.tensor_parallel_size == 1 else "mp")
@@ -211,19 +200,6 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     def effective_max_num_batched_tokens(self) -> int:
         """The per-step token budget: the option, else 2048 (vLLM's default with chunked prefill)."""
         return self.max_num_batched_tokens if self.max_num_batched_tokens is not None else 2048
-
-
-def _field_defaults() -> dict[str, Any]:
-    defaults: dict[str, Any] = {}
-    for field in msgspec.structs.fields(EngineConfig):
-        if field.default is not msgspec.NODEFAULT:
-            defaults[field.name] = field.default
-        elif field.default_factory is not msgspec.NODEFAULT:
-            defaults[field.name] = field.default_factory()
-    return defaults
-
-
-_DEFAULTS = _field_defaults()
 
 
 def config_from_dict(values: dict[str, Any]) -> EngineConfig:

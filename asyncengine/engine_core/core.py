@@ -1,13 +1,15 @@
 """EngineCore: the scheduler (`Scheduler`, or the subclass `scheduler_cls` names) and the executor
 that runs its steps, started in order.
 
-Start-up phases (recorded in the engine core's StartupTrace): `start workers` (threads or processes;
-worker processes run their own plugin phases and send their records), `load model`, `kv cache` (the
-smallest size any rank can hold, allocated on all of them). The step loop lives in `loop.py`.
+Start-up phases (recorded in the engine core's StartupTrace): `kv connector` (only when kv_transfer_config
+names one: its scheduler side), `start workers` (threads or processes; worker processes run their own
+plugin phases and send their records), `load model`, `kv cache` (the smallest size any rank can hold,
+allocated on all of them; the scheduler). The step loop lives in `loop.py`.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -19,6 +21,8 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.executor import Executor, build_executor
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError
+from asyncengine.kv_transfer.base import KVConnectorRole
+from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
 from asyncengine.registries.base import reads
 
@@ -55,8 +59,18 @@ class EngineCore:
     ) -> "EngineCore | None":
         """The started core; None for a `plugins check` start (`model_config` None), which only starts
         and checks the workers."""
+        connector = None
         if model_config is not None:
             check_budget(engine_config, model_config)
+            kv_transfer = engine_config.kv_transfer
+            if kv_transfer is not None:
+                # The KV connector's scheduler side, before any worker starts: an unknown connector fails
+                # here, named; the scheduler gets it once the KV cache is allocated.
+                async with trace.phase("kv connector"):
+                    started = time.time()
+                    connector, choice = create_connector(kv_transfer, KVConnectorRole.SCHEDULER,
+                                                         context_for(engine_config, model_config))
+                    trace.extend([connector_record(connector, choice, phase="kv connector", started=started)])
         executor = build_executor(engine_config, model_config, plugin_state, owner=trace.process)
         try:
             async with trace.phase("start workers"):
@@ -74,6 +88,7 @@ class EngineCore:
                 # The scheduler (with the block manager over these blocks) is built in this phase, so
                 # that a `scheduler_cls` whose constructor raises fails it, named, and the workers stop.
                 core = cls(engine_config, model_config, executor, num_blocks)
+                core.scheduler.kv_connector = connector
         except BaseException:
             await executor.shutdown()
             raise

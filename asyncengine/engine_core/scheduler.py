@@ -9,6 +9,11 @@ Each step spends at most `max_num_batched_tokens` tokens. Running sequences come
 sequences are admitted after them while the budget, `max_num_seqs` and free KV blocks allow. When a
 running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted: its blocks are freed and it is recomputed later (its prefix may still be in the cache).
+
+With a KV connector (`kv_connector`, its scheduler side; set by the engine core from kv_transfer_config),
+a request being admitted asks it for the prompt tokens it can supply after the local prefix cache's;
+those count as computed, the connector's worker side fills their blocks before the step's forward pass,
+and every step carries the connector's metadata to the workers (kv_transfer/base.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
+from asyncengine.kv_transfer.base import KVConnectorRequest
 from asyncengine.wire.engine_core import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -53,6 +59,11 @@ class Scheduler:
         self._unsent: set[str] = set()
         # Sequences the worker must forget at the next step.
         self._forget: list[str] = []
+        # The scheduler side of the KV connector (kv_transfer/base.py), or None. Set by the engine core
+        # after construction, so a `scheduler_cls` subclass keeps Scheduler's constructor arguments.
+        self.kv_connector = None
+        self.num_prompt_tokens_computed = 0
+        self.num_kv_connector_loaded_tokens = 0
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -135,19 +146,25 @@ class Scheduler:
                 break  # preempted while a step computing it was in flight: resume once it is back
             cached_blocks = self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.block_manager.block_size
-            num_new = seq.num_tokens - num_cached
+            num_external = self._external_tokens(seq, num_cached) if self.kv_connector is not None else 0
+            num_new = seq.num_tokens - num_cached - num_external
             if num_new > budget:
                 if not self.enable_chunked_prefill:
                     break
                 num_new = budget
-            if not self.block_manager.allocate(seq, num_new, cached_blocks):
+            if not self.block_manager.allocate(seq, num_external + num_new, cached_blocks):
                 break
             self.waiting.popleft()
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
                 self.block_manager.record_prefix_lookup(seq.num_tokens, num_cached)
                 self._admitted.append(seq.request_id)
-            seq.num_computed_tokens = num_cached
+            seq.num_computed_tokens = num_cached + num_external
+            seq.num_external_tokens = num_external
+            if num_external:
+                self.num_kv_connector_loaded_tokens += num_external
+                self.kv_connector.update_state_after_alloc(self._connector_view(seq, num_computed=num_cached),
+                                                           num_external)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled[seq.request_id] = num_new
@@ -156,17 +173,27 @@ class Scheduler:
 
         # Tokens scheduled now count as computed from here on; a sequence whose scheduled tokens reach
         # its end samples one token, appended when the step's output comes back.
+        views = [] if self.kv_connector is not None else None
         for request_id, num_tokens in scheduled.items():
             seq = self.sequences[request_id]
+            start = seq.num_computed_tokens
+            self.num_prompt_tokens_computed += max(0, min(start + num_tokens, seq.num_prompt_tokens) - start)
+            if views is not None:
+                views.append(self._connector_view(seq, num_computed=start, num_scheduled=num_tokens))
             seq.num_computed_tokens += num_tokens
             if seq.num_computed_tokens == seq.num_tokens_with_pending:
                 seq.num_pending_tokens += 1
         forget, self._forget = self._forget, []
+        metadata = None
+        if views is not None:
+            built = self.kv_connector.build_connector_meta(views)
+            metadata = None if built is None else self.kv_connector.encode_metadata(built)
         return SchedulerOutput(
             new_requests=new_requests,
             cached_requests=cached_requests,
             num_scheduled_tokens=scheduled,
             finished_request_ids=forget,
+            kv_connector_metadata=metadata,
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
@@ -210,6 +237,8 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             prefix_cache_queries=manager.prefix_cache_queries,
             prefix_cache_hits=manager.prefix_cache_hits,
+            num_prompt_tokens_computed=self.num_prompt_tokens_computed,
+            num_kv_connector_loaded_tokens=self.num_kv_connector_loaded_tokens,
         )
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -243,7 +272,31 @@ class Scheduler:
         self._unsent.add(seq.request_id)
         self._forget.append(seq.request_id)
 
+    def _external_tokens(self, seq: Sequence, num_cached: int) -> int:
+        """The prompt tokens after the first `num_cached` that the KV connector supplies: never the last
+        prompt token (its logits are needed), so a larger answer is cut to leave it."""
+        connector = self.kv_connector
+        num = connector.get_num_new_matched_tokens(self._connector_view(seq, num_computed=num_cached), num_cached)
+        if not isinstance(num, int) or isinstance(num, bool) or num < 0:
+            raise ValueError(f"KV connector {type(connector).__qualname__}.get_num_new_matched_tokens returned "
+                             f"{num!r} for request {seq.request_id!r}: it must return a count of tokens (an int >= 0)")
+        return min(num, max(0, seq.num_prompt_tokens - 1 - num_cached))
+
+    def _connector_view(self, seq: Sequence, *, num_computed: int, num_scheduled: int = 0) -> KVConnectorRequest:
+        num_prompt = seq.num_prompt_tokens
+        return KVConnectorRequest(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[:num_prompt],
+            block_hashes=seq.block_hashes()[: num_prompt // self.block_manager.block_size],
+            block_ids=seq.block_ids,
+            num_computed_tokens=num_computed,
+            num_scheduled_tokens=num_scheduled,
+            num_external_tokens=seq.num_external_tokens,
+        )
+
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | None = None) -> None:
+        if self.kv_connector is not None:
+            self.kv_connector.request_finished(self._connector_view(seq, num_computed=seq.num_computed_tokens))
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -38,6 +38,7 @@ class Sequence:
         # the next step's schedule before the previous step's tokens are known).
         self.num_pending_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
+        self.num_external_tokens = 0  # prompt tokens a KV connector supplied at the latest admission
         self.block_ids: list[int] = []
         self.num_registered_blocks = 0  # leading blocks already named in the prefix cache
         self.status = SequenceStatus.WAITING

@@ -168,8 +168,10 @@ class InputProcessor:
         for cls in self.logits_processors:
             try:
                 cls.validate_params(params)
-            except RequestError:
-                raise  # the processor's own verdict, naming its field
+            except RequestError as exc:
+                if exc.source is None:  # the processor's own verdict, naming its field; the server names the class
+                    exc.source = f"logits processor {processor_name(cls)}"
+                raise
             except Exception as exc:
                 # Plugin code raised something else: refuse this request, naming the class, and keep
                 # serving the others. A ValueError is how vLLM processors say "bad arguments"; anything

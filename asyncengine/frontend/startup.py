@@ -10,11 +10,12 @@ import anyio
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
+from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
 from asyncengine.loader.model_source import resolve_model_dir
 from asyncengine.loader.registry import ModelLoaderRegistry
 from asyncengine.models.layers.quantization import QuantizationRegistry
-from asyncengine.registries.base import reads
+from asyncengine.registries.base import describe, reads
 
 
 @dataclass
@@ -30,8 +31,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     # The loader name is checked here, once the general plugins (which may register loaders) have run,
     # before a possibly long GGUF conversion; the worker builds the model with it.
     ModelLoaderRegistry.loader_class(config.load_format)
-    if config.quantization is not None:
-        QuantizationRegistry.config_class(config.quantization)
+    quantization = None if config.quantization is None else QuantizationRegistry.config_class(config.quantization)
     if not config.skip_tokenizer_init:  # so is the tokenizer mode (R9): an unknown one lists the known ones
         tokenizer_class(config.tokenizer_mode)
     model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
@@ -40,7 +40,19 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     chat_template = read_chat_template(config.chat_template)
     model_config = build_model_config(config, model_dir=model_dir, default_dtype=platform.default_dtype,
                                       tokenizer=tokenizer)
+    if quantization is not None:  # the method checks the model and the options before a worker builds it
+        _verify_quantization(quantization, config, model_config)
     return FrontendSetup(model_config, tokenizer, chat_template)
+
+
+def _verify_quantization(method: Any, config: EngineConfig, model_config: ModelConfig) -> None:
+    try:
+        method.verify_config(config, model_config.load_hf_config())
+    except ConfigError:
+        raise
+    except Exception as exc:  # the method's own failure: named with the method, as a configuration error
+        raise ConfigError(f"quantization method {config.quantization!r} ({describe(method)}) raised in "
+                          f"verify_config: {type(exc).__name__}: {exc}", field="quantization") from exc
 
 
 async def prepare_async(config: EngineConfig, platform: Any) -> FrontendSetup:

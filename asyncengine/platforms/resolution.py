@@ -23,6 +23,7 @@ from asyncengine.platforms.interface import Platform
 BUILT_IN: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
 
 _current: type[Platform] | None = None
+_requested: str | None = None
 
 
 def current_platform() -> type[Platform]:
@@ -35,6 +36,13 @@ def current_platform() -> type[Platform]:
     return _current
 
 
+def requested_device() -> str | None:
+    """The device this process's platform phase was asked for (`--device`, or the frontend's choice in
+    a child); None while detecting. A platform plugin's detector reads it to stay inactive unless it is
+    named, so that installing it does not take over every run (an active one wins over the built-ins)."""
+    return _requested
+
+
 def set_current_platform(platform: type[Platform] | None) -> None:
     global _current
     _current = platform
@@ -45,9 +53,11 @@ async def resolve_platform(
 ) -> type[Platform]:
     """Resolve and install the platform. `plugins`: the allowed platform plugins. `chosen_by` names
     who fixed `device` (a child's frontend), which then skips the detectors that do not matter."""
+    global _requested
     trace = loader.trace
     by_name = {plugin.name: plugin for plugin in plugins}
     started = time.time()
+    _requested = None if device == "auto" else device  # before any detector runs: they may read it
     if device != "auto":
         why = f"chosen by {chosen_by}" if chosen_by else "named by --device"
         platform = await _named(device, by_name, loader, why)

@@ -14,6 +14,14 @@ from asyncengine.errors import ConfigError
 from asyncengine.plugin_runtime.discovery import InstalledPlugin
 
 ENV_VAR = "ASYNCENGINE_PLUGINS"
+OPTION_SOURCE = "--plugins"
+
+# The messages, as templates: the start-up timeline page (timeline_rules.py) words them the same way.
+OPT_IN_REASON = "opt-in: {group} plugins load only when named in the allow-list (--plugins)"
+NOT_NAMED_REASON = "not allowed ({source} does not name it)"
+UNKNOWN_NAMES_ERROR = "{source} names plugin(s) {unknown} that are not installed; installed: {installed}"
+INSTALLED_PLUGIN = "{name} ({entry_point_group})"
+NONE_INSTALLED = "none"
 
 
 @dataclass(frozen=True)
@@ -24,7 +32,7 @@ class AllowList:
     @classmethod
     def resolve(cls, option: str | None) -> "AllowList":
         if option is not None:
-            return cls(_parse(option), "--plugins")
+            return cls(_parse(option), OPTION_SOURCE)
         if ENV_VAR in os.environ:
             return cls(_parse(os.environ[ENV_VAR]), ENV_VAR)
         return cls(None, "unset")
@@ -39,20 +47,19 @@ class AllowList:
         known = {plugin.name for plugin in installed}
         unknown = sorted(self.names - known)
         if unknown:
-            listing = ", ".join(f"{p.name} ({p.group.entry_point_group})" for p in installed) or "none"
-            raise ConfigError(
-                f"{self.source} names plugin(s) {', '.join(unknown)} that are not installed; installed: {listing}",
-                field="plugins",
-            )
+            listing = ", ".join(INSTALLED_PLUGIN.format(name=p.name, entry_point_group=p.group.entry_point_group)
+                                for p in installed) or NONE_INSTALLED
+            raise ConfigError(UNKNOWN_NAMES_ERROR.format(source=self.source, unknown=", ".join(unknown),
+                                                         installed=listing), field="plugins")
 
     def verdict(self, plugin: InstalledPlugin) -> str | None:
         """None when the plugin may load; else why it is skipped."""
         if self.names is None:
             if plugin.group.opt_in:
-                return f"opt-in: {plugin.group.key} plugins load only when named in the allow-list (--plugins)"
+                return OPT_IN_REASON.format(group=plugin.group.key)
             return None
         if plugin.name not in self.names:
-            return f"not allowed ({self.source} does not name it)"
+            return NOT_NAMED_REASON.format(source=self.source)
         return None
 
 

@@ -88,6 +88,14 @@ def _is_executor_class(value: Any) -> str | None:
     return None
 
 
+def _is_kv_connector(value: Any) -> str | None:
+    from asyncengine.kv_transfer.base import KVConnectorBase
+
+    if not isinstance(value, type) or not issubclass(value, KVConnectorBase):
+        return f"is {value!r}, not a subclass of asyncengine.plugins_api.KVConnectorBase"
+    return None
+
+
 @dataclass(frozen=True)
 class Hook:
     readers: tuple[str, ...]  # the roles that read it (EXTENSION_POINTS.md, "reads it")
@@ -105,6 +113,8 @@ HOOKS: dict[str, Hook] = {
                                  with_config=True),
     "logits_processors": Hook((FRONTEND, WORKER), _is_logits_processor, "a LogitsProcessor subclass"),
     "distributed_executor_backend": Hook((ENGINE_CORE,), _is_executor_class, "an Executor subclass"),
+    # kv_transfer_config's kv_connector_module_path (C6): the class kv_connector in that module.
+    "kv_connector_module_path": Hook((ENGINE_CORE, WORKER), _is_kv_connector, "a KVConnectorBase subclass"),
 }
 
 # Which roles read each hook (EXTENSION_POINTS.md's "reads it" column).
@@ -123,6 +133,10 @@ def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, str]]:
         yield f"logits_processors[{index}]", "logits_processors", path
     if config.executor_backend not in ("uni", "mp"):  # "pkg.mod:Executor" (C7)
         yield "distributed_executor_backend", "distributed_executor_backend", config.executor_backend
+    kv_transfer = config.kv_transfer
+    if kv_transfer is not None and kv_transfer.kv_connector_module_path:  # C6
+        yield ("kv_connector_module_path", "kv_connector_module_path",
+               f"{kv_transfer.kv_connector_module_path}:{kv_transfer.kv_connector}")
 
 
 def hooks_checked(config: EngineConfig, roles: set[str]) -> list[tuple[str, str]]:

@@ -1,21 +1,23 @@
 """The start-up plan: per process, its phases in order and what runs in each, without starting anything.
 
-It answers "which process sees which plugin" before a start: `asyncengine plugins timeline`. It is
-built from the same tables as the real start (groups.py, config_hooks.py, the registries), and a test
-compares it, process by process and phase by phase, with the trace of a real start.
+It answers "which process sees which plugin" before a start: `asyncengine plugins timeline`. The plan
+is the rules of timeline_rules.py (which processes a setting has, which roles each plays, the phases
+and their wording) applied to the config and the installed plugins; the page docs/startup-timeline.md
+applies the same rules in JavaScript. The rules come from the tables the real start uses (groups.py,
+config_hooks.py, the registries), and a test compares the plan, process by process and phase by phase,
+with the trace of a real start.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.plugin_runtime import groups as g
 from asyncengine.plugin_runtime.allow_list import AllowList
-from asyncengine.plugin_runtime.config_hooks import HOOKS, hooks_checked
+from asyncengine.plugin_runtime.config_hooks import hooks_checked
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
-from asyncengine.plugin_runtime.phases import frontend_roles
-from asyncengine.registries import all_registries
+from asyncengine.plugin_runtime.timeline_rules import timeline_rules
 
 
 @dataclass
@@ -25,6 +27,8 @@ class PhasePlan:
     # What the trace of a real start holds a record of in this phase: each plugin by its entry-point
     # name (loaded or skipped), and "registry:NAME" for each registry the manifest check compares.
     subjects: list[str] = field(default_factory=list)
+    # The Platform hooks this phase calls ("worker: NAME" when the worker calls them for this phase).
+    platform_hooks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -32,94 +36,100 @@ class ProcessPlan:
     role: str  # as in the trace: "frontend", "engine core", "worker rank 0", ...
     where: str  # "its own process", or which process it shares
     phases: list[PhasePlan] = field(default_factory=list)
+    plays: list[str] = field(default_factory=list)  # the roles it plays: frontend, engine core, worker
 
 
-def plan_start(config: EngineConfig) -> list[ProcessPlan]:
-    installed = installed_plugins()
-    allow_list = AllowList.resolve(config.plugins)
-    allow_list.check(installed)
+def settings_facts(config: EngineConfig) -> dict[str, bool]:
+    """Which of the rules' conditions hold for `config`."""
     from asyncengine.engine_core.executor import worker_placement
 
     backend = worker_placement(config)  # "uni" or "mp" (a pkg.mod:Executor as the built-in it subclasses)
+    return {"in_process": config.in_process, "multiprocess": not config.in_process, "uni": backend == "uni",
+            "mp": backend == "mp", "several_ranks": config.tensor_parallel_size > 1}
+
+
+def plan_start(config: EngineConfig) -> list[ProcessPlan]:
+    rules = timeline_rules()
+    installed = installed_plugins()
+    allow_list = AllowList.resolve(config.plugins)
+    allow_list.check(installed)
+    facts = settings_facts(config)
+    values = {"tp": config.tensor_parallel_size, "device": config.device}
+
+    def holds(conditions: list[str]) -> bool:
+        return all(facts[condition] for condition in conditions)
+
+    def kept(templates: list[Any], key: str = "text", **more: Any) -> list[str]:
+        """Each template whose conditions hold, filled in."""
+        return [(t if isinstance(t, str) else t[key]).format(**values, **more) for t in templates
+                if isinstance(t, str) or holds(t["when"])]
+
     plans = []
-    roles = frontend_roles(config)
-    frontend = ProcessPlan("frontend", "the calling process")
-    frontend.phases = _plugin_phases(roles, config, installed, allow_list, chooses_platform=True)
-    frontend.phases += [
-        PhasePlan("model", ["find the model (convert a GGUF file once)", "tokenizer", "model description"]),
-        PhasePlan("engine core", ["in this process" if config.in_process else "spawn the engine-core process, "
-                                  "send it the config, the platform and the manifest; wait for Ready"]),
-        PhasePlan("ready", ["platform hook per request: validate_request"]),
-    ]
-    plans.append(frontend)
-
-    core = ProcessPlan("engine core", "the frontend's process" if config.in_process else "its own process")
-    if not config.in_process:
-        core_roles = {g.ENGINE_CORE} | ({g.WORKER} if backend == "uni" else set())
-        core.phases = _plugin_phases(core_roles, config, installed, allow_list, chooses_platform=False)
-    workers = (f"{config.tensor_parallel_size} worker process(es)" if backend == "mp"
-               else "the worker on a thread of this process: platform hooks set_device, seed_everything")
-    core.phases += [
-        PhasePlan("start workers", [workers]),
-        PhasePlan("load model", ["worker: get_attn_backend_cls (or attention_backend), resolved in the "
-                                 "attention_backends registry; the choice per layer is recorded",
-                                 "worker: op_priority (the config's, else the platform's) orders the op providers; "
-                                 "each op's provider and each out-of-tree custom op are recorded"]),
-        PhasePlan("kv cache", ["worker: get_device_total_memory, get_current_memory_usage (not on cpu)"]),
-        PhasePlan("ready", []),
-    ]
-    plans.append(core)
-
-    if backend == "mp":
-        for rank in range(config.tensor_parallel_size):
-            worker = ProcessPlan(f"worker rank {rank}", "its own process")
-            worker.phases = _plugin_phases({g.WORKER}, config, installed, allow_list, chooses_platform=False)
-            worker.phases += [
-                PhasePlan("init device", ["platform hooks: set_device, seed_everything"]
-                          + ([f"join the process group ({config.tensor_parallel_size} ranks)"]
-                             if config.tensor_parallel_size > 1 else [])),
-                PhasePlan("ready", []),
-            ]
-            plans.append(worker)
+    for process in rules["processes"]:
+        if not holds(process["when"]):
+            continue
+        for rank in range(config.tensor_parallel_size) if process["per_rank"] else [None]:
+            plays = kept(process["plays"], key="role")
+            plan = ProcessPlan(process["role"].format(rank=rank), kept(process["where"])[0], plays=plays)
+            if holds(process["plugin_phases"]["when"]):
+                plan.phases = _plugin_phases(rules, set(plays), config, installed, allow_list,
+                                             chooses_platform=process["plugin_phases"]["chooses_platform"])
+            plan.phases += [PhasePlan(phase["name"], kept(phase["details"]),
+                                      platform_hooks=kept(phase["platform_hooks"])) for phase in process["phases"]]
+            plans.append(plan)
     return plans
 
 
-def _plugin_phases(roles: set[str], config: EngineConfig, installed: list[InstalledPlugin], allow_list: AllowList,
-                   *, chooses_platform: bool) -> list[PhasePlan]:
-    def names(group: g.Group) -> list[str]:
+def _plugin_phases(rules: dict[str, Any], roles: set[str], config: EngineConfig, installed: list[InstalledPlugin],
+                   allow_list: AllowList, *, chooses_platform: bool) -> list[PhasePlan]:
+    texts = rules["texts"]
+    join = texts["list_separator"].join
+    groups = {group["key"]: group for group in rules["groups"]}
+
+    def seen(*keys: str) -> list[InstalledPlugin]:
+        """The installed plugins of these groups that a process playing `roles` loads (or skips)."""
+        return [plugin for plugin in installed
+                if plugin.group.key in keys and roles & set(groups[plugin.group.key]["roles"])]
+
+    def names(key: str) -> list[str]:
         listed = []
-        for plugin in installed:
-            if plugin.group is group and roles & group.roles:
-                verdict = allow_list.verdict(plugin)
-                listed.append(plugin.name + ("" if verdict is None else f" (skipped: {verdict})"))
+        for plugin in seen(key):
+            verdict = allow_list.verdict(plugin)
+            listed.append(plugin.name if verdict is None
+                          else texts["skipped"].format(plugin=plugin.name, reason=verdict))
         return listed
 
+    platform_group, general_group = rules["platform_group"], rules["general_group"]
+    hooks: list[str] = []
     if chooses_platform:
-        platform = ([f"--device {config.device}"] if config.device != "auto"
-                    else [f"detector {n}" for n in names(g.PLATFORM)] + ["built-in detector cuda, else cpu"])
-        platform.append("platform hook: check_and_update_config")
+        platform = ([texts["device_chosen"].format(device=config.device)] if config.device != "auto"
+                    else [texts["detector"].format(plugin=n) for n in names(platform_group)]
+                    + [texts["builtin_detectors"]])
+        platform.append(texts["chooses_platform_hook"])
+        hooks = list(texts["chooses_platform_hooks"])
     else:
-        platform = ["the platform the frontend chose"]
-    role_groups = [f"{group.key}: {', '.join(names(group)) or 'none installed'}"
-                   for group in (g.IO_PROCESSOR, g.STAT_LOGGER, g.ENDPOINT, g.LOGITS_PROCESSOR) if roles & group.roles]
+        platform = [texts["platform_from_frontend"]]
+    role_groups = [texts["role_group"].format(group=key, plugins=join(names(key)) or texts["none_installed"])
+                   for key in rules["role_group_order"] if roles & set(groups[key]["roles"])]
     # The same selection as the real phase (config_hooks.hooks_checked): the frontend checks every hook
-    # set, the other processes the hooks their roles read (HOOK_READERS).
-    hooks = [f"{option}={path} (import; {HOOKS[option.split('[')[0]].checks})"
-             for option, path in hooks_checked(config, roles)]
-    def subjects(*groups: g.Group) -> list[str]:
-        return [plugin.name for plugin in installed if plugin.group in groups and roles & plugin.group.roles]
-
+    # set, the other processes the hooks their roles read.
+    config_hooks = [texts["config_hook"].format(option=option, path=path,
+                                                checks=rules["config_hooks"][option.split("[")[0]]["checks"])
+                    for option, path in hooks_checked(config, roles)]
+    phase_names = rules["plugin_phases"]  # platform, general plugins, role groups, config hooks, manifest check
     phases = [
-        PhasePlan(g.PHASE_PLATFORM, platform, subjects(g.PLATFORM)),
-        PhasePlan(g.PHASE_GENERAL, names(g.GENERAL) or ["none installed"], subjects(g.GENERAL)),
-        PhasePlan(g.PHASE_ROLE_GROUPS, role_groups or ["no group loads in this process"],
-                  subjects(g.IO_PROCESSOR, g.STAT_LOGGER, g.ENDPOINT, g.LOGITS_PROCESSOR)),
-        PhasePlan(g.PHASE_CONFIG_HOOKS, hooks or ["no module:attr option set"]),
+        PhasePlan(phase_names[0], platform, [p.name for p in seen(platform_group)], hooks),
+        PhasePlan(phase_names[1], names(general_group) or [texts["none_installed"]],
+                  [p.name for p in seen(general_group)]),
+        PhasePlan(phase_names[2], role_groups or [texts["no_role_group"]],
+                  [p.name for p in seen(*rules["role_group_order"])]),
+        PhasePlan(phase_names[3], config_hooks or [texts["no_config_hook"]]),
     ]
     if not chooses_platform:
-        registries = [name for name, (_, readers) in all_registries().items() if roles & readers]
-        phases.append(PhasePlan(g.PHASE_MANIFEST, [f"registries: {', '.join(registries) or 'none read here'}"],
-                                [f"registry:{name}" for name in registries]))
+        registries = [name for name, readers in rules["registries"].items() if roles & set(readers)]
+        phases.append(PhasePlan(phase_names[4],
+                                [texts["registries"].format(registries=join(registries) or texts["no_registries"])],
+                                [texts["registry_subject"].format(registry=name) for name in registries]))
     return phases
 
 

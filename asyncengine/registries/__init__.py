@@ -15,6 +15,7 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
     """Registry name -> (registry, the roles that read it)."""
     from asyncengine.attention.registry import AttentionBackendRegistry
     from asyncengine.frontend.tokenizer import TokenizerRegistry
+    from asyncengine.kv_transfer.factory import KVConnectorFactory
     from asyncengine.plugin_runtime.additional_config import AdditionalConfigRegistry
     from asyncengine.loader.registry import ModelLoaderRegistry
     from asyncengine.models.layers.op_registry import CustomOpRegistry, OpProviderRegistry
@@ -39,6 +40,8 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
         AttentionBackendRegistry.name: (AttentionBackendRegistry, frozenset({WORKER})),
         # The worker builds the linear layers with it; the frontend checks the `quantization` name first.
         QuantizationRegistry.name: (QuantizationRegistry, frozenset({FRONTEND, WORKER})),
+        # The engine core builds the connector's scheduler side with it, each worker its worker side.
+        KVConnectorFactory.name: (KVConnectorFactory, frozenset({ENGINE_CORE, WORKER})),
     }
 
 
@@ -58,6 +61,7 @@ READER_MODULES = (
     "asyncengine.models.layers.op_registry",
     "asyncengine.server.app",
     "asyncengine.attention.selector",
+    "asyncengine.kv_transfer.factory",
 )
 
 

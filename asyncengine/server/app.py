@@ -27,6 +27,7 @@ from asyncengine.server.common import ServingContext
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
 from asyncengine.server.metrics import PrometheusStatLogger
+from asyncengine.server.serving_io_processor import select_io_processor
 from asyncengine.registries.base import reads
 from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
 
@@ -55,7 +56,8 @@ def _bind(middleware: Callable[..., Awaitable[Any]], call_next: Callable[..., Aw
 
 def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp:
     """The API over `engine_client` (a started AsyncEngine). Raises StartupError when a parser, a
-    middleware or an endpoint plugin cannot be used, naming it."""
+    middleware, an endpoint plugin or the IO processor cannot be used, naming it (ConfigError when
+    --io-processor-plugin names no installed, allowed IO processor)."""
     config = config or ServerConfig()
     app = ApiApp("asyncengine.server")
     app.config.update(MAX_CONTENT_LENGTH=config.max_request_body_bytes, RESPONSE_TIMEOUT=None,
@@ -66,6 +68,8 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
         engine=engine_client, model_name=model_config.served_model_name, max_model_len=model_config.max_model_len,
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
         tool_parser=_tool_parser(config), reasoning_parser=_reasoning_parser(config),
+        io_processor=select_io_processor(engine_client.config,
+                                         dict(getattr(engine_client.plugins, "io_processors", {}))),
     )
     metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name)
     engine_client.add_stat_logger(metrics)

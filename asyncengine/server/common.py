@@ -37,6 +37,7 @@ class ServingContext:
     tool_parser: type | None = None  # chosen by --tool-call-parser
     enable_auto_tool_choice: bool = False
     reasoning_parser: type | None = None  # chosen by --reasoning-parser
+    io_processor: Any = None  # the SelectedIOProcessor chosen by --io-processor-plugin (serving_io_processor.py)
 
 
 def check_model(context: ServingContext, model: str | None) -> None:
@@ -85,6 +86,8 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         values["stop_token_ids"] = list(request.stop_token_ids)
     if logprobs is not None:
         values["logprobs"] = logprobs
+    if request.vllm_xargs is not None:
+        values["extra_args"] = dict(request.vllm_xargs)
     try:
         return SamplingParams(**values)
     except RequestError as error:
@@ -170,3 +173,21 @@ def engine_errors_as_http() -> Iterator[None]:
         raise from_engine_error(first) from group
     except (RequestError, EngineOverloadedError, EngineDeadError) as error:
         raise from_engine_error(error) from error
+
+
+async def final_outputs(engine: Any, submissions: list[Any]) -> list[RequestOutput | None]:
+    """Run every submitted request to its final output, concurrently, in a task group of its own; the
+    first engine error among them becomes an HTTP error (and cancels the rest)."""
+    from asyncengine.frontend.output_processor import OutputKind
+
+    finals: list[RequestOutput | None] = [None] * len(submissions)
+
+    async def run(index: int) -> None:
+        async for output in engine.submit(submissions[index], OutputKind.FINAL_ONLY, nowait=True):
+            finals[index] = output
+
+    with engine_errors_as_http():
+        async with anyio.create_task_group() as tg:
+            for index in range(len(submissions)):
+                tg.start_soon(run, index)
+    return finals

@@ -64,10 +64,24 @@ def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) 
                        f"invalid request body: {message}", param=parent or None, code="invalid_value")
 
 
+def http_param(field: str | None) -> str | None:
+    """The request parameter an engine field came from: SamplingParams.extra_args arrives over HTTP as
+    `vllm_xargs` (vLLM's name), so `extra_args.banned_token_ids` is `vllm_xargs.banned_token_ids`."""
+    if field is not None and (field == "extra_args" or field.startswith(("extra_args.", "extra_args["))):
+        return "vllm_xargs" + field[len("extra_args"):]
+    return field
+
+
 def from_engine_error(error: Exception) -> ApiError:
     """Engine errors a request can meet, as HTTP errors."""
     if isinstance(error, RequestError):
-        return bad_request(error.message, param=error.field, code="invalid_value")
+        param = http_param(error.field)
+        message = error.message
+        if param != error.field and message.startswith("extra_args "):  # the engine's name for it, in its words
+            message = "vllm_xargs" + message[len("extra_args"):]
+        if error.source:  # a plugin refused the request: say which one, and which parameter
+            message = f"{error.source} refused {param or 'the request'}: {message}"
+        return bad_request(message, param=param, code="invalid_value")
     if isinstance(error, EngineOverloadedError):
         return ApiError(503, str(error), type="service_unavailable", code="engine_overloaded",
                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -81,6 +81,17 @@ class PrometheusStatLogger(StatLoggerBase):
             "asyncengine:prompt_tokens_total", "Prompt tokens of requests whose prefill completed."
         )
         self.generation_tokens = counter("asyncengine:generation_tokens_total", "Generated tokens.")
+        # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector (R6). The
+        # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
+        self.prompt_tokens_computed = counter(
+            "asyncengine:prompt_tokens_computed_total",
+            "Prompt tokens computed in prefill steps (a preempted request's recomputation counts again).",
+        )
+        self.kv_connector_loaded_tokens = counter(
+            "asyncengine:kv_connector_loaded_tokens_total",
+            "Prompt tokens whose KV a KV connector supplied, so that no prefill computed them.",
+        )
+        self._scheduler_totals = {"num_prompt_tokens_computed": 0, "num_kv_connector_loaded_tokens": 0}
         request_success = Counter(
             "asyncengine:request_success",
             "Requests (completions, one per n) that finished, by finish reason.",
@@ -127,6 +138,14 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_requests_running.set(stats.num_running_reqs)
         self.num_requests_waiting.set(stats.num_waiting_reqs)
         self.kv_cache_usage_perc.set(stats.kv_cache_usage)
+        # Counters from the scheduler's totals: each stats object may be seen more than once (a step's,
+        # then a scrape's), so add what grew since the last one.
+        for name, counter in (("num_prompt_tokens_computed", self.prompt_tokens_computed),
+                              ("num_kv_connector_loaded_tokens", self.kv_connector_loaded_tokens)):
+            total = getattr(stats, name)
+            if total > self._scheduler_totals[name]:
+                counter.inc(total - self._scheduler_totals[name])
+                self._scheduler_totals[name] = total
 
     def render(self) -> tuple[bytes, str]:
         """The body and content type of a /metrics response (the text format, version 0.0.4: every

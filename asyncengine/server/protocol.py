@@ -23,6 +23,12 @@ class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     continuous_usage_stats: bool = False
 
 
+# vLLM's `vllm_xargs` values: a string, a number or a list of them (booleans too, which vLLM's schema
+# turns into numbers). No nested objects and no null: what extensions read is flat, as in vLLM.
+XargScalar = str | int | float | bool
+XargValue = XargScalar | list[XargScalar]
+
+
 class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What completions and chat completions share: OpenAI's sampling parameters and vLLM's extras."""
 
@@ -45,6 +51,9 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's per-request arguments for extensions: becomes SamplingParams.extra_args, which logits
+    # processors read (validate_params in this process, apply in the workers).
+    vllm_xargs: dict[str, XargValue] | None = None
     # Known, not implemented: a request that sets them gets a 400 that says so.
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
@@ -124,6 +133,21 @@ def _unsupported_shared(request: SamplingFields) -> list[tuple[str, str]]:
     if request.best_of is not None and request.best_of != request.n:
         found.append(("best_of", "best_of other than n is not supported"))
     return found
+
+
+class IOProcessRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    """POST /v1/io_process: `data` is the IO processor's own input (any JSON); the sampling fields
+    apply to every prompt its pre_process builds."""
+
+    data: Any
+    max_tokens: int | None = 16
+    add_special_tokens: bool = True
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        found = _unsupported_shared(self)
+        if self.stream:
+            found.append(("stream", "stream is not supported by /v1/io_process: post_process needs every output"))
+        return found
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -227,6 +251,16 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChunkChoice]
     object: str = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class IOProcessResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    plugin: str  # the IO processor that made `data` (--io-processor-plugin)
+    data: Any  # what its post_process returned
+    object: str = "io_process"
     usage: Usage | None = None
 
 

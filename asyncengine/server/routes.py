@@ -1,4 +1,5 @@
-"""The built-in routes: the OpenAI API under /v1, and /tokenize, /detokenize, /health, /metrics."""
+"""The built-in routes: the OpenAI API under /v1 (and /v1/io_process for an IO processor plugin), and
+/tokenize, /detokenize, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from asyncengine.errors import RequestError
 from asyncengine.server.common import ServingContext, check_model
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
 from asyncengine.server.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, IOProcessRequest, ModelCard, ModelList,
+    TokenizeRequest,
 )
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
+from asyncengine.server.serving_io_processor import create_io_process
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
 _BUILTIN: list[tuple[str, str, str]] = [
     ("/v1/models", "GET", "models"),
     ("/v1/completions", "POST", "completions"),
     ("/v1/chat/completions", "POST", "chat_completions"),
+    ("/v1/io_process", "POST", "io_process"),
     ("/v1/startup", "GET", "startup"),
     ("/tokenize", "POST", "tokenize"),
     ("/detokenize", "POST", "detokenize"),
@@ -74,6 +78,10 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         body = await decode_body(ChatCompletionRequest)
         result = await create_chat_completion(context, body, g.request_id, current_app.nursery)
         return sse_response(result) if body.stream else json_response(result)
+
+    async def io_process() -> Response:
+        body = await decode_body(IOProcessRequest)
+        return json_response(await create_io_process(context, body, g.request_id))
 
     async def startup() -> Response:
         return json_response(engine.startup_report)
@@ -128,7 +136,7 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return json_response({"version": __version__})
 
     views = {"models": models, "completions": completions, "chat_completions": chat_completions,
-             "startup": startup, "tokenize": tokenize, "detokenize": detokenize, "health": health,
+             "io_process": io_process,             "startup": startup, "tokenize": tokenize, "detokenize": detokenize, "health": health,
              "metrics": metrics_route, "version": version}
     for rule, method, name in _BUILTIN:
         if (rule, method) not in skip:

@@ -21,6 +21,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.server.app import create_app
 from asyncengine.server.config import ServerConfig
+from asyncengine.server.serving_io_processor import check_io_processor_name
 
 logger = logging.getLogger("asyncengine.server")
 
@@ -28,6 +29,9 @@ logger = logging.getLogger("asyncengine.server")
 async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Start the engine, serve the API until a signal, then shut down gracefully."""
+    # A wrong --io-processor-plugin fails here, before the model loads (create_app checks again); in a
+    # thread, as the entry-point scan reads every installed distribution's metadata.
+    await anyio.to_thread.run_sync(check_io_processor_name, engine_config.io_processor_plugin, engine_config.plugins)
     async with AsyncEngine.start(engine_config) as engine:
         app = create_app(engine, server_config)
         config = HypercornConfig()

@@ -17,7 +17,8 @@ import anyio
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
-    SSE_DONE, ServingContext, TokenText, check_model, check_supported, engine_errors_as_http, first_then_rest, new_id,
+    final_outputs,
+    SSE_DONE, ServingContext, TokenText, check_model, check_supported, first_then_rest, new_id,
     sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.errors import bad_request, from_engine_error
@@ -72,16 +73,7 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
     if request.stream:
         return await _stream(engine, submissions, shaper, request, task_group)
-    finals: list[RequestOutput | None] = [None] * len(submissions)
-
-    async def run(index: int) -> None:
-        async for output in engine.submit(submissions[index], OutputKind.FINAL_ONLY, nowait=True):
-            finals[index] = output
-
-    with engine_errors_as_http():
-        async with anyio.create_task_group() as tg:
-            for index in range(len(submissions)):
-                tg.start_soon(run, index)
+    finals = await final_outputs(engine, submissions)
     return shaper.response(finals)
 
 

@@ -77,6 +77,10 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Totals since the engine started. Prompt tokens computed in prefill steps (a preempted request's
+    # recomputation counts again), and prompt tokens whose KV a KV connector supplied instead.
+    num_prompt_tokens_computed: int = 0
+    num_kv_connector_loaded_tokens: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True, tag=True):

@@ -34,6 +34,9 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     num_scheduled_tokens: dict[str, int] = msgspec.field(default_factory=dict)
     # Requests the worker should forget (finished, aborted or preempted since the last step).
     finished_request_ids: list[str] = msgspec.field(default_factory=list)
+    # The KV connector's metadata for this step (its scheduler side's Struct, msgpack-encoded; each
+    # worker's side decodes it as its metadata_cls); None without a connector or with nothing to do.
+    kv_connector_metadata: bytes | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:

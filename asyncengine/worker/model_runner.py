@@ -26,10 +26,13 @@ from asyncengine.attention.selector import select_attention_backends
 from asyncengine.config.engine import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import StartupError
+from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRole
+from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.loader.model_loader import load_model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.ops.paged_attention import plan_attention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+from asyncengine.worker import parallel
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessors
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
@@ -72,6 +75,7 @@ class ModelRunner:
         # What this worker chose while loading (the attention backend, ...), for the start-up report:
         # the engine core adds them to its trace under this process's name (Worker.load_model).
         self.startup_records: list[StartupRecord] = []
+        self.kv_connector: KVConnectorBase | None = None  # built with the model when kv_transfer_config is set
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -97,6 +101,14 @@ class ModelRunner:
         self.logits_processors = LogitsProcessors.build(
             self.logits_processor_classes, self.engine_config, self.device, self.pin_memory
         )
+        kv_transfer = self.engine_config.kv_transfer
+        if kv_transfer is not None:  # the worker side of the KV connector; it gets the cache once allocated
+            started = time.time()
+            self.kv_connector, choice = create_connector(
+                kv_transfer, KVConnectorRole.WORKER,
+                context_for(self.engine_config, self.model_config, rank=parallel.rank()))
+            self.startup_records.append(connector_record(self.kv_connector, choice, phase="load model",
+                                                         started=started))
 
     def kv_cache_bytes_per_block(self) -> int:
         element_size = torch.empty((), dtype=self.dtype).element_size()
@@ -158,6 +170,8 @@ class ModelRunner:
             )
         self._allocate_kv_cache(num_blocks)
         self.num_blocks = num_blocks
+        if self.kv_connector is not None:
+            self.kv_connector.register_kv_caches(self.kv_caches)
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = []
@@ -199,8 +213,15 @@ class ModelRunner:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
+        connector_metadata = None
+        if self.kv_connector is not None and scheduler_output.kv_connector_metadata is not None:
+            # Before the forward pass: the blocks the scheduler counted as computed must hold their KV.
+            connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
+            self.kv_connector.start_load_kv(connector_metadata)
         inputs = self._prepare_inputs(scheduler_output)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+        if connector_metadata is not None:
+            self.kv_connector.wait_for_save(connector_metadata)
         if not inputs.sampling_request_ids:
             return ModelRunnerOutput()
         logits = self.model.compute_logits(hidden[inputs.logits_indices])

@@ -71,6 +71,7 @@ def run(tmp_path: Path, env: dict[str, str], model: str, backend: str, register:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.extension_point("R3")
 def test_the_plugin_backend_runs_in_the_worker_and_matches_the_built_in(llama_path, built_in_tokens, tmp_path,
                                                                         plugin_env):
     records_file = tmp_path / "record.jsonl"
@@ -95,6 +96,7 @@ def test_the_plugin_backend_runs_in_the_worker_and_matches_the_built_in(llama_pa
     assert manifest.reason == "same keys as the frontend"
 
 
+@pytest.mark.extension_point("R3", "X")
 def test_a_backend_registered_only_in_the_script_is_caught_in_the_worker(llama_path, tmp_path, plugin_env):
     outcome = run(tmp_path, plugin_env(), llama_path, "AE_SCRIPT", register="register")
     assert outcome.get("error") == "MissingRegistration", outcome

@@ -110,6 +110,7 @@ def pids_by_role(trace_file: Path) -> dict[str, int]:
     return {record.role: record.pid for record in read_trace(trace_file)}
 
 
+@pytest.mark.extension_point("C1", "C3", "G4")
 def test_both_hooks_run_where_promised_and_keep_async_scheduling(llama, tmp_path, plugin_env):
     record_file = tmp_path / "plugin-record.jsonl"
     env = plugin_env(*DISTRIBUTIONS, AE_PLUGIN_RECORD=str(record_file))
@@ -183,6 +184,7 @@ def test_both_hooks_run_where_promised_and_keep_async_scheduling(llama, tmp_path
      "collective_rpc('load_model') finds the worker's first, so ae_bad_hooks:ClashingExtension.load_model would "
      "never run; rename it in the extension"),
 ])
+@pytest.mark.extension_point("C1", "C3", "G5")
 def test_a_wrong_class_fails_start_up_in_the_frontend_before_spawning(llama, tmp_path, plugin_env, option, path,
                                                                       problem):
     modules = tmp_path / "modules"

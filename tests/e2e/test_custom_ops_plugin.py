@@ -55,6 +55,7 @@ def op_records(trace, role: str) -> dict[str, str]:
             and r.plugin and r.plugin.startswith(("op:", "custom op:"))}
 
 
+@pytest.mark.extension_point("R2")
 def test_the_plugin_ops_run_in_the_worker_and_keep_greedy_outputs(llama_path, tmp_path, plugin_env):
     record = str(tmp_path / "record.jsonl")
     plain, plain_trace, plain_lines = run(tmp_path, plugin_env(AE_PLUGIN_RECORD=record), llama_path, "plain")
@@ -82,6 +83,7 @@ def test_the_plugin_ops_run_in_the_worker_and_keep_greedy_outputs(llama_path, tm
     assert compared["registry:custom_ops"].outcome == compared["registry:op_providers"].outcome == OK
 
 
+@pytest.mark.extension_point("R2")
 def test_op_priority_in_the_config_puts_native_first(llama_path, tmp_path, plugin_env):
     record = str(tmp_path / "record.jsonl")
     env = plugin_env(DIST, AE_PLUGIN_RECORD=record)

@@ -81,6 +81,7 @@ def run(tmp_path: Path, env: dict[str, str], model: str, door: str) -> tuple[dic
     return json.loads(result.stdout.strip().splitlines()[-1]), lines
 
 
+@pytest.mark.extension_point("E6", "C4")
 @pytest.mark.parametrize("door", ["entry point", "config"])
 def test_banned_tokens_through_each_door(llama_path, tmp_path, plugin_env, door):
     env = plugin_env(DIST, AE_PLUGIN_RECORD=str(tmp_path / "record.jsonl"))
@@ -112,6 +113,7 @@ def test_the_same_class_from_both_doors_is_built_once(llama_path, tmp_path, plug
     assert [line["role"] for line in records] == ["worker rank 0"]  # two instances would record twice
 
 
+@pytest.mark.extension_point("C4")
 def test_a_configured_path_that_is_no_logits_processor_fails_start_up(llama_path, tmp_path, plugin_env):
     env = plugin_env(DIST, AE_PLUGIN_RECORD=str(tmp_path / "record.jsonl"))
     script = tmp_path / "bad_path.py"

@@ -70,6 +70,7 @@ def run_script(tmp_path: Path, env: dict[str, str], model: Path, name: str) -> t
     return json.loads(result.stdout.strip().splitlines()[-1]), trace_file
 
 
+@pytest.mark.extension_point("E1", "R1")
 def test_the_plugin_architecture_is_built_in_every_worker_and_matches_the_stock_llama(models, tmp_path, plugin_env):
     stock, example = models
     record_file = tmp_path / "plugin-record.jsonl"
@@ -94,6 +95,7 @@ def test_the_plugin_architecture_is_built_in_every_worker_and_matches_the_stock_
     assert len({pid for _, pid in built}) == 2
 
 
+@pytest.mark.extension_point("R1")
 def test_without_the_plugin_start_up_fails_in_the_frontend(models, tmp_path, plugin_env):
     _, example = models
     env = plugin_env()  # no plugin distribution on the path

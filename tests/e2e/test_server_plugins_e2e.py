@@ -2,7 +2,8 @@
 `asyncengine serve` on the default model:
 
 - asyncengine-endpoint-example (asyncengine.endpoint_plugins, opt-in): GET /example/stats, fed by a
-  background task in the server's task group that polls the scheduler's stats;
+  background task in the server's task group that polls the scheduler's stats; and its HTTP middleware,
+  named by the config hook --middleware (C8), adding X-Served-By to every response;
 - asyncengine-stat-logger-example (asyncengine.stat_logger_plugins): counts tokens and finished
   requests, and writes a JSON summary line from log();
 - asyncengine-parsers-example (asyncengine.general_plugins): registers the tool parser `example_fn`
@@ -60,13 +61,15 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "a condition"):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+@pytest.mark.extension_point("E1", "E4", "E5", "R7", "R8", "C8")
 def test_endpoint_stat_logger_and_parser_plugins_in_a_real_server(default_model_dir, plugin_env, tmp_path):
     records_file, summary_file = tmp_path / "records.jsonl", tmp_path / "summary.jsonl"
     env = plugin_env(*DISTS, AE_PLUGIN_RECORD=str(records_file), AE_EXAMPLE_STATS_FILE=str(summary_file))
     model = str(default_model_dir)
     server = start_server([model, "--plugins", f"{ENDPOINT},{STAT_LOGGER},{PARSERS}",
                            "--tool-call-parser", "example_fn", "--enable-auto-tool-choice",
-                           "--reasoning-parser", "example_brackets", "--stats-log-interval", "0.2"], env=env)
+                           "--reasoning-parser", "example_brackets", "--stats-log-interval", "0.2",
+                           "--middleware", "ae_endpoint_example.middleware:served_by"], env=env)
     try:
         with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
             # 1. A completion long enough to be running across several 0.2 s polls.
@@ -79,6 +82,11 @@ def test_endpoint_stat_logger_and_parser_plugins_in_a_real_server(default_model_
             assert watched["polling"] and watched["errors"] == 0, watched
             assert watched["max_running"] >= 1 and watched["busy_polls"] >= 1, watched
             assert watched["pid"] == server.process.pid
+
+            # The middleware (C8) wrapped the built-in routes and the plugin's.
+            for path in ("/v1/models", "/example/stats", "/health"):
+                with urllib.request.urlopen(server.url + path) as response:
+                    assert response.headers["X-Served-By"] == f"asyncengine pid {server.process.pid}", path
 
             # The stat logger's summary line once it saw the request finish: its counts are the usage's.
             def finished_summary():
@@ -136,7 +144,7 @@ def test_endpoint_stat_logger_and_parser_plugins_in_a_real_server(default_model_
     for record in records:
         by_what.setdefault(record["what"], set()).add((record["pid"], record["role"]))
     here = {(server.process.pid, "frontend")}
-    for what in ("endpoint attach", "endpoint background task", "endpoint route",  # the endpoint plugin
+    for what in ("endpoint attach", "endpoint background task", "endpoint route", "middleware",  # endpoint dist
                  "stat logger record", "stat logger log",  # the stat logger
                  "tool parser extract_tool_calls", "tool parser extract_tool_calls_streaming",  # the parsers
                  "reasoning parser extract_reasoning", "reasoning parser extract_reasoning_streaming"):
@@ -144,7 +152,8 @@ def test_endpoint_stat_logger_and_parser_plugins_in_a_real_server(default_model_
     registered = by_what["parsers registered"]
     assert (server.process.pid, "frontend") in registered
     assert all(pid != server.process.pid and role != "frontend" for pid, role in registered - here), registered
-    assert set(by_what) == {"endpoint attach", "endpoint background task", "endpoint route", "stat logger record",
+    assert set(by_what) == {"endpoint attach", "endpoint background task", "endpoint route", "middleware",
+                            "stat logger record",
                             "stat logger log", "tool parser extract_tool_calls",
                             "tool parser extract_tool_calls_streaming", "reasoning parser extract_reasoning",
                             "reasoning parser extract_reasoning_streaming", "parsers registered"}

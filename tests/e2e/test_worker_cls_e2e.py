@@ -84,6 +84,7 @@ def run(tiny_model, tmp_path):
     return run_script
 
 
+@pytest.mark.extension_point("C2")
 def test_the_worker_class_is_built_in_the_worker_process_and_in_process(run):
     baseline, _, records = run("baseline", in_process=False, distributed_executor_backend="mp")
     assert "error" not in baseline, baseline
@@ -111,6 +112,7 @@ def test_the_worker_class_is_built_in_the_worker_process_and_in_process(run):
         ("init", "frontend", result["pid"]), ("load_model", "frontend", result["pid"])]
 
 
+@pytest.mark.extension_point("C2")
 def test_a_class_that_is_not_a_worker_fails_before_spawning(run):
     path = "ae_worker_cls_test:NotAWorker"
     result, trace_file, records = run("failing", in_process=False, distributed_executor_backend="mp", worker_cls=path)

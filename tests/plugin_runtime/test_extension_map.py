@@ -19,9 +19,11 @@ REGISTRY_OBJECTS = {"ModelRegistry": "models", "ModelLoaderRegistry": "model_loa
                     "ToolParserManager": "tool_parsers", "ReasoningParserManager": "reasoning_parsers",
                     "AttentionBackendRegistry": "attention_backends",
                     "CustomOpRegistry": "custom_ops", "OpProviderRegistry": "op_providers",
-                    "TokenizerRegistry": "tokenizers", "QuantizationRegistry": "quantization"}
+                    "TokenizerRegistry": "tokenizers", "QuantizationRegistry": "quantization",
+                    "KVConnectorFactory": "kv_connectors"}
 REGISTERING = {"register", "claim", "register_model", "register_loader", "register_backend", "register_module",
-               "import_tool_parser", "import_reasoning_parser", "owners", "name", "what"}
+               "import_tool_parser", "import_reasoning_parser", "owners", "name", "what",
+               "register_connector"}
 
 
 def lookups() -> list[tuple[str, int, str, set[str]]]:

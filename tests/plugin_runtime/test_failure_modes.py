@@ -23,6 +23,7 @@ def test_list_shows_each_plugin_with_its_distribution_and_processes(cli, plugin_
     assert any(line.startswith("asyncengine.endpoint_plugins  ae_hello") and "skipped: opt-in" in line for line in lines)
 
 
+@pytest.mark.extension_point("G2")
 def test_a_plugin_the_allow_list_filters_is_reported_as_skipped(cli, plugin_env):
     result = cli(["plugins", "check", "--plugins", "ae_stats"], plugin_env(GENERAL))
     assert result.returncode == 0, result.stderr
@@ -57,6 +58,7 @@ def test_an_endpoint_plugin_loads_only_when_named(cli, plugin_env):
     assert "ok      role groups: asyncengine.endpoint_plugins ae_hello" in result.stdout
 
 
+@pytest.mark.extension_point("E1")
 @pytest.mark.parametrize("in_process", [False, True], ids=["engine core process", "in-process"])
 def test_a_plugin_that_raises_on_import_fails_start_up_naming_itself(cli, plugin_env, in_process):
     args = ["plugins", "check"] + (["--in-process"] if in_process else [])
@@ -103,6 +105,7 @@ def test_a_raising_platform_detector_fails(cli, plugin_env):
     ), result.stderr
 
 
+@pytest.mark.extension_point("E2")
 def test_two_active_out_of_tree_platforms_fail_naming_both(cli, plugin_env):
     result = cli(["plugins", "check"], plugin_env("ae-plugin-platform-a", "ae-plugin-platform-b"))
     assert result.returncode == 1
@@ -114,6 +117,7 @@ def test_two_active_out_of_tree_platforms_fail_naming_both(cli, plugin_env):
     assert "ok      platform: chosen: cpu_b (chosen by the frontend)" in chosen.stdout
 
 
+@pytest.mark.extension_point("E2")
 def test_one_active_out_of_tree_platform_wins_over_the_built_ins(cli, plugin_env):
     result = cli(["plugins", "check", "--tp", "2"], plugin_env("ae-plugin-platform-a"))
     assert result.returncode == 0, result.stderr

@@ -77,6 +77,7 @@ def run_script(tmp_path: Path, env: dict[str, str], *args: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.extension_point("X", "G1")
 def test_a_registration_made_only_in_the_frontend_is_caught_in_the_worker(llama, tmp_path, plugin_env):
     model = renamed(llama, tmp_path, "ScriptLlamaForCausalLM")
     outcome = run_script(tmp_path, plugin_env(), str(model), "register", "multiprocess")

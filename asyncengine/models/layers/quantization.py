@@ -79,6 +79,13 @@ class QuantizationConfig:
     def from_model_config(cls, hf_config: Any) -> QuantizationConfig:
         return cls()
 
+    @classmethod
+    def verify_config(cls, engine_config: Any, hf_config: Any) -> None:
+        """Called in the frontend, once the model's config is known and before anything is spawned, with
+        the engine options and the model's config as attributes (what `from_model_config` gets): raise
+        ConfigError to refuse what the method cannot hold (a dtype, a layer width, a tensor-parallel
+        size). Accepts everything by default."""
+
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         """The method for `layer` (a ColumnParallelLinear or RowParallelLinear); None: unquantized.
         `prefix` is the layer's name in the model where the model passes it ("" in the built-in models)."""

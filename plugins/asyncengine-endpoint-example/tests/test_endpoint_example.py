@@ -102,3 +102,23 @@ def test_before_the_task_starts_the_route_says_so():
 
     body = trio.run(get)
     assert body["polling"] is False and body["polls"] == 0
+
+
+def test_the_middleware_tags_the_response_with_the_server_pid():
+    import os
+    from types import SimpleNamespace
+
+    import anyio
+
+    from ae_endpoint_example.middleware import HEADER, served_by
+
+    response = SimpleNamespace(headers={})
+
+    async def call_next(request):
+        return response
+
+    async def main():
+        return await served_by(SimpleNamespace(path="/v1/models"), call_next)
+
+    assert anyio.run(main, backend="trio") is response
+    assert response.headers[HEADER] == f"asyncengine pid {os.getpid()}"

@@ -11,27 +11,12 @@ JSON line there, {"plugin", "event": "built", "pid", "role", "class"}, with the 
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from typing import Any
 
-from asyncengine.plugins_api import LlamaForCausalLM, current_process_role
+from ae_model_example._record import RECORD_ENV, record
+from asyncengine.plugins_api import LlamaForCausalLM
 
 __all__ = ["ExampleLlamaForCausalLM", "RECORD_ENV"]
-
-RECORD_ENV = "AE_PLUGIN_RECORD"
-
-
-def _record(event: str, **fields: Any) -> None:
-    path = os.environ.get(RECORD_ENV)
-    if not path:
-        return
-    line = {"plugin": "ae_model_example", "event": event, "pid": os.getpid(), "role": current_process_role(),
-            "time": time.time(), **fields}
-    # One write of one line in append mode: lines from several processes do not interleave.
-    with open(path, "a", encoding="utf-8") as file:
-        file.write(json.dumps(line) + "\n")
 
 
 class ExampleLlamaForCausalLM(LlamaForCausalLM):
@@ -39,4 +24,4 @@ class ExampleLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: Any, *, dtype: Any, max_position: int) -> None:
         super().__init__(config, dtype=dtype, max_position=max_position)
-        _record("built", cls=f"{type(self).__module__}:{type(self).__qualname__}")
+        record("built", cls=f"{type(self).__module__}:{type(self).__qualname__}")

@@ -1,0 +1,223 @@
+"""POST /v1/io_process: the IO processor chosen by `--io-processor-plugin NAME` (entry-point group
+`asyncengine.io_processor_plugins`, row E3 of the extension points).
+
+The request's `data` goes to the plugin's `pre_process`, which returns prompts; each prompt is
+generated through the engine with the request's sampling fields (concurrently, as /v1/completions
+runs several prompts); the finished outputs, in prompt order, go to `post_process`, whose result is
+the response's `data`. A plain method of the plugin runs in a worker thread (it may block), an
+`async def` on the event loop. What the plugin raises answers that request only: `RequestError` or
+`ValueError` is a 400 (the plugin refused the input), anything else a 500 logged with its traceback;
+both name the plugin and the method, and the server keeps serving.
+
+vLLM serves IO processors on POST /pooling, for pooling models. asyncengine generates text, so the
+route is its own, under /v1 (the API key applies), with the completion route's sampling fields.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+
+from asyncengine.errors import ConfigError, EngineDeadError, RequestError, StartupError
+from asyncengine.frontend.io_processor import IOProcessor
+from asyncengine.plugin_runtime import groups
+from asyncengine.plugin_runtime.allow_list import AllowList
+from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
+from asyncengine.server.common import (
+    final_outputs,
+    ServingContext, check_model, check_supported, new_id, sampling_params, usage,
+)
+from asyncengine.server.errors import ApiError, bad_request, from_engine_error
+from asyncengine.server.protocol import IOProcessRequest, IOProcessResponse
+
+logger = logging.getLogger("asyncengine.server")
+
+FLAG = "--io-processor-plugin"
+
+
+@dataclass
+class IOProcessorSetup:
+    """What the route serves: the chosen processor (None: none chosen) and what is installed, for
+    the message that says how to choose one."""
+
+    name: str | None = None
+    processor: IOProcessor | None = None
+    installed: list[str] = field(default_factory=list)
+
+
+# -- choosing one at start-up ------------------------------------------------------------------------------
+
+
+def _installed() -> list[InstalledPlugin]:
+    return [plugin for plugin in installed_plugins() if plugin.group is groups.IO_PROCESSOR]
+
+
+def _describe(installed: list[InstalledPlugin]) -> str:
+    if not installed:
+        return (f"none is installed: install a distribution with an entry point in the group "
+                f"{groups.IO_PROCESSOR.entry_point_group}")
+    names = ", ".join(f"{p.name} ({p.distribution} {p.version})" if p.distribution else p.name for p in installed)
+    return f"installed: {names}"
+
+
+def check_io_processor_name(name: str | None, allow_list_option: str | None) -> None:
+    """Before the engine starts (a cheap scan of the entry points): a ConfigError when `name` is not an
+    installed IO processor the allow-list lets load, listing the installed ones."""
+    if not name:
+        return
+    installed = _installed()
+    plugin = next((p for p in installed if p.name == name), None)
+    if plugin is None:
+        raise ConfigError(f"{FLAG} {name!r} is not an installed IO processor; {_describe(installed)}",
+                          field="io_processor_plugin")
+    verdict = AllowList.resolve(allow_list_option).verdict(plugin)
+    if verdict is not None:
+        raise ConfigError(f"{FLAG} {name!r} is installed, but the allow-list skips it ({verdict}): name it in "
+                          "--plugins (or ASYNCENGINE_PLUGINS) too", field="io_processor_plugin")
+
+
+def select_io_processor(engine_config: Any, loaded: dict[str, type]) -> IOProcessorSetup:
+    """The IO processor `engine_config.io_processor_plugin` names, built from the classes the frontend's
+    plugin phase loaded (`loaded`: entry-point name -> IOProcessor subclass)."""
+    installed = _installed()
+    name = engine_config.io_processor_plugin
+    if not name:
+        return IOProcessorSetup(installed=[p.name for p in installed])
+    cls = loaded.get(name)
+    if cls is None:
+        check_io_processor_name(name, engine_config.plugins)  # not installed, or not allowed: says which
+        raise ConfigError(f"{FLAG} {name!r} is installed and allowed but did not load in this process (see the "
+                          "start-up report: GET /v1/startup, or `asyncengine plugins check`)",
+                          field="io_processor_plugin")
+    try:
+        processor = cls(engine_config)
+    except Exception as exc:  # the plugin's constructor: named, and start-up fails
+        raise StartupError(f"IO processor {name!r} ({cls.__module__}:{cls.__qualname__}) failed in its "
+                           f"constructor: {type(exc).__name__}: {exc}") from exc
+    return IOProcessorSetup(name=name, processor=processor, installed=[p.name for p in installed])
+
+
+# -- serving a request -------------------------------------------------------------------------------------
+
+
+async def create_io_process(context: ServingContext, request: IOProcessRequest,
+                            header_id: str | None) -> IOProcessResponse:
+    setup: IOProcessorSetup = context.io_processor or IOProcessorSetup()
+    if setup.processor is None:
+        installed = ", ".join(setup.installed) or "none is installed"
+        raise ApiError(400, f"this server has no IO processor: start it with {FLAG} NAME (installed IO "
+                            f"processors: {installed})", code="io_processor_not_configured")
+    check_model(context, request.model)
+    check_supported(request)
+    engine = context.engine
+    response_id = new_id("ioproc", header_id)
+    prompts = _prompt_list(setup.name, await _call_plugin(setup, "pre_process", request))
+    submissions = []
+    for index, prompt in enumerate(prompts):
+        engine_prompt = _engine_prompt(context, request, setup.name, index, prompt)
+        try:
+            params = sampling_params(request, max_tokens=request.max_tokens, logprobs=None,
+                                     prompt_len=len(engine_prompt["prompt_token_ids"]),
+                                     max_model_len=context.max_model_len)
+            try:
+                submissions.append(engine.process_request(engine_prompt, params,
+                                                          f"{header_id or response_id}-{index}"))
+            except (RequestError, EngineDeadError) as error:
+                raise from_engine_error(error) from error
+        except ApiError as error:
+            if error.param is not None and error.param.startswith("prompt"):
+                # The user sent `data`, not this prompt: say which of the plugin's prompts it was.
+                error.message = f"prompt {index} that IO processor {setup.name!r} built: {error.message}"
+            raise
+    finals = await final_outputs(engine, submissions)
+    outputs = [output for output in finals if output is not None]  # every task ran to its final output or raised
+    data = await _call_plugin(setup, "post_process", outputs)
+    try:
+        encoded = msgspec.json.encode(data)  # here, so that a value JSON cannot hold is the plugin's error
+    except (TypeError, ValueError, OverflowError, msgspec.MsgspecError) as exc:
+        raise _plugin_error(setup.name, "post_process", 500, f"returned a value that cannot be encoded as JSON: "
+                                                             f"{type(exc).__name__}: {exc}") from exc
+    prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    completion_tokens = sum(len(c.token_ids) for output in outputs for c in output.outputs)
+    return IOProcessResponse(id=response_id, created=int(time.time()),
+                             model=context.model_name, plugin=setup.name, data=msgspec.Raw(encoded),
+                             usage=usage(prompt_tokens, completion_tokens))
+
+
+async def _call_plugin(setup: IOProcessorSetup, method: str, argument: Any) -> Any:
+    """The plugin's method: an `async def` awaited here, a plain one in a worker thread (never blocking the
+    event loop). Its exceptions become this request's HTTP error, naming the plugin."""
+    function = getattr(setup.processor, method)
+    try:
+        if inspect.iscoroutinefunction(function):
+            return await function(argument)
+        result = await anyio.to_thread.run_sync(function, argument)
+        if inspect.isawaitable(result):  # a plain method that returned a coroutine
+            result = await result
+        return result
+    except ValueError as exc:  # RequestError is one too: the plugin refused this input
+        param = getattr(exc, "field", None) or "data"
+        raise _plugin_error(setup.name, method, 400, f"refused the request: {type(exc).__name__}: {exc}",
+                            param=param) from exc
+    except Exception as exc:
+        # A bug in the plugin (or input it did not expect): this request fails with a 500 that names it, the
+        # traceback goes to the log, and the server keeps serving the others.
+        logger.exception("IO processor %r failed in %s", setup.name, method)
+        raise _plugin_error(setup.name, method, 500, f"failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _plugin_error(name: str | None, method: str, status: int, what: str, *, param: str | None = None) -> ApiError:
+    message = f"IO processor {name!r} ({method}) {what}"
+    if status == 400:
+        return bad_request(message, param=param, code="io_processor_refused")
+    return ApiError(500, message, type="internal_error", code="io_processor_error")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompt_list(name: str | None, value: Any) -> list[Any]:
+    """pre_process's result as a list of prompts: one prompt (a string, a dict, a flat list of token ids)
+    or a list of them."""
+    if isinstance(value, (str, dict)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if value and all(_is_token_id(item) for item in value):
+            return [list(value)]
+        return list(value)
+    raise _plugin_error(name, "pre_process", 500, f"returned {type(value).__name__}, not a prompt or a list of "
+                                                  "prompts (strings, lists of token ids, {'prompt': ...} or "
+                                                  "{'prompt_token_ids': [...]})")
+
+
+def _engine_prompt(context: ServingContext, request: IOProcessRequest, name: str | None, index: int,
+                   prompt: Any) -> dict[str, Any]:
+    """One of the plugin's prompts as the engine takes it, with its token ids (the length checks need them)."""
+    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        prompt = prompt["prompt_token_ids"]
+    elif isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+        prompt = prompt["prompt"]
+    if isinstance(prompt, str):
+        tokenizer = context.engine.tokenizer
+        if tokenizer is None:
+            raise _plugin_error(name, "pre_process", 500, f"returned the text prompt {index}, but the server runs "
+                                                          "with skip_tokenizer_init: return token ids")
+        return {"prompt": prompt, "prompt_token_ids": tokenizer.encode(
+            prompt, add_special_tokens=request.add_special_tokens)}
+    if isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
+        return {"prompt_token_ids": list(prompt)}
+    raise _plugin_error(name, "pre_process", 500, f"returned {_short(prompt)} as prompt {index}: a prompt is a "
+                                                  "string, a list of token ids, {'prompt': str} or "
+                                                  "{'prompt_token_ids': [...]}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
