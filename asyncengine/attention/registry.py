@@ -1,6 +1,6 @@
 """The attention-backend registry: name -> AttentionBackend subclass (or its "pkg.mod:Class" path).
 
-The built-in "TORCH_PAGED" registers here in code, through the same door a plugin uses:
+The built-ins "TORCH_PAGED" and "TRITON_PAGED" register here in code, through the same door a plugin uses:
 `register_attention_backend("NAME", "pkg.mod:Backend")`, from a general plugin so that every process
 has it (the worker reads it; the manifest check names a key the frontend has and a worker lacks).
 The platform's `get_attn_backend_cls` (or the `attention_backend` option) names the backend to use.
@@ -15,6 +15,7 @@ from asyncengine.errors import ConfigError
 from asyncengine.registries.base import BUILT_IN, Registry
 
 TORCH_PAGED = "TORCH_PAGED"
+TRITON_PAGED = "TRITON_PAGED"
 
 
 class _AttentionBackendRegistry(Registry):
@@ -22,6 +23,8 @@ class _AttentionBackendRegistry(Registry):
         super().__init__("attention_backends", "attention backend")
         # A lazy path: the registry (imported in every process, for the manifest) stays free of torch.
         self.register(TORCH_PAGED, "asyncengine.attention.torch_paged:TorchPagedBackend", owner=BUILT_IN)
+        # The Triton kernels (ops/triton_attention.py); only the CUDA platform chooses it.
+        self.register(TRITON_PAGED, "asyncengine.attention.triton_paged:TritonPagedBackend", owner=BUILT_IN)
 
     def register_backend(self, name: str, backend: Any, *, override: bool = False) -> None:
         self.register(name, backend, override=override)
@@ -67,4 +70,4 @@ def register_attention_backend(name: str, backend: Any = None, *, override: bool
     return register
 
 
-__all__ = ["TORCH_PAGED", "AttentionBackendRegistry", "register_attention_backend"]
+__all__ = ["TORCH_PAGED", "TRITON_PAGED", "AttentionBackendRegistry", "register_attention_backend"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -39,9 +40,13 @@ class CudaPlatform(Platform):
 
     @classmethod
     def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
-        from asyncengine.attention.registry import TORCH_PAGED
+        from asyncengine.attention.registry import TORCH_PAGED, TRITON_PAGED
 
-        return TORCH_PAGED  # no CUDA kernel is registered yet: the torch path runs on the GPU
+        # The Triton decode kernel indexes a block's slots with tl.arange, so it needs a power-of-two
+        # block size; without triton installed, or with another block size, the torch path runs on the GPU.
+        if block_size > 0 and block_size & (block_size - 1) == 0 and importlib.util.find_spec("triton"):
+            return TRITON_PAGED
+        return TORCH_PAGED
 
     @classmethod
     def get_device_total_memory(cls, device: Any) -> int:

@@ -13,7 +13,8 @@ import pytest
 import asyncengine.attention.registry as registry_module
 import asyncengine.attention.selector as selector_module
 from asyncengine.attention.backend import AttentionBackend
-from asyncengine.attention.registry import TORCH_PAGED, AttentionBackendRegistry, register_attention_backend
+from asyncengine.attention.registry import (TORCH_PAGED, TRITON_PAGED, AttentionBackendRegistry,
+                                             register_attention_backend)
 from asyncengine.attention.selector import select_attention_backends
 from asyncengine.attention.torch_paged import TorchPagedBackend
 from asyncengine.errors import ConfigError, StartupError
@@ -49,11 +50,18 @@ def layers(*head_dims: int):
     return [SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=d, scale=d**-0.5) for d in head_dims]
 
 
-def test_the_built_in_registers_in_code_and_every_built_in_platform_chooses_it():
+def test_the_built_ins_register_in_code_and_only_the_cuda_platform_chooses_triton():
     assert AttentionBackendRegistry.owners()[TORCH_PAGED] == BUILT_IN
+    assert AttentionBackendRegistry.owners()[TRITON_PAGED] == BUILT_IN
     assert AttentionBackendRegistry.backend_class(TORCH_PAGED) is TorchPagedBackend
-    for platform in (Platform, CpuPlatform, CudaPlatform):
-        assert platform.get_attn_backend_cls(64, "float32", 16) == TORCH_PAGED
+    # The Triton backend stays a lazy path: resolving the registry imports no triton.
+    assert AttentionBackendRegistry.get(TRITON_PAGED).implementation == \
+        "asyncengine.attention.triton_paged:TritonPagedBackend"
+    for platform in (Platform, CpuPlatform):
+        for block_size in (16, 12):
+            assert platform.get_attn_backend_cls(64, "float32", block_size) == TORCH_PAGED
+    assert CudaPlatform.get_attn_backend_cls(64, "bfloat16", 16) == TRITON_PAGED  # triton is a dependency
+    assert CudaPlatform.get_attn_backend_cls(64, "bfloat16", 12) == TORCH_PAGED  # the kernel needs 2**k slots
 
 
 def test_registration_is_idempotent_and_a_different_class_needs_override(fresh_registry):
@@ -80,7 +88,7 @@ def test_an_unknown_name_lists_the_registered_backends(fresh_registry):
     with pytest.raises(ConfigError) as caught:
         fresh_registry.backend_class("FLASH_ATTN", chosen_by="platform cpu")
     assert str(caught.value).startswith("attention backend 'FLASH_ATTN' (chosen by platform cpu) is not registered; "
-                                        "registered: MINE, TORCH_PAGED (a plugin adds one with "
+                                        "registered: MINE, TORCH_PAGED, TRITON_PAGED (a plugin adds one with "
                                         "register_attention_backend")
 
 
@@ -131,15 +139,15 @@ def test_the_option_wins_over_the_platform_and_the_summary_says_so(fresh_registr
     with pytest.raises(ConfigError) as caught:
         select_attention_backends(CountingPlatform, layers(64), "float32", 16, option="NOPE")
     assert caught.value.field == "attention_backend"
-    assert "'NOPE' (chosen by the attention_backend option) is not registered; registered: MINE, TORCH_PAGED" in str(
-        caught.value)
+    assert ("'NOPE' (chosen by the attention_backend option) is not registered; registered: MINE, TORCH_PAGED, "
+            "TRITON_PAGED") in str(caught.value)
 
 
 def test_a_platform_answer_that_is_no_name_is_an_error_naming_the_platform(fresh_registry):
     CountingPlatform.answers = {64: None}
     with pytest.raises(StartupError, match=r"platform counting: get_attn_backend_cls\(head_dim=64, dtype=float32, "
                                            r"block_size=16\) returned None; it must return a registered attention "
-                                           r"backend name \(registered: TORCH_PAGED\)"):
+                                           r"backend name \(registered: TORCH_PAGED, TRITON_PAGED\)"):
         select_attention_backends(CountingPlatform, layers(64), "float32", 16)
     CountingPlatform.answers = {64: Mine}  # a class is taken as its path
     assert select_attention_backends(CountingPlatform, layers(64), "float32", 16).names == [f"{__name__}:Mine"]
@@ -185,4 +193,4 @@ def test_an_unknown_backend_fails_start_up_in_the_load_model_phase(tiny_model):
     message = str(caught.value)
     assert "failed in start-up phase 'load model'" in message
     assert "attention backend 'FLASH_ATTN' (chosen by the attention_backend option) is not registered; " \
-           "registered: TORCH_PAGED" in message
+           "registered: TORCH_PAGED, TRITON_PAGED" in message

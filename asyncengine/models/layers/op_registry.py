@@ -44,6 +44,40 @@ _NATIVE_PROVIDERS = {
     "silu_and_mul": "asyncengine.models.layers.activation:silu_and_mul_native",
 }
 
+# The Triton kernels of ops/ (provider "triton"), tried before native where a CUDA device and triton
+# are present; elsewhere left out (see `_Options.available`), so CPU runs are as without them.
+TRITON = "triton"
+_TRITON_PROVIDERS = {
+    "rms_norm": "asyncengine.ops.triton_norm:rms_norm_triton",
+    "rotary": "asyncengine.ops.triton_rotary:rotary_triton",
+    "silu_and_mul": "asyncengine.ops.triton_activation:silu_and_mul_triton",
+}
+_TRITON_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
+_triton_runs_here: bool | None = None
+
+
+def triton_runs_here() -> bool:
+    """Whether the triton providers can run in this process: triton installed and a CUDA device seen.
+
+    Asked in the worker only (where the order is built); importing torch here would be wrong in the
+    torch-free frontend, which never asks. Cached: the answer does not change within a process.
+    """
+    global _triton_runs_here
+    if _triton_runs_here is None:
+        import importlib.util
+
+        import torch
+
+        _triton_runs_here = importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
+    return _triton_runs_here
+
+
+def on_cuda(*args: Any) -> bool:
+    """The triton providers' `supported`: every tensor argument on a CUDA device, in a dtype the kernels
+    take (float32/16, bfloat16); non-tensor arguments (eps) pass. Torch-free: it reads attributes."""
+    tensors = [arg for arg in args if hasattr(arg, "is_cuda")]
+    return bool(tensors) and all(t.is_cuda and str(t.dtype) in _TRITON_DTYPES for t in tensors)
+
 
 class NoOpProvider(AsyncEngineError):
     """No provider of an op accepts the arguments of a call (only possible for an op without `native`)."""
@@ -95,6 +129,9 @@ def oot_replacement(name: str) -> type | None:
 class _Options:
     supported: Callable[..., bool] | None
     priority: int
+    # Built-in providers only: whether this process can run the provider at all (the triton ones need
+    # a CUDA device). One that cannot is left out of the order, so its records read as if absent.
+    available: Callable[[], bool] | None = None
 
 
 _options: dict[str, _Options] = {}
@@ -177,7 +214,7 @@ def provider_order(op: str) -> tuple[list[str], str]:
     """The providers of `op` in the order they are tried, and where the preferred order came from."""
     from asyncengine.platforms.resolution import current_platform
 
-    providers = providers_of(op)
+    providers = [name for name in providers_of(op) if _available(f"{op}/{name}")]
     if op in _config_priority:
         preferred, source = _config_priority[op], "op_priority in the config"
     else:
@@ -193,6 +230,11 @@ def provider_order(op: str) -> tuple[list[str], str]:
     if NATIVE in providers and NATIVE not in named:
         rest.append(NATIVE)
     return named + rest, source
+
+
+def _available(key: str) -> bool:
+    available = _options[key].available
+    return available is None or available()
 
 
 @reads("op_providers", "worker")
@@ -254,3 +296,5 @@ for _name, _path in _IN_TREE_OPS.items():
     CustomOpRegistry.register(_name, _path, owner=BUILT_IN)
 for _op, _path in _NATIVE_PROVIDERS.items():
     _register_provider(_op, NATIVE, _path, _Options(None, 0), owner=BUILT_IN)
+for _op, _path in _TRITON_PROVIDERS.items():
+    _register_provider(_op, TRITON, _path, _Options(on_cuda, 10, triton_runs_here), owner=BUILT_IN)

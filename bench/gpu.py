@@ -1,0 +1,266 @@
+"""The one script for a lent GPU (issue 7): correctness first, then W1 through asyncengine, then the first 64
+requests of W1 through transformers' continuous batching, for the ratio. At most about 5 minutes.
+
+    # on the GPU machine (../shared/device/fetch-wheels.sh pytest pluggy iniconfig packaging: the wheels to carry):
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
+      PYTHONPATH=$PWD:$PWD/tests:/tmp/site python3 bench/gpu.py --commit $(cat .commit)
+    # here, on CPU, the same stages on tiny shapes (checks the script, not the speed):
+    .venv/bin/python bench/gpu.py --smoke --out /tmp/gpu-smoke
+
+After each stage the JSON so far is written to OUT/gpu.json (OUT: --out, else $OUT, else bench/out), so a run cut
+short still leaves what it measured. No throughput figure is written when stage 1 failed. Every run prints the
+engine core's decode-step time split (scheduling, worker execution, folding outputs in; from the step trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
+
+W1_OUTPUT_TOKENS = 133_966  # WORKLOADS.md: the sum of W1's drawn output lengths
+HF_REQUESTS = 64
+
+
+class Report:
+    """The JSON of the run, written whole after every stage."""
+
+    def __init__(self, out_dir: Path, **header) -> None:
+        self.path = out_dir / "gpu.json"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.data: dict = {**header, "stages": {}}
+        self.write()
+
+    def stage(self, name: str, result: dict) -> None:
+        self.data["stages"][name] = result
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps(self.data, indent=2) + "\n")
+
+
+def environment(args) -> dict:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    commit = args.commit
+    if commit is None:
+        probe = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        commit = probe.stdout.strip() if probe.returncode == 0 else "unknown (pass --commit)"
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'cpu'})"
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": commit, "device": device,
+            "torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
+            "smoke": args.smoke}
+
+
+# -- stage 1: correctness ----------------------------------------------------------------------------------
+
+
+def greedy_parity(device: str, dtype: str, names: list[str], num_tokens: int) -> dict:
+    """Greedy tokens of asyncengine vs transformers (float32, eager) on tiny random models, with the tie rule
+    of tests/support/hf_reference.py: a divergence counts only where transformers' top-2 logits are within 1e-4."""
+    from asyncengine import LLM, SamplingParams
+    from support.hf_reference import compare_greedy, hf_greedy
+    from support.tiny_models import build_tiny_model
+
+    results = {}
+    prompts = [[5, 6, 7, 8, 9], [11, 3, 200, 17, 4, 90, 31, 8], list(range(20, 60))]
+    for name in names:
+        tiny = build_tiny_model(name, Path(tempfile.mkdtemp(prefix=f"gpu-{name}-")))
+        with LLM(str(tiny.path), skip_tokenizer_init=True, device=device, dtype=dtype, max_model_len=256,
+                 kv_cache_memory_bytes=16 * 2**20) as llm:
+            params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        compared = []
+        for prompt, output in zip(prompts, outputs):
+            ours = list(output.outputs[0].token_ids)
+            comparison = compare_greedy(ours, None, hf_greedy(tiny.hf_model, prompt, num_tokens))
+            compared.append({"tokens": comparison.num_compared, "tie": comparison.tie})
+        results[name] = compared
+    return results
+
+
+def kernel_checks(device: str) -> dict:
+    """The kernel tests (tests/ops): each Triton kernel vs the torch reference beside it, on fresh random inputs
+    with outputs poisoned. So far they run under the Triton interpreter on CPU only (with this machine's
+    triton); on the GPU the kernels are exercised by the greedy checks, where the CUDA platform picks
+    TRITON_PAGED and the triton op providers. Running the same checks on CUDA tensors is the next step."""
+    env = dict(os.environ)
+    try:
+        import pytest  # noqa: F401  (only whether it is installed)
+    except ImportError:
+        return {"ok": None, "skipped": "pytest is not installed here (add it to the carried wheels)"}
+    completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    tail = completed.stdout.strip().splitlines()[-1:] or completed.stderr.strip().splitlines()[-1:]
+    return {"ok": completed.returncode == 0, "summary": tail[0] if tail else "", "returncode": completed.returncode,
+            "where": "Triton interpreter on CPU", "device_of_greedy_checks": device}
+
+
+# -- stage 2: W1 through asyncengine ------------------------------------------------------------------------
+
+
+def split_of_steps(trace: list) -> dict:
+    """Mean milliseconds per decode step (a step of at most one token per running sequence) spent scheduling,
+    executing on the worker (input preparation + forward + sampling, as the engine core sees it) and
+    folding outputs in; and the share of wall time between the first and last step."""
+    steps = [record for record in trace if record[1] <= 512]  # decode-sized steps; prefill steps are larger
+    if not steps:
+        return {}
+    count = len(steps)
+    schedule = sum(r[3] - r[2] for r in steps) / count
+    execute = sum(r[5] - r[4] for r in steps) / count
+    update = sum(r[7] - r[6] for r in steps) / count
+    return {"decode_steps": count, "schedule_ms": round(1000 * schedule, 3), "execute_ms": round(1000 * execute, 3),
+            "update_ms": round(1000 * update, 3)}
+
+
+def run_w1(args, device: str, dtype: str, shape: dict, workload: tuple) -> dict:
+    import anyio
+
+    from asyncengine import SamplingParams
+    from asyncengine.frontend.async_engine import AsyncEngine
+    from throughput import draw_workload, random_model_dir
+
+    prompts, max_tokens = draw_workload(*workload)
+    model_dir = random_model_dir(shape, None)
+
+    async def main() -> dict:
+        config = dict(model=model_dir, skip_tokenizer_init=True, load_format="dummy", device=device, dtype=dtype)
+        async with AsyncEngine.start(**config) as engine:
+            async def one(prompt, n, counts):
+                params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n)
+                async for output in engine.generate({"prompt_token_ids": prompt}, params):
+                    counts.append(len(output.outputs[0].token_ids))  # each output carries the new tokens
+
+            async def batch(items):
+                counts: list[int] = []
+                async with anyio.create_task_group() as tg:
+                    for prompt, n in items:
+                        tg.start_soon(one, prompt, n, counts)
+                return sum(counts)
+
+            await batch([(prompts[0], 8), (prompts[1], 8)])  # warm-up
+            await engine.call_engine_core("start_step_trace")
+            start = time.perf_counter()
+            generated = await batch(list(zip(prompts, max_tokens)))
+            elapsed = time.perf_counter() - start
+            trace = await engine.call_engine_core("stop_step_trace")
+        return {"output_tokens": generated, "expected_output_tokens": sum(max_tokens), "seconds": round(elapsed, 3),
+                "asyncengine_tok_s": round(generated / elapsed, 1), "step_split": split_of_steps(trace)}
+
+    return anyio.run(main, backend="trio")
+
+
+# -- stage 3: transformers' continuous batching -------------------------------------------------------------
+
+
+def run_hf_continuous(device: str, dtype: str, shape: dict, workload: tuple, count: int) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from throughput import draw_workload, random_model_dir
+
+    prompts, max_tokens = draw_workload(*workload)
+    prompts, max_tokens = prompts[:count], max_tokens[:count]
+    config = AutoConfig.from_pretrained(random_model_dir(shape, None))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype),
+                                             attn_implementation="sdpa").to(device).eval()
+    # One generation config for the batch: every request runs to the longest length, eos ignored; only the
+    # tokens each request asked for would count in W1, so the figure uses what was generated, all of it.
+    generation = GenerationConfig(max_new_tokens=max(max_tokens), do_sample=False, eos_token_id=-1,
+                                  pad_token_id=0)
+    model.generate_batch(inputs=prompts[:2], generation_config=GenerationConfig(
+        max_new_tokens=8, do_sample=False, eos_token_id=-1, pad_token_id=0))  # warm-up
+    start = time.perf_counter()
+    results = model.generate_batch(inputs=prompts, generation_config=generation)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(result.generated_tokens) for result in results.values())
+    return {"requests": count, "output_tokens": generated, "seconds": round(elapsed, 3),
+            "hf_tok_s": round(generated / elapsed, 1), "attn_implementation": model.config._attn_implementation}
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="folder for gpu.json (default: $OUT, else bench/out)")
+    parser.add_argument("--commit", help="the commit being measured (the device machine has no .git)")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script, not speed")
+    args = parser.parse_args()
+
+    from throughput import QWEN3_06B_SHAPE, SMALL_SHAPE, WORKLOADS
+
+    out_dir = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "out")
+    if args.smoke:
+        device, dtype, shape = "cpu", "float32", dict(SMALL_SHAPE, num_hidden_layers=2)
+        workload, hf_count, parity_tokens = (8, 16, 64, 8, 32), 4, 8
+    else:
+        device, dtype, shape = "cuda", "bfloat16", QWEN3_06B_SHAPE
+        workload, hf_count, parity_tokens = WORKLOADS["w1"], HF_REQUESTS, 32
+    report = Report(out_dir, **environment(args), workload="W1" if not args.smoke else "W1-smoke (8 sequences)")
+    print(f"gpu.py: {report.data['device']}, torch {report.data['torch']}, triton {report.data['triton']}, "
+          f"commit {report.data['commit']}; writing {report.path}", flush=True)
+
+    # Stage 1: correctness. The greedy checks run in float32 (transformers' reference is float32).
+    started = time.perf_counter()
+    try:
+        parity = greedy_parity(device, "float32", ["llama", "qwen3"], parity_tokens)
+        kernels = kernel_checks(device)
+        passed = kernels["ok"] is not False
+        report.stage("correctness", {"ok": passed, "greedy": parity, "kernels": kernels,
+                                     "seconds": round(time.perf_counter() - started, 1)})
+    except Exception as error:  # noqa: BLE001 - a failed stage is recorded with its traceback, and ends the run
+        report.stage("correctness", {"ok": False, "error": f"{type(error).__name__}: {error}",
+                                     "traceback": traceback.format_exc()})
+        passed = False
+    print(f"stage 1 (correctness): {'passed' if passed else 'FAILED'}", flush=True)
+    if not passed:
+        print("no throughput figure is written when stage 1 fails", flush=True)
+        return 1
+
+    # Stage 2: W1 through asyncengine.
+    w1 = run_w1(args, device, dtype, shape, workload)
+    report.data["asyncengine_tok_s"] = w1["asyncengine_tok_s"]
+    report.stage("asyncengine_w1", w1)
+    split = w1["step_split"]
+    print(f"stage 2 (asyncengine W1): {w1['asyncengine_tok_s']} output tok/s, {w1['output_tokens']} tokens "
+          f"(expected {w1['expected_output_tokens']}) in {w1['seconds']} s", flush=True)
+    print(f"decode-step split over {split.get('decode_steps', 0)} steps: schedule {split.get('schedule_ms')} ms, "
+          f"execute {split.get('execute_ms')} ms, update {split.get('update_ms')} ms", flush=True)
+    if not args.smoke and w1["output_tokens"] != W1_OUTPUT_TOKENS:
+        print(f"WARNING: W1 should produce {W1_OUTPUT_TOKENS} output tokens", flush=True)
+
+    # Stage 3: transformers' continuous batching on the first requests of the same workload.
+    try:
+        hf = run_hf_continuous(device, dtype, shape, workload, hf_count)
+        report.data["hf_tok_s"] = hf["hf_tok_s"]
+        report.data["ratio"] = round(w1["asyncengine_tok_s"] / hf["hf_tok_s"], 2)
+        report.stage("hf_continuous_batching", hf)
+        print(f"stage 3 (transformers continuous batching, first {hf_count} requests): {hf['hf_tok_s']} tok/s; "
+              f"ratio {report.data['ratio']}", flush=True)
+    except Exception as error:  # noqa: BLE001 - recorded; the asyncengine figure above stands on its own
+        report.stage("hf_continuous_batching", {"error": f"{type(error).__name__}: {error}",
+                                                "traceback": traceback.format_exc()})
+        print(f"stage 3 failed: {type(error).__name__}: {error}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
