@@ -100,9 +100,9 @@ def kernel_checks(device: str) -> dict:
     triton); on the GPU the kernels are exercised by the greedy checks, where the CUDA platform picks
     TRITON_PAGED and the triton op providers. Running the same checks on CUDA tensors is the next step."""
     env = dict(os.environ)
-    try:
-        import pytest  # noqa: F401  (only whether it is installed)
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("pytest") is None:
         return {"ok": None, "skipped": "pytest is not installed here (add it to the carried wheels)"}
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops"],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -132,34 +132,15 @@ def split_of_steps(trace: list) -> dict:
 def run_w1(args, device: str, dtype: str, shape: dict, workload: tuple) -> dict:
     import anyio
 
-    from asyncengine import SamplingParams
-    from asyncengine.frontend.async_engine import AsyncEngine
+    from runtime import traced_run
     from throughput import draw_workload, random_model_dir
 
     prompts, max_tokens = draw_workload(*workload)
-    model_dir = random_model_dir(shape, None)
+    config = dict(model=random_model_dir(shape, None), skip_tokenizer_init=True, load_format="dummy",
+                  device=device, dtype=dtype)
 
     async def main() -> dict:
-        config = dict(model=model_dir, skip_tokenizer_init=True, load_format="dummy", device=device, dtype=dtype)
-        async with AsyncEngine.start(**config) as engine:
-            async def one(prompt, n, counts):
-                params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n)
-                async for output in engine.generate({"prompt_token_ids": prompt}, params):
-                    counts.append(len(output.outputs[0].token_ids))  # each output carries the new tokens
-
-            async def batch(items):
-                counts: list[int] = []
-                async with anyio.create_task_group() as tg:
-                    for prompt, n in items:
-                        tg.start_soon(one, prompt, n, counts)
-                return sum(counts)
-
-            await batch([(prompts[0], 8), (prompts[1], 8)])  # warm-up
-            await engine.call_engine_core("start_step_trace")
-            start = time.perf_counter()
-            generated = await batch(list(zip(prompts, max_tokens)))
-            elapsed = time.perf_counter() - start
-            trace = await engine.call_engine_core("stop_step_trace")
+        generated, elapsed, trace = await traced_run(config, prompts, max_tokens)
         return {"output_tokens": generated, "expected_output_tokens": sum(max_tokens), "seconds": round(elapsed, 3),
                 "asyncengine_tok_s": round(generated / elapsed, 1), "step_split": split_of_steps(trace)}
 

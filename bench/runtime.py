@@ -56,16 +56,17 @@ def overlap_figures(trace: list[list[float]]) -> dict:
     }
 
 
-async def run_configuration(options: dict, args, prompts, max_tokens) -> dict:
+async def traced_run(config: dict, prompts, max_tokens) -> tuple[int, float, list]:
+    """Start an AsyncEngine with `config`, warm it up, then submit every request at once (greedy, ignore_eos) with
+    the engine core's step trace on: (output tokens, seconds, the step trace as StepRecord rows)."""
     from asyncengine import SamplingParams
     from asyncengine.frontend.async_engine import AsyncEngine
 
-    config = dict(model=args.model, skip_tokenizer_init=True, load_format=args.load_format, **options)
     async with AsyncEngine.start(**config) as engine:
         async def one(prompt, n, counts):
             params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n)
             async for output in engine.generate({"prompt_token_ids": prompt}, params):
-                counts.append(len(output.outputs[0].token_ids))
+                counts.append(len(output.outputs[0].token_ids))  # each output carries the new tokens
 
         async def batch(items):
             counts: list[int] = []
@@ -80,6 +81,12 @@ async def run_configuration(options: dict, args, prompts, max_tokens) -> dict:
         generated = await batch(list(zip(prompts, max_tokens)))
         elapsed = time.perf_counter() - start
         trace = await engine.call_engine_core("stop_step_trace")
+    return generated, elapsed, trace
+
+
+async def run_configuration(options: dict, args, prompts, max_tokens) -> dict:
+    config = dict(model=args.model, skip_tokenizer_init=True, load_format=args.load_format, **options)
+    generated, elapsed, trace = await traced_run(config, prompts, max_tokens)
     return {"output_tokens": generated, "seconds": round(elapsed, 3), "tok_s": round(generated / elapsed, 2),
             **overlap_figures(trace), "trace_head": trace[5:9]}
 
