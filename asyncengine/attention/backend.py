@@ -26,6 +26,13 @@ class AttentionBackend:
     """Subclass it, implement `forward`, and register the class (or its "pkg.mod:Class" path) with
     `register_attention_backend("NAME", ...)` from a general plugin."""
 
+    # Set True only if, in a decode step (`metadata.decode_only`), `forward` reads nothing of the
+    # metadata but its device tensors (`slot_mapping`, `block_tables`, `seq_lens_tensor`,
+    # `query_start_loc`), sizes every launch from shapes (`metadata.max_seq_len` is None then), skips
+    # negative slots and writes finite output for rows whose `seq_lens_tensor` is 0: the model runner
+    # may then replay decode steps from CUDA graphs (asyncengine/worker/cuda_graphs.py).
+    cuda_graph_safe = False
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads

@@ -33,7 +33,7 @@ from asyncengine.wire.messages import (
     UtilityCall,
     UtilityResult,
 )
-from asyncengine.wire.worker import SchedulerOutput
+from asyncengine.wire.worker import SchedulerOutput, StepTimings
 
 Send = Callable[[Any], Awaitable[None]]
 logger = logging.getLogger(__name__)
@@ -50,6 +50,14 @@ class StepRecord(msgspec.Struct, array_like=True):
     execute_end: float
     update_start: float
     update_end: float
+    # Inside the worker (wire.worker.StepTimings), -1 where it did not say: input preparation, forward
+    # pass (host), sampling with the read-back, the forward pass on the device; and whether it was a
+    # CUDA graph replay.
+    prepare: float = -1.0
+    forward: float = -1.0
+    sample: float = -1.0
+    device_forward: float = -1.0
+    cuda_graph: bool = False
 
 
 @dataclass
@@ -179,10 +187,12 @@ class EngineCoreLoop:
             outputs = self.scheduler.update_from_output(step.scheduler_output, runner_output)
             update_end = time.monotonic()
             if self._trace is not None:
+                timings = runner_output.timings or StepTimings(-1.0, -1.0, -1.0)
                 self._trace.append(
                     StepRecord(
                         step.step, step.scheduler_output.total_num_scheduled_tokens, step.schedule_start,
                         step.schedule_end, runner_output.started_at, runner_output.finished_at, update_start, update_end,
+                        timings.prepare, timings.forward, timings.sample, timings.device_forward, timings.cuda_graph,
                     )
                 )
             await self.send(outputs)

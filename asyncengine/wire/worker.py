@@ -47,6 +47,24 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
         return not self.num_scheduled_tokens
 
 
+class StepTimings(msgspec.Struct, array_like=True):
+    """Where one step's time went inside the worker (seconds).
+
+    `prepare`: building the model inputs and queueing their copies to the device; `forward`: the host
+    time of the forward pass (on a GPU, mostly launching kernels, unless a launch has to wait);
+    `sample`: logits, sampling and the read-back of the tokens, which on a GPU also waits for the
+    forward pass to finish; `device_forward`: the forward pass measured on the device with events
+    (-1 where there are none, e.g. on CPU, where `forward` is already the compute time);
+    `cuda_graph`: the forward pass was replayed from a captured CUDA graph.
+    """
+
+    prepare: float
+    forward: float
+    sample: float
+    device_forward: float = -1.0
+    cuda_graph: bool = False
+
+
 class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     """Requests that sampled this step (those whose scheduled tokens reached their end), in batch order."""
 
@@ -58,3 +76,4 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     # process): the engine core's step trace shows what overlapped it.
     started_at: float = 0.0
     finished_at: float = 0.0
+    timings: StepTimings | None = None

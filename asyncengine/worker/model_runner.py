@@ -30,13 +30,14 @@ from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.loader.model_loader import load_model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
-from asyncengine.ops.paged_attention import plan_attention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
 from asyncengine.worker import parallel
+from asyncengine.worker.cuda_graphs import DecodeGraphs
+from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessors
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
-from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput, StepTimings
 
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class RequestState:
     # Every token sampled so far, as a list of its own: logits processors are handed this list once
     # (BatchUpdate.added) and read it as it grows, as vLLM's are.
     output_token_ids: list[int] = field(default_factory=list)
+    row: int = -1  # this request's row of the persistent block tables (input_batch.BlockTableRows)
 
 
 class ModelRunner:
@@ -76,6 +78,9 @@ class ModelRunner:
         # the engine core adds them to its trace under this process's name (Worker.load_model).
         self.startup_records: list[StartupRecord] = []
         self.kv_connector: KVConnectorBase | None = None  # built with the model when kv_transfer_config is set
+        self.block_rows = BlockTableRows(-(-model_config.max_model_len // self.block_size))
+        self.staging = StagingBuffers(device, self.pin_memory)
+        self.decode_graphs: DecodeGraphs | None = None  # captured after the KV cache, where the platform allows
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -145,14 +150,14 @@ class ModelRunner:
         num_blocks = -(-num_tokens // self.block_size)
         self._allocate_kv_cache(num_blocks)
         state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions())
-        self.requests["__profile__"] = state
+        self._add_request("__profile__", state)
         # The profile's dummy request is nobody's: logits processors never see it.
         processors, self.logits_processors = self.logits_processors, None
         try:
             self.execute_model(SchedulerOutput(num_scheduled_tokens={"__profile__": num_tokens}))
         finally:
             self.logits_processors = processors
-            self.requests.pop("__profile__", None)
+            self._remove_request("__profile__")
             self.kv_caches = []
             for layer in self.attention_layers:
                 layer.kv_cache = None
@@ -172,6 +177,30 @@ class ModelRunner:
         self.num_blocks = num_blocks
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_caches)
+        if self._decode_graphs_allowed():
+            self.enable_decode_graphs(capture=True)
+
+    def _decode_graphs_allowed(self) -> bool:
+        """CUDA graphs for decode: on a CUDA device, unless enforce_eager, with one worker (collectives
+        stay out of graphs), and only over attention backends that say they are safe to capture."""
+        return (self.device.type == "cuda" and not self.engine_config.enforce_eager
+                and self.engine_config.tensor_parallel_size == 1
+                and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
+
+    def enable_decode_graphs(self, *, capture: bool) -> None:
+        """Run decode steps through static buffers padded to fixed batch sizes (cuda_graphs.py), captured
+        as CUDA graphs when `capture`; without, the same padded path runs eagerly (how it is tested on CPU)."""
+        started = time.time()
+        graphs = DecodeGraphs(self.model, self.device, max_batch_size=self.engine_config.max_num_seqs,
+                              max_blocks_per_seq=-(-self.model_config.max_model_len // self.block_size),
+                              block_size=self.block_size, capture=capture)
+        if capture:
+            with self.platform.inference_mode():
+                graphs.capture()
+        self.decode_graphs = graphs
+        logger.info("decode CUDA graphs: batch sizes %s (%s) in %.1f s", graphs.sizes,
+                    "captured" if capture else "not captured: eager over the same padded buffers",
+                    time.time() - started)
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = []
@@ -188,21 +217,32 @@ class ModelRunner:
 
     # -- one step ----------------------------------------------------------------------------------------
 
+    def _add_request(self, request_id: str, state: RequestState) -> None:
+        self._remove_request(request_id)  # a preempted request comes back as new: it gets a fresh row
+        state.row = self.block_rows.add(state.block_ids)
+        self.requests[request_id] = state
+
+    def _remove_request(self, request_id: str) -> None:
+        state = self.requests.pop(request_id, None)
+        if state is not None:
+            self.block_rows.release(state.row)
+
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for request_id in scheduler_output.finished_request_ids:
-            self.requests.pop(request_id, None)
+            self._remove_request(request_id)
         for new in scheduler_output.new_requests:
-            self.requests[new.request_id] = RequestState(
+            self._add_request(new.request_id, RequestState(
                 prompt_token_ids=list(new.prompt_token_ids),
                 token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 sampling=new.sampling,
                 output_token_ids=list(new.output_token_ids),
-            )
+            ))
         for cached in scheduler_output.cached_requests:
             state = self.requests[cached.request_id]
             state.block_ids.extend(cached.new_block_ids)
+            self.block_rows.append(state.row, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -218,12 +258,26 @@ class ModelRunner:
             # Before the forward pass: the blocks the scheduler counted as computed must hold their KV.
             connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
             self.kv_connector.start_load_kv(connector_metadata)
+        started = time.perf_counter()
         inputs = self._prepare_inputs(scheduler_output)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+        prepared = time.perf_counter()
+        events = self._device_events()
+        if events is not None:
+            events[0].record()
+        graphs = self.decode_graphs
+        use_graph = (graphs is not None and inputs.metadata.decode_only
+                     and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
+        if use_graph:
+            hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+        if events is not None:
+            events[1].record()
+        forwarded = time.perf_counter()
         if connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
         if not inputs.sampling_request_ids:
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph))
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         rows = []
         for request_id in inputs.sampling_request_ids:
@@ -240,27 +294,57 @@ class ModelRunner:
             state.token_ids.append(token_id)
             state.output_token_ids.append(token_id)
         return ModelRunnerOutput(
-            request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs
+            request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs,
+            timings=self._timings(started, prepared, forwarded, events, use_graph),
         )
 
+    def _device_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        """Two timing events around the forward pass on a CUDA device (recording one costs microseconds)."""
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    @staticmethod
+    def _timings(started: float, prepared: float, forwarded: float,
+                 events: tuple[torch.cuda.Event, torch.cuda.Event] | None, cuda_graph: bool) -> StepTimings:
+        finished = time.perf_counter()
+        device_forward = -1.0
+        if events is not None:
+            events[1].synchronize()  # already done when the step sampled (the read-back waited for it)
+            device_forward = events[0].elapsed_time(events[1]) / 1000
+        return StepTimings(prepared - started, forwarded - prepared, finished - forwarded, device_forward, cuda_graph)
+
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> "_StepInputs":
+        """The step's model inputs, built in the staging buffers and sent to the device in one copy each.
+
+        The only per-request Python work is reading each request's new tokens and lengths; positions,
+        slots and block tables are computed for the whole batch at once with numpy."""
         block_size = self.block_size
-        token_chunks, position_chunks, slot_chunks = [], [], []
-        query_lens, seq_lens, tables = [], [], []
-        logits_indices, sampling_ids = [], []
+        scheduled = scheduler_output.num_scheduled_tokens
+        num_seqs = len(scheduled)
+        total = scheduler_output.total_num_scheduled_tokens
+        staging = self.staging
+        staging.begin_step()
+        input_ids = staging.array("input_ids", total, torch.int64)
+        rows = np.empty(num_seqs, dtype=np.int64)
+        starts = np.empty(num_seqs, dtype=np.int64)
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        sampling_ids: list[str] = []
         offset = 0
-        for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+        for index, (request_id, num_tokens) in enumerate(scheduled.items()):
             state = self.requests[request_id]
             start = state.num_computed_tokens
             end = start + num_tokens
-            positions = np.arange(start, end)
-            blocks = np.asarray(state.block_ids, dtype=np.int64)
-            token_chunks.append(state.token_ids[start:end])
-            position_chunks.append(positions)
-            slot_chunks.append(blocks[positions // block_size] * block_size + positions % block_size)
+            if num_tokens == 1:
+                input_ids[offset] = state.token_ids[start]
+            else:
+                input_ids[offset : offset + num_tokens] = state.token_ids[start:end]
+            rows[index] = state.row
+            starts[index] = start
             query_lens.append(num_tokens)
             seq_lens.append(end)
-            tables.append(state.block_ids)
             offset += num_tokens
             if end == len(state.token_ids):
                 logits_indices.append(offset - 1)
@@ -268,33 +352,42 @@ class ModelRunner:
         batch_update = None
         if self.logits_processors is not None and sampling_ids:
             sampling_ids, logits_indices, batch_update = self._arrange_rows(sampling_ids, logits_indices)
-        max_blocks = max(len(t) for t in tables)
-        block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
-        for row, table in enumerate(tables):
-            block_tables[row, : len(table)] = table
 
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            tensor = torch.from_numpy(array)
-            if self.pin_memory:
-                tensor = tensor.pin_memory()
-            return tensor.to(self.device, non_blocking=True)
+        lengths = np.asarray(query_lens, dtype=np.int64)
+        query_start_loc = staging.array("query_start_loc", num_seqs + 1, torch.int32)
+        query_start_loc[0] = 0
+        np.cumsum(lengths, out=query_start_loc[1:])
+        # Token t of sequence b sits at position starts[b] + (t - query_start_loc[b]).
+        positions = staging.array("positions", total, torch.int64)
+        positions[:] = np.arange(total) + np.repeat(starts - query_start_loc[:-1], lengths)
+        max_seq_len = max(seq_lens)
+        width = -(-max_seq_len // block_size)
+        tables = self.block_rows.gather(rows, width)
+        slots = staging.array("slot_mapping", total, torch.int64)
+        block_of_token = tables[np.repeat(np.arange(num_seqs), lengths), positions // block_size]
+        slots[:] = block_of_token * block_size + positions % block_size
+        staging.array("block_tables", num_seqs * width, torch.int64)[:] = tables.ravel()
+        staging.array("seq_lens", num_seqs, torch.int32)[:] = seq_lens
+        staging.array("logits_indices", len(logits_indices), torch.int64)[:] = logits_indices
 
-        device_block_tables = to_device(block_tables)
-
-        return _StepInputs(
-            input_ids=to_device(np.fromiter((t for c in token_chunks for t in c), dtype=np.int64, count=offset)),
-            positions=to_device(np.concatenate(position_chunks)),
+        block_tables = staging.to_device("block_tables", num_seqs * width).view(num_seqs, width)
+        inputs = _StepInputs(
+            input_ids=staging.to_device("input_ids", total),
+            positions=staging.to_device("positions", total),
             metadata=AttentionMetadata(
-                slot_mapping=to_device(np.concatenate(slot_chunks)),
-                plan=plan_attention(query_lens, seq_lens, device_block_tables, block_size),
-                query_lens=query_lens,
-                seq_lens=seq_lens,
-                block_tables=device_block_tables,
+                staging.to_device("slot_mapping", total), None, query_lens, seq_lens, block_tables,
+                block_size=block_size,
+                query_start_loc=staging.to_device("query_start_loc", num_seqs + 1),
+                seq_lens_tensor=staging.to_device("seq_lens", num_seqs),
+                max_query_len=int(lengths.max()),
+                max_seq_len=max_seq_len,
             ),
-            logits_indices=to_device(np.asarray(logits_indices, dtype=np.int64)),
+            logits_indices=staging.to_device("logits_indices", len(logits_indices)),
             sampling_request_ids=sampling_ids,
             batch_update=batch_update,
         )
+        staging.end_step()
+        return inputs
 
     def _arrange_rows(self, request_ids: list[str],
                       logits_indices: list[int]) -> tuple[list[str], list[int], BatchUpdate | None]:

@@ -10,6 +10,19 @@ p / E, E ~ Exp(1)).
 
 A request with a seed draws from a generator seeded by (seed, output position), so its tokens do not
 depend on which other requests share the batch, nor on whether it was preempted and recomputed.
+
+The draw itself (the race, and the greedy argmax) is op "sample" (sample_op.py), run through the op
+providers: on CUDA the triton provider, one kernel for the batch that leaves the tokens on the device.
+Where the draw's noise comes from:
+- on every device but CUDA, from torch generators exactly as before the op existed (the engine's
+  generator for unseeded rows, one at a time for seeded rows), passed to the op as `noise`;
+- on CUDA, from per-row 64-bit seeds (`_row_seeds`, computed on the host with no device work and
+  copied, as the temperatures are, from pinned memory without waiting); the triton provider draws E
+  from them with Philox in the kernel. A seeded row's seed is a hash of (seed, output position), as the generator's seed is
+  on the CPU; an unseeded row's comes from a splitmix64 counter started from the engine's seed.
+So a seeded request is reproducible on one platform, but CPU and CUDA give different tokens for the
+same seed (as vLLM's do across platforms). min_p, top_k and top_p stay torch ops (a sort) on the
+device, before the op; the op then gets the masked logits.
 """
 
 from __future__ import annotations
@@ -18,10 +31,30 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncengine.models.layers.op_registry import call_op
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.worker.logits_processors import LogitsProcessors
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 64-bit seed space
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """splitmix64's output function: nearby inputs give unrelated 64-bit outputs."""
+    x = (x + _SEED_MIX) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _signed64(x: int) -> int:  # the int64 a torch tensor holds for these 64 bits
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _filters(row: SamplingRow) -> bool:
+    """Whether a random row masks tokens between the temperature and the draw."""
+    options = row.options
+    return options.min_p > 0.0 or options.top_k > 0 or options.top_p < 1.0
 
 
 @dataclass
@@ -60,6 +93,9 @@ class Sampler:
         self.device = device
         self._generator = torch.Generator(device=device).manual_seed(seed)
         self._row_generator = torch.Generator(device=device)
+        # The unseeded rows' seeds for an in-kernel draw: a counter from the engine's seed.
+        self._stream = _splitmix64(seed & _MASK64)
+        self._draws = 0
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
@@ -67,30 +103,90 @@ class Sampler:
         """`processors`: the worker's logits processors, their update_state already called for this
         batch (row i of `logits` is `rows[i]`)."""
         batch = _Batch(rows, logits.device)
-        given, logits = logits, logits.float()
+        # The logits stay in their dtype (the kernel reads half precision) until a step needs float32.
+        given = logits
         raw_logprobs = (
-            torch.log_softmax(logits, dim=-1) if any(r.options.logprobs is not None for r in rows) else None
+            torch.log_softmax(logits.float(), dim=-1) if any(r.options.logprobs is not None for r in rows) else None
         )
         if processors is not None and processors.non_argmax_invariant:
             # A processor may write in place: never into the caller's tensor.
+            logits = logits.float()
             logits = processors.apply(logits.clone() if logits is given else logits, argmax_invariant=False)
         logits = self._mask_stop_tokens_before_min_tokens(logits, rows)
         if any(row.options.needs_penalties for row in rows):
-            logits = self._apply_penalties(logits, batch)
-        tokens = logits.argmax(dim=-1)
-        if not all(batch.greedy):
-            random_rows = [i for i, greedy in enumerate(batch.greedy) if not greedy]
+            logits = self._apply_penalties(logits.float(), batch)
+        random_rows = [i for i, greedy in enumerate(batch.greedy) if not greedy]
+        argmax_invariant = processors is not None and processors.argmax_invariant
+        if not random_rows or (not argmax_invariant and not any(_filters(rows[i]) for i in random_rows)):
+            # Nothing between the temperature and the draw (argmax-invariant processors cannot
+            # change a greedy row's token, so they run only for random rows): one op call.
+            tokens = self._draw(logits, rows, random_rows)
+        else:
+            logits = logits.float()
+            tokens = logits.argmax(dim=-1)
             # The whole batch is scaled (greedy rows by 1, their token is chosen already) so that
             # argmax-invariant processors get every row at its index, as vLLM gives them.
             temperature = torch.tensor([1.0 if greedy else row.options.temperature
                                         for greedy, row in zip(batch.greedy, rows)], device=logits.device)
             scaled = logits / temperature.unsqueeze(1)
-            if processors is not None and processors.argmax_invariant:
+            if argmax_invariant:
                 scaled = processors.apply(scaled, argmax_invariant=True)
             sampled = self._sample_random(scaled[random_rows], [rows[i] for i in random_rows])
             tokens[random_rows] = sampled
         token_list = tokens.tolist()
         return SamplerOutput(token_ids=token_list, logprobs=self._logprobs(raw_logprobs, tokens, rows))
+
+    # -- the draw (op "sample") ----------------------------------------------------------------------------
+
+    def _draw(self, logits: torch.Tensor, rows: list[SamplingRow], random_rows: list[int]) -> torch.Tensor:
+        """Every row of the batch in one op call: greedy rows at temperature 0, the others at theirs."""
+        temperature = [0.0 if row.options.is_greedy else row.options.temperature for row in rows]
+        noise = None
+        if random_rows and logits.device.type != "cuda":
+            noise = self._host_noise([rows[i] for i in random_rows], logits.shape[1], logits.device)
+            if len(random_rows) < len(rows):
+                # The op takes noise for every row; greedy rows' is never read (ones, not drawn,
+                # so the generators advance exactly as before).
+                full = torch.ones(logits.shape, dtype=torch.float32, device=logits.device)
+                full[random_rows] = noise
+                noise = full
+        return call_op("sample", logits, self._to_device(temperature, torch.float32, logits.device),
+                       self._to_device(self._row_seeds(rows), torch.int64, logits.device), noise)
+
+    def _host_noise(self, rows: list[SamplingRow], vocab: int, device: torch.device) -> torch.Tensor:
+        """E ~ Exp(1) for each of `rows` (all random): unseeded rows draw together from the engine's
+        generator, seeded ones one by one from theirs."""
+        noise = torch.empty((len(rows), vocab), dtype=torch.float32, device=device).exponential_(
+            generator=self._generator)
+        for index, row in enumerate(rows):
+            seed = row.options.seed
+            if seed is not None:
+                position = len(row.output_token_ids)
+                self._row_generator.manual_seed((seed * _SEED_MIX + position) & _MASK64)
+                noise[index].exponential_(generator=self._row_generator)
+        return noise
+
+    def _row_seeds(self, rows: list[SamplingRow]) -> list[int]:
+        """The per-row seeds of an in-kernel draw (module docstring); 0 for greedy rows (unused)."""
+        seeds = []
+        for row in rows:
+            options = row.options
+            if options.is_greedy:
+                seeds.append(0)
+            elif options.seed is not None:
+                seeds.append(_signed64(_splitmix64((options.seed * _SEED_MIX + len(row.output_token_ids)) & _MASK64)))
+            else:
+                self._draws += 1
+                seeds.append(_signed64(_splitmix64((self._stream + self._draws * _SEED_MIX) & _MASK64)))
+        return seeds
+
+    @staticmethod
+    def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A per-row list as a tensor on `device`: on CUDA through pinned memory, copied without
+        waiting (the caching host allocator keeps the buffer until the copy has run)."""
+        if device.type != "cuda":
+            return torch.tensor(values, dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
     # -- processing steps --------------------------------------------------------------------------------
 
@@ -137,16 +233,10 @@ class Sampler:
         use_top_p = any(row.options.top_p < 1.0 for row in rows)
         if use_top_k or use_top_p:
             logits = self._apply_top_k_top_p(logits, batch, use_top_k, use_top_p)
-        probs = torch.softmax(logits, dim=-1)
-        # Unseeded rows draw together from the engine's generator; seeded ones one by one from theirs.
-        noise = torch.empty_like(probs).exponential_(generator=self._generator)
-        for index, row in enumerate(rows):
-            seed = row.options.seed
-            if seed is not None:
-                position = len(row.output_token_ids)
-                self._row_generator.manual_seed((seed * _SEED_MIX + position) & 0xFFFF_FFFF_FFFF_FFFF)
-                noise[index].exponential_(generator=self._row_generator)
-        return (probs / noise).argmax(dim=-1)
+        noise = None if logits.device.type == "cuda" else self._host_noise(rows, logits.shape[1], logits.device)
+        ones = torch.ones(len(rows), dtype=torch.float32, device=logits.device)  # already divided by T
+        seeds = self._to_device(self._row_seeds(rows), torch.int64, logits.device)
+        return call_op("sample", logits, ones, seeds, noise)
 
     @staticmethod
     def _apply_top_k_top_p(logits: torch.Tensor, batch: _Batch, use_top_k: bool, use_top_p: bool) -> torch.Tensor:

@@ -290,7 +290,7 @@ def test_config_names_are_checked_against_the_providers():
     with pytest.raises(ConfigError, match="its providers are: native") as info:
         set_op_priority({"silu_and_mul": ["fast"]})
     assert info.value.field == "op_priority"
-    with pytest.raises(ConfigError, match="the ops are: rms_norm, rotary, silu_and_mul"):
+    with pytest.raises(ConfigError, match="the ops are: rms_norm, rotary, sample, silu_and_mul"):
         set_op_priority({"gelu": ["native"]})
 
 
@@ -322,7 +322,7 @@ def test_the_start_up_records_name_each_op_provider_and_replacement(monkeypatch)
     register_op_impl("silu_and_mul", "fast", doubled, supported=lambda x: True)
     CustomOp.register_oot(OotNorm, name="RMSNorm")
     records = {r.plugin: r for r in op_registry.startup_records("load model")}
-    assert set(records) == {"op:rms_norm", "op:rotary", "op:silu_and_mul", "custom op:RMSNorm"}
+    assert set(records) == {"op:rms_norm", "op:rotary", "op:sample", "op:silu_and_mul", "custom op:RMSNorm"}
     assert {r.phase for r in records.values()} == {"load model"}
     assert {r.role for r in records.values()} == {"worker rank 0"}
     assert records["op:rms_norm"].reason == "provider native (priority list: native; from registered priorities)"
@@ -336,7 +336,7 @@ def test_both_registries_are_compared_in_the_workers():
     for name in ("custom_ops", "op_providers"):
         assert registries[name][1] == frozenset({WORKER})
     assert {"RMSNorm", "SiluAndMul", "RotaryEmbedding"} <= set(CustomOpRegistry.keys())
-    assert {"rms_norm/native", "rotary/native", "silu_and_mul/native"} <= set(OpProviderRegistry.keys())
+    assert {"rms_norm/native", "rotary/native", "sample/native", "silu_and_mul/native"} <= set(OpProviderRegistry.keys())
     assert CustomOpRegistry.owners()["RMSNorm"] == "built-in"
 
 

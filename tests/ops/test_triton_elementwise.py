@@ -4,12 +4,13 @@ and their registration as provider "triton" of the in-tree ops.
 The kernels run under the Triton interpreter on CPU, in a subprocess (triton_interpreter_checks.py)
 with TRITON_INTERPRET=1: `triton.jit` picks the interpreter when it decorates a kernel, i.e. when the
 kernel module is imported, so the variable must be set before that import; setting it in this
-process would also leak to any later test of the session that imports a kernel module.
+process would also leak to any later test of the session that imports a kernel module. With
+ASYNCENGINE_KERNEL_DEVICE=cuda (the GPU machine) the same checks run compiled on CUDA tensors
+(kernel_device.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kernel_device import device, run_checks
 
 from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.activation import silu_and_mul_native
@@ -31,10 +33,9 @@ OPS = ("rms_norm", "rotary", "silu_and_mul")
 
 @pytest.fixture(scope="module")
 def interpreter_results():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, str(CHECKS)], env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, f"the interpreter checks failed to run:\n{run.stderr[-3000:]}"
-    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    results = run_checks(CHECKS, timeout=180)
+    assert {r["device"] for r in results} == {device()}
+    return results
 
 
 # (name prefix, how many checks triton_interpreter_checks.py makes: shapes x cos/sin kinds x 3 dtypes)
@@ -50,7 +51,9 @@ def test_kernel_matches_its_torch_reference_under_the_interpreter(interpreter_re
 
 
 def test_the_checks_refuse_to_run_without_the_interpreter():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    # On CPU, that is: compiled kernels need the CUDA device.
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRITON_INTERPRET", "ASYNCENGINE_KERNEL_DEVICE")}
     run = subprocess.run([sys.executable, str(CHECKS)], env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "TRITON_INTERPRET=1" in run.stderr
 

@@ -1,8 +1,9 @@
-"""Run by test_triton_elementwise.py in a subprocess with TRITON_INTERPRET=1 (set before any kernel
-module is imported: `triton.jit` chooses the interpreter when it decorates, reading the environment
-then). Each check compares a kernel with its torch reference on fresh random inputs; outputs are
-poisoned with NaN before each run, so a value the kernel never wrote shows. Prints one JSON line per
-check: {"name", "ok", "detail"}.
+"""Run by test_triton_elementwise.py in a subprocess: on CPU tensors with TRITON_INTERPRET=1 (set before
+any kernel module is imported: `triton.jit` chooses the interpreter when it decorates, reading the
+environment then), or, with ASYNCENGINE_KERNEL_DEVICE=cuda, compiled on CUDA tensors (every tensor
+is made on `DEVICE`; fp32 is checked without TF32). Each check compares a kernel with its torch
+reference on fresh random inputs; outputs are poisoned with NaN before each run, so a value the
+kernel never wrote shows. Prints one JSON line per check: {"name", "ok", "detail", "device"}.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ import json
 import os
 import sys
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    sys.exit("run with TRITON_INTERPRET=1 (the kernels are checked under the Triton interpreter on CPU)")
+DEVICE = os.environ.get("ASYNCENGINE_KERNEL_DEVICE", "cpu")
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    sys.exit("run with TRITON_INTERPRET=1 (on CPU the kernels are checked under the Triton interpreter), "
+             "or with ASYNCENGINE_KERNEL_DEVICE=cuda on a GPU machine")
 
 import torch  # noqa: E402
 
 from asyncengine.ops import triton_activation, triton_kv_store, triton_norm, triton_rotary  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False  # no matmul here, but fp32 stays ieee if one comes
+torch.backends.cudnn.allow_tf32 = False
 
 # fp32 must match to rounding noise; fp16/bf16 to one or two units in the last place of their dtype.
 TOLERANCE = {torch.float32: (1e-5, 1e-6), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
@@ -25,11 +31,7 @@ generator = torch.Generator().manual_seed(int(os.environ.get("CHECK_SEED", "0"))
 
 
 def rand(*shape, dtype):
-    return torch.randn(*shape, generator=generator).to(dtype)
-
-
-def poisoned_empty(shape, dtype, **_):
-    return torch.full(shape, float("nan"), dtype=dtype)
+    return torch.randn(*shape, generator=generator).to(dtype).to(DEVICE)
 
 
 def compare(name, got, want):
@@ -73,7 +75,7 @@ def checks():
         for tokens, heads, kv_heads, head_dim in [(5, 4, 2, 16), (3, 2, 1, 24)]:
             query, key = rand(tokens, heads, head_dim, dtype=dtype), rand(tokens, kv_heads, head_dim, dtype=dtype)
             # cos/sin as RotaryEmbedding.lookup makes them (angles twice), and arbitrary ones (halves differ)
-            angles = torch.rand(tokens, 1, head_dim // 2, generator=generator) * 20
+            angles = (torch.rand(tokens, 1, head_dim // 2, generator=generator) * 20).to(DEVICE)
             tables = {"lookup": (torch.cat((angles, angles), -1).cos().to(dtype), torch.cat((angles, angles), -1).sin().to(dtype)),
                       "arbitrary": (rand(tokens, 1, head_dim, dtype=dtype), rand(tokens, 1, head_dim, dtype=dtype))}
             for kind, (cos, sin) in tables.items():
@@ -85,13 +87,13 @@ def checks():
             shape = (kv_heads, num_blocks, block_size, head_dim)
             key_cache, value_cache = rand(*shape, dtype=dtype), rand(*shape, dtype=dtype)
             key, value = rand(tokens, kv_heads, head_dim, dtype=dtype), rand(tokens, kv_heads, head_dim, dtype=dtype)
-            slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
+            slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens].to(DEVICE)
             want_k, want_v = key_cache.clone(), value_cache.clone()
             triton_kv_store.store_kv_reference(key, value, want_k, want_v, slots)
             triton_kv_store.store_kv_triton(key, value, key_cache, value_cache, slots)
             yield dict(name=f"store_kv {tag} {shape}", ok=torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v),
                        detail="caches bit-equal to the reference's, untouched slots kept")
-            padded = torch.cat((slots[:2], torch.tensor([-1])))  # a padding token (slot -1) writes nothing
+            padded = torch.cat((slots[:2], torch.tensor([-1], device=DEVICE)))  # a padding token (slot -1) writes nothing
             before_k = key_cache.clone()
             triton_kv_store.store_kv_triton(rand(3, kv_heads, head_dim, dtype=dtype), rand(3, kv_heads, head_dim, dtype=dtype),
                                             key_cache, value_cache, padded)
@@ -101,4 +103,5 @@ def checks():
 
 
 for result in checks():
+    result["device"] = DEVICE
     print(json.dumps(result), flush=True)

@@ -28,6 +28,9 @@ from asyncengine.worker.logits_processors import (
 )
 from asyncengine.worker.sampler import Sampler, SamplingRow
 
+# The sampler's draw is op "sample", run through the op providers: the platform must be resolved.
+pytestmark = pytest.mark.usefixtures("cpu_platform")
+
 CPU = torch.device("cpu")
 UNI = MoveDirectionality.UNIDIRECTIONAL
 

@@ -26,6 +26,9 @@ import torch
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.worker.sampler import Sampler, SamplingRow
 
+# The sampler's draw is op "sample", run through the op providers: the platform must be resolved.
+pytestmark = pytest.mark.usefixtures("cpu_platform")
+
 CPU = torch.device("cpu")
 N_DRAWS = 10_000  # per distribution check; 5 se <= 0.025 for any p
 _EPS = 1e-3

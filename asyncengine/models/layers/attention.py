@@ -7,25 +7,65 @@ loaded; it passes the step's `AttentionMetadata` through the model's forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from asyncengine.attention.backend import AttentionBackend
-from asyncengine.ops.paged_attention import AttentionPlan
+from asyncengine.ops.paged_attention import AttentionPlan, plan_attention
 
 
-@dataclass
 class AttentionMetadata:
-    """Where this step's tokens go and what each sequence attends to (see ops/paged_attention.py)."""
+    """Where this step's tokens go and what each sequence attends to (see ops/paged_attention.py).
 
-    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
-    plan: AttentionPlan  # built once per step, shared by every layer
-    # The batch as plain data, for backends that plan their own way (already at hand: no extra work).
-    query_lens: list[int]  # per sequence: tokens computed this step
-    seq_lens: list[int]  # per sequence: context length after this step
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, on the device
+    The model runner builds one per step, shared by every layer. What it holds:
+    - `slot_mapping` `[num_tokens]` int64: cache slot of each new token (negative: store nothing, for the
+      padding rows of a captured CUDA graph);
+    - `query_lens`, `seq_lens`: per sequence, tokens computed this step and its context length after it,
+      as Python lists (already at hand on the host; a graph-safe backend must not read them, see below);
+    - `block_tables` `[num_seqs, max_blocks]` int64 on the device;
+    - the same batch as device tensors, for kernels that must not wait for a host copy:
+      `query_start_loc` `[num_seqs + 1]` int32 (where each sequence's rows start, then the total) and
+      `seq_lens_tensor` `[num_seqs]` int32; `max_query_len`, `max_seq_len` as ints (`max_seq_len` is None
+      in a captured decode graph: the kernel then takes its grid from the width of `block_tables`);
+    - `decode_only`: every sequence has exactly one new token this step;
+    - `plan`: the torch path's per-step plan, worked out on first use (only TORCH_PAGED reads it), so
+      a step on another backend does not pay for it.
+    """
+
+    def __init__(self, slot_mapping: torch.Tensor, plan: AttentionPlan | None, query_lens: list[int],
+                 seq_lens: list[int], block_tables: torch.Tensor, *, block_size: int | None = None,
+                 query_start_loc: torch.Tensor | None = None, seq_lens_tensor: torch.Tensor | None = None,
+                 max_query_len: int | None = None, max_seq_len: int | None = None,
+                 decode_only: bool | None = None) -> None:
+        self.slot_mapping = slot_mapping
+        self._plan = plan
+        self.query_lens = query_lens
+        self.seq_lens = seq_lens
+        self.block_tables = block_tables
+        self.block_size = block_size
+        device = block_tables.device
+        if query_start_loc is None:
+            starts = [0]
+            for n in query_lens:
+                starts.append(starts[-1] + n)
+            query_start_loc = torch.tensor(starts, dtype=torch.int32, device=device)
+        if seq_lens_tensor is None:
+            seq_lens_tensor = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        self.query_start_loc = query_start_loc
+        self.seq_lens_tensor = seq_lens_tensor
+        self.max_query_len = max(query_lens, default=0) if max_query_len is None else max_query_len
+        self.max_seq_len: int | None = max(seq_lens, default=0) if max_seq_len is None else max_seq_len
+        self.decode_only = (bool(query_lens) and all(n == 1 for n in query_lens)) if decode_only is None \
+            else decode_only
+
+    @property
+    def plan(self) -> AttentionPlan:
+        if self._plan is None:
+            if self.block_size is None:
+                raise RuntimeError("AttentionMetadata was built without a plan and without block_size; "
+                                   "pass block_size= so the torch path can plan the step")
+            self._plan = plan_attention(self.query_lens, self.seq_lens, self.block_tables, self.block_size)
+        return self._plan
 
 
 class PagedAttention(nn.Module):

@@ -3,7 +3,8 @@ and op providers (several implementations of one op, chosen per call).
 
 Torch-free on purpose: the frontend builds its manifest from these registries, and a general plugin
 registers into them there too, without the frontend importing torch for it. The `CustomOp` class
-itself is in custom_op.py; the in-tree ops (norm.py, rotary.py, activation.py) use both.
+itself is in custom_op.py; the in-tree ops (norm.py, rotary.py, activation.py) use both. The
+sampler's draw is op "sample" (asyncengine/worker/sample_op.py): providers only, no class.
 
 Two registries, read in the worker (the manifest check compares them there):
 - `custom_ops`: in-tree op name -> class ("RMSNorm"), and `oot:<name>` -> the out-of-tree class that
@@ -42,6 +43,7 @@ _NATIVE_PROVIDERS = {
     "rms_norm": "asyncengine.models.layers.norm:rms_norm_native",
     "rotary": "asyncengine.models.layers.rotary:rotary_native",
     "silu_and_mul": "asyncengine.models.layers.activation:silu_and_mul_native",
+    "sample": "asyncengine.worker.sample_op:sample_native",
 }
 
 # The Triton kernels of ops/ (provider "triton"), tried before native where a CUDA device and triton
@@ -51,6 +53,7 @@ _TRITON_PROVIDERS = {
     "rms_norm": "asyncengine.ops.triton_norm:rms_norm_triton",
     "rotary": "asyncengine.ops.triton_rotary:rotary_triton",
     "silu_and_mul": "asyncengine.ops.triton_activation:silu_and_mul_triton",
+    "sample": "asyncengine.ops.triton_sampling:sample_triton",
 }
 _TRITON_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
 _triton_runs_here: bool | None = None
@@ -77,6 +80,19 @@ def on_cuda(*args: Any) -> bool:
     take (float32/16, bfloat16); non-tensor arguments (eps) pass. Torch-free: it reads attributes."""
     tensors = [arg for arg in args if hasattr(arg, "is_cuda")]
     return bool(tensors) and all(t.is_cuda and str(t.dtype) in _TRITON_DTYPES for t in tensors)
+
+
+def sample_on_cuda(logits: Any, temperature: Any, seeds: Any, noise: Any) -> bool:
+    """The triton "sample" provider's `supported`: logits on a CUDA device in a kernel dtype, the
+    per-row temperature (float32) and seeds (int64) there too, noise None or float32 there."""
+    def cuda(t: Any, *dtypes: str) -> bool:
+        return bool(getattr(t, "is_cuda", False)) and str(t.dtype) in dtypes
+    return (cuda(logits, *_TRITON_DTYPES) and cuda(temperature, "torch.float32") and cuda(seeds, "torch.int64")
+            and (noise is None or cuda(noise, "torch.float32")))
+
+
+# The triton providers' predicates: `on_cuda` unless an op's arguments need their own.
+_TRITON_SUPPORTED: dict[str, Callable[..., bool]] = {"sample": sample_on_cuda}
 
 
 class NoOpProvider(AsyncEngineError):
@@ -152,9 +168,10 @@ def register_op_impl(
     """Register `fn` (or "pkg.mod:function") as `provider`'s implementation of `op`.
 
     `fn` takes the op's arguments (rms_norm: `x, weight, eps`; silu_and_mul: `x`; rotary:
-    `query, key, cos, sin`). `supported(*args)`, when given, is asked before each call whether `fn`
-    handles those arguments; no predicate means it handles all. `priority` (default 0, higher first)
-    orders the providers that neither the config's nor the platform's `op_priority` names.
+    `query, key, cos, sin`; sample: `logits, temperature, seeds, noise`, see asyncengine.worker.sample_op).
+    `supported(*args)`, when given, is asked before each call whether `fn` handles those arguments;
+    no predicate means it handles all. `priority` (default 0, higher first) orders the providers that
+    neither the config's nor the platform's `op_priority` names.
     """
     for label, value in (("op", op), ("provider", provider)):
         if not isinstance(value, str) or not value or "/" in value:
@@ -297,4 +314,5 @@ for _name, _path in _IN_TREE_OPS.items():
 for _op, _path in _NATIVE_PROVIDERS.items():
     _register_provider(_op, NATIVE, _path, _Options(None, 0), owner=BUILT_IN)
 for _op, _path in _TRITON_PROVIDERS.items():
-    _register_provider(_op, TRITON, _path, _Options(on_cuda, 10, triton_runs_here), owner=BUILT_IN)
+    _register_provider(_op, TRITON, _path, _Options(_TRITON_SUPPORTED.get(_op, on_cuda), 10, triton_runs_here),
+                       owner=BUILT_IN)
