@@ -381,13 +381,12 @@ def worker_placement(engine_config: EngineConfig) -> str:
     backend = engine_config.executor_backend
     if backend in ("uni", "mp"):
         return backend
-    from asyncengine.models.registry import import_by_path
+    from asyncengine.plugin_runtime.config_hooks import load_hook
 
-    try:
-        cls = import_by_path(backend, what="distributed_executor_backend")
-    except Exception:  # the config-hooks phase reports it, naming the option (the frontend, before spawning)
-        return "mp"
-    return "uni" if isinstance(cls, type) and issubclass(cls, UniExecutor) else "mp"
+    # The same import and check as the config-hooks phase: a path that does not import, or names no
+    # Executor, is a ConfigError naming the option here already, rather than a guess at the placement.
+    cls = load_hook("distributed_executor_backend", backend)
+    return "uni" if issubclass(cls, UniExecutor) else "mp"
 
 
 @reads("hook:distributed_executor_backend", "engine core")

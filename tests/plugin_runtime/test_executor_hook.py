@@ -91,6 +91,13 @@ def test_a_uni_subclass_makes_the_engine_core_play_the_worker_role_in_the_plan(e
     assert len(plans) == 2  # frontend and engine core (its worker thread): no worker process
 
 
+def test_the_plan_refuses_an_executor_path_that_does_not_import_instead_of_guessing_its_placement():
+    # Where the worker runs depends on the class (a UniExecutor subclass keeps it in the engine core),
+    # so a path that does not import cannot be placed: the plan says so, naming the option.
+    with pytest.raises(ConfigError, match="distributed_executor_backend: importing 'no_such_module_here' failed"):
+        plan_start(EngineConfig(distributed_executor_backend="no_such_module_here:Executor", in_process=False))
+
+
 @pytest.mark.parametrize("in_process", [True, False])
 def test_a_not_executor_fails_before_anything_is_spawned(executors, tiny_model, in_process):
     with pytest.raises(ConfigError, match=rf"distributed_executor_backend: {executors}:NotAnExecutor is .*not an "
