@@ -3,6 +3,11 @@
 On SIGINT or SIGTERM: Hypercorn stops accepting connections, the engine stops admitting requests,
 running requests (streams included) get `shutdown_grace_period` seconds to finish, what remains is
 aborted, and the process exits 0. A second signal cuts the grace period short.
+
+Idle keep-alive connections (an OpenAI client's connection pool keeps them) do not hold the exit:
+Hypercorn would wait its whole graceful timeout for them (measured: 32 s after the last request had
+finished), so once the engine's shutdown is over, responses get FLUSH_SECONDS to reach their clients
+and serving stops.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from asyncengine.server.serving_io_processor import check_io_processor_name
 
 logger = logging.getLogger("asyncengine.server")
 
+FLUSH_SECONDS = 1.0
+
 
 async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -41,16 +48,24 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
         config.errorlog = logging.getLogger("hypercorn.error")  # through logging only, not also to stderr
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signals, engine, stop, server_config.shutdown_grace_period)
-            binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait))
+            nursery.start_soon(_stop_on_signals, engine, stop, server_config.shutdown_grace_period,
+                               nursery.cancel_scope)
+            binds = await nursery.start(_serve_until_done, app, config, stop, nursery.cancel_scope)
             # The address a user (or a test with port 0) connects to, on stdout where scripts look for it.
             print(f"asyncengine: serving {engine.model_config.served_model_name} on {', '.join(binds)}", flush=True)
             task_status.started(binds)
-            # Hypercorn returns once stopped and its connections are done; the signal task then ends too.
         logger.info("server stopped")
 
 
-async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: float) -> None:
+async def _serve_until_done(app, config: HypercornConfig, stop: trio.Event, serving: trio.CancelScope, *,
+                            task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Hypercorn until it returns (stopped, its connections done); then the signal task is done too."""
+    await hypercorn_serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+    serving.cancel()
+
+
+async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: float,
+                           serving: trio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for received in signals:
             print(f"asyncengine: {signal.Signals(received).name} received: no new connections; running requests "
@@ -60,6 +75,10 @@ async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: 
                 tg.start_soon(_cut_short_on_second_signal, signals, tg.cancel_scope)
                 await engine.shutdown(grace_period)
                 tg.cancel_scope.cancel()
+            # Every request has finished or been aborted; what Hypercorn may still wait for is idle
+            # keep-alive connections (module docstring).
+            await trio.sleep(FLUSH_SECONDS)
+            serving.cancel()
             return
 
 

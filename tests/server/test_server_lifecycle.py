@@ -133,3 +133,16 @@ def test_sigterm_lets_a_running_stream_finish_then_exits_0(tiny_server):
     assert events[-1]["choices"][0]["finish_reason"] == "length"  # the stream ran to its end
     assert server.process.wait(60) == 0
     assert "SIGTERM received" in server.stderr()
+
+
+def test_an_idle_keep_alive_connection_does_not_hold_the_exit(tiny_server):
+    # An OpenAI client's pool keeps its connection open after a request; Hypercorn alone would wait its
+    # whole graceful timeout (31 s) for it. The server stops once the engine's shutdown is over.
+    server = tiny_server()
+    connection, response = open_stream(server, {"prompt": [5, 6, 7], "max_tokens": 3})
+    while read_event(response) != b"[DONE]":
+        pass
+    assert connection.sock is not None  # still open, idle
+    assert server.stop(signal.SIGTERM, timeout=10) == 0
+    assert "Traceback" not in server.stderr()
+    connection.close()
