@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from support.server import start_server
+from support.server import metric, start_server
 
 TINY_OPTIONS = ["--skip-tokenizer-init", "--max-model-len", "512", "--kv-cache-memory-bytes", str(8 * 2**20),
                 "--distributed-executor-backend", "mp"]
@@ -40,14 +39,6 @@ PROMPT = [5 + (7 * i) % 90 for i in range(70)]  # 4 full blocks and 6 tokens
 LOADED = (len(PROMPT) - 1) // BLOCK_SIZE * BLOCK_SIZE
 DIST, PLUGIN, CONNECTOR = "asyncengine-kv-connector-example", "ae_kv_connector_example", "ExampleDiskConnector"
 MODULE_PATH = f"{PLUGIN}.via_module_path"  # the plugin's module for kv_connector_module_path (C6)
-
-
-def metric(server, name: str) -> float:
-    with urllib.request.urlopen(server.url + "/metrics") as response:
-        text = response.read().decode()
-    match = re.search(rf"^asyncengine:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
-    assert match, f"asyncengine:{name} is not on /metrics"
-    return float(match.group(1))
 
 
 def serve_once(model: Path, kv_transfer_config: dict, env: dict, tp: int = 1) -> dict:

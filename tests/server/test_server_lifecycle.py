@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -14,19 +13,11 @@ import urllib.request
 
 import pytest
 
-from support.server import API_KEY, MODEL_NAME, start_server
+from support.server import API_KEY, MODEL_NAME, metric, start_server
 
 pytestmark = pytest.mark.slow
 
 TINY_OPTIONS = ["--skip-tokenizer-init", "--max-model-len", "512", "--kv-cache-memory-bytes", str(8 * 2**20)]
-
-
-def metric(server, name: str) -> float:
-    with urllib.request.urlopen(server.url + "/metrics") as response:
-        text = response.read().decode()
-    match = re.search(rf"^asyncengine:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
-    assert match, f"asyncengine:{name} is not on /metrics"
-    return float(match.group(1))
 
 
 def wait_for(condition, timeout: float = 15.0, what: str = "") -> None:

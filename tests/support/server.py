@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,3 +72,12 @@ class ServerDidNotStart(Exception):
         super().__init__(f"the server exited with {returncode} before serving; stderr:\n{stderr[-3000:]}")
         self.returncode = returncode
         self.stderr = stderr
+
+
+def metric(server: RunningServer, name: str) -> float:
+    """The value of `asyncengine:<name>` on the server's /metrics (the first series of that name)."""
+    with urllib.request.urlopen(server.url + "/metrics") as response:
+        text = response.read().decode()
+    match = re.search(rf"^asyncengine:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    assert match, f"asyncengine:{name} is not on /metrics"
+    return float(match.group(1))
