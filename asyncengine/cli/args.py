@@ -50,12 +50,15 @@ def _list_value(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    add_struct_arguments(parser, EngineConfig, "engine options (EngineConfig fields)", skip=_POSITIONAL)
+def add_engine_arguments(parser: argparse.ArgumentParser, *, defaults: dict[str, Any] | None = None) -> None:
+    """`defaults`: a command's own defaults for some fields (serve: in_process False), shown in --help."""
+    add_struct_arguments(parser, EngineConfig, "engine options (EngineConfig fields)", skip=_POSITIONAL,
+                         defaults=defaults)
 
 
-def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: str, *, skip: set[str] = frozenset()) -> None:
-    """One flag per field of the msgspec Struct `struct`."""
+def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: str, *, skip: set[str] = frozenset(),
+                         defaults: dict[str, Any] | None = None) -> None:
+    """One flag per field of the msgspec Struct `struct`; `defaults` overrides the help's default of a field."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(struct)
     for field in msgspec.structs.fields(struct):
@@ -79,6 +82,7 @@ def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: s
             kwargs["type"] = str
         default = field.default if field.default is not msgspec.NODEFAULT else (
             "[]" if list in kinds else "{}")
+        default = (defaults or {}).get(field.name, default)
         kwargs["help"] = f"default: {default}"
         group.add_argument(flag_name(field.name), **kwargs)
 

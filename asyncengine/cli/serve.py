@@ -15,6 +15,10 @@ from asyncengine.cli.args import add_engine_arguments, add_struct_arguments, eng
 from asyncengine.server.config import ServerConfig, server_config_from_dict
 
 
+# serve puts the engine core in its own process by default (EngineConfig's default is in-process, for LLM).
+SERVE_ENGINE_DEFAULTS = {"in_process": False}
+
+
 def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve the OpenAI-compatible API over HTTP",
@@ -24,17 +28,16 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"],
                         help="default: info for serve (one line per request)")
     add_struct_arguments(parser, ServerConfig, "server options (ServerConfig fields)")
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, defaults=SERVE_ENGINE_DEFAULTS)
     if platform is not None:
         platform.pre_register_and_update(parser)
     parser.set_defaults(handler=run, log_level_default="info")
 
 
 def run(args: argparse.Namespace) -> int:
-    values = {"in_process": False, **vars(args)}  # serve puts the engine core in its own process by default
+    values = {**SERVE_ENGINE_DEFAULTS, **vars(args)}
     engine_config = engine_config_from_args(argparse.Namespace(**values), model=args.model)
     server_config = server_config_from_dict(struct_values(args, ServerConfig))
     from asyncengine.server.run import serve
 
-    trio.run(serve, engine_config, server_config)
-    return 0
+    return trio.run(serve, engine_config, server_config)  # 1 when the engine died (server/run.py)

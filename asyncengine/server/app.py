@@ -9,10 +9,8 @@ dispatch of each request (an async function `(request, call_next)`).
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,12 +20,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from asyncengine.errors import StartupError
-from asyncengine.server import routes
+from asyncengine.server import access, routes
 from asyncengine.server.common import ServingContext
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
 from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.server.serving_io_processor import select_io_processor
+from asyncengine.server.transport import ResponseCounter, end_of_response_shielded
 from asyncengine.registries.base import reads
 from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
 
@@ -35,9 +34,21 @@ logger = logging.getLogger("asyncengine.server")
 
 
 class ApiApp(QuartTrio):
-    """QuartTrio with function middleware around each request's dispatch."""
+    """QuartTrio with function middleware around each request's dispatch, connections that close as
+    HTTP says, and a count of the responses in flight (server/transport.py)."""
 
     http_middlewares: list[Callable[..., Awaitable[Any]]]
+    responses: ResponseCounter
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
+                       send: Callable[..., Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        self.responses.started()
+        try:
+            await super().__call__(scope, receive, end_of_response_shielded(send))
+        finally:
+            self.responses.finished()
 
     async def full_dispatch_request(self, request_context: Any = None) -> Any:
         dispatch = super().full_dispatch_request
@@ -63,6 +74,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     app.config.update(MAX_CONTENT_LENGTH=config.max_request_body_bytes, RESPONSE_TIMEOUT=None,
                       BACKGROUND_TASK_SHUTDOWN_TIMEOUT=config.shutdown_grace_period)
     app.http_middlewares = []
+    app.responses = ResponseCounter()
     model_config = engine_client.model_config
     context = ServingContext(
         engine=engine_client, model_name=model_config.served_model_name, max_model_len=model_config.max_model_len,
@@ -151,22 +163,18 @@ def _overridden_builtins(plugin_routes: dict[tuple[str, str], Any]) -> set[tuple
     return overridden
 
 
-# -- auth, request ids, errors, the request log ------------------------------------------------------------
+# -- access (server/access.py), errors, the request log ------------------------------------------------------------
 
 
 def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
     @app.before_request
-    async def identify_and_authenticate() -> Any:
-        g.request_id = request.headers.get("X-Request-Id") or secrets.token_hex(12)
+    async def identify_and_check_access() -> Any:
         g.started = time.perf_counter()
-        if config.api_key and request.path.startswith("/v1/") and not _authorized(config.api_key):
-            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
-                           type="authentication_error", code="invalid_api_key")
-        return None
+        return access.check_request(config)  # a CORS preflight's answer, or None
 
     @app.after_request
-    async def echo_request_id(response: Response) -> Response:
-        response.headers["X-Request-Id"] = getattr(g, "request_id", "")
+    async def finish_and_log(response: Response) -> Response:
+        access.finish_response(response, config)
         logger.info("%s %s %s %s %.1f ms", request.method, request.path, response.status_code,
                     getattr(g, "request_id", "-"), (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000)
         return response
@@ -187,15 +195,13 @@ def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
 
     @app.errorhandler(Exception)
     async def unexpected(error: Exception) -> Response:
-        # A bug of ours or of a plugin's route: logged with its traceback, answered in OpenAI's shape.
-        logger.exception("%s %s failed", request.method, request.path)
-        body = ApiError(500, f"internal error: {type(error).__name__}: {error}", type="internal_error").body()
+        # A bug of ours or of a plugin's route. The client learns nothing of our internals (names,
+        # paths, values), only the id under which the log has the traceback.
+        request_id = getattr(g, "request_id", "-")
+        logger.error("%s %s failed (request id %s)", request.method, request.path, request_id, exc_info=error)
+        body = ApiError(500, f"internal error (request id {request_id})", type="internal_error",
+                        code="internal_error").body()
         return Response(body, status=500, content_type="application/json")
-
-
-def _authorized(api_key: str) -> bool:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 # -- middleware ------------------------------------------------------------------------------------------

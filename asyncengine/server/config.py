@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -15,7 +16,8 @@ from asyncengine.errors import ConfigError
 class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 8000
-    # Bearer token required on /v1/*; default: the environment variable ASYNCENGINE_API_KEY.
+    # Bearer token required on every route but /health, /metrics and /version (server/access.py);
+    # default: the environment variable ASYNCENGINE_API_KEY.
     api_key: str | None = None
     max_request_body_bytes: int = 2 * 2**20  # a larger body is a 413
     tool_call_parser: str | None = None
@@ -25,6 +27,12 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     reasoning_parser_plugin: str | None = None
     middleware: list[str] = msgspec.field(default_factory=list)  # "pkg.mod:obj", applied in order
     shutdown_grace_period: float = 30.0  # seconds streams may take to finish after SIGINT/SIGTERM
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    # After the engine dies the server exits with status 1 (a supervisor restarts it); this keeps it
+    # up instead, answering 503.
+    keep_serving_after_engine_death: bool = False
+    # Origins (scheme://host[:port]) browsers may call the API from, or "*"; none: no CORS headers.
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -34,6 +42,15 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                               field="max_request_body_bytes")
         if self.shutdown_grace_period < 0:
             raise ConfigError("shutdown_grace_period must not be negative", field="shutdown_grace_period")
+        if self.keep_alive_timeout <= 0:
+            raise ConfigError(f"keep_alive_timeout must be positive (seconds), got {self.keep_alive_timeout}",
+                              field="keep_alive_timeout")
+        for origin in self.allowed_origins:
+            parts = urlsplit(origin)
+            if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc
+                                  or parts.path or parts.query or parts.fragment):
+                raise ConfigError(f"allowed_origins: {origin!r} is not an origin: give scheme://host[:port] without "
+                                  "a path or trailing slash (http://localhost:3000), or *", field="allowed_origins")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME", field="tool_call_parser")
         if self.api_key is None:

@@ -8,10 +8,18 @@ Idle keep-alive connections (an OpenAI client's connection pool keeps them) do n
 Hypercorn would wait its whole graceful timeout for them (measured: 32 s after the last request had
 finished), so once the engine's shutdown is over, responses get FLUSH_SECONDS to reach their clients
 and serving stops.
+
+When the engine dies (its process killed, a worker failure), the requests in flight get their error
+(the engine fails them), Hypercorn stops accepting connections, and once the last of those responses
+is out (or after `shutdown_grace_period`) serve returns EXIT_ENGINE_DEAD: a server whose engine is
+gone cannot recover, and a supervisor (systemd, Kubernetes) restarts a process that exits.
+`keep_serving_after_engine_death` keeps it up instead, answering 503. AsyncEngine has no event for
+its death, so a task looks at `dead_error` every DEATH_POLL_SECONDS.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import sys
@@ -31,21 +39,24 @@ from asyncengine.server.serving_io_processor import check_io_processor_name
 logger = logging.getLogger("asyncengine.server")
 
 FLUSH_SECONDS = 1.0
+DEATH_POLL_SECONDS = 0.2
+EXIT_OK, EXIT_ENGINE_DEAD = 0, 1
 
 
 async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
-                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Start the engine, serve the API until a signal, then shut down gracefully."""
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
+    """Start the engine, serve the API until a signal (EXIT_OK) or the engine's death (EXIT_ENGINE_DEAD,
+    unless keep_serving_after_engine_death), shutting down gracefully; the exit status."""
+    warning = exposure_warning(server_config)
+    if warning:
+        print(f"asyncengine: warning: {warning}", file=sys.stderr, flush=True)
     # A wrong --io-processor-plugin fails here, before the model loads (create_app checks again); in a
     # thread, as the entry-point scan reads every installed distribution's metadata.
     await anyio.to_thread.run_sync(check_io_processor_name, engine_config.io_processor_plugin, engine_config.plugins)
+    exit_status = EXIT_OK
     async with AsyncEngine.start(engine_config) as engine:
         app = create_app(engine, server_config)
-        config = HypercornConfig()
-        config.bind = [f"{server_config.host}:{server_config.port}"]
-        config.graceful_timeout = server_config.shutdown_grace_period + 1.0
-        config.accesslog = None  # the app logs one line per request itself
-        config.errorlog = logging.getLogger("hypercorn.error")  # through logging only, not also to stderr
+        config = hypercorn_config(server_config)
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signals, engine, stop, server_config.shutdown_grace_period,
@@ -54,7 +65,56 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
             # The address a user (or a test with port 0) connects to, on stdout where scripts look for it.
             print(f"asyncengine: serving {engine.model_config.served_model_name} on {', '.join(binds)}", flush=True)
             task_status.started(binds)
+            if not server_config.keep_serving_after_engine_death:
+                await _wait_for_engine_death(engine)
+                exit_status = EXIT_ENGINE_DEAD
+                await _stop_after_engine_death(app, engine, stop, server_config.shutdown_grace_period,
+                                               nursery.cancel_scope)
         logger.info("server stopped")
+    return exit_status
+
+
+def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [f"{server_config.host}:{server_config.port}"]
+    config.graceful_timeout = server_config.shutdown_grace_period + 1.0
+    config.keep_alive_timeout = server_config.keep_alive_timeout
+    config.accesslog = None  # the app logs one line per request itself
+    config.errorlog = logging.getLogger("hypercorn.error")  # through logging only, not also to stderr
+    return config
+
+
+def exposure_warning(server_config: ServerConfig) -> str | None:
+    """What to tell the user who binds an address other machines can reach without an API key."""
+    if server_config.api_key or _is_loopback(server_config.host):
+        return None
+    return (f"serving on {server_config.host} without an API key: anyone who can reach this address can use the "
+            "server; set --api-key (or ASYNCENGINE_API_KEY), or bind 127.0.0.1")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+async def _wait_for_engine_death(engine: AsyncEngine) -> None:
+    while engine.dead_error is None:
+        await trio.sleep(DEATH_POLL_SECONDS)
+
+
+async def _stop_after_engine_death(app, engine: AsyncEngine, stop: trio.Event, grace_period: float,
+                                   serving: trio.CancelScope) -> None:
+    print(f"asyncengine: the engine died ({engine.dead_error}): the requests in flight get their error, then the "
+          f"server exits with status {EXIT_ENGINE_DEAD} (--keep-serving-after-engine-death keeps it up, answering 503)",
+          file=sys.stderr, flush=True)
+    stop.set()  # no new connections
+    with trio.move_on_after(grace_period):
+        await app.responses.wait_idle()  # every request in flight has had its error sent
+    serving.cancel()
 
 
 async def _serve_until_done(app, config: HypercornConfig, stop: trio.Event, serving: trio.CancelScope, *,

@@ -1,0 +1,63 @@
+"""The HTTP transport under the app: closing connections as HTTP says, and counting open responses.
+
+Why `end_of_response_shielded`: Hypercorn (0.18) runs its end-of-response work inside the app's last
+`send()` call, in the app's task: the response's last body message ends the stream, the stream
+puts `http.disconnect` into the app's receive queue, and only then does Hypercorn close the
+connection (`Connection: close`, HTTP/1.0) or start the keep-alive idle timer. Quart-Trio's ASGI
+connection cancels its task group as soon as it receives `http.disconnect`; the cancellation lands in
+that same `send()` call, at the checkpoint before the socket is closed, so the close and the idle timer
+never happen: every connection stays established until the client closes it (an HTTP/1.0 stream, whose
+end is the close, never ends). Shielding the one `send()` that ends the response lets Hypercorn finish
+that work; what it does there is bounded (its socket writes are already shielded by Hypercorn itself).
+A bare QuartTrio app shows the fault (docs/server.md, "Connections"); a plain ASGI app that returns
+after sending does not.
+
+`ResponseCounter` counts the HTTP requests the app is serving, streams until their last byte, so the
+server can let in-flight requests receive their error before it exits after the engine died.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def ends_the_response(message: dict[str, Any]) -> bool:
+    return message.get("type") == "http.response.body" and not message.get("more_body", False)
+
+
+def end_of_response_shielded(send: Send) -> Send:
+    """`send`, with the message that ends an HTTP response sent under a shield (module docstring)."""
+
+    async def shielded(message: dict[str, Any]) -> None:
+        if ends_the_response(message):
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return shielded
+
+
+class ResponseCounter:
+    """How many HTTP requests are being served now; `wait_idle` returns once there are none."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self._changed = trio.Event()
+
+    def started(self) -> None:
+        self.open += 1
+
+    def finished(self) -> None:
+        self.open -= 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_idle(self) -> None:
+        while self.open:
+            await self._changed.wait()
