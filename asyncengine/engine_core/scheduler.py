@@ -10,6 +10,14 @@ sequences are admitted after them while the budget, `max_num_seqs` and free KV b
 running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted: its blocks are freed and it is recomputed later (its prefix may still be in the cache).
 
+Fairness between requests (docs/server.md, "Limits"): the `n` completions of one request (sequences
+sharing a `parent_id`) get at most half of the slots (`max_num_seqs // 2`, at least 1) and at most half
+of a step's token budget while any other request waits. Their sequences beyond that share stay waiting
+and later requests are admitted past them; with nobody else waiting they may take the whole step.
+
+A request a worker could not take (ModelRunnerOutput.failed_requests) finishes with finish_reason
+"error" and the worker's message; the other requests and the engine go on.
+
 With a KV connector (`kv_connector`, its scheduler side; set by the engine core from kv_transfer_config),
 a request being admitted asks it for the prompt tokens it can supply after the local prefix cache's;
 those count as computed, the connector's worker side fills their blocks before the step's forward pass,
@@ -18,7 +26,7 @@ and every step carries the connector's metadata to the workers (kv_transfer/base
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
@@ -64,6 +72,8 @@ class Scheduler:
         self.kv_connector = None
         self.num_prompt_tokens_computed = 0
         self.num_kv_connector_loaded_tokens = 0
+        # Sequence id -> its parent request's id, for the completions of requests with n > 1.
+        self._parent_of: dict[str, str] = {}
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -75,6 +85,8 @@ class Scheduler:
         self.sequences[seq.request_id] = seq
         self.waiting.append(seq)
         self._unsent.add(seq.request_id)
+        if request.parent_id is not None:
+            self._parent_of[seq.request_id] = request.parent_id
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
         """Finish the given requests as aborted, freeing their blocks. Unknown ids are ignored
@@ -108,12 +120,16 @@ class Scheduler:
         cached_requests: list[CachedRequestData] = []
         preempted_this_step = False
 
+        shares = _Shares(self) if self._parent_of and self.waiting else None
+
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
+            if shares is not None:
+                num_new = min(num_new, shares.tokens_left(seq))
             if num_new <= 0 or self._will_finish_by_length(seq):
-                index += 1  # its last token is still in flight: nothing to compute until it comes back
+                index += 1  # its last token is still in flight (or its request used its share): nothing now
                 continue
             num_blocks_before = len(seq.block_ids)
             while not self.block_manager.allocate(seq, num_new):
@@ -126,6 +142,8 @@ class Scheduler:
                 break  # it preempted itself: nothing after it is running any more
             scheduled[seq.request_id] = num_new
             budget -= num_new
+            if shares is not None:
+                shares.spend(seq, num_new)
             if seq.request_id in self._unsent:
                 new_requests.append(self._new_request_data(seq))
             else:
@@ -140,21 +158,31 @@ class Scheduler:
 
         # Admit waiting sequences, unless this step already had to preempt: admitting now would only
         # take blocks the preempted sequences need back.
+        deferred: list[Sequence] = []  # past their request's share while others wait: they keep their place
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_this_step:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while a step computing it was in flight: resume once it is back
+            limit = budget if shares is None else min(budget, shares.admission_tokens_left(seq))
+            if limit <= 0:
+                deferred.append(self.waiting.popleft())
+                continue
             cached_blocks = self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.block_manager.block_size
             num_external = self._external_tokens(seq, num_cached) if self.kv_connector is not None else 0
             num_new = seq.num_tokens - num_cached - num_external
-            if num_new > budget:
+            if num_new > limit:
                 if not self.enable_chunked_prefill:
+                    if limit < budget:  # its share, not the step, is what it lacks
+                        deferred.append(self.waiting.popleft())
+                        continue
                     break
-                num_new = budget
+                num_new = limit
             if not self.block_manager.allocate(seq, num_external + num_new, cached_blocks):
                 break
             self.waiting.popleft()
+            if shares is not None:
+                shares.admit(seq, num_new)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
                 self.block_manager.record_prefix_lookup(seq.num_tokens, num_cached)
@@ -170,6 +198,7 @@ class Scheduler:
             scheduled[seq.request_id] = num_new
             budget -= num_new
             new_requests.append(self._new_request_data(seq))
+        self.waiting.extendleft(reversed(deferred))
 
         # Tokens scheduled now count as computed from here on; a sequence whose scheduled tokens reach
         # its end samples one token, appended when the step's output comes back.
@@ -220,6 +249,15 @@ class Scheduler:
                 # A sequence preempted while this step ran sits in the waiting queue.
                 (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
                 self._finish(seq, finish_reason, stop_reason)
+        for failure in runner_output.failed_requests:
+            seq = self.sequences.get(failure.request_id)
+            if seq is None:
+                continue  # finished or aborted meanwhile
+            (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
+            self._finish(seq, FinishReason.ERROR)
+            outputs.append(EngineCoreOutput(request_id=failure.request_id, new_token_ids=[],
+                                            finish_reason=FinishReason.ERROR, error=failure.message,
+                                            error_field=failure.field, num_cached_tokens=seq.num_cached_tokens))
         admitted, self._admitted = self._admitted, []
         return EngineCoreOutputs(
             outputs=outputs,
@@ -302,6 +340,7 @@ class Scheduler:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
         del self.sequences[seq.request_id]
+        self._parent_of.pop(seq.request_id, None)
         if seq.request_id in self._unsent:
             self._unsent.discard(seq.request_id)
         else:
@@ -317,3 +356,48 @@ class Scheduler:
             block_ids=list(seq.block_ids),
             num_computed_tokens=seq.num_computed_tokens,
         )
+
+
+class _Shares:
+    """One step's accounting of what each parent request's completions took, while others wait.
+
+    A parent is held to its share only while some sequence that is not its own is waiting (counted
+    as the step goes: those admitted no longer wait), so a request alone in the engine is never slowed.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._parent_of = scheduler._parent_of
+        self.max_seqs = max(1, scheduler.max_num_seqs // 2)
+        self.max_tokens = max(1, scheduler.max_num_batched_tokens // 2)
+        self.step_budget = scheduler.max_num_batched_tokens
+        self.running = Counter(self._parent_of.get(seq.request_id) for seq in scheduler.running)
+        self.waiting = Counter(self._parent_of.get(seq.request_id) for seq in scheduler.waiting)
+        self.num_waiting = len(scheduler.waiting)
+        self.tokens: Counter[str | None] = Counter()
+
+    def _contended(self, parent: str | None) -> bool:
+        return parent is not None and self.num_waiting > self.waiting[parent]
+
+    def tokens_left(self, seq: Sequence) -> int:
+        """How many tokens `seq` may still be scheduled this step under its parent's share."""
+        parent = self._parent_of.get(seq.request_id)
+        if not self._contended(parent):
+            return self.step_budget  # no share applies: the step's budget is the bound
+        return self.max_tokens - self.tokens[parent]
+
+    def admission_tokens_left(self, seq: Sequence) -> int:
+        """As `tokens_left`, and 0 once its parent holds its share of the slots."""
+        parent = self._parent_of.get(seq.request_id)
+        if self._contended(parent) and self.running[parent] >= self.max_seqs:
+            return 0
+        return self.tokens_left(seq)
+
+    def spend(self, seq: Sequence, num_tokens: int) -> None:
+        self.tokens[self._parent_of.get(seq.request_id)] += num_tokens
+
+    def admit(self, seq: Sequence, num_tokens: int) -> None:
+        parent = self._parent_of.get(seq.request_id)
+        self.running[parent] += 1
+        self.waiting[parent] -= 1
+        self.num_waiting -= 1
+        self.spend(seq, num_tokens)

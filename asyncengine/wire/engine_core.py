@@ -46,12 +46,17 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_token_ids: list[int]
     sampling: SamplingOptions
     arrival_time: float = 0.0
+    # For the `n` completions of one request (n > 1): an id they share, unique per submission. While
+    # other requests wait, the scheduler bounds the share of a step that one parent's completions take.
+    parent_id: str | None = None
 
 
 class FinishReason:
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    # The request alone failed in a worker (EngineCoreOutput.error says why); the engine goes on.
+    ERROR = "error"
 
 
 class EngineCoreOutput(msgspec.Struct, kw_only=True):
@@ -64,6 +69,9 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0
+    # With finish_reason "error": what went wrong for this request, and the request field to blame.
+    error: str | None = None
+    error_field: str | None = None
 
     @property
     def finished(self) -> bool:

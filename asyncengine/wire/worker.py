@@ -65,6 +65,15 @@ class StepTimings(msgspec.Struct, array_like=True):
     cuda_graph: bool = False
 
 
+class FailedRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A request the worker could not take (its sampling values, a logits processor's per-request
+    check): it alone fails, with this message; the step goes on for the others."""
+
+    request_id: str
+    message: str
+    field: str | None = None  # the request field to blame, when one is
+
+
 class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     """Requests that sampled this step (those whose scheduled tokens reached their end), in batch order."""
 
@@ -77,3 +86,5 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     started_at: float = 0.0
     finished_at: float = 0.0
     timings: StepTimings | None = None
+    # Requests failed this step instead of running (the scheduler finishes them with "error").
+    failed_requests: list[FailedRequest] = msgspec.field(default_factory=list)
