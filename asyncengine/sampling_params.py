@@ -16,6 +16,14 @@ from asyncengine.errors import RequestError
 
 _GREEDY_EPSILON = 1e-5
 
+# The engine's types (docs/sampling.md, "Limits"): integers travel as int64 (torch.long in the
+# worker's tensors), floats are float32 there. Every value is checked against them here, so nothing
+# a request sets can overflow a tensor in a worker. Tighter, meaningful bounds (the vocabulary, the
+# context, --max-n) need the model and the engine, and are checked by the frontend's InputProcessor.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
 # vLLM's defaults. Order is the constructor's keyword order.
 _DEFAULTS: dict[str, Any] = {
     "n": 1,
@@ -100,6 +108,8 @@ class SamplingParams:
         _check_number(self.top_p, "top_p")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
+        # top_k above the vocabulary keeps every token (the InputProcessor turns it off); past int64
+        # it could not reach a worker's tensors at all.
         _check_int(self.top_k, "top_k", minimum=-1)
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
@@ -107,16 +117,17 @@ class SamplingParams:
         if not 0.0 <= self.min_p <= 1.0:
             raise RequestError(f"min_p must be in [0, 1], got {self.min_p}", field="min_p")
         if self.seed is not None:
-            _check_int(self.seed, "seed")
+            _check_int(self.seed, "seed", minimum=INT64_MIN)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_number(value, name)
             if not -2.0 <= value <= 2.0:
                 raise RequestError(f"{name} must be in [-2, 2], got {value}", field=name)
         _check_number(self.repetition_penalty, "repetition_penalty")
-        if not self.repetition_penalty > 0.0:
+        if not self.repetition_penalty >= _FLOAT32_TINY:
             raise RequestError(
-                f"repetition_penalty must be greater than 0, got {self.repetition_penalty}",
+                f"repetition_penalty must be greater than 0 (at least {_FLOAT32_TINY:.3g}, the smallest float32 "
+                f"the worker can divide by), got {self.repetition_penalty}",
                 field="repetition_penalty",
             )
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
@@ -211,16 +222,31 @@ def _rebuild(values: dict[str, Any], explicit: frozenset[str]) -> SamplingParams
     return params
 
 
-def _check_int(value: Any, field: str, *, minimum: int | None = None) -> None:
+_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
+def _check_int(value: Any, field: str, *, minimum: int) -> None:
+    """An integer in [minimum, INT64_MAX]: every integer field travels as an int64."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(f"{field} must be an integer, got {value!r}", field=field)
-    if minimum is not None and value < minimum:
+    if value < minimum:
         raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
+    if value > INT64_MAX:
+        raise RequestError(f"{field} must be at most {INT64_MAX} (2^63 - 1, the engine's int64), got {value}",
+                           field=field)
 
 
 def _check_number(value: Any, field: str, *, minimum: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite number that stays finite as a float32 (the workers' tensors)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{field} must be a finite number, got {value!r}", field=field)
+    try:
+        finite = math.isfinite(value) and abs(value) <= FLOAT32_MAX
+    except OverflowError:  # an int too large to compare as a float
+        finite = False
+    if not finite:
+        raise RequestError(f"{field} must be a finite number of magnitude at most {FLOAT32_MAX:.4g} (float32), "
+                           f"got {value!r}", field=field)
     if minimum is not None and value < minimum:
         raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
 
@@ -235,7 +261,7 @@ def _normalize_extra_args(extra_args: Any) -> dict[str, Any] | None:
         raise RequestError("extra_args must be a dict with string keys, or None", field="extra_args")
     try:
         return msgspec.msgpack.decode(msgspec.msgpack.encode(extra_args), type=dict[str, Any])
-    except (TypeError, ValueError, OverflowError, msgspec.MsgspecError) as exc:
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError) as exc:
         raise RequestError(
             f"extra_args must hold only msgpack-encodable values (dicts, lists, strings, numbers, booleans, "
             f"None): {exc}",

@@ -59,6 +59,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     num_gpu_blocks_override: int | None = None
     max_logprobs: int = 20
     max_waiting_requests: int = 4096
+    # The most completions one request may ask for (`n`); more is a 400 naming n (docs/server.md, "Limits").
+    max_n: int = 128
 
     # Placement and execution
     device: str = "auto"
@@ -106,7 +108,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         parse_kv_transfer_config(self.kv_transfer_config)
 
     def _check_ranges(self) -> None:
-        positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size")
+        positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size",
+                    "max_n")
         for name in positive:
             if getattr(self, name) < 1 and not (name == "max_logprobs" and self.max_logprobs == 0):
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", field=name)

@@ -19,7 +19,7 @@ import msgspec
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
-from asyncengine.sampling_params import SamplingParams
+from asyncengine.sampling_params import INT64_MIN, SamplingParams
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
 from asyncengine.worker.logits_processors import processor_name
 
@@ -68,19 +68,28 @@ class InputProcessor:
         params = params.with_defaults(self.model_config.generation_defaults)
         self._check_params(params)
         self._validate_with_logits_processors(params)
-        room = self.model_config.max_model_len - len(token_ids)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        max_tokens = self._max_tokens(params, len(token_ids))
+        if params.min_tokens > max_tokens:
+            raise RequestError(
+                f"min_tokens={params.min_tokens} cannot be met: the prompt has {len(token_ids)} tokens, which leaves "
+                f"room for {max_tokens} more under max_model_len ({self.model_config.max_model_len})"
+                + ("" if params.max_tokens is None or params.max_tokens > max_tokens else
+                   f" and max_tokens is {params.max_tokens}")
+                + ": lower min_tokens", field="min_tokens",
+            )
+        vocab = self.model_config.vocab_size
         options = SamplingOptions(
             temperature=params.temperature,
             top_p=params.top_p,
-            top_k=params.top_k,
+            # top_k at or above the vocabulary keeps every token: that is top_k off.
+            top_k=0 if params.top_k >= vocab else params.top_k,
             min_p=params.min_p,
             seed=params.seed,
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
             repetition_penalty=params.repetition_penalty,
             max_tokens=max_tokens,
-            min_tokens=min(params.min_tokens, max_tokens),
+            min_tokens=params.min_tokens,
             stop_token_ids=tuple(params.stop_token_ids or ()),
             eos_token_ids=() if params.ignore_eos else tuple(self.model_config.eos_token_ids),
             logprobs=params.logprobs,
@@ -93,13 +102,14 @@ class InputProcessor:
             child_options = options
             if params.seed is not None and params.n > 1:
                 # Each completion gets its own stream of randomness, reproducible from the seed.
-                child_options = _replace_seed(options, params.seed + index)
+                child_options = _replace_seed(options, child_seed(params.seed, index))
             children.append(
                 EngineCoreRequest(
                     request_id=child_request_id(request_id, index, params.n, submission),
                     prompt_token_ids=token_ids,
                     sampling=child_options,
                     arrival_time=arrival,
+                    parent_id=f"{submission}:{request_id}" if params.n > 1 else None,
                 )
             )
         return ProcessedRequest(request_id, prompt_text, token_ids, params, children)
@@ -132,13 +142,9 @@ class InputProcessor:
     def _check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise RequestError("the prompt is empty", field="prompt")
-        max_len = self.model_config.max_model_len
-        if len(token_ids) >= max_len:
-            raise RequestError(
-                f"the prompt is {len(token_ids)} tokens long, but max_model_len is {max_len} and at least one "
-                "token must be generated: shorten the prompt or raise max_model_len",
-                field="prompt",
-            )
+        error = context_length_error(len(token_ids), None, self.model_config.max_model_len)
+        if error is not None:
+            raise error
         vocab = self.model_config.vocab_size
         bad = next((t for t in token_ids if t < 0 or t >= vocab), None)
         if bad is not None:
@@ -146,7 +152,26 @@ class InputProcessor:
                 f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", field="prompt_token_ids"
             )
 
+    def _max_tokens(self, params: SamplingParams, prompt_len: int) -> int:
+        """The context-length rule (docs/sampling.md): a max_tokens the caller set that does not fit in
+        max_model_len with the prompt is refused; one the caller left alone (vLLM's 16, or the model's
+        generation_config.json) is capped at the room left; None means all the room left."""
+        room = self.model_config.max_model_len - prompt_len
+        if params.max_tokens is None:
+            return room
+        if "max_tokens" in params.explicit_fields:
+            error = context_length_error(prompt_len, params.max_tokens, self.model_config.max_model_len)
+            if error is not None:
+                raise error
+        return min(params.max_tokens, room)
+
     def _check_params(self, params: SamplingParams) -> None:
+        max_n = self.engine_config.max_n
+        if params.n > max_n:
+            raise RequestError(
+                f"n={params.n} asks for more completions than this engine allows in one request (max_n={max_n}): "
+                "lower n, or start the engine with a larger --max-n", field="n",
+            )
         limit = self.engine_config.max_logprobs
         vocab = self.model_config.vocab_size
         if params.logprobs is not None and params.logprobs > min(limit, vocab):
@@ -183,6 +208,29 @@ class InputProcessor:
                     f"logits processor {processor_name(cls)} rejected the request: {type(exc).__name__}: {exc}",
                     field="extra_args",
                 ) from exc
+
+
+def context_length_error(prompt_len: int, max_tokens: int | None, max_model_len: int) -> RequestError | None:
+    """The context-length rule, shared by the server (which checks it first, to answer with its own
+    code) and the InputProcessor: the prompt must leave room for one token, and an explicit
+    max_tokens must fit after the prompt."""
+    if prompt_len >= max_model_len:
+        return RequestError(
+            f"the prompt is {prompt_len} tokens long, but max_model_len is {max_model_len} and at least one token "
+            "must be generated: shorten the prompt or raise max_model_len", field="prompt",
+        )
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        return RequestError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len} and "
+            f"max_tokens asks for {max_tokens} more: lower max_tokens (or leave it unset for all the room left) "
+            "or shorten the prompt", field="max_tokens",
+        )
+    return None
+
+
+def child_seed(seed: int, index: int) -> int:
+    """Completion `index`'s seed: `seed + index`, wrapped into int64 (the engine's type for seeds)."""
+    return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
 
 
 def _replace_seed(options: SamplingOptions, seed: int) -> SamplingOptions:

@@ -57,18 +57,14 @@ def new_id(prefix: str, header_id: str | None) -> str:
 
 def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
                     prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams for `request`; a bad value is a 400 naming its field."""
-    if prompt_len >= max_model_len:
-        raise bad_request(
-            f"the prompt is {prompt_len} tokens long, but max_model_len is {max_model_len} and at least one token "
-            "must be generated: shorten the prompt", param="prompt", code="context_length_exceeded",
-        )
-    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
-        raise bad_request(
-            f"this model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len} and "
-            f"max_tokens asks for {max_tokens} more: lower max_tokens or shorten the prompt",
-            param="max_tokens", code="context_length_exceeded",
-        )
+    """SamplingParams for `request`; a bad value is a 400 naming its field. The context-length rule is
+    the InputProcessor's (one rule for the server and the Python API), checked here first so that its
+    400 carries OpenAI's code for it."""
+    from asyncengine.frontend.processor import context_length_error
+
+    too_long = context_length_error(prompt_len, max_tokens, max_model_len)
+    if too_long is not None:
+        raise bad_request(too_long.message, param=too_long.field, code="context_length_exceeded")
     values: dict[str, Any] = {
         "n": request.n,
         "ignore_eos": request.ignore_eos,

@@ -3,13 +3,20 @@
 Requests forbid unknown fields: a parameter we do not know is a 400 naming it, never silently
 ignored. Parameters we know but do not implement (`echo`, `suffix`, `logit_bias`, a `response_format`
 other than text, ...) are declared so that a request that sets them gets a 400 saying so
-(see `unsupported()`). Fields that OpenAI's clients send in several shapes (`prompt`) are typed
-`Any` here and checked by hand, since a msgspec union may hold only one array type.
+(see `unsupported()`).
+
+Bounds at the edge (docs/server.md, "Limits"): every integer a sampling field carries is an int64
+(`Int64`), as the engine's tensors hold them, so msgspec refuses a larger one naming the field; the
+meaningful bounds (top_k, n, min_tokens against the context, ...) are SamplingParams' and the
+InputProcessor's, which the Python API shares. `prompt`, which OpenAI's clients send in several
+shapes, is typed so that it nests at most two lists deep: msgspec then stops at the first level
+too deep instead of decoding (recursively) whatever a client nests there; the shapes are checked by
+hand in serving_completions.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -29,23 +36,31 @@ XargScalar = str | int | float | bool
 XargValue = XargScalar | list[XargScalar]
 
 
+# An integer the engine holds as an int64 (vLLM bounds seed the same way).
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+# A count or an index: never negative (the meaningful upper bounds are checked past the edge).
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+# A completion prompt: a string, a list of strings or token ids (and lists of token ids); see above.
+Prompt = str | list[str | Count | list[Count]]
+
+
 class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What completions and chat completions share: OpenAI's sampling parameters and vLLM's extras."""
 
     model: str | None = None
-    n: int = 1
+    n: Int64 = 1
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
-    min_tokens: int | None = None
+    min_tokens: Int64 | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
@@ -56,13 +71,13 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     vllm_xargs: dict[str, XargValue] | None = None
     # Known, not implemented: a request that sets them gets a 400 that says so.
     logit_bias: dict[str, float] | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
-    prompt: Any = None  # str | list[str] | list[int] | list[list[int]], checked in serving_completions
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: Prompt | None = None  # str | list[str] | list[int] | list[list[int]], checked in serving_completions
+    max_tokens: Int64 | None = 16
+    logprobs: Int64 | None = None
     add_special_tokens: bool = True
     echo: bool = False
     suffix: str | None = None
@@ -106,15 +121,17 @@ class Tool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     tools: list[Tool] | None = None
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    # vLLM's: unset means true, or false with continue_final_message (both true is a 400).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False  # continue the last (assistant) message instead of starting one
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -140,7 +157,7 @@ class IOProcessRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True)
     apply to every prompt its pre_process builds."""
 
     data: Any
-    max_tokens: int | None = 16
+    max_tokens: Int64 | None = 16
     add_special_tokens: bool = True
 
     def unsupported(self) -> list[tuple[str, str]]:
@@ -155,7 +172,9 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (the template adds them)
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = None  # as in ChatCompletionRequest
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

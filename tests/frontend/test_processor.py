@@ -152,19 +152,34 @@ def test_max_tokens_none_means_the_room_left():
     assert out.children[0].sampling.max_tokens == MAX_MODEL_LEN - 10
 
 
-def test_max_tokens_is_capped_at_the_room_left():
-    out = processor().process("r", tokens(10), SamplingParams(max_tokens=1000))
+def test_an_explicit_max_tokens_past_the_context_is_refused_naming_max_tokens():
+    # The context-length rule (docs/sampling.md), as vLLM's server has it: one rule for the Python API and HTTP.
+    error = process_error(tokens(10), SamplingParams(max_tokens=1000))
+    assert error.field == "max_tokens"
+    assert "64" in error.message and "10" in error.message and "1000" in error.message
+    out = processor().process("r", tokens(10), SamplingParams(max_tokens=MAX_MODEL_LEN - 10))
     assert out.children[0].sampling.max_tokens == MAX_MODEL_LEN - 10
     out = processor().process("r", tokens(10), SamplingParams(max_tokens=5))
     assert out.children[0].sampling.max_tokens == 5
+
+
+def test_the_default_max_tokens_is_capped_at_the_room_left():
+    # vLLM's default 16, which the caller did not set, is capped rather than refused.
+    out = processor().process("r", tokens(60), SamplingParams(temperature=0))
+    assert out.children[0].sampling.max_tokens == MAX_MODEL_LEN - 60
 
 
 def test_unset_max_tokens_is_vllms_16():
     assert processor().process("r", tokens(10), None).children[0].sampling.max_tokens == 16
 
 
-def test_min_tokens_is_capped_with_max_tokens():
-    out = processor().process("r", tokens(60), SamplingParams(min_tokens=10, max_tokens=10))
+def test_min_tokens_that_the_context_cannot_hold_is_refused_naming_min_tokens():
+    # min_tokens is never cut silently: a completion that cannot reach it is a RequestError.
+    error = process_error(tokens(60), SamplingParams(min_tokens=10, max_tokens=None))
+    assert error.field == "min_tokens" and "room for 4" in error.message
+    error = process_error(tokens(60), SamplingParams(min_tokens=10))  # the default max_tokens, capped to 4
+    assert error.field == "min_tokens"
+    out = processor().process("r", tokens(60), SamplingParams(min_tokens=4, max_tokens=None))
     sampling = out.children[0].sampling
     assert (sampling.max_tokens, sampling.min_tokens) == (4, 4)
 
@@ -226,9 +241,9 @@ def test_invalid_generation_default_is_a_request_error_naming_the_field():
 
 
 def test_params_are_not_modified_by_processing():
-    params = SamplingParams(max_tokens=1000, seed=1)
+    params = SamplingParams(max_tokens=50, seed=1)
     processor(generation_defaults=GENERATION_DEFAULTS).process("r", tokens(10), params)
-    assert params.max_tokens == 1000 and params.temperature == 1.0 and params.explicit_fields == {"max_tokens", "seed"}
+    assert params.max_tokens == 50 and params.temperature == 1.0 and params.explicit_fields == {"max_tokens", "seed"}
 
 
 # --- n > 1 ------------------------------------------------------------------------------------------
