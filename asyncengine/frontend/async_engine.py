@@ -330,6 +330,10 @@ class AsyncEngine:
                 collector.put(output)
             if output.finished:
                 self._collectors.pop(output.request_id, None)
+        for request_id, error in processed.failed_requests:  # a worker refused it: it alone fails
+            collector = self._collectors.pop(request_id, None)
+            if collector is not None:
+                collector.fail(error)
         finished_core_ids = [o.request_id for o in message.outputs if o.finished]
         self._leave_waiting(finished_core_ids + processed.core_requests_to_abort)
         self._in_core.difference_update(finished_core_ids)

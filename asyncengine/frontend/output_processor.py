@@ -2,7 +2,9 @@
 
 It detokenizes incrementally, finds stop strings (then asks for the engine-core request to be
 aborted, since the core only knows token-level stops), gathers the `n` completions of a request, and
-emits either deltas (streaming) or one final output.
+emits either deltas (streaming) or one final output. A completion that failed in the engine (finish
+reason "error": a worker refused it) fails its whole request with a RequestError, and its other
+completions are aborted.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncengine.errors import RequestError
 from asyncengine.frontend.detokenizer import IncrementalDetokenizer
 from asyncengine.frontend.processor import ProcessedRequest
 from asyncengine.outputs import CompletionOutput, RequestOutput
@@ -67,8 +70,11 @@ class _RequestState:
 @dataclass
 class ProcessedOutputs:
     request_outputs: list[RequestOutput]
-    # Engine-core requests to abort because a stop string ended them in the frontend.
+    # Engine-core requests to abort because a stop string ended them in the frontend (or a sibling
+    # completion failed).
     core_requests_to_abort: list[str]
+    # Requests that failed in the engine, with the error their consumer gets; they are forgotten here.
+    failed_requests: list[tuple[str, RequestError]] = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -134,11 +140,20 @@ class OutputProcessor:
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         to_abort: list[str] = []
         touched: dict[str, _RequestState] = {}
+        failed: list[tuple[str, RequestError]] = []
         for output in outputs:
             entry = self._by_core_id.get(output.request_id)
             if entry is None:
                 continue  # aborted in the frontend while the step ran
             state, completion = entry
+            if output.finish_reason == FinishReason.ERROR:
+                request_id = state.request.request_id
+                siblings, _ = self.abort_request(request_id)
+                to_abort.extend(core_id for core_id in siblings if core_id != output.request_id)
+                touched.pop(request_id, None)
+                failed.append((request_id, RequestError(output.error or "the engine could not run this request",
+                                                        field=output.error_field)))
+                continue
             state.num_cached_tokens = output.num_cached_tokens
             if self._apply(completion, output):
                 to_abort.append(completion.core_request_id)
@@ -152,7 +167,7 @@ class OutputProcessor:
                 request_outputs.append(request_output)
             if state.finished:
                 del self._requests[request_id]
-        return ProcessedOutputs(request_outputs, to_abort)
+        return ProcessedOutputs(request_outputs, to_abort, failed)
 
     # -- helpers -----------------------------------------------------------------------------------------
 

@@ -43,6 +43,13 @@ class LogitsProcessor:
         """Called in the frontend for every request, with its SamplingParams (per-request arguments
         are in `params.extra_args`): raise RequestError(message, field=...) to refuse the request."""
 
+    def check_request(self, params: Any) -> None:
+        """Called in the worker when a request joins it (its SamplingOptions, as `AddedRequest.params`
+        will be), before the `update_state` that adds it. Raise to refuse that request alone: it ends
+        with an error naming this processor (RequestError in the frontend), and the other requests and
+        the engine go on, where an exception in `update_state` or `apply` fails the whole step.
+        Build or check here whatever per-request state can fail."""
+
     def is_argmax_invariant(self) -> bool:
         """True when `apply` never changes the argmax of a row (it only reshapes the distribution,
         as min_p does): the worker then skips `apply` for steps where no request samples at random.
@@ -155,6 +162,15 @@ class LogitsProcessorError(RuntimeError):
     """A logits processor raised, or returned something other than logits, in a worker."""
 
 
+class LogitsProcessorRequestError(Exception):
+    """A logits processor refused one request in the worker (`check_request`): that request fails."""
+
+    def __init__(self, message: str, *, source: LogitsProcessor, error: Exception) -> None:
+        super().__init__(message)
+        self.source = source
+        self.error = error
+
+
 def processor_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
@@ -185,6 +201,17 @@ class LogitsProcessors:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
         return cls(built) if built else None
+
+    def check_request(self, params: Any) -> None:
+        """Each processor's `check_request`; the first refusal as a LogitsProcessorRequestError."""
+        for processor in self.processors:
+            try:
+                processor.check_request(params)
+            except Exception as exc:  # plugin code refused (or failed on) one request: that request fails
+                raise LogitsProcessorRequestError(
+                    f"logits processor {processor_name(type(processor))} refused the request in check_request(): "
+                    f"{type(exc).__name__}: {exc}", source=processor, error=exc,
+                ) from exc
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         for processor in self.processors:

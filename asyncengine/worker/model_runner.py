@@ -8,6 +8,12 @@ prompt); a request whose prompt is still being prefilled in chunks produces noth
 With logits processors, the rows of the sampled logits follow their persistent layout
 (worker/logits_processors.py) instead of the scheduler's order, and they see the layout's changes
 (`update_state`) before the sampler applies them. Without any, none of that bookkeeping runs.
+
+One request never fails a step for the others: what the worker builds from a request's own values
+(its sampling values as tensors, each logits processor's per-request check) is checked when the
+request joins the worker (`_admit`). A request that fails there is reported in the step's
+`failed_requests` and left out of the batch; the scheduler ends it with an error, and until it says
+to forget it, the steps already scheduled with it skip it.
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ from asyncengine.plugin_runtime.records import StartupRecord, current_process_ro
 from asyncengine.worker import parallel
 from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
-from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessors
-from asyncengine.worker.sampler import Sampler, SamplingRow
+from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
+from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions
-from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput, StepTimings
+from asyncengine.wire.worker import FailedRequest, ModelRunnerOutput, NewRequestData, SchedulerOutput, StepTimings
 
 
 logger = logging.getLogger(__name__)
@@ -67,6 +73,8 @@ class ModelRunner:
         self.block_size = engine_config.block_size
         self.dtype = getattr(torch, model_config.dtype)
         self.requests: dict[str, RequestState] = {}
+        # Requests this worker refused (_admit) that the scheduler has not told it to forget yet.
+        self.failed_request_ids: set[str] = set()
         self.model: torch.nn.Module | None = None
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -227,10 +235,19 @@ class ModelRunner:
         if state is not None:
             self.block_rows.release(state.row)
 
-    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+    def _update_states(self, scheduler_output: SchedulerOutput) -> list[FailedRequest]:
+        """Apply the step's changes; the new requests this worker refused (see `_admit`)."""
+        failed = []
         for request_id in scheduler_output.finished_request_ids:
             self._remove_request(request_id)
+            self.failed_request_ids.discard(request_id)
         for new in scheduler_output.new_requests:
+            failure = self._admit(new)
+            if failure is not None:
+                self._remove_request(new.request_id)  # a resumed request may have left an older state
+                self.failed_request_ids.add(new.request_id)
+                failed.append(failure)
+                continue
             self._add_request(new.request_id, RequestState(
                 prompt_token_ids=list(new.prompt_token_ids),
                 token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
@@ -240,26 +257,48 @@ class ModelRunner:
                 output_token_ids=list(new.output_token_ids),
             ))
         for cached in scheduler_output.cached_requests:
+            if cached.request_id in self.failed_request_ids:
+                continue  # scheduled again before the scheduler learnt it failed
             state = self.requests[cached.request_id]
             state.block_ids.extend(cached.new_block_ids)
             self.block_rows.append(state.row, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+        return failed
+
+    def _admit(self, new: NewRequestData) -> FailedRequest | None:
+        """Check what this worker builds from one request's own values, where failing fails only it:
+        its sampling values as the sampler's tensors, and each logits processor's check_request."""
+        try:
+            check_sampling_options(new.sampling, self.model_config.vocab_size)
+            if self.logits_processors is not None:
+                self.logits_processors.check_request(new.sampling)
+        except RequestSamplingError as exc:
+            return FailedRequest(request_id=new.request_id, field=exc.field,
+                                 message=f"the worker cannot sample this request: {exc}")
+        except LogitsProcessorRequestError as exc:
+            if not isinstance(exc.error, ValueError):  # a refusal is a ValueError; anything else may be a bug
+                logger.warning("%s (request %s)", exc, new.request_id, exc_info=exc.error)
+            return FailedRequest(request_id=new.request_id, field="extra_args", message=str(exc))
+        return None
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         with self.platform.inference_mode():
             return self._execute(scheduler_output)
 
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(scheduler_output)
-        if scheduler_output.is_empty:
-            return ModelRunnerOutput()
+        failed = self._update_states(scheduler_output)
+        scheduled = scheduler_output.num_scheduled_tokens
+        if self.failed_request_ids:
+            scheduled = {rid: n for rid, n in scheduled.items() if rid not in self.failed_request_ids}
+        if not scheduled:
+            return ModelRunnerOutput(failed_requests=failed)
         connector_metadata = None
         if self.kv_connector is not None and scheduler_output.kv_connector_metadata is not None:
             # Before the forward pass: the blocks the scheduler counted as computed must hold their KV.
             connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
             self.kv_connector.start_load_kv(connector_metadata)
         started = time.perf_counter()
-        inputs = self._prepare_inputs(scheduler_output)
+        inputs = self._prepare_inputs(scheduled)
         prepared = time.perf_counter()
         events = self._device_events()
         if events is not None:
@@ -277,7 +316,8 @@ class ModelRunner:
         if connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
         if not inputs.sampling_request_ids:
-            return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph))
+            return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph),
+                                     failed_requests=failed)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         rows = []
         for request_id in inputs.sampling_request_ids:
@@ -295,7 +335,7 @@ class ModelRunner:
             state.output_token_ids.append(token_id)
         return ModelRunnerOutput(
             request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs,
-            timings=self._timings(started, prepared, forwarded, events, use_graph),
+            timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed,
         )
 
     def _device_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
@@ -314,15 +354,15 @@ class ModelRunner:
             device_forward = events[0].elapsed_time(events[1]) / 1000
         return StepTimings(prepared - started, forwarded - prepared, finished - forwarded, device_forward, cuda_graph)
 
-    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> "_StepInputs":
-        """The step's model inputs, built in the staging buffers and sent to the device in one copy each.
+    def _prepare_inputs(self, scheduled: dict[str, int]) -> "_StepInputs":
+        """The step's model inputs for `scheduled` (request id -> tokens to compute, in batch order),
+        built in the staging buffers and sent to the device in one copy each.
 
         The only per-request Python work is reading each request's new tokens and lengths; positions,
         slots and block tables are computed for the whole batch at once with numpy."""
         block_size = self.block_size
-        scheduled = scheduler_output.num_scheduled_tokens
         num_seqs = len(scheduled)
-        total = scheduler_output.total_num_scheduled_tokens
+        total = sum(scheduled.values())
         staging = self.staging
         staging.begin_step()
         input_ids = staging.array("input_ids", total, torch.int64)

@@ -37,6 +37,48 @@ from asyncengine.worker.logits_processors import LogitsProcessors
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 64-bit seed space
 _MASK64 = (1 << 64) - 1
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+class RequestSamplingError(ValueError):
+    """One request's sampling values cannot become the sampler's tensors; `field` names the value.
+
+    Raised by `check_sampling_options` when the request joins the worker, where it fails that request
+    alone (ModelRunnerOutput.failed_requests) instead of a step of the whole batch."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_sampling_options(options: SamplingOptions, vocab_size: int) -> None:
+    """Check that every value the sampler turns into a tensor for this request fits it: integers in
+    int64 (torch.long), floats finite in float32, within the ranges the sampling steps assume.
+
+    The frontend refuses such requests already (SamplingParams, InputProcessor); this is the worker's
+    own guard, for requests from any client of the engine core, so that no request's values can make
+    a step of the whole batch raise."""
+    for name in ("top_k", "seed", "max_tokens", "min_tokens", "logprobs"):
+        value = getattr(options, name)
+        if value is not None and not (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]):
+            raise RequestSamplingError(f"{name}={value!r} does not fit the sampler's int64", name)
+    for name in ("stop_token_ids", "eos_token_ids"):
+        for token_id in getattr(options, name):
+            if not (isinstance(token_id, int) and 0 <= token_id <= _INT64[1]):
+                raise RequestSamplingError(f"{name} holds {token_id!r}, not a token id", name)
+    for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        value = getattr(options, name)
+        if not (isinstance(value, (int, float)) and abs(value) <= _FLOAT32_MAX):  # NaN fails the comparison
+            raise RequestSamplingError(f"{name}={value!r} is not a finite float32", name)
+    ranges = {"temperature": options.temperature >= 0.0, "top_p": 0.0 < options.top_p <= 1.0,
+              "min_p": 0.0 <= options.min_p <= 1.0, "repetition_penalty": options.repetition_penalty > 0.0,
+              "top_k": options.top_k >= 0,
+              "logprobs": options.logprobs is None or 0 <= options.logprobs <= vocab_size}
+    for name, ok in ranges.items():
+        if not ok:
+            raise RequestSamplingError(f"{name}={getattr(options, name)!r} is outside the range the sampler takes",
+                                       name)
 
 
 def _splitmix64(x: int) -> int:
