@@ -93,6 +93,18 @@ CASES = [
     ("wrong method", "GET", "/v1/completions", None, None, 405, None, "not allowed"),
     ("detokenize outside the vocabulary", "POST", "/detokenize", {"tokens": [10**9]}, None, 400, "tokens",
      "outside the vocabulary"),
+    # Issue 13: every field bounded at the edge (docs/server.md, "Limits"). On main, the two top_k cases
+    # killed the worker ("Overflow when unpacking long long") and every later request got 503.
+    ("top_k past int64", "POST", "/v1/completions", completion(top_k=2**63), None, 400, "top_k", "top_k"),
+    ("top_k 2^64-1 in chat", "POST", "/v1/chat/completions", chat(top_k=2**64 - 1), None, 400, "top_k", "top_k"),
+    ("seed past 64 bits", "POST", "/v1/completions", completion(seed=2**64), None, 400, "seed", "seed"),
+    ("n above --max-n", "POST", "/v1/completions", completion(n=4096), None, 400, "n", "max_n=128"),
+    ("min_tokens past the context", "POST", "/v1/chat/completions",
+     {"model": MODEL_NAME, "messages": CHAT, "min_tokens": 2**62}, None, 400, "min_tokens", "room for"),
+    ("tools not a list", "POST", "/v1/chat/completions", chat(tools="notalist"), None, 400, "tools", "array"),
+    ("a prompt nested 10,000 deep", "POST", "/v1/completions",
+     b'{"model": "%s", "prompt": %s%s}' % (MODEL_NAME.encode(), b"[" * 10_000, b"]" * 10_000), None, 400,
+     "prompt[0][0]", "Expected `int`"),
 ]
 
 
