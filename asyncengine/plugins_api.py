@@ -53,7 +53,12 @@ from asyncengine.models.layers.quantization import (  # read in: worker (build),
     register_quantization_config,
 )
 from asyncengine.models.registry import ModelRegistry  # read in: frontend (validate), worker (build)
-from asyncengine.platforms.interface import Platform  # read in: every process
+from asyncengine.platforms.interface import Platform, PlatformEnum  # read in: every process
+from asyncengine.platforms.cpu import CpuPlatform  # the built-in platforms, to subclass (vLLM's plugins do)
+from asyncengine.platforms.cuda import CudaPlatform
+from asyncengine.config.engine import EngineConfig  # what check_and_update_config receives
+from asyncengine.config.engine import EngineConfig as VllmConfig  # vLLM's name: sub-config views read through
+from asyncengine.plugin_runtime.vllm_compat import envs, load_general_plugins  # vLLM's helpers for plugin tests
 from asyncengine.plugin_runtime.additional_config import (  # read in: frontend (checks every key is claimed)
     AdditionalConfigRegistry,
 )
@@ -138,6 +143,13 @@ __all__ = [
     "MovedRequest",
     "ModelRegistry",
     "Platform",
+    "PlatformEnum",
+    "CpuPlatform",
+    "CudaPlatform",
+    "EngineConfig",
+    "VllmConfig",
+    "envs",
+    "load_general_plugins",
     "Registry",
     "RegistrationError",
     "RequestError",

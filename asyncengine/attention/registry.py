@@ -32,13 +32,14 @@ class _AttentionBackendRegistry(Registry):
     def backend_class(self, name: str, *, chosen_by: str = "", field: str | None = None) -> type[AttentionBackend]:
         """The class registered under `name`. A "pkg.mod:Class" path that is no key is imported as it
         is (vLLM's platforms answer with class paths). Anything else names the registered backends."""
+        from asyncengine.config.class_paths import is_class_path
         from asyncengine.models.registry import import_by_path
 
         by = f" (chosen by {chosen_by})" if chosen_by else ""
         entry = self.get(name) if isinstance(name, str) else None
         if entry is not None:
             backend, origin = entry.implementation, f"registered by {entry.owner}"
-        elif isinstance(name, str) and ":" in name:
+        elif is_class_path(name):  # "pkg.mod:Class", or vLLM's "pkg.mod.Class"
             backend, origin = name, "a class path, not a registered name"
         else:
             raise ConfigError(

@@ -14,6 +14,7 @@ from typing import Any
 from asyncengine.attention.backend import AttentionBackend
 from asyncengine.attention.registry import AttentionBackendRegistry
 from asyncengine.errors import StartupError
+from asyncengine.platforms.interface import ask_attn_backend
 from asyncengine.registries.base import describe, reads
 
 
@@ -56,7 +57,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
         else:
             shape = (layer.head_dim, dtype, block_size)
             if shape not in answers:
-                answers[shape] = platform.get_attn_backend_cls(*shape)
+                answers[shape] = ask_attn_backend(platform, *shape)  # by keyword, as vLLM calls it
             name = _as_name(answers[shape])
             if name is None:
                 raise StartupError(

@@ -20,6 +20,9 @@ from asyncengine.errors import ConfigError
 # Fields given as the positional MODEL argument rather than a flag.
 _POSITIONAL = {"model"}
 
+# vLLM's short forms of engine flags (`vllm serve -tp 2`), for the fields that exist here.
+SHORT_FLAGS = {"tensor_parallel_size": "-tp", "quantization": "-q"}
+
 
 def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
@@ -84,7 +87,8 @@ def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: s
             "[]" if list in kinds else "{}")
         default = (defaults or {}).get(field.name, default)
         kwargs["help"] = f"default: {default}"
-        group.add_argument(flag_name(field.name), **kwargs)
+        short = (SHORT_FLAGS.get(field.name),) if struct is EngineConfig and field.name in SHORT_FLAGS else ()
+        group.add_argument(flag_name(field.name), *short, **kwargs)
 
 
 def engine_config_from_args(args: argparse.Namespace, *, model: str | None) -> EngineConfig:

@@ -1,4 +1,4 @@
-"""`asyncengine plugins list|timeline|check|map`: which process sees which plugin, before and after a start."""
+"""`asyncengine plugins list|timeline|check|map|port`: which process sees which plugin, before and after a start."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _settings(check, placement=True)
     check.add_argument("--startup-trace", metavar="FILE", help="also write the records as JSON to FILE")
     check.set_defaults(handler=run_check)
+
+    from asyncengine.cli import port
+
+    port.add_parser(commands)
 
     mapping = commands.add_parser("map", help="per process, every extension point read there and the code that "
                                   "reads it")

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from asyncengine.config.class_paths import classes_to_paths, is_class_path, struct_classes_to_paths
+from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.kv_transfer.config import KVTransferConfig, parse_kv_transfer_config
 
@@ -27,7 +29,7 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 
 
-class EngineConfig(msgspec.Struct, kw_only=True):
+class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     """Options of one engine. All have defaults; `model=None` means the default model."""
 
     # Model and tokenizer
@@ -101,6 +103,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     stats_log_interval: float = 10.0  # seconds between calls of every stat logger's log()
 
     def __post_init__(self) -> None:
+        struct_classes_to_paths(self)  # a class given as an object is kept as its path (class_paths.py)
         self._check_ranges()
         self._check_choices()
         self._check_placement()
@@ -165,8 +168,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     def _check_placement(self) -> None:
         backend = self.distributed_executor_backend
-        module, colon, attr = (backend or "").partition(":")
-        if backend not in (None, "uni", "mp") and not (colon and module.strip() and attr.strip()):
+        if backend not in (None, "uni", "mp") and not is_class_path(backend):
             raise ConfigError(
                 f"distributed_executor_backend must be 'uni' (the worker in a thread of the engine-core "
                 f"process), 'mp' (one process per rank) or 'pkg.mod:Class' (an Executor subclass, C7); "
@@ -179,8 +181,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 "distributed_executor_backend='mp' (the default when tensor_parallel_size > 1)",
                 field="distributed_executor_backend",
             )
-        worker_module, colon, worker_attr = self.worker_cls.partition(":")
-        if self.worker_cls != "auto" and not (colon and worker_module.strip() and worker_attr.strip()):
+        if self.worker_cls != "auto" and not is_class_path(self.worker_cls):
             raise ConfigError(
                 f"worker_cls must be 'auto' (the platform chooses) or 'pkg.mod:Class' (a subclass of "
                 f"asyncengine.plugins_api.Worker, C2); got {self.worker_cls!r}",
@@ -207,6 +208,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
 def config_from_dict(values: dict[str, Any]) -> EngineConfig:
     """Build an EngineConfig from loose keyword values (LLM(**kwargs), a JSON frame), naming any bad field."""
+    values = classes_to_paths(values)  # scheduler_cls=MyScheduler and the like (class_paths.py)
     known = {f.name for f in msgspec.structs.fields(EngineConfig)}
     unknown = sorted(set(values) - known)
     if unknown:

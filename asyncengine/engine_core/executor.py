@@ -28,6 +28,7 @@ from asyncengine.errors import (
     error_field,
     rebuild_error,
 )
+from asyncengine.platforms.resolution import current_platform_key
 from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.registries.base import reads
 from asyncengine.runtime.connection import accept_child, open_listener
@@ -196,7 +197,7 @@ class MultiprocExecutor(Executor):
             await frames.send(
                 StartupParams(
                     engine_config=self.engine_config, model_config=self.model_config,
-                    platform=self.platform.device_name, manifest=manifest, rank=rank, world_size=self.world_size,
+                    platform=current_platform_key(), manifest=manifest, rank=rank, world_size=self.world_size,
                     distributed_init_method=distributed_init,
                 )
             )

@@ -42,7 +42,7 @@ from asyncengine.frontend.output_collector import OutputCollector
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
-from asyncengine.frontend.stat_loggers import StatLoggerBase
+from asyncengine.frontend.stat_loggers import StatLoggerBase, build_stat_logger, call_record, engine_initialized
 from asyncengine.outputs import RequestOutput
 from asyncengine.plugin_runtime.phases import PluginState, frontend_roles, run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace, write_trace
@@ -117,6 +117,7 @@ class AsyncEngine:
                         engine._task_group = tg
                         for stat_logger in _plugin_stat_loggers(plugins.stat_loggers, config):
                             engine.add_stat_logger(stat_logger)
+                            await _logger_initialized(stat_logger)
                     tg.start_soon(engine._handle_outputs)
                     if config.startup_trace:  # now, for a server that runs for days; again at the end
                         write_trace(config.startup_trace, trace.records)
@@ -397,7 +398,7 @@ class AsyncEngine:
                 if self._dead is not None:
                     return
                 try:
-                    result = stat_logger.record(scheduler_stats, iteration_stats)
+                    result = call_record(stat_logger, scheduler_stats, iteration_stats)  # ours or vLLM's signature
                     if inspect.isawaitable(result):
                         await result
                 except Exception as exc:
@@ -443,12 +444,20 @@ def _qualified_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+async def _logger_initialized(stat_logger: StatLoggerBase) -> None:
+    try:
+        await engine_initialized(stat_logger)
+    except Exception as exc:  # the plugin's own failure, at start-up: named
+        raise StartupError(f"stat logger plugin {_qualified_name(type(stat_logger))} raised in "
+                           f"log_engine_initialized(): {type(exc).__name__}: {exc}") from exc
+
+
 def _plugin_stat_loggers(classes: list[type], config: EngineConfig) -> list[StatLoggerBase]:
     """One instance of each stat-logger plugin class, built as `cls(config)`."""
     loggers = []
     for cls in classes:
         try:
-            loggers.append(cls(config))
+            loggers.append(build_stat_logger(cls, config))
         except Exception as exc:
             raise StartupError(
                 f"stat logger plugin {_qualified_name(cls)} raised when constructed: {type(exc).__name__}: {exc}"

@@ -19,6 +19,7 @@ from asyncengine.engine_core.core import EngineCore
 from asyncengine.engine_core.loop import EngineCoreLoop
 from asyncengine.errors import StartupError, rebuild_error
 from asyncengine.frontend.startup import FrontendSetup
+from asyncengine.platforms.resolution import current_platform_key
 from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
@@ -125,7 +126,7 @@ class ProcessCoreClient(CoreClient):
         try:
             await frames.send(
                 StartupParams(engine_config=config, model_config=setup.model_config if setup else None,
-                              platform=plugins.platform.device_name, manifest=plugins.manifest)
+                              platform=current_platform_key(), manifest=plugins.manifest)
             )
             reply = await _while_alive(process, "starting", frames.receive)
             if not isinstance(reply, (Ready, StartupFailed)):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from asyncengine.platforms.interface import Platform
+from asyncengine.platforms.interface import Platform, PlatformEnum
 
 
 class CpuPlatform(Platform):
+    _enum = PlatformEnum.CPU
     device_name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"

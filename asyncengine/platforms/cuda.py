@@ -8,10 +8,11 @@ import os
 import sys
 from typing import Any
 
-from asyncengine.platforms.interface import Platform
+from asyncengine.platforms.interface import Platform, PlatformEnum
 
 
 class CudaPlatform(Platform):
+    _enum = PlatformEnum.CUDA
     device_name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"

@@ -7,15 +7,30 @@ set and the hooks are callable, so a platform that lacks one fails there, naming
 
 from __future__ import annotations
 
+import enum
+import inspect
 import random
 from typing import Any
 
 
+class PlatformEnum(enum.Enum):
+    """vLLM's kinds of platform; an out-of-tree one sets `_enum = PlatformEnum.OOT`."""
+
+    CUDA = enum.auto()
+    ROCM = enum.auto()
+    TPU = enum.auto()
+    XPU = enum.auto()
+    CPU = enum.auto()
+    OOT = enum.auto()
+    UNSPECIFIED = enum.auto()
+
+
 class Platform:
+    _enum: PlatformEnum = PlatformEnum.OOT  # the built-ins set theirs
     # Identity
     device_name: str | None = None  # "cpu", "cuda", or the plugin's name
     device_type: str | None = None  # the torch device string
-    dist_backend: str | None = None  # torch.distributed backend for tensor parallelism
+    dist_backend: str = "gloo"  # torch.distributed backend for tensor parallelism (gloo runs on any host)
     supported_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     supported_quantization: tuple[str, ...] = ()
     default_dtype: str = "float32"  # what dtype="auto" means here
@@ -47,11 +62,11 @@ class Platform:
         a worker of its own sets its "pkg.mod:Class" (a Worker subclass, checked in the config-hooks
         phase). A worker left at "auto" is the built-in one."""
         if getattr(config, "worker_cls", None) == "auto":
-            import msgspec
-
             from asyncengine.config.engine import BUILTIN_WORKER
 
-            config = msgspec.structs.replace(config, worker_cls=BUILTIN_WORKER)
+            # In place (on the platform phase's own copy) and returned, so that a subclass written
+            # either way (ours returns the config, vLLM's changes it and returns None) may call it.
+            config.worker_cls = BUILTIN_WORKER
         return config
 
     @classmethod
@@ -72,6 +87,20 @@ class Platform:
     @classmethod
     def get_device_communicator_cls(cls) -> str | None:
         return None  # torch.distributed collectives on dist_backend
+
+    # -- vLLM's questions about the kind of platform -------------------------------------------------
+
+    @classmethod
+    def is_cuda(cls) -> bool:
+        return cls._enum == PlatformEnum.CUDA
+
+    @classmethod
+    def is_cpu(cls) -> bool:
+        return cls._enum == PlatformEnum.CPU
+
+    @classmethod
+    def is_out_of_tree(cls) -> bool:
+        return cls._enum == PlatformEnum.OOT
 
     # -- device ----------------------------------------------------------------------------------------
 
@@ -111,3 +140,35 @@ class Platform:
     @classmethod
     def is_available(cls) -> bool:
         return True
+
+
+# What the worker knows when it asks for an attention backend, under each name vLLM's platforms use for
+# it (vLLM passes keywords; its signatures changed over releases), and our own names.
+def _attn_backend_arguments(head_dim: int, dtype: Any, block_size: int) -> dict[str, Any]:
+    return {"head_size": head_dim, "head_dim": head_dim, "dtype": dtype, "kv_cache_dtype": None,
+            "block_size": block_size, "use_v1": True, "use_mla": False, "has_sink": False, "use_sparse": False,
+            "selected_backend": None, "backend_name": None, "backend": None, "attn_selector_config": None}
+
+
+def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_size: int) -> Any:
+    """Call the platform's get_attn_backend_cls as vLLM does, by keyword, giving each parameter its
+    signature names; ours (head_dim, dtype, block_size) are among them. A method written for an
+    instance (vLLM's platforms are instances) is called on one. A parameter with no known meaning and
+    no default is an error naming it."""
+    method = platform.get_attn_backend_cls
+    if not isinstance(inspect.getattr_static(platform, "get_attn_backend_cls"), (classmethod, staticmethod)):
+        method = platform().get_attn_backend_cls
+    known = _attn_backend_arguments(head_dim, dtype, block_size)
+    arguments: dict[str, Any] = {}
+    for name, parameter in inspect.signature(method).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name in known:
+            arguments[name] = known[name]
+        elif parameter.default is parameter.empty:
+            from asyncengine.errors import StartupError
+
+            raise StartupError(
+                f"platform {platform.device_name}: get_attn_backend_cls has a parameter {name!r} that asyncengine "
+                f"cannot fill; it passes {', '.join(sorted(known))} by keyword: give {name!r} a default")
+    return method(**arguments)

@@ -23,17 +23,52 @@ from asyncengine.platforms.interface import Platform
 BUILT_IN: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
 
 _current: type[Platform] | None = None
+_current_key: str | None = None  # the name it was resolved by: a built-in's, or the platform plugin's entry point
 _requested: str | None = None
 
 
-def current_platform() -> type[Platform]:
-    """The platform this process resolved at start-up; raises before that (never guesses)."""
+def _resolved() -> type[Platform]:
     if _current is None:
         raise StartupError(
             "the platform is not resolved yet: it is chosen in the first start-up phase of a process "
             "(AsyncEngine.start, LLM(...), the CLI); code that needs it must run after that"
         )
     return _current
+
+
+class _CurrentPlatform:
+    """`current_platform()` gives the platform class this process resolved at start-up; as in vLLM,
+    `current_platform.device_name` (attribute access) works too, on an instance of that class, so a
+    platform's instance methods work as well as its class methods. Both raise before resolution
+    (never guess)."""
+
+    _instances: dict[type, Platform] = {}
+
+    def __call__(self) -> type[Platform]:
+        return _resolved()
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        platform = _resolved()
+        instance = self._instances.get(platform)
+        if instance is None:
+            instance = self._instances[platform] = platform()
+        return getattr(instance, name)
+
+    def __repr__(self) -> str:
+        return f"<current_platform: {_current.__name__ if _current else 'not resolved yet'}>"
+
+
+current_platform = _CurrentPlatform()
+
+
+def current_platform_key() -> str:
+    """The name this process resolved its platform by (`--device`, a built-in, or the entry-point name of
+    a platform plugin, which may differ from its class's device_name). A child is told this name, so
+    it resolves the same platform."""
+    _resolved()
+    return _current_key or _current.device_name
 
 
 def requested_device() -> str | None:
@@ -43,9 +78,9 @@ def requested_device() -> str | None:
     return _requested
 
 
-def set_current_platform(platform: type[Platform] | None) -> None:
-    global _current
-    _current = platform
+def set_current_platform(platform: type[Platform] | None, key: str | None = None) -> None:
+    global _current, _current_key
+    _current, _current_key = platform, key
 
 
 async def resolve_platform(
@@ -60,12 +95,12 @@ async def resolve_platform(
     _requested = None if device == "auto" else device  # before any detector runs: they may read it
     if device != "auto":
         why = f"chosen by {chosen_by}" if chosen_by else "named by --device"
-        platform = await _named(device, by_name, loader, why)
+        platform, key = await _named(device, by_name, loader, why), device
     else:
         why = "detected"
-        platform = await _detect(by_name, loader)
+        platform, key = await _detect(by_name, loader)
     check_platform(platform)
-    set_current_platform(platform)
+    set_current_platform(platform, key)
     trace.add(PHASE_PLATFORM, started=started, plugin=f"chosen: {platform.device_name}", reason=why)
     return platform
 
@@ -86,7 +121,7 @@ async def _named(device: str, by_name: dict[str, InstalledPlugin], loader: Plugi
     return _import_platform(path, plugin)
 
 
-async def _detect(by_name: dict[str, InstalledPlugin], loader: PluginLoader) -> type[Platform]:
+async def _detect(by_name: dict[str, InstalledPlugin], loader: PluginLoader) -> tuple[type[Platform], str]:
     trace = loader.trace
     active: list[tuple[InstalledPlugin, str]] = []
     for plugin in by_name.values():
@@ -105,7 +140,7 @@ async def _detect(by_name: dict[str, InstalledPlugin], loader: PluginLoader) -> 
         plugin, path = active[0]
         trace.add(PHASE_PLATFORM, started=time.time(), plugin="detector:cuda", outcome=SKIPPED,
                   reason=f"out-of-tree platform {plugin.name!r} is active and wins over the built-ins")
-        return _import_platform(path, plugin)
+        return _import_platform(path, plugin), plugin.name
     started = time.time()
     try:
         usable = CudaPlatform.is_available()
@@ -114,14 +149,15 @@ async def _detect(by_name: dict[str, InstalledPlugin], loader: PluginLoader) -> 
         raise StartupError(f"the cuda detector raised {type(exc).__name__}: {exc}") from exc
     trace.add(PHASE_PLATFORM, started=started, plugin="detector:cuda", outcome=OK,
               reason="a GPU is usable" if usable else "no usable GPU")
-    return CudaPlatform if usable else CpuPlatform
+    return (CudaPlatform, "cuda") if usable else (CpuPlatform, "cpu")
 
 
 def _import_platform(path: str, plugin: InstalledPlugin) -> type[Platform]:
     from asyncengine.models.registry import import_by_path
 
     if not isinstance(path, str):
-        raise StartupError(f"{plugin.label} returned {path!r}; a platform plugin returns a 'package.module:Class' path or None")
+        raise StartupError(f"{plugin.label} returned {path!r}; a platform plugin returns a 'package.module:Class' "
+                           "(or 'package.module.Class') path, or None")
     try:
         return import_by_path(path, what=f"platform of {plugin.label}")
     except Exception as exc:  # named with the plugin that pointed there

@@ -1,5 +1,8 @@
 """Config hooks: options that name a class as "package.module:attr" (EXTENSION_POINTS.md, C1-C9).
 
+A hook may also be given as "package.module.attr" (vLLM's form) or as the class itself
+(asyncengine/config/class_paths.py keeps its path).
+
 In the config-hooks phase each process imports and type-checks the hooks its roles read; the
 frontend checks all of them before it spawns anything, so a typo fails at once, in the process the
 user is looking at, naming the option, the path and what is wrong with it.
@@ -169,7 +172,16 @@ def load_hook(option: str, path: str, *, config: EngineConfig | None = None) -> 
 
 def check_config_hooks(config: EngineConfig, roles: set[str], trace: StartupTrace) -> None:
     """The config-hooks phase's work. It imports user code, so callers run it in a thread."""
+    from asyncengine.config.class_paths import in_process_only_reason
+
     for option, path in hooks_checked(config, roles):
         started = time.time()
+        field = option.split("[")[0]
+        elsewhere = [role for role in HOOKS[field].readers if role not in roles]
+        reason = in_process_only_reason(path)
+        if reason and elsewhere:  # given as a class object that only this process can reach
+            raise ConfigError(f"{option}: the class given cannot reach the {' and '.join(elsewhere)} process, "
+                              f"which reads it: {reason} (or run in one process: in_process=True with the "
+                              "'uni' executor)", field=field)
         load_hook(option, path, config=config)
         trace.add(PHASE_CONFIG_HOOKS, started=started, plugin=f"{option}={path}")

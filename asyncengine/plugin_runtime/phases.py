@@ -87,7 +87,7 @@ async def run_plugin_phases(
             device or config.device, allowed[g.PLATFORM.key], loader, chosen_by=device_chosen_by
         )
         if device_chosen_by is None:  # the process that chooses also lets the platform adjust the config
-            config = _checked_config(platform.check_and_update_config(config), platform)
+            config = _updated_by_platform(config, platform, trace)
     state = PluginState(platform=platform, allow_list=allow_list, config=config)
 
     async with trace.phase(g.PHASE_GENERAL):
@@ -226,7 +226,24 @@ def _is_subclass(value: Any, base: type) -> bool:
     return isinstance(value, type) and issubclass(value, base)
 
 
+def _updated_by_platform(config: EngineConfig, platform: type[Platform], trace: StartupTrace) -> EngineConfig:
+    """The platform's check_and_update_config: it may return the config (a changed copy, ours) or change
+    it in place and return None (vLLM's). What it read or set that has no meaning here (through the
+    vLLM-shaped views, asyncengine/config/vllm_views.py) is listed in the start-up report as ignored."""
+    from asyncengine.config.vllm_views import collecting_ignored
+
+    started = time.time()
+    config = msgspec.structs.replace(config)  # the platform's own copy: the caller's config stays as it was
+    with collecting_ignored() as ignored:
+        returned = platform.check_and_update_config(config)
+    for note in ignored:
+        trace.add(g.PHASE_PLATFORM, started=started, plugin=f"platform {platform.device_name}: ignored",
+                  reason=f"check_and_update_config: {note}")
+    return _checked_config(config if returned is None else returned, platform)
+
+
 def _checked_config(config: Any, platform: type[Platform]) -> EngineConfig:
     if not isinstance(config, EngineConfig):
-        raise ConfigError(f"platform {platform.device_name}: check_and_update_config returned {config!r}, not an EngineConfig")
+        raise ConfigError(f"platform {platform.device_name}: check_and_update_config returned {config!r}, not an "
+                          "EngineConfig (return the config, or change it in place and return None)")
     return msgspec.convert(msgspec.to_builtins(config), EngineConfig)  # re-validated after the platform's changes

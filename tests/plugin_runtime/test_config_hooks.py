@@ -83,7 +83,7 @@ def test_both_options_are_accepted_and_so_is_worker_cls(hooks):
     assert config.scheduler_cls.endswith(":CountingScheduler")
     assert EngineConfig(worker_cls="x.y:Worker").worker_cls == "x.y:Worker"  # C2: tests/plugin_runtime/test_worker_cls.py
     with pytest.raises(ConfigError) as info:
-        EngineConfig(worker_cls="x.y")
+        EngineConfig(worker_cls="Worker")  # no module part ("x.y" is vLLM's dotted form of x:y, accepted)
     assert info.value.field == "worker_cls"
 
 

@@ -1,0 +1,77 @@
+"""vLLM's helpers that plugin tests call: `load_general_plugins()` and `envs`.
+
+`load_general_plugins()` runs the general-plugins phase of this process on its own, as vLLM's does for
+a test that registers models without starting an engine; a plugin already loaded in this process is
+not called again (the engine's phases share that memory). It honours the allow-list
+(ASYNCENGINE_PLUGINS) and is strict as the engine is: a failing plugin raises, naming itself.
+
+`envs` answers the few vLLM environment flags a plugin branches on, with the value they have here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def load_general_plugins(plugins: str | None = None) -> list[str]:
+    """Load (and call) every allowed general plugin once in this process; the names loaded, in order.
+    `plugins`: an allow-list as `--plugins` takes it (None: ASYNCENGINE_PLUGINS, else all)."""
+    import anyio
+    import sniffio
+
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return anyio.run(_load_general_plugins, plugins)
+    raise RuntimeError("load_general_plugins() is synchronous and was called inside an event loop: "
+                       "await aload_general_plugins() there instead")
+
+
+async def aload_general_plugins(plugins: str | None = None) -> list[str]:
+    """`load_general_plugins` for a caller inside an event loop."""
+    return await _load_general_plugins(plugins)
+
+
+async def _load_general_plugins(plugins: str | None) -> list[str]:
+    from asyncengine.plugin_runtime import groups as g
+    from asyncengine.plugin_runtime.allow_list import AllowList
+    from asyncengine.plugin_runtime.discovery import installed_plugins
+    from asyncengine.plugin_runtime.loader import PluginLoader
+    from asyncengine.plugin_runtime.phases import PluginState, _load_once
+    from asyncengine.plugin_runtime.records import StartupTrace
+
+    installed = installed_plugins()
+    allow_list = AllowList.resolve(plugins)
+    allow_list.check(installed)
+    trace = StartupTrace("frontend")
+    loader = PluginLoader(trace, timeout=60.0, lenient=False)
+    state = PluginState(platform=None, allow_list=allow_list, config=None)  # type: ignore[arg-type]
+    names = []
+    async with trace.phase(g.PHASE_GENERAL):
+        for plugin in installed:
+            if plugin.group is g.GENERAL and allow_list.verdict(plugin) is None:
+                await _load_once(plugin, g.PHASE_GENERAL, loader, state, call=True)
+                names.append(plugin.name)
+    return names
+
+
+class _Envs:
+    """vLLM's `envs` module, for the flags a plugin branches on. VLLM_USE_V1 is true (this engine's
+    design is vLLM's v1); VLLM_PLUGINS reads ASYNCENGINE_PLUGINS. Any other name is an AttributeError
+    saying so, rather than a guess."""
+
+    VLLM_USE_V1 = True
+    VLLM_ENABLE_V1_MULTIPROCESSING = True
+
+    @property
+    def VLLM_PLUGINS(self) -> list[str] | None:
+        value = os.environ.get("ASYNCENGINE_PLUGINS")
+        return None if value is None else [name.strip() for name in value.split(",")]
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"envs.{name}: asyncengine has no counterpart of vLLM's {name} "
+                             "(docs/porting.md, 'Environment variables'); read os.environ, or use an option")
+
+
+envs = _Envs()

@@ -1,0 +1,114 @@
+"""The renames `asyncengine plugins port` applies, and what it knows it cannot map.
+
+docs/porting.md prints these tables (tests/porting checks the page against them), so the page and the
+tool cannot drift apart. Each row is vLLM's name and ours; the `section` of an unmapped row is the
+docs/porting.md section that says what to do instead.
+"""
+
+from __future__ import annotations
+
+API = "asyncengine.plugins_api"
+
+ENTRY_POINT_GROUPS = {
+    "vllm.general_plugins": "asyncengine.general_plugins",
+    "vllm.platform_plugins": "asyncengine.platform_plugins",
+    "vllm.io_processor_plugins": "asyncengine.io_processor_plugins",
+    "vllm.stat_logger_plugins": "asyncengine.stat_logger_plugins",
+    "vllm.logits_processors": "asyncengine.logits_processors",
+    "vllm.endpoint_plugins": "asyncengine.endpoint_plugins",
+}
+
+ENVIRONMENT_VARIABLES = {"VLLM_PLUGINS": "ASYNCENGINE_PLUGINS"}
+
+# The vLLM environment flags asyncengine.plugins_api.envs answers (plugin_runtime/vllm_compat.py).
+ENVS_ANSWERED = ("VLLM_USE_V1", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PLUGINS")
+
+# (vLLM module, name) -> (our module, our name). `from MODULE import NAME` becomes `from OURS import NEW`.
+_API_NAMES = {
+    "vllm": ["ModelRegistry", "envs"],
+    "vllm.config": ["VllmConfig"],
+    "vllm.envs": [],
+    "vllm.model_executor.models": ["ModelRegistry"],
+    "vllm.model_executor.models.llama": ["LlamaForCausalLM"],
+    "vllm.model_executor.custom_op": ["CustomOp"],
+    "vllm.attention.backends.abstract": ["AttentionBackend"],
+    "vllm.model_executor.layers.quantization": ["register_quantization_config"],
+    "vllm.model_executor.layers.quantization.base_config": ["QuantizationConfig"],
+    "vllm.model_executor.model_loader": ["register_model_loader"],
+    "vllm.model_executor.model_loader.base_loader": ["BaseModelLoader"],
+    "vllm.distributed.kv_transfer.kv_connector.factory": ["KVConnectorFactory"],
+    "vllm.entrypoints.openai.tool_parsers": ["ToolParserManager", "ToolParser"],
+    "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser": ["ToolParserManager", "ToolParser"],
+    "vllm.reasoning": ["ReasoningParserManager", "ReasoningParser"],
+    "vllm.transformers_utils.tokenizer_base": ["TokenizerRegistry"],
+    "vllm.v1.core.sched.scheduler": ["Scheduler"],
+    "vllm.core.scheduler": ["Scheduler"],
+    "vllm.v1.worker.gpu_worker": ["Worker"],
+    "vllm.worker.worker": ["Worker"],
+    "vllm.v1.sample.logits_processor": ["LogitsProcessor", "BatchUpdate", "MoveDirectionality"],
+    "vllm.v1.executor.abstract": ["Executor"],
+    "vllm.v1.metrics.loggers": ["StatLoggerBase"],
+    "vllm.plugins": ["load_general_plugins"],
+    "vllm.plugins.io_processors.interface": ["IOProcessor"],
+    "vllm.platforms": ["current_platform", "Platform", "PlatformEnum"],
+    "vllm.platforms.interface": ["Platform", "PlatformEnum"],
+    "vllm.platforms.cpu": ["CpuPlatform"],
+    "vllm.platforms.cuda": ["CudaPlatform"],
+    "vllm.outputs": ["RequestOutput", "CompletionOutput"],
+}
+IMPORTS: dict[tuple[str, str], tuple[str, str]] = {
+    (module, name): (API, name) for module, names in _API_NAMES.items() for name in names
+}
+IMPORTS.update({
+    ("vllm", "LLM"): ("asyncengine", "LLM"),
+    ("vllm", "SamplingParams"): ("asyncengine", "SamplingParams"),
+    ("vllm.sampling_params", "SamplingParams"): ("asyncengine", "SamplingParams"),
+    ("vllm.v1.executor.uniproc_executor", "UniProcExecutor"): (API, "UniExecutor"),
+    ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor"): (API, "MultiprocExecutor"),
+})
+# `import vllm.envs as envs` (a module imported whole) -> `from OURS import NAME as envs`
+MODULE_IMPORTS = {"vllm.envs": (API, "envs")}
+
+# Class paths written as strings (vLLM's dotted form) -> ours.
+CLASS_PATHS = {
+    "vllm.v1.worker.gpu_worker.Worker": "asyncengine.worker.worker:Worker",
+    "vllm.worker.worker.Worker": "asyncengine.worker.worker:Worker",
+    "vllm.v1.core.sched.scheduler.Scheduler": "asyncengine.engine_core.scheduler:Scheduler",
+    "vllm.core.scheduler.Scheduler": "asyncengine.engine_core.scheduler:Scheduler",
+    "vllm.v1.executor.uniproc_executor.UniProcExecutor": "asyncengine.engine_core.executor:UniExecutor",
+    "vllm.v1.executor.multiproc_executor.MultiprocExecutor": "asyncengine.engine_core.executor:MultiprocExecutor",
+    "vllm.platforms.cpu.CpuPlatform": "asyncengine.platforms.cpu:CpuPlatform",
+    "vllm.platforms.cuda.CudaPlatform": "asyncengine.platforms.cuda:CudaPlatform",
+}
+
+# What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.
+UNMAPPED = [
+    ("vllm.model_executor.layers.rotary_embedding", "custom-ops",
+     "the in-tree rotary op is not exported; replace it with CustomOp.register_oot(name=...)"),
+    ("vllm.model_executor.layers", "custom-ops", "in-tree layers are not exported"),
+    ("vllm.attention", "attention-backends",
+     "vLLM's attention backends are descriptor classes; ours is the implementation"),
+    ("vllm.v1.attention", "attention-backends",
+     "vLLM's attention backends are descriptor classes; ours is the implementation"),
+    ("vllm.model_executor.models", "models", "asyncengine has no such model class"),
+    ("vllm.model_executor.sampling_metadata", "models", "models here compute logits without sampling metadata"),
+    ("vllm.inputs", "not-here-yet", "multimodal input registries do not exist here yet"),
+    ("vllm.multimodal", "not-here-yet", "multimodal models do not exist here yet"),
+    ("vllm.assets", "not-here-yet", "vLLM's test assets are not part of asyncengine"),
+    ("vllm.executor", "executors", "vLLM's v0 executors are gone; subclass Executor and name it in "
+     "distributed_executor_backend"),
+    ("vllm.plugins.set_executor_cls", "executors", "name the class in distributed_executor_backend instead"),
+    ("vllm.entrypoints", "endpoint-plugins", "vLLM's server internals are not an interface here"),
+    ("vllm.engine", "engine-arguments", "engine arguments are EngineConfig fields (LLM(**options))"),
+    ("vllm.v1.engine", "engine-arguments", "use LLM or AsyncEngine"),
+    ("vllm.utils", "the-table-of-names", "vLLM's utilities are not part of the plugin interface"),
+    ("vllm", "the-table-of-names", "no counterpart in asyncengine.plugins_api"),
+]
+
+
+def unmapped_reason(dotted: str) -> tuple[str, str]:
+    """(docs section, hint) for a vLLM module or name the tables do not map."""
+    for prefix, section, hint in UNMAPPED:
+        if dotted == prefix or dotted.startswith(prefix + "."):
+            return section, hint
+    return "the-table-of-names", "no counterpart in asyncengine.plugins_api"

@@ -1,0 +1,42 @@
+"""vLLM-shaped test distributions (tests/plugins/vllm-shaped-*), ported and installed.
+
+Each is written against vLLM's API, as a plugin author would bring it. `port_and_install` copies one,
+runs `asyncengine plugins port --write` on the copy (the repository's copy stays vLLM-shaped), checks
+that the tool mapped every use, and installs the ported copy into a target folder of its own, which a
+test puts on the PYTHONPATH of the processes it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+
+
+def port(source: Path, *, write: bool) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "asyncengine", "plugins", "port", str(source)] + (["--write"] if write else [])
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def port_and_install(name: str, root: Path) -> tuple[Path, str]:
+    """(the install target, the port tool's report) for tests/plugins/<name>, ported under `root`."""
+    source = root / "src" / name
+    shutil.copytree(PLUGINS / name, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
+    ported = port(source, write=True)
+    if ported.returncode != 0:
+        raise AssertionError(f"plugins port left uses unmapped in {name}:\n{ported.stdout}{ported.stderr}")
+    target = root / name
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(target), str(source)], check=True, capture_output=True, text=True)
+    return target, ported.stdout
+
+
+def environment(*targets: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ASYNCENGINE_PLUGINS", "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join(str(target) for target in targets)
+    env.update(extra)
+    return env
