@@ -13,9 +13,8 @@ import pytest
 from asyncengine import AsyncEngine
 from asyncengine.frontend.endpoints import EndpointPlugin
 from asyncengine.server.app import create_app
-from asyncengine.server.config import ServerConfig, server_config_from_dict
-from asyncengine.server.run import exposure_warning
 from asyncengine.errors import ConfigError
+from asyncengine.server.config import ServerConfig, server_config_from_dict
 
 pytestmark = pytest.mark.anyio
 
@@ -189,6 +188,8 @@ async def test_a_500_names_only_the_request_id_and_the_log_has_the_traceback(lla
 
 
 def test_binding_a_non_loopback_address_without_a_key_warns():
+    from asyncengine.server.run import exposure_warning
+
     assert exposure_warning(ServerConfig(host="0.0.0.0", api_key=None)).startswith("serving on 0.0.0.0 without an API key")
     assert exposure_warning(ServerConfig(host="::", api_key=None))
     assert exposure_warning(ServerConfig(host="my-host.example", api_key=None))

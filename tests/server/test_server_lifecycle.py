@@ -93,7 +93,8 @@ def test_a_saturated_engine_answers_503_with_retry_after(tiny_server):
 
 
 def test_a_dead_engine_makes_health_fail_and_requests_503(tiny_server):
-    server = tiny_server()
+    # Without the flag the server exits 1 after the engine's death (tests/server/test_http_hardening.py).
+    server = tiny_server("--keep-serving-after-engine-death")
     with urllib.request.urlopen(server.base_url + "/startup") as response:
         (core_pid,) = {r["pid"] for r in json.loads(response.read()) if r["role"] == "engine core"}
     os.kill(core_pid, signal.SIGKILL)

@@ -1,0 +1,167 @@
+"""Connections and the process, on real `asyncengine serve` processes (the tiny Llama, the engine core
+in its own process): `Connection: close` and HTTP/1.0 close after the response (an HTTP/1.0 stream
+ends), idle keep-alive connections close after --keep-alive-timeout, a non-loopback bind without a key
+warns, and after the engine dies the in-flight request gets its error and the server exits 1.
+
+Server-side connections are counted from the server process's own sockets: the inodes of its file
+descriptors, looked up in /proc/PID/net/tcp (state 01 is ESTABLISHED)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from support.server import start_server
+
+pytestmark = pytest.mark.slow
+
+TINY_OPTIONS = ["--skip-tokenizer-init", "--max-model-len", "512", "--kv-cache-memory-bytes", str(8 * 2**20)]
+COMPLETION = {"prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True}
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    # 0.0.0.0 without a key: the warning's test; clients connect to 127.0.0.1.
+    server = start_server([str(tiny_model("llama").path), *TINY_OPTIONS, "--keep-alive-timeout", "1",
+                           "--host", "0.0.0.0"])
+    yield server
+    assert server.stop() == 0, server.stderr()[-3000:]
+
+
+def port_of(server) -> int:
+    return urllib.parse.urlsplit(server.url).port
+
+
+def established_connections(pid: int, port: int) -> int:
+    """The ESTABLISHED TCP connections on `port` that process `pid` holds open."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def read_until_closed(sock: socket.socket, timeout: float = 60) -> bytes:
+    """Everything the server sends until it closes the connection (socket.timeout if it never does)."""
+    sock.settimeout(timeout)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_connection_close_closes_every_connection_after_its_response(server):
+    # 100 requests with `Connection: close`; the clients keep their sockets open, so only the server's
+    # close can end the connections. Main at 3fd5b13: 100 still established 15 s later.
+    pid, port = server.process.pid, port_of(server)
+    clients = []
+    for i in range(100):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        if i % 4 == 0:
+            connection.request("POST", "/v1/completions", body=json.dumps(COMPLETION),
+                               headers={**JSON, "Connection": "close"})
+        elif i % 4 == 1:
+            connection.request("POST", "/v1/completions", body=json.dumps({**COMPLETION, "stream": True}),
+                               headers={**JSON, "Connection": "close"})
+        else:
+            connection.request("GET", "/health", headers={"Connection": "close"})
+        # http.client closes its socket after a `Connection: close` response; a duplicate of it keeps the
+        # client's end open.
+        clients.append(connection.sock.dup())
+        response = connection.getresponse()
+        assert response.status == 200 and response.getheader("Connection") == "close"
+        response.read()
+    try:
+        wait_for(lambda: established_connections(pid, port) == 0, timeout=15,
+                 what=f"the server to close its connections ({established_connections(pid, port)} established)")
+        assert read_until_closed(clients[0], timeout=30) == b""
+    finally:
+        for sock in clients:
+            sock.close()
+
+
+def test_an_http_1_0_stream_ends(server):
+    # HTTP/1.0 has no chunked encoding: the stream's end is the close. Main: never closed (timed out).
+    body = json.dumps({**COMPLETION, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", port_of(server))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        received = read_until_closed(sock)
+    assert received.startswith(b"HTTP/1.1 200") and received.rstrip().endswith(b"data: [DONE]")
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(server):
+    # --keep-alive-timeout 1 here. Main: still open (read timed out); 5 s would be the default.
+    pid, port = server.process.pid, port_of(server)
+    sockets = []
+    for _ in range(3):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", "/v1/completions", body=json.dumps(COMPLETION), headers=JSON)
+        response = connection.getresponse()
+        assert response.status == 200 and response.getheader("Connection") is None  # kept alive
+        response.read()
+        sockets.append((connection.sock, time.monotonic()))
+    for sock, idle_since in sockets:
+        assert read_until_closed(sock, timeout=30) == b""  # closed by the server, nothing more sent
+        assert time.monotonic() - idle_since >= 0.9  # not before the timeout
+        sock.close()
+    wait_for(lambda: established_connections(pid, port) == 0, timeout=15, what="no established connection")
+
+
+def test_a_non_loopback_bind_without_an_api_key_warns(server):
+    assert ("asyncengine: warning: serving on 0.0.0.0 without an API key: anyone who can reach this address can "
+            "use the server; set --api-key") in server.stderr()
+
+
+def test_after_the_engine_dies_the_request_gets_its_error_and_the_server_exits_1(tiny_model):
+    server = start_server([str(tiny_model("llama").path), *TINY_OPTIONS])
+    try:
+        with urllib.request.urlopen(server.base_url + "/startup") as response:
+            (core_pid,) = {r["pid"] for r in json.loads(response.read()) if r["role"] == "engine core"}
+        connection = http.client.HTTPConnection("127.0.0.1", port_of(server), timeout=60)
+        connection.request("POST", "/v1/completions", headers=JSON, body=json.dumps(
+            {"prompt": [5, 6, 7], "max_tokens": 480, "ignore_eos": True, "stream": True}))
+        stream = connection.getresponse()
+        assert stream.status == 200
+        assert stream.readline().startswith(b"data: ")  # running
+        os.kill(core_pid, signal.SIGKILL)
+        events = [line[6:].strip() for line in stream.read().splitlines() if line.startswith(b"data: ")]
+        error = json.loads(events[-1])["error"]  # the in-flight request's error, as the stream's last event
+        assert error["code"] == "engine_dead" and "SIGKILL" in error["message"]
+        # Main at 3fd5b13: still running (answering 503) after 60 s.
+        assert server.process.wait(60) == 1
+        stderr = server.stderr()
+        assert "asyncengine: the engine died (" in stderr and "exits with status 1" in stderr
+        assert "Traceback" not in stderr
+    finally:
+        if server.process.poll() is None:
+            server.stop(signal.SIGKILL)
