@@ -1,0 +1,101 @@
+"""`asyncengine plugins port`: the rewrites at exact positions, what it cannot map (file:line and the docs
+section), dry run by default, on vLLM-shaped sources and distributions written here."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from asyncengine.porting.codemod import port_config_text, port_python
+from support.vllm_shaped import PLUGINS, port
+
+SOURCE = '''"""Plugin. é"""  # a non-ASCII character before the imports: columns are UTF-8 bytes in ast
+import os
+from vllm import LLM, ModelRegistry as Registry, SamplingParams
+import vllm.envs as envs
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.v1.core.sched.scheduler import Scheduler as Base, SchedulerOutput
+
+if True:
+    from vllm.config import VllmConfig
+
+
+def paths():
+    os.environ["VLLM_PLUGINS"] = "x"  # é
+    return ["vllm.v1.worker.gpu_worker.Worker", 'vllm.worker.multi_step_worker.MultiStepWorker', envs.VLLM_USE_V1,
+            envs.VLLM_ATTENTION_BACKEND]
+'''
+
+EXPECTED = '''"""Plugin. é"""  # a non-ASCII character before the imports: columns are UTF-8 bytes in ast
+import os
+from asyncengine import LLM, SamplingParams
+from asyncengine.plugins_api import ModelRegistry as Registry
+from asyncengine.plugins_api import envs
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from asyncengine.plugins_api import Scheduler as Base
+from vllm.v1.core.sched.scheduler import SchedulerOutput
+
+if True:
+    from asyncengine.plugins_api import VllmConfig
+
+
+def paths():
+    os.environ["ASYNCENGINE_PLUGINS"] = "x"  # é
+    return ["asyncengine.worker.worker:Worker", 'vllm.worker.multi_step_worker.MultiStepWorker', envs.VLLM_USE_V1,
+            envs.VLLM_ATTENTION_BACKEND]
+'''
+
+
+def test_python_rewrites_keep_everything_else_and_list_what_cannot_be_mapped():
+    result = port_python(SOURCE)
+    assert result.text == EXPECTED
+    assert [(r.line, r.new) for r in result.rewrites][:2] == [
+        (3, "from asyncengine import LLM, SamplingParams\nfrom asyncengine.plugins_api import ModelRegistry as Registry"),
+        (4, "from asyncengine.plugins_api import envs")]
+    unmapped = [(u.line, u.what, u.section) for u in result.unmapped]
+    assert unmapped == [
+        (5, "vllm.model_executor.layers.rotary_embedding.RotaryEmbedding", "custom-ops"),
+        (6, "vllm.v1.core.sched.scheduler.SchedulerOutput", "the-table-of-names"),
+        (14, "the class path 'vllm.worker.multi_step_worker.MultiStepWorker'", "the-table-of-names"),
+        (15, "envs.VLLM_ATTENTION_BACKEND", "environment-variables"),
+    ]
+    assert port_python(result.text).rewrites == []  # ported once: nothing left to rewrite
+
+
+def test_entry_point_groups_in_pyproject_and_setup_cfg():
+    pyproject = '[project]\ndependencies = ["vllm>=0.10"]\n\n[project.entry-points."vllm.general_plugins"]\n' \
+                'a = "pkg:register"\n\n[project.entry-points."vllm.endpoint_plugins"]\nb = "pkg:B"\n'
+    result = port_config_text(pyproject)
+    assert '[project.entry-points."asyncengine.general_plugins"]' in result.text
+    assert '[project.entry-points."asyncengine.endpoint_plugins"]' in result.text
+    assert [r.line for r in result.rewrites] == [4, 7]
+    assert [(u.line, u.section) for u in result.unmapped] == [(2, "dependencies")]
+    cfg = port_config_text("[options.entry_points]\nvllm.platform_plugins =\n    p = pkg:detect\n")
+    assert cfg.text == "[options.entry_points]\nasyncengine.platform_plugins =\n    p = pkg:detect\n"
+
+
+def test_the_command_is_a_dry_run_unless_told_to_write(tmp_path):
+    source = tmp_path / "vllm-shaped-endpoint"
+    shutil.copytree(PLUGINS / "vllm-shaped-endpoint", source)
+    before = {path: path.read_text() for path in source.rglob("*") if path.is_file()}
+    dry = port(source, write=False)
+    assert dry.returncode == 1  # some uses cannot be mapped
+    assert {path: path.read_text() for path in before} == before
+    lines = dry.stdout.splitlines()
+    assert "setup.cfg:12: rewrite: vllm.endpoint_plugins =  ->  asyncengine.endpoint_plugins =" in lines
+    assert any(line.startswith("vllm_shaped_endpoint/__init__.py:7: cannot map vllm.entrypoints.openai.api_server"
+                               ".build_app") and line.endswith("(see docs/porting.md#endpoint-plugins)")
+               for line in lines), dry.stdout
+    assert any(line.startswith("vllm_shaped_endpoint/__init__.py:14: cannot map attach_router") for line in lines)
+    assert 'vllm_shaped_endpoint/__init__.py:17: rewrite: "VLLM_PLUGINS"  ->  "ASYNCENGINE_PLUGINS"' in lines
+    assert lines[-1] == ("2 rewrite(s) in 2 file(s), dry run, nothing written (--write applies them); "
+                         "2 use(s) cannot be mapped")
+    written = port(source, write=True)
+    assert written.returncode == 1
+    assert "asyncengine.endpoint_plugins =" in (source / "setup.cfg").read_text()
+    module = source / "vllm_shaped_endpoint" / "__init__.py"
+    assert module.read_text() == before[module].replace('"VLLM_PLUGINS"', '"ASYNCENGINE_PLUGINS"')
+
+
+def test_a_missing_path_is_a_usage_error(tmp_path):
+    assert port(tmp_path / "nope", write=False).returncode == 2
