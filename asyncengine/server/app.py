@@ -25,6 +25,7 @@ from asyncengine.server.common import ServingContext
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
 from asyncengine.server.metrics import PrometheusStatLogger
+from asyncengine.server.response_scope import ResponseScopedConnection
 from asyncengine.server.serving_io_processor import select_io_processor
 from asyncengine.server.transport import ResponseCounter, end_of_response_shielded
 from asyncengine.registries.base import reads
@@ -39,6 +40,8 @@ class ApiApp(QuartTrio):
 
     http_middlewares: list[Callable[..., Awaitable[Any]]]
     responses: ResponseCounter
+    # Each request handled, body included, inside a scope that owns what serves it (response_scope.py).
+    asgi_http_class = ResponseScopedConnection
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
                        send: Callable[..., Awaitable[None]]) -> None:
@@ -163,7 +166,7 @@ def _overridden_builtins(plugin_routes: dict[tuple[str, str], Any]) -> set[tuple
     return overridden
 
 
-# -- access (server/access.py), errors, the request log ------------------------------------------------------------
+# -- access (server/access.py), errors, the request log ---------------------------------------------
 
 
 def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
@@ -175,8 +178,9 @@ def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
     @app.after_request
     async def finish_and_log(response: Response) -> Response:
         access.finish_response(response, config)
+        elapsed_ms = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000
         logger.info("%s %s %s %s %.1f ms", request.method, request.path, response.status_code,
-                    getattr(g, "request_id", "-"), (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000)
+                    getattr(g, "request_id", "-"), elapsed_ms)
         return response
 
     @app.errorhandler(ApiError)

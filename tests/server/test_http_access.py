@@ -144,7 +144,8 @@ async def test_allowed_origins_answer_preflights_and_mark_responses(llama):
             "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
         assert other.status_code == 403 and "Access-Control-Allow-Origin" not in other.headers
         assert (await other.get_json())["error"]["code"] == "origin_not_allowed"
-        response = await client.post("/v1/completions", json=COMPLETION, headers={"Origin": "http://evil.example", **AUTH})
+        response = await client.post("/v1/completions", json=COMPLETION,
+                                     headers={"Origin": "http://evil.example", **AUTH})
         assert "Access-Control-Allow-Origin" not in response.headers
 
 
@@ -178,7 +179,8 @@ async def test_a_500_names_only_the_request_id_and_the_log_has_the_traceback(lla
             response = await client.get("/plugin/broken", headers={"X-Request-Id": "boom-1"})
         assert response.status_code == 500
         error = (await response.get_json())["error"]
-        assert error["message"] == "internal error (request id boom-1)"  # main: "internal error: KeyError: '/secret/...'"
+        # main at 3fd5b13: "internal error: KeyError: '/secret/path/to/weights.safetensors'"
+        assert error["message"] == "internal error (request id boom-1)"
         assert "secret" not in (await response.get_data(as_text=True))
         assert error["type"] == "internal_error"
         (record,) = [r for r in caplog.records if "boom-1" in r.getMessage()]
@@ -190,7 +192,8 @@ async def test_a_500_names_only_the_request_id_and_the_log_has_the_traceback(lla
 def test_binding_a_non_loopback_address_without_a_key_warns():
     from asyncengine.server.run import exposure_warning
 
-    assert exposure_warning(ServerConfig(host="0.0.0.0", api_key=None)).startswith("serving on 0.0.0.0 without an API key")
+    warning = exposure_warning(ServerConfig(host="0.0.0.0", api_key=None))
+    assert warning.startswith("serving on 0.0.0.0 without an API key")
     assert exposure_warning(ServerConfig(host="::", api_key=None))
     assert exposure_warning(ServerConfig(host="my-host.example", api_key=None))
     for host in ("127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"):
