@@ -47,6 +47,10 @@ class ModelLoadError(StartupError):
     """The model could not be found or loaded: a missing or corrupt file, an unknown architecture."""
 
 
+class UnsupportedArchitectureError(ModelLoadError, ValueError):
+    """No model class is registered for the model's architecture(s) (a ValueError, as vLLM's is)."""
+
+
 class MissingRegistration(StartupError):
     """A child process lacks a registry key the frontend has (the manifest check)."""
 
@@ -56,7 +60,8 @@ class WorkerError(AsyncEngineError):
 
 
 # Errors that keep their type when they cross a process boundary (by name, never pickled).
-_TRANSPORTABLE = {cls.__name__: cls for cls in (RequestError, ConfigError, ModelLoadError, StartupError,
+_TRANSPORTABLE = {cls.__name__: cls for cls in (RequestError, ConfigError, ModelLoadError, UnsupportedArchitectureError,
+                                                  StartupError,
                                                   MissingRegistration, EngineDeadError, EngineOverloadedError, WorkerError)}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
 from asyncengine.registries.base import reads
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
@@ -59,7 +59,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     from asyncengine.models.registry import ModelRegistry
 
     if not any(ModelRegistry.is_supported(a) or a in config.model_class_overrides for a in architectures):
-        raise ModelLoadError(
+        raise UnsupportedArchitectureError(
             f"model architecture(s) {', '.join(architectures)} of {model_dir} not supported; "
             f"supported: {', '.join(ModelRegistry.get_supported_archs())}"
         )

@@ -126,6 +126,10 @@ class InputProcessor:
                 )
             return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=True))
         if isinstance(prompt, dict):
+            if prompt.get("multi_modal_data") is not None:  # never ignored silently: the model would not see it
+                raise RequestError("multi_modal_data is not supported: asyncengine serves text models only (no "
+                                   "multimodal model or input processing yet); send the text or token ids alone",
+                                   field="multi_modal_data")
             if "prompt_token_ids" in prompt:
                 token_ids = prompt["prompt_token_ids"]
                 if not isinstance(token_ids, (list, tuple)) or not all(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from asyncengine.errors import ModelLoadError
+from asyncengine.errors import ModelLoadError, UnsupportedArchitectureError
 from asyncengine.registries.base import BUILT_IN, Registry
 
 
@@ -80,7 +80,7 @@ class _ModelRegistry(Registry):
             if isinstance(entry, str):
                 entry = import_by_path(entry, what=f"model class for {architecture}")
             return architecture, entry
-        raise ModelLoadError(
+        raise UnsupportedArchitectureError(
             f"model architecture(s) {', '.join(architectures) or '(none given)'} not supported; "
             f"supported: {', '.join(self.get_supported_archs())}"
         )
