@@ -15,6 +15,7 @@ worked out once per step by `plan_attention` and shared by every layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,23 +50,45 @@ class PrefillSequence:
     causal_mask: torch.Tensor | None  # [query_len, seq_len] when part of the context is cached
 
 
-@dataclass
 class AttentionPlan:
-    decode_groups: list[DecodeGroup] = field(default_factory=list)
-    prefills: list[PrefillSequence] = field(default_factory=list)
+    """The step's prefills, and its decoding sequences: grouped for the torch reference
+    (`decode_groups`, built on first use) or listed for an in-place kernel (`decode_seqs`, `decode_rows`)."""
+
+    def __init__(self, block_tables: torch.Tensor, block_size: int) -> None:
+        self.block_tables = block_tables
+        self.block_size = block_size
+        self.prefills: list[PrefillSequence] = []
+        self.decoding: list[tuple[int, int, int]] = []  # (seq_len, query row, sequence index)
+        self._decode_groups: list[DecodeGroup] | None = None
+        self._decode_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def decode_groups(self) -> list[DecodeGroup]:
+        if self._decode_groups is None:
+            self._decode_groups = _group_decodes(self.decoding, self.block_tables, self.block_size)
+        return self._decode_groups
+
+    @property
+    def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per decoding sequence: its row of `block_tables` and its query row (int64), its context length (int32)."""
+        if self._decode_index is None:
+            device = self.block_tables.device
+            self._decode_index = (torch.tensor([d[2] for d in self.decoding], dtype=torch.int64, device=device),
+                                  torch.tensor([d[1] for d in self.decoding], dtype=torch.int64, device=device),
+                                  torch.tensor([d[0] for d in self.decoding], dtype=torch.int32, device=device))
+        return self._decode_index
 
 
 def plan_attention(
     query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int
 ) -> AttentionPlan:
     device = block_tables.device
-    plan = AttentionPlan()
-    decoding: list[tuple[int, int, int]] = []  # (seq_len, row, sequence index)
+    plan = AttentionPlan(block_tables, block_size)
     start = 0
     for index, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
         blocks = -(-seq_len // block_size)
         if query_len == 1:
-            decoding.append((seq_len, start, index))
+            plan.decoding.append((seq_len, start, index))
         else:
             mask = None
             if query_len != seq_len:
@@ -77,20 +100,27 @@ def plan_attention(
                 PrefillSequence(start, query_len, seq_len, block_tables[index : index + 1, :blocks], mask)
             )
         start += query_len
-    decoding.sort()
+    return plan
+
+
+def _group_decodes(decoding: list[tuple[int, int, int]], block_tables: torch.Tensor,
+                   block_size: int) -> list[DecodeGroup]:
+    device = block_tables.device
+    groups = []
+    decoding = sorted(decoding)
     for first in range(0, len(decoding), DECODE_GROUP_SIZE):
         members = decoding[first : first + DECODE_GROUP_SIZE]
         lengths = torch.tensor([m[0] for m in members], device=device)
         blocks = -(-members[-1][0] // block_size)
         padding = torch.arange(blocks * block_size, device=device) >= lengths.unsqueeze(1)
-        plan.decode_groups.append(
+        groups.append(
             DecodeGroup(
                 rows=torch.tensor([m[1] for m in members], device=device),
                 block_tables=block_tables[[m[2] for m in members], :blocks],
                 padding=padding[None, :, None, :],
             )
         )
-    return plan
+    return groups
 
 
 def store_kv(
@@ -136,12 +166,15 @@ def paged_attention(
     *,
     new_key: torch.Tensor | None = None,
     new_value: torch.Tensor | None = None,
+    decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Causal attention of `query` `[num_tokens, num_heads, head_dim]` over each sequence's paged context.
 
     When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
     a sequence whose whole context is new this step reads them directly instead of gathering them
-    back from the cache. Returns `[num_tokens, num_heads, head_dim]`.
+    back from the cache. `decode(query, key_cache, value_cache, plan, scale, output)`, when given,
+    writes every decoding sequence's rows of `output` at once (an in-place kernel, cpu_attention.py);
+    without it, decodes run grouped through the torch reference. Returns `[num_tokens, num_heads, head_dim]`.
     """
     output = torch.empty_like(query)
     for seq in plan.prefills:
@@ -152,6 +185,9 @@ def paged_attention(
             keys = gather_blocks(key_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
             values = gather_blocks(value_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
         output[rows] = _prefill_attention(query[rows], keys, values, seq.causal_mask, scale)
+    if decode is not None and plan.decoding:
+        decode(query, key_cache, value_cache, plan, scale, output)
+        return output
     for group in plan.decode_groups:
         output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale)
     return output

@@ -1,0 +1,314 @@
+"""Paged decode attention for CPU tensors, reading keys and values in place from their cache pages.
+
+The torch reference (`paged_attention.py`, `_decode_attention`) gathers every decoding sequence's
+blocks into a contiguous copy per layer and step (an `index_select` of the whole context) and then
+multiplies: it moves the context three times. This kernel walks each sequence's block table and reads
+each key and value once, where it lies: one task per (sequence, KV head), the query heads of that KV
+head's group computed together (GQA without repeating K/V), an exact softmax over the context.
+
+It is a small C file, compiled once per machine with the system C compiler (`cc`) into
+~/.cache/asyncengine/kernels and called through ctypes (which releases the GIL). It uses OpenMP:
+the shared object names `libgomp.so.1`, which is the runtime torch has already loaded, so both share
+one thread pool. Without a compiler, or when `ASYNCENGINE_CPU_KERNELS=0`, `available` says no and
+the caller keeps the torch reference; `unavailable_reason` says why.
+
+Float32 and bfloat16 caches (bfloat16 is widened to float32 for the arithmetic, as torch's CPU
+matmuls do, and the result rounded to nearest-even).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+C_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+#define LOAD_F32(p, i) ((const float *)(p))[i]
+#define LOAD_BF16(p, i) bf16_to_float(((const uint16_t *)(p))[i])
+
+/* One (sequence, KV head): G query heads over the sequence's L cached tokens. q: [G, D] float32, already
+   scaled; scores: [G, L] scratch; acc: [G, D] gets the unnormalized output, inv[g] its normalizer.
+   Always inlined with constant G and D where the dispatch below knows them, so the loops over D unroll
+   into whole vectors and the accumulators stay in registers. */
+#define DEFINE_TASK(NAME, LOAD, ELEM)                                                                \
+static inline __attribute__((always_inline)) void NAME(                                              \
+        const float *q, const void *kc, const void *vc, const int64_t *table, int64_t L, int64_t h,   \
+        int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv) { \
+    for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
+        const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
+        const ELEM *kblock = (const ELEM *)kc + ((h * NB + table[b]) * BS) * D;                      \
+        for (int64_t o = 0; o < count; o++) {                                                        \
+            const ELEM *krow = kblock + o * D;                                                       \
+            for (int64_t g = 0; g < G; g++) {                                                        \
+                const float *qg = q + g * D;                                                         \
+                float dot = 0.0f;                                                                    \
+                _Pragma("omp simd reduction(+:dot)")                                                 \
+                for (int64_t d = 0; d < D; d++) dot += qg[d] * LOAD(krow, d);                         \
+                scores[g * L + t0 + o] = dot;                                                        \
+            }                                                                                        \
+        }                                                                                            \
+    }                                                                                                \
+    for (int64_t g = 0; g < G; g++) {                                                                \
+        float *s = scores + g * L, mx = -INFINITY, sum = 0.0f;                                       \
+        for (int64_t t = 0; t < L; t++) mx = s[t] > mx ? s[t] : mx;                                  \
+        _Pragma("omp simd")                                                                          \
+        for (int64_t t = 0; t < L; t++) s[t] = expf(s[t] - mx);                                      \
+        for (int64_t t = 0; t < L; t++) sum += s[t];                                                 \
+        inv[g] = 1.0f / sum;                                                                         \
+    }                                                                                                \
+    memset(acc, 0, sizeof(float) * G * D);                                                           \
+    for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
+        const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
+        const ELEM *vblock = (const ELEM *)vc + ((h * NB + table[b]) * BS) * D;                      \
+        for (int64_t o = 0; o < count; o++) {                                                        \
+            const ELEM *vrow = vblock + o * D;                                                       \
+            for (int64_t g = 0; g < G; g++) {                                                        \
+                const float p = scores[g * L + t0 + o];                                              \
+                float *ag = acc + g * D;                                                             \
+                _Pragma("omp simd")                                                                  \
+                for (int64_t d = 0; d < D; d++) ag[d] += p * LOAD(vrow, d);                           \
+            }                                                                                        \
+        }                                                                                            \
+    }                                                                                                \
+}
+
+DEFINE_TASK(task_f32, LOAD_F32, float)
+DEFINE_TASK(task_bf16, LOAD_BF16, uint16_t)
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* The same task in AVX-512 for head_dim a multiple of 16: a key row is loaded once into C = D / 16
+   vectors and multiplied by the G query heads kept in registers; the output accumulators stay in
+   registers over the whole context. */
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_bf16(const uint16_t *p) {
+    const __m256i half = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+#define DEFINE_AVX512_TASK(NAME, LOADV, ELEM)                                                        \
+static inline __attribute__((always_inline)) void NAME(                                              \
+        const float *q, const void *kc, const void *vc, const int64_t *table, int64_t L, int64_t h,   \
+        int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv) { \
+    const int64_t C = D / 16;                                                                        \
+    __m512 qv[G * C], av[G * C];                                                                     \
+    for (int64_t j = 0; j < G * C; j++) { qv[j] = _mm512_loadu_ps(q + j * 16); av[j] = _mm512_setzero_ps(); } \
+    for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
+        const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
+        const ELEM *kblock = (const ELEM *)kc + ((h * NB + table[b]) * BS) * D;                      \
+        for (int64_t o = 0; o < count; o++) {                                                        \
+            __m512 kv[C];                                                                            \
+            for (int64_t c = 0; c < C; c++) kv[c] = LOADV(kblock + o * D + c * 16);                   \
+            for (int64_t g = 0; g < G; g++) {                                                        \
+                __m512 dot = _mm512_mul_ps(qv[g * C], kv[0]);                                        \
+                for (int64_t c = 1; c < C; c++) dot = _mm512_fmadd_ps(qv[g * C + c], kv[c], dot);   \
+                scores[g * L + t0 + o] = _mm512_reduce_add_ps(dot);                                  \
+            }                                                                                        \
+        }                                                                                            \
+    }                                                                                                \
+    for (int64_t g = 0; g < G; g++) {                                                                \
+        float *s = scores + g * L, mx = -INFINITY, sum = 0.0f;                                       \
+        for (int64_t t = 0; t < L; t++) mx = s[t] > mx ? s[t] : mx;                                  \
+        _Pragma("omp simd")                                                                          \
+        for (int64_t t = 0; t < L; t++) s[t] = expf(s[t] - mx);                                      \
+        for (int64_t t = 0; t < L; t++) sum += s[t];                                                 \
+        inv[g] = 1.0f / sum;                                                                         \
+    }                                                                                                \
+    for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
+        const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
+        const ELEM *vblock = (const ELEM *)vc + ((h * NB + table[b]) * BS) * D;                      \
+        for (int64_t o = 0; o < count; o++) {                                                        \
+            __m512 vv[C];                                                                            \
+            for (int64_t c = 0; c < C; c++) vv[c] = LOADV(vblock + o * D + c * 16);                   \
+            for (int64_t g = 0; g < G; g++) {                                                        \
+                const __m512 p = _mm512_set1_ps(scores[g * L + t0 + o]);                             \
+                for (int64_t c = 0; c < C; c++) av[g * C + c] = _mm512_fmadd_ps(p, vv[c], av[g * C + c]); \
+            }                                                                                        \
+        }                                                                                            \
+    }                                                                                                \
+    for (int64_t j = 0; j < G * C; j++) _mm512_storeu_ps(acc + j * 16, av[j]);                       \
+}
+DEFINE_AVX512_TASK(task_f32_avx512, load16_f32, float)
+DEFINE_AVX512_TASK(task_bf16_avx512, load16_bf16, uint16_t)
+#define HAVE_AVX512_TASKS 1
+#endif
+
+/* Constant head_dim (64, 128) and group size (1-8) for the common shapes, the generic loop otherwise. */
+#ifdef HAVE_AVX512_TASKS
+#define DISPATCH_D(TASK, GV)                                                                         \
+    if (D == 64) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv);                \
+    else if (D == 128) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv);         \
+    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv);
+#else
+#define DISPATCH_D(TASK, GV)                                                                         \
+    if (D == 64) TASK(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv);                     \
+    else if (D == 128) TASK(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv);              \
+    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv);
+#endif
+#define DISPATCH(TASK)                                                                               \
+    switch (G) {                                                                                     \
+        case 1: { DISPATCH_D(TASK, 1) break; }                                                       \
+        case 2: { DISPATCH_D(TASK, 2) break; }                                                       \
+        case 3: { DISPATCH_D(TASK, 3) break; }                                                       \
+        case 4: { DISPATCH_D(TASK, 4) break; }                                                       \
+        case 8: { DISPATCH_D(TASK, 8) break; }                                                       \
+        default: { DISPATCH_D(TASK, G) break; }                                                      \
+    }
+
+/* q, out: [tokens, H, D]; kc, vc: [KVH, NB, BS, D]; tables: [*, table_stride] int64;
+   for decode i: its context length seq_lens[i] (int32), its row seqs[i] of tables and its query row rows[i].
+   Returns 0, or -1 when scratch memory could not be allocated. */
+int paged_decode(const void *qv, const void *kc, const void *vc, const int64_t *tables, int64_t table_stride,
+                 const int32_t *seq_lens, const int64_t *seqs, const int64_t *rows, void *outv, int64_t n,
+                 int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale, int bf16, int threads) {
+    const int64_t G = H / KVH;
+    int failed = 0;
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t h = 0; h < KVH; h++) {
+            const int64_t L = seq_lens[i];
+            const int64_t *table = tables + seqs[i] * table_stride;
+            float *scratch = (float *)malloc(sizeof(float) * (G * L + 2 * G * D + G));
+            if (scratch == NULL) { failed = 1; continue; }
+            float *scores = scratch, *q = scratch + G * L, *acc = q + G * D, *inv = acc + G * D;
+            const int64_t qbase = (rows[i] * H + h * G) * D;
+            for (int64_t j = 0; j < G * D; j++)
+                q[j] = scale * (bf16 ? LOAD_BF16(qv, qbase + j) : LOAD_F32(qv, qbase + j));
+            if (L > 0) {
+                if (bf16) { DISPATCH(task_bf16) } else { DISPATCH(task_f32) }
+            } else {
+                memset(acc, 0, sizeof(float) * G * D);
+                for (int64_t g = 0; g < G; g++) inv[g] = 0.0f;
+            }
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t d = 0; d < D; d++) {
+                    const float value = acc[g * D + d] * inv[g];
+                    if (bf16) ((uint16_t *)outv)[qbase + g * D + d] = float_to_bf16(value);
+                    else ((float *)outv)[qbase + g * D + d] = value;
+                }
+            free(scratch);
+        }
+    }
+    return failed ? -1 : 0;
+}
+"""
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+# -fno-math-errno lets the exponentials of the softmax vectorize (glibc's vector expf).
+_FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], ["-O3", "-fopenmp", "-fno-math-errno"])
+
+_library: ctypes.CDLL | None = None
+_reason: str | None = None  # why the kernel is unavailable, once that is known
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "asyncengine" / "kernels"
+
+
+def _build() -> ctypes.CDLL:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC or install gcc)")
+    errors = []
+    for flags in _FLAG_SETS:
+        digest = hashlib.sha256((C_SOURCE + compiler + " ".join(flags)).encode()).hexdigest()[:16]
+        target = _cache_dir() / f"cpu_attention-{digest}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                source = Path(scratch) / "cpu_attention.c"
+                source.write_text(C_SOURCE)
+                built = Path(scratch) / target.name
+                result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(source), "-o", str(built), "-lm"],
+                                        capture_output=True, text=True)
+                if result.returncode != 0:
+                    errors.append(f"{compiler} {' '.join(flags)}: {result.stderr.strip()[-400:]}")
+                    continue
+                os.replace(built, target)  # atomic: another process building the same file is harmless
+        try:
+            library = ctypes.CDLL(str(target))
+        except OSError as exc:  # built for instructions this machine lacks, say
+            errors.append(f"loading {target}: {exc}")
+            continue
+        library.paged_decode.restype = ctypes.c_int
+        library.paged_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                                                  ctypes.c_void_p, ctypes.c_void_p] + \
+            [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        return library
+    raise RuntimeError("compiling the CPU attention kernel failed: " + " | ".join(errors))
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernel runs for caches of `dtype` (compiling it on first use)."""
+    global _library, _reason
+    if dtype not in SUPPORTED_DTYPES:
+        return False
+    if _library is None and _reason is None:
+        if os.environ.get("ASYNCENGINE_CPU_KERNELS", "1") == "0":
+            _reason = "ASYNCENGINE_CPU_KERNELS=0"
+        else:
+            try:
+                _library = _build()
+            except (RuntimeError, OSError) as exc:
+                _reason = str(exc)
+                logger.warning("CPU attention kernel unavailable, decode attention uses the torch reference "
+                               "(gathers the context each step): %s", exc)
+    return _library is not None
+
+
+def unavailable_reason() -> str | None:
+    return _reason
+
+
+def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, seqs: torch.Tensor, rows: torch.Tensor, scale: float,
+                 out: torch.Tensor) -> None:
+    """Write into `out` `[tokens, heads, dim]` the attention of query row `rows[i]` over the first
+    `seq_lens[i]` tokens of the blocks in row `seqs[i]` of `block_tables`, for every i.
+
+    `query`, `out` `[tokens, heads, dim]` contiguous; caches `[kv_heads, num_blocks, block_size, dim]`
+    contiguous; `block_tables` int64 with unit column stride, `seq_lens` int32, `seqs`/`rows` int64."""
+    if _library is None and not available(query.dtype):
+        raise RuntimeError(f"the CPU attention kernel is unavailable: {_reason}")
+    num_kv_heads, num_blocks, block_size, head_dim = key_cache.shape
+    tensors = (query, key_cache, value_cache, out, seq_lens, seqs, rows)
+    if not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors) or block_tables.stride(1) != 1:
+        raise ValueError("paged_decode needs contiguous CPU tensors (and block tables with unit column stride)")
+    if not (query.dtype == key_cache.dtype == value_cache.dtype == out.dtype) or query.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"paged_decode runs float32 or bfloat16 throughout, got query {query.dtype}, "
+                         f"cache {key_cache.dtype}, out {out.dtype}")
+    if seq_lens.dtype != torch.int32 or seqs.dtype != torch.int64 or rows.dtype != torch.int64 \
+            or block_tables.dtype != torch.int64:
+        raise ValueError("paged_decode: block_tables, seqs and rows are int64, seq_lens int32")
+    status = _library.paged_decode(
+        query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), seqs.data_ptr(), rows.data_ptr(), out.data_ptr(), seqs.numel(),
+        query.shape[1], num_kv_heads, num_blocks, block_size, head_dim, scale, int(query.dtype == torch.bfloat16),
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError("paged_decode could not allocate its scratch memory")

@@ -1,0 +1,105 @@
+"""The in-place CPU decode kernel (ops/cpu_attention.py) against the torch reference (ops/paged_attention.py).
+
+Batches mix prefills and decodes over shuffled cache blocks, with GQA groups of 1, 3 and 4 query heads per
+KV head, head dims with a vector path (64, 128) and without (40), contexts of one token, of whole blocks
+and ragged; float32 must match the reference to rounding, bfloat16 to bfloat16's resolution.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from asyncengine.attention.torch_paged import TorchPagedBackend, decode_in_place
+from asyncengine.ops import cpu_attention
+from asyncengine.ops.paged_attention import paged_attention, plan_attention, store_kv
+
+pytestmark = pytest.mark.skipif(not cpu_attention.available(torch.float32),
+                                reason=f"CPU kernel not built: {cpu_attention.unavailable_reason()}")
+
+BLOCK_SIZE = 16
+
+
+def make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens, seed=0):
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(blocks_needed) + 5
+    order = list(range(num_blocks))
+    rng.shuffle(order)
+    width = max(blocks_needed)
+    tables, used = [], 0
+    for count in blocks_needed:
+        row = order[used : used + count]
+        used += count
+        tables.append(row + [0] * (width - count))  # stale columns past the context: never read
+    cache_shape = (num_kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    key_cache = torch.randn(cache_shape, generator=generator).to(dtype)
+    value_cache = torch.randn(cache_shape, generator=generator).to(dtype)
+    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=generator).to(dtype)
+    return query, key_cache, value_cache, torch.tensor(tables, dtype=torch.int64)
+
+
+CASES = [
+    # (heads, kv heads, head_dim, query_lens, seq_lens)
+    (9, 3, 64, [1] * 12, [1, 15, 16, 17, 31, 32, 33, 100, 257, 300, 511, 640]),  # the default model's shape
+    (8, 2, 128, [1, 5, 1, 1], [40, 20, 1, 129]),  # a prefill chunk among decodes
+    (4, 4, 40, [1, 1, 7], [3, 64, 7]),  # no GQA, a head_dim with no vector path, a whole new prompt
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40"])
+def test_kernel_matches_the_torch_reference(dtype, case):
+    num_heads, num_kv_heads, head_dim, query_lens, seq_lens = case
+    query, key_cache, value_cache, tables = make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens)
+    plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
+    scale = head_dim**-0.5
+    reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, scale)
+    ours = paged_attention(query, key_cache, value_cache, plan, scale, decode=decode_in_place)
+    assert ours.dtype == dtype and ours.shape == query.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 keeps 8 bits of mantissa
+    torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+def test_the_backend_uses_the_kernel_for_decodes_and_agrees_with_the_reference(monkeypatch):
+    """Through TorchPagedBackend (store, then attend): the kernel runs, once per layer call, and the
+    result equals the reference path's."""
+    num_heads, num_kv_heads, head_dim = 6, 2, 64
+    query_lens, seq_lens = [1, 1, 9], [20, 48, 9]
+    query, key_cache, value_cache, tables = make_batch(torch.float32, num_heads, num_kv_heads, head_dim,
+                                                       query_lens, seq_lens, seed=1)
+    new_key = torch.randn(sum(query_lens), num_kv_heads, head_dim)
+    new_value = torch.randn(sum(query_lens), num_kv_heads, head_dim)
+    slots = []
+    for table, query_len, seq_len in zip(tables.tolist(), query_lens, seq_lens):
+        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(seq_len - query_len, seq_len)]
+    metadata = type("Metadata", (), {})()
+    metadata.slot_mapping = torch.tensor(slots)
+    metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
+    calls = []
+    real = cpu_attention.paged_decode
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a: calls.append(1) or real(*a))
+    backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+    caches = (key_cache.clone(), value_cache.clone())
+    ours = backend.forward(query, new_key, new_value, caches, metadata)
+    assert calls == [1]
+    store_kv(new_key, new_value, key_cache, value_cache, metadata.slot_mapping)
+    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_disabled_kernel_falls_back_to_the_reference_and_says_why(monkeypatch):
+    monkeypatch.setattr(cpu_attention, "_library", None)
+    monkeypatch.setattr(cpu_attention, "_reason", None)
+    monkeypatch.setenv("ASYNCENGINE_CPU_KERNELS", "0")
+    assert not cpu_attention.available(torch.float32)
+    assert cpu_attention.unavailable_reason() == "ASYNCENGINE_CPU_KERNELS=0"
+    with pytest.raises(RuntimeError, match="unavailable: ASYNCENGINE_CPU_KERNELS=0"):
+        cpu_attention.paged_decode(*[torch.zeros(1)] * 7, 1.0, torch.zeros(1))
+
+
+def test_float16_is_not_claimed():
+    assert not cpu_attention.available(torch.float16)
