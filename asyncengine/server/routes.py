@@ -15,7 +15,7 @@ from asyncengine.server.common import ServingContext, check_model
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
 from asyncengine.server.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, IOProcessRequest, ModelCard, ModelList,
-    TokenizeRequest,
+    TokenizeRequest, too_deep_field,
 )
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
@@ -58,6 +58,10 @@ async def decode_body(struct: type) -> Any:
         return msgspec.json.decode(body, type=struct)
     except msgspec.DecodeError as error:  # ValidationError is a DecodeError too
         raise from_validation_error(error) from error
+    except RecursionError as error:  # a field typed Any, nested deeper than msgspec decodes
+        param = too_deep_field(body)
+        raise bad_request(f"{param or 'the request body'} nests JSON arrays or objects too deeply: flatten it",
+                          param=param, code="invalid_value") from error
 
 
 def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip: set[tuple[str, str]]) -> None:

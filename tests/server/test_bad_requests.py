@@ -105,6 +105,9 @@ CASES = [
     ("a prompt nested 10,000 deep", "POST", "/v1/completions",
      b'{"model": "%s", "prompt": %s%s}' % (MODEL_NAME.encode(), b"[" * 10_000, b"]" * 10_000), None, 400,
      "prompt[0][0]", "Expected `int`"),
+    ("a field typed Any nested 10,000 deep", "POST", "/v1/chat/completions",
+     b'{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "tool_choice": %s%s}'
+     % (MODEL_NAME.encode(), b"[" * 10_000, b"]" * 10_000), None, 400, "tool_choice", "too deeply"),
 ]
 
 
