@@ -88,6 +88,10 @@ from asyncengine.worker.logits_processors import (  # read in: worker (what upda
 )
 
 
+_IN_TREE_OPS = {"RMSNorm": "asyncengine.models.layers.norm", "SiluAndMul": "asyncengine.models.layers.activation",
+                "RotaryEmbedding": "asyncengine.models.layers.rotary"}
+
+
 def __getattr__(name: str):
     # CustomOp (read in: worker; `CustomOp.register_oot` replaces an in-tree op by name) is an nn.Module:
     # imported when asked for, so that importing this module does not import torch.
@@ -95,6 +99,11 @@ def __getattr__(name: str):
         from asyncengine.models.layers.custom_op import CustomOp
 
         return CustomOp
+    # The in-tree custom ops (read in: worker), to subclass and replace with `@RotaryEmbedding.register_oot`.
+    if name in _IN_TREE_OPS:
+        import importlib
+
+        return getattr(importlib.import_module(_IN_TREE_OPS[name]), name)
     # LlamaForCausalLM (read in: worker, which builds the model; frontend, which checks the architecture):
     # subclass it for an out-of-tree architecture (ModelRegistry.register_model). Imports torch too.
     if name == "LlamaForCausalLM":
@@ -116,6 +125,9 @@ __all__ = [
     "AddedRequest",
     "AdditionalConfigRegistry",
     "CustomOp",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SiluAndMul",
     "register_op_impl",
     "AttentionBackend",
     "AttentionBackendRegistry",

@@ -31,6 +31,9 @@ _API_NAMES = {
     "vllm.model_executor.models": ["ModelRegistry"],
     "vllm.model_executor.models.llama": ["LlamaForCausalLM"],
     "vllm.model_executor.custom_op": ["CustomOp"],
+    "vllm.model_executor.layers.rotary_embedding": ["RotaryEmbedding"],
+    "vllm.model_executor.layers.layernorm": ["RMSNorm"],
+    "vllm.model_executor.layers.activation": ["SiluAndMul"],
     "vllm.attention.backends.abstract": ["AttentionBackend"],
     "vllm.model_executor.layers.quantization": ["register_quantization_config"],
     "vllm.model_executor.layers.quantization.base_config": ["QuantizationConfig"],
@@ -83,9 +86,8 @@ CLASS_PATHS = {
 
 # What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.
 UNMAPPED = [
-    ("vllm.model_executor.layers.rotary_embedding", "custom-ops",
-     "the in-tree rotary op is not exported; replace it with CustomOp.register_oot(name=...)"),
-    ("vllm.model_executor.layers", "custom-ops", "in-tree layers are not exported"),
+    ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul and "
+     "RotaryEmbedding are exported"),
     ("vllm.attention", "attention-backends",
      "vLLM's attention backends are descriptor classes; ours is the implementation"),
     ("vllm.v1.attention", "attention-backends",

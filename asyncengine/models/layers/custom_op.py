@@ -58,6 +58,11 @@ class CustomOp(nn.Module):
     def forward_native(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__qualname__} defines no forward_native (the torch reference)")
 
+    def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
+        """An out-of-tree platform's path; by default the torch reference, so that a replacement may
+        call `super().forward_oot(...)` as vLLM's do."""
+        return self.forward_native(*args, **kwargs)
+
     @classmethod
     def register(cls, name: str):
         """Class decorator: an in-tree op named `name` (which `register_oot` can then replace)."""
@@ -74,16 +79,21 @@ class CustomOp(nn.Module):
 
         return decorate
 
-    @staticmethod
-    def register_oot(cls: type | None = None, *, name: str | None = None, override: bool = False):
-        """Replace the in-tree op `name` (default: the class's own name) by `cls`; usable as a decorator.
+    @classmethod
+    def register_oot(cls, op_class: type | str | None = None, *, name: str | None = None, override: bool = False):
+        """Replace the in-tree op `name` by `op_class`; usable as a decorator. The default name is the op's
+        it is called on (`@RotaryEmbedding.register_oot`, vLLM's form), else the class's own name;
+        `CustomOp.register_oot("RMSNorm")` names it positionally.
 
         A name that matches no in-tree op is a RegistrationError listing the op names. Registering the
         same class twice is a no-op; another class for a name already replaced needs `override=True`.
         """
+        if isinstance(op_class, str):  # the positional-string form: a decorator for that name
+            op_class, name = None, op_class
+        in_tree_name = cls.__dict__.get("_custom_op_name")  # called on an in-tree op class itself
 
         def decorate(op_class: type) -> type:
-            register_oot_op(name or getattr(op_class, "__name__", ""), op_class, override=override)
+            register_oot_op(name or in_tree_name or getattr(op_class, "__name__", ""), op_class, override=override)
             return op_class
 
-        return decorate if cls is None else decorate(cls)
+        return decorate if op_class is None else decorate(op_class)

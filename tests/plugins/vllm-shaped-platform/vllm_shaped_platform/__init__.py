@@ -1,7 +1,8 @@
 """A vLLM-shaped out-of-tree platform: a CPU platform named "ShapedDevice" (its entry point is named
 `vllm_shaped`), whose check_and_update_config changes the config in place through vLLM's sub-config
 views and returns None, whose get_attn_backend_cls is an instance method taking vLLM's keywords, and
-which chooses its own scheduler by a dotted class path. Each hook notes where it ran in the file
+which chooses its own scheduler by a dotted class path; its general plugin replaces the in-tree rotary
+op in vLLM's form (`@RotaryEmbedding.register_oot`). Each hook notes where it ran in the file
 SHAPED_RECORD names."""
 
 import json
@@ -25,3 +26,4 @@ def general_plugin():
 
     # The object form of current_platform, as vLLM plugins use it.
     note("general plugin", device_name=current_platform.device_name, is_out_of_tree=current_platform.is_out_of_tree())
+    import vllm_shaped_platform.custom_ops  # noqa: F401  (registers the rotary op)
