@@ -40,8 +40,12 @@ def test_prompt_longer_than_max_model_len_then_the_engine_still_works(tiny_model
 
 def test_generation_stops_at_max_model_len(tiny_model, tiny_llm):
     llm = tiny_llm(tiny_model("llama").path)
-    [output] = llm.generate({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=100, ignore_eos=True))
+    [output] = llm.generate({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=None, ignore_eos=True))
     assert len(output.outputs[0].token_ids) == 4 and output.outputs[0].finish_reason == "length"
+    # An explicit max_tokens past the context is refused (docs/sampling.md, "Limits"), not shortened.
+    with pytest.raises(RequestError) as info:
+        llm.generate({"prompt_token_ids": [5] * 60}, SamplingParams(max_tokens=100, ignore_eos=True))
+    assert info.value.field == "max_tokens"
 
 
 def test_invalid_sampling_parameter_names_the_field():
