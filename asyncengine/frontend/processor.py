@@ -2,7 +2,10 @@
 
 Everything a request can get wrong is caught here, in the frontend, before the engine core sees it:
 the prompt's form and length, token ids outside the vocabulary, sampling values the engine cannot
-honour. `n > 1` fans out into `n` engine-core requests (children) that share the prompt.
+honour (docs/sampling.md, "Limits": n at most max_n, top_k at or above the vocabulary is off, one
+context-length rule for max_tokens and min_tokens). `n > 1` fans out into `n` engine-core requests
+(children) that share the prompt and a parent id, by which the scheduler keeps one request's
+completions to their share of a step while others wait.
 """
 
 from __future__ import annotations
