@@ -1,5 +1,5 @@
 """The built-in routes: the OpenAI API under /v1 (and /v1/io_process for an IO processor plugin), and
-/tokenize, /detokenize, /health, /metrics."""
+/tokenize, /detokenize, /health, /metrics, /version, /openapi.json (the contract, server/openapi.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from quart import Response, current_app, g, request
 from asyncengine.errors import RequestError
 from asyncengine.server.common import ServingContext, check_model
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
+from asyncengine.server.openapi import openapi_document
 from asyncengine.server.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, IOProcessRequest, ModelCard, ModelList,
     TokenizeRequest, too_deep_field,
@@ -33,7 +34,11 @@ _BUILTIN: list[tuple[str, str, str]] = [
     ("/health", "GET", "health"),
     ("/metrics", "GET", "metrics"),
     ("/version", "GET", "version"),
+    ("/openapi.json", "GET", "openapi"),
 ]
+
+# The routes served without the API key (--api-key covers every other one, /openapi.json included).
+UNAUTHENTICATED = frozenset({"/health", "/metrics", "/version"})
 
 
 def builtin_route_keys() -> list[tuple[str, str]]:
@@ -139,12 +144,32 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
 
         return json_response({"version": __version__})
 
+    served = [(rule, method, name) for rule, method, name in _BUILTIN if (rule, method) not in skip]
+    document = msgspec.json.encode(_document(app, served))  # built once, here: the routes are all known
+
+    async def openapi() -> Response:
+        return Response(document, status=200, content_type="application/json")
+
     views = {"models": models, "completions": completions, "chat_completions": chat_completions,
-             "io_process": io_process,             "startup": startup, "tokenize": tokenize, "detokenize": detokenize, "health": health,
-             "metrics": metrics_route, "version": version}
-    for rule, method, name in _BUILTIN:
-        if (rule, method) not in skip:
-            app.add_url_rule(rule, name, views[name], methods=[method])
+             "io_process": io_process, "startup": startup, "tokenize": tokenize, "detokenize": detokenize,
+             "health": health, "metrics": metrics_route, "version": version, "openapi": openapi}
+    for rule, method, name in served:
+        app.add_url_rule(rule, name, views[name], methods=[method])
+
+
+def _document(app: Any, served: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """The OpenAPI document of the built-in routes served and of the routes endpoint plugins added
+    (attached before the built-in ones, so they are all in the url map now)."""
+    from asyncengine import __version__
+
+    builtin = {(rule, method) for rule, method, _ in served}
+    plugin_routes = [(rule.rule, method) for rule in app.url_map.iter_rules()
+                     for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
+                     if (rule.rule, method) not in builtin and rule.endpoint != "static"]
+    server_config = app.extensions.get("asyncengine", {}).get("server_config")
+    return openapi_document(served, title="asyncengine", version=__version__, plugin_routes=plugin_routes,
+                            api_key=bool(server_config is not None and server_config.api_key),
+                            open_routes=UNAUTHENTICATED)
 
 
 def _tokenizer(engine: Any) -> Any:

@@ -1,0 +1,240 @@
+"""Property-based fuzzing of a real `asyncengine serve` (issue 13, acceptance 2).
+
+Request bodies are drawn by hypothesis from the JSON schemas of the server's own `GET /openapi.json`
+(tests/support/schema_fuzz.py: mostly valid bodies with fields at their extremes, wrong types, deep
+nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/completions and
+/v1/chat/completions (streamed and not), /tokenize and /detokenize. The server runs a tiny
+random-weight model with a byte-level tokenizer and a 64-token context, so that what a valid request
+generates is short. Properties, for every case:
+
+- no 5xx but a 503 for overload (`engine_overloaded`); no error event mid-stream that is internal or
+  says the engine died;
+- every 4xx (and that 503) is OpenAI's error shape, exactly `{"error": {"message", "type", "param", "code"}}`;
+- every 200 matches the response schema the document gives (each stream event the event schema);
+- the server then answers a normal request.
+
+At the end no request is running and the KV cache is empty.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import shutil
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from support.schema_fuzz import SchemaStrategies, encode_body
+from support.server import metric, start_server
+from support.tiny_tokenizer import save_tiny_tokenizer
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "fuzz-key"
+CASES = 320
+MAX_MODEL_LEN = 64
+SERVER_OPTIONS = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--max-waiting-requests", "16",
+                  "--kv-cache-memory-bytes", str(4 * 2**20), "--api-key", API_KEY, "--served-model-name", "tiny"]
+HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
+          "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+NORMAL_REQUEST = ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 1})
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tiny_model, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("fuzz") / "llama"
+    shutil.copytree(tiny_model("llama").path, model_dir)  # a copy: the shared tiny model stays tokenizer-less
+    save_tiny_tokenizer(model_dir)
+    server = start_server([str(model_dir), *SERVER_OPTIONS])
+    yield server
+    assert server.stop() == 0, server.stderr()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def document(fuzz_server) -> dict[str, Any]:
+    status, _, body = send(fuzz_server, "GET", "/openapi.json")
+    assert status == 200, body[:500]
+    return json.loads(body)
+
+
+# -- sending ------------------------------------------------------------------------------------------
+
+
+def send(server, method: str, path: str, body: bytes | None = None) -> tuple[int, str, bytes]:
+    """(status, content type, body) of one request on its own connection."""
+    url = urllib.parse.urlsplit(server.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    try:
+        connection.request(method, path, body=body, headers=HEADERS)
+        response = connection.getresponse()
+        return response.status, response.getheader("Content-Type", ""), response.read()
+    finally:
+        connection.close()
+
+
+# -- cases --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    path: str
+    body: Any  # JSON-able, with support.schema_fuzz.Raw values in it
+
+    def __repr__(self) -> str:  # a falsifying example stays readable whatever its size
+        text = repr(self.body)
+        return f"Case({self.path!r}, {text[:600] + ' ...' if len(text) > 600 else text})"
+
+
+def cases(document: dict[str, Any]) -> st.SearchStrategy[Case]:
+    components = document["components"]["schemas"]
+    token_ids = st.lists(st.integers(3, 258), min_size=1, max_size=8)
+    roles = st.sampled_from(["user", "assistant", "system", "tool", "developer"])
+    text = st.text(max_size=20)
+    hints = {
+        # Typed Any in the schema (several shapes, checked by hand): the shapes clients send.
+        "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=4), token_ids,
+                            st.lists(token_ids, min_size=1, max_size=4)),
+        "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]),
+        "role": roles,
+    }
+    schemas = SchemaStrategies(components, hints)
+    message = st.fixed_dictionaries({"role": roles, "content": text})
+    messages = st.lists(message, min_size=1, max_size=3)
+    small = st.integers(1, 4)
+    stream = st.sampled_from([{}, {}, {"stream": True}])
+    bases = {
+        "/v1/completions": st.builds(lambda p, m, s: {"prompt": p, "max_tokens": m, **s}, hints["prompt"], small,
+                                     stream),
+        "/v1/chat/completions": st.builds(lambda ms, m, s: {"messages": ms, "max_tokens": m, **s}, messages, small,
+                                          stream),
+        "/tokenize": st.one_of(st.builds(lambda p: {"prompt": p}, text), st.builds(lambda ms: {"messages": ms},
+                                                                                    messages)),
+        "/detokenize": st.builds(lambda t: {"tokens": t}, token_ids),
+    }
+    return st.one_of([schemas.body(ROUTES[path], base).map(lambda body, path=path: Case(path, body))
+                      for path, base in bases.items()])
+
+
+# -- properties ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Checker:
+    document: dict[str, Any]
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+
+    def schema(self, ref_or_schema: dict[str, Any]) -> dict[str, Any]:
+        # A schema with the document's components beside it, so that its $refs resolve.
+        return {**ref_or_schema, "components": self.document["components"]}
+
+    def matches(self, schema: dict[str, Any], value: Any) -> str | None:
+        try:
+            jsonschema.Draft202012Validator(self.schema(schema)).validate(value)
+        except jsonschema.ValidationError as error:
+            return f"{error.message} at {list(error.absolute_path)}"
+        return None
+
+    def problems(self, case: Case, status: int, content_type: str, body: bytes) -> list[str]:
+        """What is wrong with the server's answer to `case` (empty: nothing)."""
+        self.statuses[(case.path, status)] += 1
+        operation = self.document["paths"][case.path]["post"]
+        if status >= 400:
+            return self.error_problems(status, body)
+        if status != 200:
+            return [f"status {status}"]
+        ok = operation["responses"]["200"]["content"]
+        if content_type.startswith("text/event-stream"):
+            return self.stream_problems(ok["text/event-stream"]["x-event-data"], body)
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return [f"200 with a body that is not JSON: {body[:200]!r}"]
+        mismatch = self.matches(ok["application/json"]["schema"], value)
+        return [f"200 body does not match its schema: {mismatch}"] if mismatch else []
+
+    def error_problems(self, status: int, body: bytes) -> list[str]:
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return [f"{status} with a body that is not JSON: {body[:200]!r}"]
+        problems = []
+        mismatch = self.matches({"$ref": "#/components/schemas/ErrorResponse"}, value)
+        if mismatch or set(value.get("error", {})) != {"message", "type", "param", "code"}:
+            problems.append(f"{status} not in OpenAI's error shape ({mismatch}): {body[:300]!r}")
+        code = value.get("error", {}).get("code") if isinstance(value.get("error"), dict) else None
+        if status >= 500 and not (status == 503 and code == "engine_overloaded"):
+            problems.append(f"{status} {body[:300]!r}")
+        return problems
+
+    def stream_problems(self, event_schema: dict[str, Any], body: bytes) -> list[str]:
+        events = [line[len(b"data: "):] for line in body.split(b"\n") if line.startswith(b"data: ")]
+        if not events:
+            return [f"a stream without events: {body[:200]!r}"]
+        problems = []
+        for event in events:
+            if event == b"[DONE]":
+                continue
+            value = json.loads(event)
+            if "error" in value:
+                error = value["error"]
+                if error.get("type") == "internal_error" or error.get("code") == "engine_dead":
+                    problems.append(f"an error event mid-stream: {event[:300]!r}")
+                continue
+            mismatch = self.matches(event_schema, value)
+            if mismatch:
+                problems.append(f"a stream event does not match its schema: {mismatch}")
+        if events[-1] != b"[DONE]" and b'"error"' not in events[-1]:
+            problems.append(f"a stream that does not end with [DONE]: {events[-1][:200]!r}")
+        return problems
+
+
+def answers_normally(server) -> str | None:
+    path, body = NORMAL_REQUEST
+    status, _, answer = send(server, "POST", path, json.dumps(body).encode())
+    return None if status == 200 else f"then a normal request got {status}: {answer[:300]!r}"
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+# -- the test -----------------------------------------------------------------------------------------
+
+
+def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document):
+    checker = Checker(document)
+    routes_seen: collections.Counter = collections.Counter()
+
+    @settings(max_examples=CASES, derandomize=True, database=None, deadline=None, print_blob=False,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=cases(document))
+    def one_case(case: Case) -> None:
+        routes_seen[case.path] += 1
+        status, content_type, body = send(fuzz_server, "POST", case.path, encode_body(case.body))
+        problems = checker.problems(case, status, content_type, body)
+        problems += [p for p in [answers_normally(fuzz_server)] if p]
+        assert not problems, f"{case!r} -> {status}:\n" + "\n".join(problems)
+
+    started = time.monotonic()
+    one_case()
+    elapsed = time.monotonic() - started
+    print(f"\n{sum(routes_seen.values())} fuzzed cases in {elapsed:.1f} s; by route {dict(routes_seen)}; "
+          f"statuses {dict(checker.statuses)}")
+    assert sum(routes_seen.values()) >= 300
+    assert all(routes_seen[path] >= 40 for path in ROUTES), routes_seen  # every route is fuzzed, not one
+    assert wait_for(lambda: metric(fuzz_server, "num_requests_running") == 0, 30), "requests still running"
+    assert wait_for(lambda: metric(fuzz_server, "kv_cache_usage_perc") == 0, 30), "KV blocks still held"
