@@ -11,6 +11,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, StartupError
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.sampling_params import SamplingParams
+from asyncengine.structured_output.spec import StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -23,6 +24,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "StartupError",
+    "StructuredOutputsParams",
     "__version__",
 ]
 

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.errors import RequestError
+from asyncengine.structured_output.spec import StructuredOutputsParams
 
 _GREEDY_EPSILON = 1e-5
 
@@ -45,6 +46,7 @@ _DEFAULTS: dict[str, Any] = {
     "spaces_between_special_tokens": True,
     "include_stop_str_in_output": False,
     "extra_args": None,
+    "structured_outputs": None,
 }
 
 # Fields that a model's generation_config.json may supply, with the name it uses there.
@@ -87,6 +89,7 @@ class SamplingParams:
         spaces_between_special_tokens: bool = _UNSET,
         include_stop_str_in_output: bool = _UNSET,
         extra_args: dict[str, Any] | None = _UNSET,
+        structured_outputs: StructuredOutputsParams | None = _UNSET,
     ) -> None:
         given = dict(locals())
         explicit = set()
@@ -154,6 +157,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", minimum=0)
         object.__setattr__(self, "extra_args", _normalize_extra_args(self.extra_args))
+        object.__setattr__(self, "structured_outputs", _normalize_structured_outputs(self.structured_outputs))
 
     # -- derived views -----------------------------------------------------------------------------------
 
@@ -267,6 +271,22 @@ def _normalize_extra_args(extra_args: Any) -> dict[str, Any] | None:
             f"None): {exc}",
             field="extra_args",
         ) from exc
+
+
+def _normalize_structured_outputs(value: Any) -> StructuredOutputsParams | None:
+    """A StructuredOutputsParams (a dict of its fields is taken too), checked to name one constraint."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        try:
+            value = StructuredOutputsParams(**value)
+        except TypeError as exc:
+            raise RequestError(f"structured_outputs: {exc}", field="structured_outputs") from exc
+    if not isinstance(value, StructuredOutputsParams):
+        raise RequestError(f"structured_outputs must be a StructuredOutputsParams, got {type(value).__name__}",
+                           field="structured_outputs")
+    value.to_spec()  # exactly one constraint, each of the right type
+    return value
 
 
 def _normalize_stop(stop: Any) -> list[str]:

@@ -86,6 +86,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     worker_extension_cls: str = ""  # "pkg.mod:Class", built as Class(worker) in each worker (docs/hooks.md)
     logits_processors: list[str] | None = None
     kv_transfer_config: dict[str, Any] | None = None
+    # vLLM's --structured-outputs-config: {"backend": "xgrammar" | "guidance" | a registered name | "auto"}.
+    # The default backend for requests that name none; read in the frontend and the engine core (R10).
+    structured_outputs_config: dict[str, Any] | None = None
     additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
     # Op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel", "native"]}), over the
     # platform's order (docs/custom_ops.md); the worker checks the names. Read in the worker.
@@ -109,6 +112,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         self._check_placement()
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
+        from asyncengine.structured_output.registry import configured_backend_name
+
+        configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
 
     def _check_ranges(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size",

@@ -25,6 +25,7 @@ from asyncengine.kv_transfer.base import KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
 from asyncengine.registries.base import reads
+from asyncengine.structured_output.manager import StructuredOutputManager
 
 
 class EngineCore:
@@ -40,6 +41,12 @@ class EngineCore:
             max_num_batched_tokens=engine_config.effective_max_num_batched_tokens,
             max_model_len=model_config.max_model_len,
             enable_chunked_prefill=engine_config.enable_chunked_prefill,
+        )
+        # Structured outputs: grammars are compiled and masks computed here (R10); backends load lazily.
+        self.scheduler.structured_output = StructuredOutputManager(
+            tokenizer_dir=model_config.tokenizer_dir, vocab_size=model_config.vocab_size,
+            eos_token_ids=model_config.eos_token_ids,
+            structured_outputs_config=engine_config.structured_outputs_config,
         )
 
     @property

@@ -25,6 +25,8 @@ from asyncengine.engine_core.core import EngineCore
 from asyncengine.engine_core.executor import round_trip
 from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, RequestError, error_field, error_type_name
+from asyncengine.structured_output.backend import GrammarError
+from asyncengine.wire.engine_core import EngineCoreOutputs
 from asyncengine.wire.messages import (
     AbortRequests,
     AddRequests,
@@ -116,6 +118,10 @@ class EngineCoreLoop:
             if isinstance(message, AddRequests):
                 for request in message.requests:
                     self.scheduler.add_request(request)
+                    if request.sampling.structured_outputs is not None:
+                        # Compiled off the step loop; the request waits in the scheduler meanwhile.
+                        self.scheduler.structured_output.track(request.request_id)
+                        tg.start_soon(self._prepare_grammar, request)
                 self._wakeup.set()
             elif isinstance(message, AbortRequests):
                 self.scheduler.abort_requests(message.request_ids)
@@ -124,6 +130,16 @@ class EngineCoreLoop:
                 tg.start_soon(self._utility, message)
             elif isinstance(message, Shutdown):
                 break
+
+    async def _prepare_grammar(self, request: Any) -> None:
+        try:
+            await self.scheduler.structured_output.prepare(request.request_id, request.sampling.structured_outputs)
+        except GrammarError as refused:  # the request alone fails, naming the field and the backend
+            output = self.scheduler.fail_request(request.request_id, refused.message, refused.field)
+            if output is not None:
+                await self.send(EngineCoreOutputs(outputs=[output], scheduler_stats=self.scheduler.stats()))
+        finally:
+            self._wakeup.set()
 
     async def _utility(self, call: UtilityCall) -> None:
         try:
@@ -141,6 +157,8 @@ class EngineCoreLoop:
         if method == "collective_rpc":
             worker_method, worker_args = args
             return round_trip(await self.executor.call(worker_method, *worker_args))
+        if method == "get_structured_output_stats":
+            return self.scheduler.structured_output.stats.as_dict()
         if method == "get_scheduler_stats":
             return round_trip(self.scheduler.stats())
         if method == "reset_prefix_cache":
@@ -173,7 +191,7 @@ class EngineCoreLoop:
                 in_flight.append(_InFlight(self._num_steps, scheduler_output, reply, started, scheduled))
                 self._num_steps += 1
             if not in_flight:
-                if self.scheduler.has_unfinished():
+                if self.scheduler.has_unfinished() and not self.scheduler.structured_output.num_compiling:
                     raise EngineDeadError(
                         f"the scheduler holds {self.scheduler.num_unfinished} requests but can schedule none: "
                         "this is a bug in asyncengine's scheduler"

@@ -39,7 +39,13 @@ from asyncengine.wire.engine_core import (
     FinishReason,
     SchedulerStats,
 )
-from asyncengine.wire.worker import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from asyncengine.wire.worker import (
+    CachedRequestData,
+    GrammarBitmask,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 
 
 class Scheduler:
@@ -74,6 +80,9 @@ class Scheduler:
         self.num_kv_connector_loaded_tokens = 0
         # Sequence id -> its parent request's id, for the completions of requests with n > 1.
         self._parent_of: dict[str, str] = {}
+        # Structured outputs (structured_output/manager.py), set by the engine core like kv_connector:
+        # grammars and matchers of constrained requests, which wait here until theirs is compiled.
+        self.structured_output = None
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -128,7 +137,7 @@ class Scheduler:
             num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
             if shares is not None:
                 num_new = min(num_new, shares.tokens_left(seq))
-            if num_new <= 0 or self._will_finish_by_length(seq):
+            if num_new <= 0 or self._will_finish_by_length(seq) or self._awaits_grammar_token(seq):
                 index += 1  # its last token is still in flight (or its request used its share): nothing now
                 continue
             num_blocks_before = len(seq.block_ids)
@@ -163,6 +172,9 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while a step computing it was in flight: resume once it is back
+            if self.structured_output is not None and not self.structured_output.is_ready(seq.request_id):
+                deferred.append(self.waiting.popleft())  # its grammar is compiling: others go first
+                continue
             limit = budget if shares is None else min(budget, shares.admission_tokens_left(seq))
             if limit <= 0:
                 deferred.append(self.waiting.popleft())
@@ -203,6 +215,7 @@ class Scheduler:
         # Tokens scheduled now count as computed from here on; a sequence whose scheduled tokens reach
         # its end samples one token, appended when the step's output comes back.
         views = [] if self.kv_connector is not None else None
+        sampling_ids: list[str] = []
         for request_id, num_tokens in scheduled.items():
             seq = self.sequences[request_id]
             start = seq.num_computed_tokens
@@ -212,6 +225,7 @@ class Scheduler:
             seq.num_computed_tokens += num_tokens
             if seq.num_computed_tokens == seq.num_tokens_with_pending:
                 seq.num_pending_tokens += 1
+                sampling_ids.append(request_id)
         forget, self._forget = self._forget, []
         metadata = None
         if views is not None:
@@ -223,6 +237,7 @@ class Scheduler:
             num_scheduled_tokens=scheduled,
             finished_request_ids=forget,
             kv_connector_metadata=metadata,
+            grammar_bitmask=self._grammar_bitmask(sampling_ids),
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
@@ -236,6 +251,9 @@ class Scheduler:
             token_id = runner_output.sampled_token_ids[position]
             seq.append_token(token_id)
             finish_reason, stop_reason = self._check_stop(seq, token_id)
+            if (finish_reason is None and self.structured_output is not None
+                    and self.structured_output.accept(request_id, token_id)):
+                finish_reason = FinishReason.STOP  # its grammar is complete
             output = EngineCoreOutput(
                 request_id=request_id,
                 new_token_ids=[token_id],
@@ -300,6 +318,30 @@ class Scheduler:
             return FinishReason.LENGTH, None
         return None, None
 
+    def _awaits_grammar_token(self, seq: Sequence) -> bool:
+        """A constrained sequence's next mask needs the token still in flight: it sits this step out."""
+        return (seq.num_pending_tokens > 0 and self.structured_output is not None
+                and self.structured_output.is_constrained(seq.request_id))
+
+    def _grammar_bitmask(self, sampling_ids: list[str]) -> GrammarBitmask | None:
+        if self.structured_output is None:
+            return None
+        masks = self.structured_output.bitmask(sampling_ids)
+        if masks is None:
+            return None
+        request_ids, words = masks
+        return GrammarBitmask(request_ids=request_ids, words=words, num_words=self.structured_output.num_words)
+
+    def fail_request(self, request_id: str, message: str, field: str | None) -> EngineCoreOutput | None:
+        """Finish a request with "error" before it ran (its grammar was refused); None if it is gone."""
+        seq = self.sequences.get(request_id)
+        if seq is None:
+            return None
+        (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
+        self._finish(seq, FinishReason.ERROR)
+        return EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
+                                error=message, error_field=field, num_cached_tokens=seq.num_cached_tokens)
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.PREEMPTED
@@ -341,6 +383,8 @@ class Scheduler:
         seq.stop_reason = stop_reason
         del self.sequences[seq.request_id]
         self._parent_of.pop(seq.request_id, None)
+        if self.structured_output is not None:
+            self.structured_output.remove(seq.request_id)
         if seq.request_id in self._unsent:
             self._unsent.discard(seq.request_id)
         else:

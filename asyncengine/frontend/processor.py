@@ -23,10 +23,14 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
 from asyncengine.sampling_params import INT64_MIN, SamplingParams
+from asyncengine.structured_output.backend import GrammarError
+from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
+from asyncengine.structured_output.spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
 from asyncengine.worker.logits_processors import processor_name
 
 logger = logging.getLogger(__name__)
+_CHECKED_GRAMMARS = 1024  # grammars whose check is remembered (oldest forgotten first)
 
 
 @dataclass
@@ -55,6 +59,11 @@ class InputProcessor:
         # validate_params runs here, so a bad argument is a 400 rather than a dead worker.
         self.logits_processors = list(logits_processors)
         self._submissions = itertools.count()
+        # Structured outputs: the default backend is checked now (an unknown name fails start-up), and
+        # each grammar is checked by its backend before the request is queued (a 400 naming the field).
+        self.structured_outputs_backend = configured_backend_name(engine_config.structured_outputs_config)
+        backend_class_for_request(self.structured_outputs_backend, per_request=False)
+        self._checked_grammars: dict[str, None] = {}
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams().with_defaults(self.model_config.generation_defaults)
@@ -97,6 +106,7 @@ class InputProcessor:
             eos_token_ids=() if params.ignore_eos else tuple(self.model_config.eos_token_ids),
             logprobs=params.logprobs,
             extra_args=params.extra_args,
+            structured_outputs=self._grammar_spec(params),
         )
         arrival = time.monotonic()
         submission = next(self._submissions)
@@ -195,6 +205,28 @@ class InputProcessor:
                 )
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer (the engine runs with skip_tokenizer_init)", field="stop")
+
+    def _grammar_spec(self, params: SamplingParams) -> GrammarSpec | None:
+        """The request's constraint, checked by its backend (parsing only: no tokenizer, a few ms; the
+        engine core compiles it). Checked grammars are remembered, so a repeated one costs nothing."""
+        if params.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise RequestError("structured outputs need a tokenizer (the engine runs with skip_tokenizer_init)",
+                               field="structured_outputs")
+        spec = params.structured_outputs.to_spec()
+        name = spec.backend or self.structured_outputs_backend
+        cls = backend_class_for_request(name, per_request=spec.backend is not None)
+        key = spec.cache_key(name)
+        if key not in self._checked_grammars:
+            try:
+                cls.validate(spec)
+            except ValueError as exc:
+                raise GrammarError(name, spec, str(exc)) from exc
+            if len(self._checked_grammars) >= _CHECKED_GRAMMARS:
+                self._checked_grammars.pop(next(iter(self._checked_grammars)))
+            self._checked_grammars[key] = None
+        return spec
 
     def _validate_with_logits_processors(self, params: SamplingParams) -> None:
         for cls in self.logits_processors:

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from asyncengine.structured_output.spec import GrammarSpec
+
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     """What the engine core and workers need of a request's SamplingParams, fully resolved.
@@ -31,6 +33,9 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     # SamplingParams.extra_args, already checked to encode (and normalized to what msgpack decodes):
     # per-request arguments for logits processors, which read them in the worker.
     extra_args: dict[str, Any] | None = None
+    # The constraint of SamplingParams.structured_outputs, resolved (the engine core compiles it and
+    # computes the token masks; asyncengine/structured_output/).
+    structured_outputs: GrammarSpec | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -27,6 +27,16 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
     num_computed_tokens: int
 
 
+class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True):
+    """The token masks of this step's constrained requests (those in `request_ids` that sample in it):
+    `words` holds len(request_ids) rows of `num_words` little-endian int32 words, bit t % 32 of word
+    t // 32 set when token t is allowed (asyncengine/structured_output/backend.py)."""
+
+    request_ids: list[str]
+    words: bytes
+    num_words: int
+
+
 class SchedulerOutput(msgspec.Struct, kw_only=True):
     new_requests: list[NewRequestData] = msgspec.field(default_factory=list)
     cached_requests: list[CachedRequestData] = msgspec.field(default_factory=list)
@@ -37,6 +47,8 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     # The KV connector's metadata for this step (its scheduler side's Struct, msgpack-encoded; each
     # worker's side decodes it as its metadata_cls); None without a connector or with nothing to do.
     kv_connector_metadata: bytes | None = None
+    # Structured outputs: the masks the worker applies to these requests' logits before sampling.
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -43,7 +43,15 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
 from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions
-from asyncengine.wire.worker import FailedRequest, ModelRunnerOutput, NewRequestData, SchedulerOutput, StepTimings
+from asyncengine.structured_output.bitmask import apply_bitmask
+from asyncengine.wire.worker import (
+    FailedRequest,
+    GrammarBitmask,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    StepTimings,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -319,6 +327,8 @@ class ModelRunner:
             return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph),
                                      failed_requests=failed)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if scheduler_output.grammar_bitmask is not None:
+            logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, scheduler_output.grammar_bitmask)
         rows = []
         for request_id in inputs.sampling_request_ids:
             state = self.requests[request_id]
@@ -337,6 +347,17 @@ class ModelRunner:
             request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs,
             timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed,
         )
+
+    @staticmethod
+    def _apply_grammar_bitmask(logits: torch.Tensor, sampling_ids: list[str], bitmask: GrammarBitmask) -> torch.Tensor:
+        """Structured outputs: the engine core's masks on the constrained rows, in one vectorised operation,
+        before any sampling step (penalties, processors, temperature) sees the logits."""
+        row_of = {request_id: row for row, request_id in enumerate(sampling_ids)}
+        # A request failed in this worker meanwhile has a mask but no row: its mask is skipped.
+        pairs = [(index, row_of[rid]) for index, rid in enumerate(bitmask.request_ids) if rid in row_of]
+        if not pairs:
+            return logits
+        return apply_bitmask(logits, bitmask.words, bitmask.num_words, pairs)
 
     def _device_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
         """Two timing events around the forward pass on a CUDA device (recording one costs microseconds)."""

@@ -1,0 +1,177 @@
+"""The engine core's side of structured outputs: compiled grammars, one matcher per request, masks.
+
+- A constrained request's grammar is compiled when it arrives, in a worker thread (the step loop and
+  the event loop go on), once per (backend, grammar) hash: later requests with it share the result.
+  Until it is ready the scheduler leaves the request waiting and admits others past it.
+- Before a step, the masks of the constrained requests that sample in it are computed here, after
+  their previous token was folded in (`bitmask`), and travel in the SchedulerOutput as int32 words.
+- After a step, each matcher is advanced by its request's token (`accept`).
+
+With async scheduling, a constrained request is not scheduled again while its previous token is in
+flight (Scheduler.schedule asks `is_ready`): its next mask depends on that token. Other requests keep
+the overlap; docs/structured_outputs.md says what that costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+
+from asyncengine.structured_output.backend import GrammarError, GrammarMatcher, StructuredOutputBackend, bitmask_words
+from asyncengine.structured_output.registry import backend_class, configured_backend_name
+from asyncengine.structured_output.spec import GrammarSpec
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarStats:
+    """What structured outputs cost so far in this engine core (seconds), for the bench and the stats."""
+
+    def __init__(self) -> None:
+        self.num_compiled = 0
+        self.num_cache_hits = 0
+        self.compile_seconds = 0.0
+        self.mask_seconds = 0.0
+        self.num_masks = 0
+        self.backend_of: dict[str, str] = {}  # request id -> the backend that constrains it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"num_compiled": self.num_compiled, "num_cache_hits": self.num_cache_hits,
+                "compile_seconds": self.compile_seconds, "mask_seconds": self.mask_seconds,
+                "num_masks": self.num_masks}
+
+
+class StructuredOutputManager:
+    def __init__(self, *, tokenizer_dir: str | None, vocab_size: int, eos_token_ids: list[int],
+                 structured_outputs_config: dict[str, Any] | None) -> None:
+        self.default_backend = configured_backend_name(structured_outputs_config)
+        self.tokenizer_dir = tokenizer_dir
+        self.vocab_size = vocab_size
+        self.num_words = bitmask_words(vocab_size)
+        self.eos_token_ids = list(eos_token_ids)
+        self.stats = GrammarStats()
+        self._tokenizer: Any = None
+        self._backends: dict[str, StructuredOutputBackend] = {}
+        self._compiled: dict[str, Any] = {}
+        self._compiling: dict[str, anyio.Event] = {}
+        self._failures: dict[str, GrammarError] = {}
+        self._pending: set[str] = set()  # requests whose grammar is not ready yet
+        self._matchers: dict[str, GrammarMatcher] = {}
+        self._lock = anyio.Lock()  # building a backend (tokenizer load) happens once
+
+    # -- compiling (a task of the step loop's task group, per request) ---------------------------------
+
+    def track(self, request_id: str) -> None:
+        """The request is constrained: it waits until `prepare` has built its matcher."""
+        self._pending.add(request_id)
+
+    async def prepare(self, request_id: str, spec: GrammarSpec) -> None:
+        """Compile (or reuse) the grammar and build the request's matcher. GrammarError if refused."""
+        name = spec.backend or self.default_backend
+        try:
+            backend = await self._backend(name)
+            key = spec.cache_key(name)
+            compiled = await self._compiled_grammar(backend, key, spec)
+            matcher = backend.matcher(compiled)
+        except ValueError as exc:
+            self._pending.discard(request_id)
+            if isinstance(exc, GrammarError):
+                raise
+            raise GrammarError(name, spec, str(exc)) from exc
+        if request_id in self._pending:  # not aborted meanwhile
+            self._pending.discard(request_id)
+            self._matchers[request_id] = matcher
+            self.stats.backend_of[request_id] = name
+
+    async def _backend(self, name: str) -> StructuredOutputBackend:
+        async with self._lock:
+            backend = self._backends.get(name)
+            if backend is None:
+                cls = backend_class(name)
+                backend = await anyio.to_thread.run_sync(self._build_backend, cls)
+                self._backends[name] = backend
+        return backend
+
+    def _build_backend(self, cls: type) -> StructuredOutputBackend:
+        if self._tokenizer is None:
+            if self.tokenizer_dir is None:
+                raise ValueError("structured outputs need the model's tokenizer, and the engine runs with "
+                                 "skip_tokenizer_init")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
+        return cls(self._tokenizer, self.vocab_size, self.eos_token_ids)
+
+    async def _compiled_grammar(self, backend: StructuredOutputBackend, key: str, spec: GrammarSpec) -> Any:
+        while True:
+            if key in self._compiled:
+                self.stats.num_cache_hits += 1
+                return self._compiled[key]
+            if key in self._failures:
+                raise self._failures[key]
+            busy = self._compiling.get(key)
+            if busy is None:
+                break
+            await busy.wait()  # another request compiles the same grammar: share its result
+        done = self._compiling[key] = anyio.Event()
+        started = time.perf_counter()
+        try:
+            compiled = await anyio.to_thread.run_sync(backend.compile, spec)
+        except ValueError as exc:
+            self._failures[key] = GrammarError(backend.name or type(backend).__name__, spec, str(exc))
+            raise self._failures[key] from exc
+        finally:
+            del self._compiling[key]
+            done.set()
+        self.stats.compile_seconds += time.perf_counter() - started
+        self.stats.num_compiled += 1
+        self._compiled[key] = compiled
+        return compiled
+
+    # -- the scheduler's questions ---------------------------------------------------------------------
+
+    @property
+    def num_compiling(self) -> int:
+        return len(self._pending)
+
+    def is_constrained(self, request_id: str) -> bool:
+        return request_id in self._matchers or request_id in self._pending
+
+    def is_ready(self, request_id: str) -> bool:
+        return request_id not in self._pending
+
+    def bitmask(self, request_ids: list[str]) -> tuple[list[str], bytes] | None:
+        """The masks of those of `request_ids` that are constrained, as (their ids, int32 words)."""
+        constrained = [rid for rid in request_ids if rid in self._matchers]
+        if not constrained:
+            return None
+        started = time.perf_counter()
+        words = np.full((len(constrained), self.num_words), -1, dtype=np.int32)
+        for row, request_id in enumerate(constrained):
+            self._matchers[request_id].fill_bitmask(words, row)
+        self.stats.mask_seconds += time.perf_counter() - started
+        self.stats.num_masks += len(constrained)
+        return constrained, words.tobytes()
+
+    def accept(self, request_id: str, token_id: int) -> bool:
+        """Advance the request's matcher; True when its grammar is now complete (it should stop)."""
+        matcher = self._matchers.get(request_id)
+        if matcher is None:
+            return False
+        if not matcher.accept_token(token_id):
+            # Only a token the mask allowed reaches here, unless a later logits step undid the mask
+            # (then the output may leave the grammar): say so once per request, and stop constraining.
+            logger.warning("request %s: token %d is outside its grammar; it is no longer constrained",
+                           request_id, token_id)
+            del self._matchers[request_id]
+            return False
+        return matcher.is_terminated()
+
+    def remove(self, request_id: str) -> None:
+        self._pending.discard(request_id)
+        self._matchers.pop(request_id, None)
+        self.stats.backend_of.pop(request_id, None)

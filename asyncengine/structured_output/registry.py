@@ -1,0 +1,69 @@
+"""The structured-output backend registry (R10): read in the frontend (a request's backend and its
+grammar are checked before it is queued) and in the engine core (which compiles and computes masks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncengine.errors import ConfigError, RequestError
+from asyncengine.registries.base import BUILT_IN, Registry, reads
+
+DEFAULT_BACKEND = "xgrammar"
+
+StructuredOutputBackendRegistry = Registry("structured_output_backends", "structured-output backend")
+StructuredOutputBackendRegistry.register(
+    "xgrammar", "asyncengine.structured_output.xgrammar_backend:XgrammarBackend", owner=BUILT_IN)
+StructuredOutputBackendRegistry.register(
+    "guidance", "asyncengine.structured_output.guidance_backend:GuidanceBackend", owner=BUILT_IN)
+
+
+def register_structured_output_backend(name: str, backend: Any, *, override: bool = False) -> None:
+    """Register a StructuredOutputBackend subclass (or "pkg.mod:Class") under `name`."""
+    StructuredOutputBackendRegistry.register(name, backend, override=override)
+
+
+def configured_backend_name(structured_outputs_config: dict[str, Any] | None) -> str:
+    """The engine's default backend: `structured_outputs_config["backend"]`, else xgrammar ("auto" too)."""
+    config = structured_outputs_config or {}
+    unknown = sorted(set(config) - {"backend"})
+    if unknown:
+        raise ConfigError(f"structured_outputs_config has unknown keys {unknown}; it takes 'backend'",
+                          field="structured_outputs_config")
+    name = config.get("backend") or "auto"
+    if not isinstance(name, str):
+        raise ConfigError("structured_outputs_config.backend must be a backend's name",
+                          field="structured_outputs_config")
+    return DEFAULT_BACKEND if name == "auto" else name
+
+
+def _load(name: str, *, field: str, error: type[Exception]) -> type:
+    entry = StructuredOutputBackendRegistry.get(name)
+    if entry is None:
+        raise error(f"unknown structured-output backend {name!r} (registered: "
+                    f"{', '.join(StructuredOutputBackendRegistry.keys())}); register one with "
+                    "register_structured_output_backend", field=field)
+    implementation = entry.implementation
+    if isinstance(implementation, str):
+        from asyncengine.models.registry import import_by_path
+
+        implementation = import_by_path(implementation, what=f"structured-output backend {name!r}")
+    from asyncengine.structured_output.backend import StructuredOutputBackend
+
+    if not (isinstance(implementation, type) and issubclass(implementation, StructuredOutputBackend)):
+        raise error(f"structured-output backend {name!r} (registered by {entry.owner}) is "
+                    f"{implementation!r}, not a StructuredOutputBackend subclass", field=field)
+    return implementation
+
+
+@reads("structured_output_backends", "frontend")
+def backend_class_for_request(name: str, *, per_request: bool) -> type:
+    """The class to validate a request's grammar with, in the frontend."""
+    if per_request:
+        return _load(name, field="structured_outputs.backend", error=RequestError)
+    return _load(name, field="structured_outputs_config", error=ConfigError)
+
+
+@reads("structured_output_backends", "engine core")
+def backend_class(name: str) -> type:
+    """The class the engine core builds to compile grammars and compute masks."""
+    return _load(name, field="structured_outputs_config", error=ConfigError)

@@ -1,0 +1,74 @@
+"""The default backend: xgrammar (PyPI `xgrammar`). JSON schemas, regexes, choices, GBNF grammars."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncengine.structured_output.backend import GrammarMatcher, StructuredOutputBackend
+from asyncengine.structured_output.spec import GrammarSpec
+
+
+def _grammar(spec: GrammarSpec) -> Any:
+    """The xgrammar Grammar of `spec`: parsing it needs no tokenizer, so the frontend can check it."""
+    import xgrammar
+
+    if spec.kind == "json":
+        return xgrammar.Grammar.from_json_schema(spec.text, any_whitespace=spec.whitespace_pattern is None)
+    if spec.kind == "json_object":
+        return xgrammar.Grammar.builtin_json_grammar()
+    if spec.kind == "regex":
+        return xgrammar.Grammar.from_regex(spec.text)
+    if spec.kind == "choice":
+        choices = json.loads(spec.text)
+        return xgrammar.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(choice) for choice in choices))
+    return xgrammar.Grammar.from_ebnf(spec.text)
+
+
+class _Matcher(GrammarMatcher):
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        # xgrammar writes into a torch tensor; torch.from_numpy shares the array's memory.
+        self._matcher.fill_next_token_bitmask(torch.from_numpy(bitmask), row)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+
+class XgrammarBackend(StructuredOutputBackend):
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        super().__init__(tokenizer, vocab_size, eos_token_ids)
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                       stop_token_ids=list(eos_token_ids) or None)
+        # xgrammar keeps its own cache too; ours (manager.py) shares the compiled grammar per key.
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
+
+    @classmethod
+    def validate(cls, spec: GrammarSpec) -> None:
+        try:
+            _grammar(spec)
+        except (RuntimeError, ValueError) as exc:  # xgrammar's parse errors are RuntimeErrors
+            raise ValueError(str(exc).strip()) from exc
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        try:
+            return self._compiler.compile_grammar(_grammar(spec))
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(str(exc).strip()) from exc
+
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        import xgrammar
+
+        return _Matcher(xgrammar.GrammarMatcher(compiled))
