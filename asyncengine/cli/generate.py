@@ -21,7 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser.add_argument("prompt", help="the prompt (a user message, unless --raw)")
     parser.add_argument("--model", default=None, help="model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--raw", action="store_true", help="send PROMPT as is, without the chat template")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="tokens to generate at most (default: 256, or the room the prompt leaves under "
+                             "max_model_len; a value given here must fit)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -31,11 +33,17 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser.set_defaults(handler=run)
 
 
+_DEFAULT_MAX_TOKENS = 256
+
+
 def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args, model=args.model)
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k
-    )
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    if args.max_tokens is None:
+        # A default, not the caller's value: capped at the room the prompt leaves (docs/sampling.md, "Limits").
+        params = params.with_defaults({"max_tokens": _DEFAULT_MAX_TOKENS})
+    else:
+        params = params.clone(max_tokens=args.max_tokens)
     return anyio.run(_stream, config, args, params, backend="trio")
 
 
