@@ -49,14 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
 async def _stream(config, args: argparse.Namespace, params: SamplingParams) -> int:
     from asyncengine.frontend.async_engine import AsyncEngine
-    from asyncengine.frontend.tokenizer import render_chat
 
     async with AsyncEngine.start(config) as engine:
         prompt: object = args.prompt
         has_template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
         if not args.raw and has_template:
-            text = render_chat(engine.tokenizer, [{"role": "user", "content": args.prompt}], engine.chat_template)
-            prompt = {"prompt": text, "prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False)}
+            prompt = await engine.chat_prompt([{"role": "user", "content": args.prompt}])
         async with engine.stream(prompt, params) as outputs:
             async for output in outputs:
                 for completion in output.outputs:

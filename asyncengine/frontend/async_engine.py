@@ -9,6 +9,10 @@ and the output handler run in it, and leaving the `async with` shuts them down. 
 what is new since the previous one. A request is aborted, and its KV blocks freed, when its consumer
 stops: `abort(request_id)`, cancellation, closing the generator, or leaving `stream(...)`.
 
+Tokenizing and chat rendering never run on the event loop: `generate` (and `process_request_async`,
+`tokenize`, `detokenize`, `render_chat`, `chat_prompt`, which the server calls) run them in the
+engine's `tokenizer_pool`, a few threads that the server and the Python API share (tokenizer_pool.py).
+
 Stat loggers (the stat-logger plugins, and any added with `add_stat_logger`) get every step's
 scheduler and iteration stats in `record`, and a `log()` call every `stats_log_interval` seconds. A
 stat logger that raises is a bug that would otherwise leave the metrics silently wrong, so the engine
@@ -43,6 +47,8 @@ from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
 from asyncengine.frontend.stat_loggers import StatLoggerBase, build_stat_logger, call_record, engine_initialized
+from asyncengine.frontend.tokenizer import decode_ids, encode_text, render_chat
+from asyncengine.frontend.tokenizer_pool import TokenizerPool
 from asyncengine.outputs import RequestOutput
 from asyncengine.plugin_runtime.phases import PluginState, frontend_roles, run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace, write_trace
@@ -66,6 +72,8 @@ class AsyncEngine:
         self.tokenizer = setup.tokenizer
         self.chat_template = setup.chat_template
         self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors)
+        # Tokenizing and chat rendering run here, off the event loop (tokenizer_pool.py).
+        self.tokenizer_pool = TokenizerPool()
         self.output_processor = OutputProcessor(setup.tokenizer)
         self._core = core
         self._collectors: dict[str, OutputCollector] = {}
@@ -157,14 +165,79 @@ class AsyncEngine:
     # -- requests --------------------------------------------------------------------------------------
 
     def process_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> ProcessedRequest:
-        """Validate and tokenize a request without queueing it (RequestError when it is bad)."""
+        """Validate and tokenize a request without queueing it (RequestError when it is bad). This tokenizes
+        in the calling thread: on the event loop, use `await process_request_async(...)`."""
+        return self.processor.process(self._new_request_id(request_id), prompt, params)
+
+    async def process_request_async(self, prompt: Any, params: SamplingParams | None = None,
+                                    request_id: str | None = None) -> ProcessedRequest:
+        """`process_request`, with a text prompt tokenized in the tokenizer pool (off the event loop)."""
+        request_id = self._new_request_id(request_id)
+        text = _text_to_tokenize(prompt)
+        if text is None or self.tokenizer is None:  # token ids (or no tokenizer, which it says): nothing slow
+            return self.processor.process(request_id, prompt, params)
+        return await self.tokenizer_pool.run(self._process_text, request_id, text, params)
+
+    def _process_text(self, request_id: str, text: str, params: SamplingParams | None) -> ProcessedRequest:
+        # In a pool thread. The checks of the ids run here too: they are as long as the prompt.
+        token_ids = encode_text(self.tokenizer, text, add_special_tokens=True)
+        return self.processor.process(request_id, {"prompt": text, "prompt_token_ids": token_ids}, params)
+
+    def _new_request_id(self, request_id: str | None) -> str:
         self._check_accepting()
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if not isinstance(request_id, str) or not request_id:
             raise RequestError("request_id must be a non-empty string", field="request_id")
         if request_id in self._collectors:
             raise RequestError(f"request id {request_id!r} is already in use", field="request_id")
-        return self.processor.process(request_id, prompt, params)
+        return request_id
+
+    # -- tokenizing and chat rendering, in the tokenizer pool ---------------------------------------------
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of `text` (RequestError without a tokenizer)."""
+        tokenizer = self._require_tokenizer("tokenizing text")
+        if not isinstance(text, str):
+            raise RequestError(f"only text can be tokenized, got {type(text).__name__}", field="prompt")
+        return await self.tokenizer_pool.run(encode_text, tokenizer, text, add_special_tokens=add_special_tokens)
+
+    async def detokenize(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of `token_ids` (RequestError without a tokenizer, or for an id outside the vocabulary)."""
+        tokenizer = self._require_tokenizer("detokenizing")
+        return await self.tokenizer_pool.run(self._decode_checked, tokenizer, token_ids, skip_special_tokens)
+
+    def _decode_checked(self, tokenizer: Any, token_ids: list[int], skip_special_tokens: bool) -> str:
+        # In a pool thread: checking a million ids takes as long as decoding them.
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad!r} is outside the vocabulary (0..{vocab - 1})", field="tokens")
+        return decode_ids(tokenizer, list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    async def render_chat(self, messages: list[dict[str, Any]], *, chat_template: str | None = None,
+                          add_generation_prompt: bool | None = None, continue_final_message: bool = False,
+                          tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+                          template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text for a conversation through the chat template (`chat_template`, else the
+        engine's, else the tokenizer's); see `tokenizer.render_chat` for the arguments. A bad
+        conversation, or a template that fails on it, is a RequestError."""
+        return await self.tokenizer_pool.run(
+            render_chat, self.tokenizer, messages, chat_template or self.chat_template,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            tools=tools, documents=documents, template_kwargs=template_kwargs,
+        )
+
+    async def chat_prompt(self, messages: list[dict[str, Any]], **render_options: Any) -> dict[str, Any]:
+        """A conversation as a prompt: `{"prompt": text, "prompt_token_ids": ids}`, rendered and tokenized
+        in the tokenizer pool. The template writes any BOS token itself, so none is added again."""
+        text = await self.render_chat(messages, **render_options)
+        return {"prompt": text, "prompt_token_ids": await self.tokenize(text, add_special_tokens=False)}
+
+    def _require_tokenizer(self, what: str) -> Any:
+        if self.tokenizer is None:
+            raise RequestError(f"{what} needs a tokenizer, but the engine runs with skip_tokenizer_init: send "
+                               "token ids", field="prompt")
+        return self.tokenizer
 
     async def generate(
         self,
@@ -175,7 +248,7 @@ class AsyncEngine:
         nowait: bool = False,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield what is new for this request until it finishes (the last output has `finished`)."""
-        processed = self.process_request(prompt, params, request_id)
+        processed = await self.process_request_async(prompt, params, request_id)
         async for output in self.submit(processed, OutputKind.DELTA, nowait=nowait):
             yield output
 
@@ -438,6 +511,15 @@ class AsyncEngine:
                 await self._core.send(AbortRequests(request_ids=in_core))
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the engine core is gone as well
+
+
+def _text_to_tokenize(prompt: Any) -> str | None:
+    """The text InputProcessor.process would tokenize in `prompt` (a text without token ids), if any."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    return None
 
 
 def _qualified_name(cls: type) -> str:

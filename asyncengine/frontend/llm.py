@@ -20,7 +20,6 @@ from asyncengine.config.engine import config_from_dict
 from asyncengine.errors import RequestError
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.frontend.output_processor import OutputKind
-from asyncengine.frontend.tokenizer import render_chat
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import SchedulerStats
@@ -91,17 +90,20 @@ class LLM:
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, through the chat template."""
+        """Generate replies to one conversation or a list of them, through the chat template.
+
+        As in vLLM: `continue_final_message` (with `add_generation_prompt=False`) continues the last,
+        assistant, message instead of starting a new one; `chat_template_kwargs` reach the template."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        template = chat_template or self.engine.chat_template
-        tokenizer = self.engine.tokenizer
-        prompts = []
-        for conversation in conversations:
-            text = render_chat(tokenizer, conversation, template, add_generation_prompt=add_generation_prompt)
-            # The template already wrote any BOS token: tokenize without adding special tokens again.
-            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        render_options = dict(chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                              continue_final_message=continue_final_message, tools=tools,
+                              template_kwargs=chat_template_kwargs)
+        prompts = self._portal.call(self._chat_prompts, conversations, render_options)
         params_list = self._params_per_prompt(sampling_params, len(prompts))
         return self._run(prompts, params_list, use_tqdm)
 
@@ -120,9 +122,7 @@ class LLM:
 
     def _run(self, prompts: list[Any], params_list: list[SamplingParams | None], use_tqdm: bool | None) -> list[RequestOutput]:
         # Validate every prompt before any is queued, so a bad one leaves nothing half-started.
-        processed = self._portal.call(
-            lambda: [self.engine.process_request(p, params) for p, params in zip(prompts, params_list)]
-        )
+        processed = self._portal.call(self._process_all, prompts, params_list)
         show_bar = use_tqdm if use_tqdm is not None else len(prompts) >= PROGRESS_BAR_MIN_PROMPTS
         bar = None
         if show_bar:
@@ -134,6 +134,13 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
+
+    async def _chat_prompts(self, conversations: list[Any], render_options: dict[str, Any]) -> list[dict[str, Any]]:
+        return [await self.engine.chat_prompt(conversation, **render_options) for conversation in conversations]
+
+    async def _process_all(self, prompts: list[Any], params_list: list[SamplingParams | None]) -> list[Any]:
+        # In the engine's tokenizer pool, one after another: the event loop goes on running the engine.
+        return [await self.engine.process_request_async(p, params) for p, params in zip(prompts, params_list)]
 
     async def _collect(self, processed: list, bar: Any) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(processed)

@@ -8,6 +8,7 @@ Read in the frontend only (it tokenizes prompts and detokenizes outputs). The cl
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,47 @@ def load_tokenizer(path: str | Path, mode: str = AUTO) -> Any:
     return tokenizer
 
 
+def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    """`tokenizer.encode(text)`, for the tokenizer pool's threads. A transformers fast tokenizer is called
+    through its Rust tokenizer (`encode_batch_fast`: ids without offsets), which releases the GIL while
+    it tokenizes; its own `encode` builds offsets and masks for the whole text under the GIL, and a thread
+    holding the GIL stalls the event loop just as a call on the loop would (for a 1 MB prompt: a tenth
+    of a second and more, against a few milliseconds)."""
+    backend = _direct_backend(tokenizer)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    return backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+
+
+def decode_ids(tokenizer: Any, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
+    """`tokenizer.decode(token_ids)`, for the tokenizer pool's threads: through `decode_batch`, which
+    releases the GIL (`decode` holds it for the whole text), when that gives the same text."""
+    backend = _direct_backend(tokenizer)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+    return backend.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]
+
+
+def _direct_backend(tokenizer: Any) -> Any | None:
+    """The Rust tokenizer under a transformers fast tokenizer, when calling it directly is what the
+    tokenizer's encode would do: no truncation or padding set on it, special tokens split as the
+    tokenizer says (transformers sets both on every encode). Else None: use the tokenizer's methods."""
+    if "transformers" not in sys.modules:
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        return None
+    backend = tokenizer.backend_tokenizer
+    if not (hasattr(backend, "encode_batch_fast") and hasattr(backend, "decode_batch")):
+        return None  # tokenizers older than 0.21
+    if backend.truncation is not None or backend.padding is not None:
+        return None
+    if backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return backend
+
+
 def read_chat_template(value: str | None) -> str | None:
     """`chat_template` may be a Jinja template or the path of a file holding one."""
     if value is None:
@@ -90,10 +132,29 @@ def read_chat_template(value: str | None) -> str | None:
     return value
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None, *,
-                add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
-    """The prompt text for a conversation, through the tokenizer's chat template or `chat_template`;
-    `template_kwargs` (`tools`, a request's `chat_template_kwargs`) reach the template as variables."""
+# Arguments of apply_chat_template that are not template variables: the engine sets them (or they
+# make no sense for a prompt rendered to text), so a request's chat_template_kwargs may not.
+# `add_generation_prompt`, `continue_final_message`, `tools` and `documents` may be set there, as vLLM allows.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "conversations", "messages", "chat_template", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
+})
+# The request fields a request's chat_template_kwargs may also set (vLLM: the kwargs win).
+_OVERRIDABLE = ("add_generation_prompt", "continue_final_message", "tools", "documents")
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None, *,
+                add_generation_prompt: bool | None = None, continue_final_message: bool = False,
+                tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text for a conversation, through the tokenizer's chat template or `chat_template`.
+
+    `add_generation_prompt` (default: True, or False with `continue_final_message`) ends the text with
+    the header of a new assistant message; `continue_final_message` leaves the last message open
+    instead, for the model to continue it (vLLM's and transformers' field of that name).
+    `template_kwargs` (a request's `chat_template_kwargs`) reach the template as variables; they may
+    also set the four arguments above, as in vLLM, but not the ones the engine sets (RESERVED_TEMPLATE_KWARGS).
+    Anything wrong with the request, the template failing on it included, is a RequestError naming the field."""
     if tokenizer is None:
         raise RequestError("chat needs a tokenizer, but the engine runs with skip_tokenizer_init", field="messages")
     template = chat_template or getattr(tokenizer, "chat_template", None)
@@ -102,17 +163,81 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
             "the model's tokenizer has no chat template: pass chat_template (a Jinja template or a file)",
             field="messages",
         )
+    _check_messages(messages)
+    variables = dict(template_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & variables.keys())
+    if reserved:
+        raise RequestError(
+            f"chat_template_kwargs may not set {', '.join(map(repr, reserved))}: "
+            f"{'it is an argument' if len(reserved) == 1 else 'they are arguments'} of the chat rendering that the "
+            "server sets itself (send messages in 'messages', and start the server with --chat-template to change "
+            "the template)",
+            field=f"chat_template_kwargs.{reserved[0]}",
+        )
+    overrides = {name: variables.pop(name) for name in _OVERRIDABLE if name in variables}
+    add_generation_prompt = overrides.get("add_generation_prompt", add_generation_prompt)
+    continue_final_message = overrides.get("continue_final_message", continue_final_message)
+    tools = overrides.get("tools", tools)
+    documents = overrides.get("documents", documents)
+    field_of = {name: f"chat_template_kwargs.{name}" if name in overrides else name for name in _OVERRIDABLE}
+    for name, value in (("add_generation_prompt", add_generation_prompt),
+                        ("continue_final_message", continue_final_message)):
+        if value is not None and not isinstance(value, bool):
+            raise RequestError(f"{field_of[name]} must be true or false, got {_short(value)}", field=field_of[name])
+    for name, value in (("tools", tools), ("documents", documents)):
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
+            raise RequestError(f"{field_of[name]} must be a list of objects, got {_short(value)}", field=field_of[name])
+    if continue_final_message:
+        if add_generation_prompt:
+            raise RequestError(
+                "continue_final_message and add_generation_prompt cannot both be true: continue_final_message "
+                "continues the last message, add_generation_prompt starts a new one",
+                field=field_of["continue_final_message"],
+            )
+        if messages[-1].get("role") != "assistant":
+            raise RequestError(
+                "continue_final_message continues the last message, which must be the assistant's; the last message "
+                f"has role {messages[-1].get('role')!r}", field=field_of["continue_final_message"],
+            )
+    elif add_generation_prompt is None:
+        add_generation_prompt = True
+    return _apply_template(tokenizer, messages, template, variables, add_generation_prompt=bool(add_generation_prompt),
+                           continue_final_message=continue_final_message, tools=tools, documents=documents)
+
+
+def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise RequestError("messages must be a list of {'role': ..., 'content': ...} objects", field="messages")
+    if not messages:
+        raise RequestError("messages is empty: send at least one message", field="messages")
     for index, message in enumerate(messages):
         if not isinstance(message.get("role"), str):
             raise RequestError(f"messages[{index}] has no 'role' string", field=f"messages[{index}].role")
+
+
+def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], template: str, variables: dict[str, Any], *,
+                    add_generation_prompt: bool, continue_final_message: bool, tools: Any, documents: Any) -> str:
     from jinja2 import TemplateError
 
+    extra: dict[str, Any] = {}
+    if tools is not None:
+        extra["tools"] = tools
+    if continue_final_message:  # only when set: a tokenizer plugin's apply_chat_template may not know it
+        extra["continue_final_message"] = True
+    if documents is not None:
+        extra["documents"] = documents
     try:
         return tokenizer.apply_chat_template(
             messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
-            **template_kwargs,
+            **extra, **variables,
         )
-    except TemplateError as exc:
-        raise RequestError(f"the chat template failed on these messages: {exc}", field="messages") from exc
+    except (TemplateError, ValueError, TypeError, LookupError, ArithmeticError) as exc:
+        # What a template raises on the data it renders (its own raise_exception, a missing or
+        # ill-typed value, transformers' checks of the conversation): this request's fault, or the
+        # template's, never the server's. A different exception is a bug and stays a 500.
+        raise RequestError(f"the chat template failed on this request: {exc}", field="messages") from exc
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

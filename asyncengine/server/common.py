@@ -1,12 +1,13 @@
 """What the completion and chat routes share: sampling parameters from a request, the model check,
-request ids, token strings for logprobs, server-sent events, and taking a request's first output
-before the response starts (so that overload and bad input still get an HTTP status)."""
+request ids, tokenizing and chat rendering (in the engine's tokenizer pool, off the event loop), token
+strings for logprobs, server-sent events, and taking a request's first output before the response
+starts (so that overload and bad input still get an HTTP status)."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncGenerator, Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -86,6 +87,25 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         values["extra_args"] = dict(request.vllm_xargs)
     try:
         return SamplingParams(**values)
+    except RequestError as error:
+        raise from_engine_error(error) from error
+
+
+async def tokenize_prompt(engine: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    """The token ids of a text prompt, tokenized off the event loop (the engine's tokenizer pool)."""
+    if engine.tokenizer is None:
+        raise bad_request("text prompts need a tokenizer, but the server runs with skip_tokenizer_init: send "
+                          "token ids", param="prompt", code="no_tokenizer")
+    try:
+        return await engine.tokenize(text, add_special_tokens=add_special_tokens)
+    except RequestError as error:
+        raise from_engine_error(error) from error
+
+
+async def chat_prompt_text(engine: Any, messages: list[dict[str, Any]], **render_options: Any) -> str:
+    """A conversation through the chat template, off the event loop; what is wrong with it is a 400."""
+    try:
+        return await engine.render_chat(messages, **render_options)
     except RequestError as error:
         raise from_engine_error(error) from error
 
@@ -179,8 +199,10 @@ async def final_outputs(engine: Any, submissions: list[Any]) -> list[RequestOutp
     finals: list[RequestOutput | None] = [None] * len(submissions)
 
     async def run(index: int) -> None:
-        async for output in engine.submit(submissions[index], OutputKind.FINAL_ONLY, nowait=True):
-            finals[index] = output
+        # aclosing: a cancelled `async for` leaves its generator open; closing it aborts the request now.
+        async with aclosing(engine.submit(submissions[index], OutputKind.FINAL_ONLY, nowait=True)) as outputs:
+            async for output in outputs:
+                finals[index] = output
 
     with engine_errors_as_http():
         async with anyio.create_task_group() as tg:

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from quart import Response, current_app, g, request
+from quart import Response, g, request
 
 from asyncengine.errors import RequestError
-from asyncengine.server.common import ServingContext, check_model
+from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
 from asyncengine.server.openapi import openapi_document
 from asyncengine.server.protocol import (
@@ -20,6 +20,7 @@ from asyncengine.server.protocol import (
 )
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
+from asyncengine.server.response_scope import current_response_scope
 from asyncengine.server.serving_io_processor import create_io_process
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
@@ -80,12 +81,12 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
 
     async def completions() -> Response:
         body = await decode_body(CompletionRequest)
-        result = await create_completion(context, body, g.request_id, current_app.nursery)
+        result = await create_completion(context, body, g.request_id, current_response_scope())
         return sse_response(result) if body.stream else json_response(result)
 
     async def chat_completions() -> Response:
         body = await decode_body(ChatCompletionRequest)
-        result = await create_chat_completion(context, body, g.request_id, current_app.nursery)
+        result = await create_chat_completion(context, body, g.request_id, current_response_scope())
         return sse_response(result) if body.stream else json_response(result)
 
     async def io_process() -> Response:
@@ -98,32 +99,28 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     async def tokenize() -> Response:
         body = await decode_body(TokenizeRequest)
         check_model(context, body.model)
-        tokenizer = _tokenizer(engine)
+        _tokenizer(engine)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("send exactly one of 'prompt' and 'messages'", param="prompt")
+        # Tokenizing and rendering run in the engine's tokenizer pool, off the event loop.
         if body.prompt is not None:
-            tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+            tokens = await tokenize_prompt(engine, body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
-            from asyncengine.frontend.tokenizer import render_chat
-
-            try:
-                text = render_chat(tokenizer, message_dicts(body.messages), context.chat_template,
-                                   add_generation_prompt=body.add_generation_prompt)
-            except RequestError as error:
-                raise from_engine_error(error) from error
-            tokens = tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
+            text = await chat_prompt_text(engine, message_dicts(body.messages), chat_template=context.chat_template,
+                                          add_generation_prompt=body.add_generation_prompt,
+                                          continue_final_message=body.continue_final_message,
+                                          template_kwargs=body.chat_template_kwargs)
+            tokens = await tokenize_prompt(engine, text, add_special_tokens=bool(body.add_special_tokens))
         return json_response({"count": len(tokens), "max_model_len": context.max_model_len, "tokens": tokens})
 
     async def detokenize() -> Response:
         body = await decode_body(DetokenizeRequest)
         check_model(context, body.model)
-        tokenizer = _tokenizer(engine)
-        vocab = engine.model_config.vocab_size
-        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens",
-                              code="invalid_value")
-        return json_response({"prompt": tokenizer.decode(body.tokens)})
+        _tokenizer(engine)
+        try:  # checked and decoded in the engine's tokenizer pool, off the event loop
+            return json_response({"prompt": await engine.detokenize(body.tokens)})
+        except RequestError as error:
+            raise from_engine_error(error) from error
 
     async def health() -> Response:
         if engine.dead_error is not None:

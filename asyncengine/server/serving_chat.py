@@ -1,6 +1,10 @@
 """POST /v1/chat/completions: the conversation through the chat template, one engine request with
 `n` completions, reasoning and tool calls split out of the text by the configured parsers.
 
+The template is rendered and its text tokenized in the engine's tokenizer pool, off the event loop;
+a conversation the template cannot render is a 400. The request's outputs belong to the response
+(response_scope.py): a client that leaves, at whatever moment, aborts it.
+
 Parsers run per choice, on the text as it grows: the reasoning parser first (it separates
 `reasoning_content` from content), then the tool parser on the content. Each choice has parser
 instances of its own, since streaming parsers keep state.
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +23,12 @@ import msgspec
 
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
 from asyncengine.frontend.output_processor import OutputKind
-from asyncengine.frontend.tokenizer import render_chat
 from asyncengine.outputs import CompletionOutput
 from asyncengine.server.common import (
-    SSE_DONE, ServingContext, TokenText, check_model, check_supported, engine_errors_as_http, first_then_rest, new_id,
-    sampling_params, sse, sse_error, start_stream, usage,
+    SSE_DONE, ServingContext, TokenText, chat_prompt_text, check_model, check_supported, engine_errors_as_http,
+    first_then_rest, new_id, sampling_params, sse, sse_error, start_stream, tokenize_prompt, usage,
 )
+from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.errors import bad_request, from_engine_error
 from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
 from asyncengine.server.protocol import (
@@ -70,22 +75,20 @@ def _tools_active(context: ServingContext, request: ChatCompletionRequest) -> bo
 
 
 async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
-                                 task_group: Any) -> ChatCompletionResponse | AsyncIterator[bytes]:
+                                 scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
     check_model(context, request.model)
     check_supported(request)
     engine = context.engine
     tools_active = _tools_active(context, request)
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
-    template_kwargs = dict(request.chat_template_kwargs or {})
-    if request.tools:
-        template_kwargs["tools"] = [msgspec.to_builtins(tool) for tool in request.tools]
-    try:
-        text = render_chat(engine.tokenizer, message_dicts(request.messages), context.chat_template,
-                           add_generation_prompt=request.add_generation_prompt, **template_kwargs)
-    except RequestError as error:
-        raise from_engine_error(error) from error
-    token_ids = engine.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+    text = await chat_prompt_text(
+        engine, message_dicts(request.messages), chat_template=context.chat_template,
+        add_generation_prompt=request.add_generation_prompt, continue_final_message=request.continue_final_message,
+        tools=[msgspec.to_builtins(tool) for tool in request.tools] if request.tools else None,
+        template_kwargs=request.chat_template_kwargs,
+    )
+    token_ids = await tokenize_prompt(engine, text, add_special_tokens=request.add_special_tokens)
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs, prompt_len=len(token_ids),
@@ -99,12 +102,14 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer))
     if request.stream:
         outputs = engine.submit(processed, OutputKind.DELTA, nowait=True)
+        scope.close_at_end(outputs)  # aborts the request however the response ends, even before the body starts
         first = await start_stream(outputs)
         return shaper.events(first_then_rest(first, outputs))
     final = None
     with engine_errors_as_http():
-        async for output in engine.submit(processed, OutputKind.FINAL_ONLY, nowait=True):
-            final = output
+        async with aclosing(engine.submit(processed, OutputKind.FINAL_ONLY, nowait=True)) as outputs:
+            async for output in outputs:
+                final = output
     choices = [shaper.choice(c) for c in final.outputs]
     completion_tokens = sum(len(c.token_ids) for c in final.outputs)
     return ChatCompletionResponse(id=response_id, created=shaper.created, model=context.model_name, choices=choices,

@@ -1,15 +1,18 @@
 """POST /v1/completions: one engine request per prompt, each with `n` completions.
 
-Choice `index` is `prompt_index * n + completion_index`, as OpenAI numbers them. Without `stream` the
-prompts run concurrently and the response comes when all have finished. With `stream`, each output
-becomes an event as it comes; several prompts stream through one channel fed by a task per prompt,
-owned by the server's task group and cancelled (aborting its request) when the client goes away.
+Choice `index` is `prompt_index * n + completion_index`, as OpenAI numbers them. Text prompts are
+tokenized in the engine's tokenizer pool, off the event loop. Without `stream` the prompts run
+concurrently and the response comes when all have finished. With `stream`, each output becomes an
+event as it comes; several prompts stream through one channel fed by a task per prompt. Those tasks
+and every request's outputs belong to the response (response_scope.py): when the client goes away,
+at whatever moment, they are cancelled and closed, which aborts the requests.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -17,10 +20,10 @@ import anyio
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
-    final_outputs,
-    SSE_DONE, ServingContext, TokenText, check_model, check_supported, first_then_rest, new_id,
-    sampling_params, sse, sse_error, start_stream, usage,
+    SSE_DONE, ServingContext, TokenText, check_model, check_supported, final_outputs, first_then_rest, new_id,
+    sampling_params, sse, sse_error, start_stream, tokenize_prompt, usage,
 )
+from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.errors import bad_request, from_engine_error
 from asyncengine.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
@@ -47,7 +50,7 @@ def _is_token_id(value: Any) -> bool:
 
 
 async def create_completion(context: ServingContext, request: CompletionRequest, header_id: str | None,
-                            task_group: Any) -> CompletionResponse | AsyncIterator[bytes]:
+                            scope: ResponseScope) -> CompletionResponse | AsyncIterator[bytes]:
     check_model(context, request.model)
     check_supported(request)
     engine = context.engine
@@ -56,11 +59,8 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     submissions = []
     for index, prompt in enumerate(prompts_of(request)):
         if isinstance(prompt, str):
-            if tokenizer is None:
-                raise bad_request("text prompts need a tokenizer, but the server runs with skip_tokenizer_init: send "
-                                  "token ids", param="prompt")
-            engine_prompt = {"prompt": prompt,
-                             "prompt_token_ids": tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)}
+            engine_prompt = {"prompt": prompt, "prompt_token_ids": await tokenize_prompt(
+                engine, prompt, add_special_tokens=request.add_special_tokens)}
         else:
             engine_prompt = {"prompt_token_ids": prompt}
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
@@ -72,7 +72,7 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
             raise from_engine_error(error) from error
     shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
     if request.stream:
-        return await _stream(engine, submissions, shaper, request, task_group)
+        return await _stream(engine, submissions, shaper, request, scope)
     finals = await final_outputs(engine, submissions)
     return shaper.response(finals)
 
@@ -130,14 +130,15 @@ class _Shaper:
 
 
 async def _stream(engine: Any, submissions: list, shaper: _Shaper, request: CompletionRequest,
-                  task_group: Any) -> AsyncIterator[bytes]:
+                  scope: ResponseScope) -> AsyncIterator[bytes]:
     include_usage = request.stream_options is not None and request.stream_options.include_usage
     if len(submissions) == 1:
         outputs = engine.submit(submissions[0], OutputKind.DELTA, nowait=True)
+        scope.close_at_end(outputs)  # also when the body never starts
         first = await start_stream(outputs)  # errors before the first byte are HTTP errors
         tagged = _tag(0, first_then_rest(first, outputs))
     else:
-        tagged = await _fan_in(engine, submissions, task_group)
+        tagged = await _fan_in(engine, submissions, scope)
     return _events(tagged, shaper, include_usage, num_prompts=len(submissions))
 
 
@@ -172,10 +173,13 @@ async def _events(tagged: AsyncGenerator[tuple[int, RequestOutput], None], shape
             await tagged.aclose()  # the client left early: abort what still runs
 
 
-async def _fan_in(engine: Any, submissions: list, task_group: Any) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-    """Several prompts' outputs through one channel. Each prompt's task belongs to the server's task group;
-    the returned generator cancels them all when it is closed, which aborts their requests."""
+async def _fan_in(engine: Any, submissions: list,
+                  scope: ResponseScope) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """Several prompts' outputs through one channel, each fed by a task of the response's scope. The
+    returned generator cancels them all when it is closed; the scope does when the response ends
+    without it (the client left before the body started). Either way their requests are aborted."""
     send, receive = anyio.create_memory_object_stream[tuple[int, Any]](len(submissions) * 4)
+    scope.close_at_end(receive)
     scopes = [anyio.CancelScope() for _ in submissions]
     started: list[anyio.Event] = [anyio.Event() for _ in submissions]
     failures: list[BaseException] = []
@@ -183,17 +187,21 @@ async def _fan_in(engine: Any, submissions: list, task_group: Any) -> AsyncGener
     async def produce(index: int) -> None:
         with scopes[index]:
             try:
-                async for output in engine.submit(submissions[index], OutputKind.DELTA, nowait=True):
-                    started[index].set()
-                    await send.send((index, output))
+                # aclosing: a cancelled `async for` would leave the generator, and its request, open.
+                async with aclosing(engine.submit(submissions[index], OutputKind.DELTA, nowait=True)) as outputs:
+                    async for output in outputs:
+                        started[index].set()
+                        await send.send((index, output))
             except (RequestError, EngineOverloadedError, EngineDeadError) as error:
                 failures.append(error)
                 await send.send((index, error))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the body was closed: nobody reads any more, and the request is aborted already
             finally:
                 started[index].set()
 
     for index in range(len(submissions)):
-        task_group.start_soon(produce, index)
+        scope.start_soon(produce, index, name=f"completion prompt {index}")
     for event in started:  # every prompt admitted and produced its first output, or one failed
         await event.wait()
         if failures:

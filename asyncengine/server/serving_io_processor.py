@@ -120,7 +120,7 @@ async def create_io_process(context: ServingContext, request: IOProcessRequest,
     prompts = _prompt_list(setup.name, await _call_plugin(setup, "pre_process", request))
     submissions = []
     for index, prompt in enumerate(prompts):
-        engine_prompt = _engine_prompt(context, request, setup.name, index, prompt)
+        engine_prompt = await _engine_prompt(context, request, setup.name, index, prompt)
         try:
             params = sampling_params(request, max_tokens=request.max_tokens, logprobs=None,
                                      prompt_len=len(engine_prompt["prompt_token_ids"]),
@@ -197,9 +197,10 @@ def _prompt_list(name: str | None, value: Any) -> list[Any]:
                                                   "{'prompt_token_ids': [...]})")
 
 
-def _engine_prompt(context: ServingContext, request: IOProcessRequest, name: str | None, index: int,
-                   prompt: Any) -> dict[str, Any]:
-    """One of the plugin's prompts as the engine takes it, with its token ids (the length checks need them)."""
+async def _engine_prompt(context: ServingContext, request: IOProcessRequest, name: str | None, index: int,
+                         prompt: Any) -> dict[str, Any]:
+    """One of the plugin's prompts as the engine takes it, with its token ids (the length checks need them),
+    tokenized in the engine's tokenizer pool."""
     if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
         prompt = prompt["prompt_token_ids"]
     elif isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
@@ -209,7 +210,7 @@ def _engine_prompt(context: ServingContext, request: IOProcessRequest, name: str
         if tokenizer is None:
             raise _plugin_error(name, "pre_process", 500, f"returned the text prompt {index}, but the server runs "
                                                           "with skip_tokenizer_init: return token ids")
-        return {"prompt": prompt, "prompt_token_ids": tokenizer.encode(
+        return {"prompt": prompt, "prompt_token_ids": await context.engine.tokenize(
             prompt, add_special_tokens=request.add_special_tokens)}
     if isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
         return {"prompt_token_ids": list(prompt)}

@@ -137,6 +137,9 @@ class FakeEngine:
     def __init__(self):
         self.submitted = []
 
+    async def tokenize(self, text, add_special_tokens=True):
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
     def process_request(self, prompt, params, request_id):
         if not prompt["prompt_token_ids"]:
             raise RequestError("the prompt is empty", field="prompt")
