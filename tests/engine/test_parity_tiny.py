@@ -15,7 +15,7 @@ import pytest
 
 from asyncengine import LLM, SamplingParams
 from support.engine_checks import assert_all_blocks_free
-from support.hf_reference import compare_greedy, hf_greedy
+from support.hf_reference import assert_bfloat16_rule, compare_greedy, compare_low_precision, hf_greedy
 
 NUM_TOKENS = 32
 MODELS = ["llama", "qwen2", "qwen3"]
@@ -92,4 +92,39 @@ def test_preemption_with_tiny_kv_cache(tiny_model, parity_record, make_llm, name
     )
     run_and_compare(llm, model, make_prompts(model.vocab_size, seed=4), parity_record)
     assert llm.get_scheduler_stats().num_preemptions > 0
+    assert_no_leak(llm)
+
+
+# --- bfloat16 -----------------------------------------------------------------------------------
+# Ours in bfloat16 (dtype="bfloat16", the same float32 checkpoint cast at load) against transformers
+# in bfloat16 (its float32 model cast with .to(bfloat16)), both measured against transformers in
+# float32 on our generated tokens: the rule is tests/support/hf_reference.py's `assert_bfloat16_rule`.
+
+
+@pytest.fixture(scope="module")
+def hf_bfloat16():
+    import copy
+
+    import torch
+
+    cast = {}
+
+    def get(model):
+        if model.name not in cast:
+            cast[model.name] = copy.deepcopy(model.hf_model).to(torch.bfloat16)
+        return cast[model.name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bfloat16_batch_against_transformers_in_bfloat16(tiny_model, hf_bfloat16, make_llm, name):
+    model = tiny_model(name)
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, dtype="bfloat16")
+    prompts = make_prompts(model.vocab_size, seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    result = compare_low_precision(prompts, [o.outputs[0] for o in outputs], model.hf_model, hf_bfloat16(model))
+    print(f"bfloat16 {name}: {result}")
+    assert_bfloat16_rule(result)
     assert_no_leak(llm)
