@@ -15,6 +15,7 @@ from asyncengine.attention.backend import AttentionBackend
 from asyncengine.attention.registry import AttentionBackendRegistry
 from asyncengine.errors import StartupError
 from asyncengine.platforms.interface import ask_attn_backend
+from asyncengine.plugin_runtime.contracts import check_backend_class
 from asyncengine.registries.base import describe, reads
 
 
@@ -70,6 +71,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
                 name, chosen_by=chosen_by, field="attention_backend" if option else None)
             entry = AttentionBackendRegistry.get(name)
             owners[name] = f"registered by {entry.owner}" if entry else "a class path"
+            check_backend_class(name, classes[name], f"{owners[name]}, chosen by {chosen_by}")  # forward, not at step 1
         names.append(name)
         backends.append(classes[name](layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale))
     return BackendChoice(names, backends, chosen_by, owners)

@@ -28,7 +28,7 @@ from asyncengine.plugin_runtime.manifest import Manifest, PluginInfo, build_mani
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.platforms.interface import Platform
 from asyncengine.platforms.resolution import resolve_platform
-from asyncengine.registries.base import reads
+from asyncengine.registries.base import describe, reads
 
 def frontend_roles(config: EngineConfig) -> set[str]:
     """The roles the frontend's process plays: in-process it is also the engine core, and with `uni`
@@ -60,6 +60,7 @@ class PluginState:
     endpoints: list[Any] = field(default_factory=list)
     logits_processors: list[type] = field(default_factory=list)
     manifest: Manifest | None = None
+    owners: dict[Any, str] = field(default_factory=dict)  # a kept class -> the plugin it came from, for errors
 
 
 async def run_plugin_phases(
@@ -103,6 +104,10 @@ async def run_plugin_phases(
                 result = await _load_once(plugin, g.PHASE_ROLE_GROUPS, loader, state, call=calls)
                 if result is not None:
                     _keep(state, plugin, result, loader)
+        if g.FRONTEND in roles:  # what would fail only at the first request fails here, naming the plugin
+            from asyncengine.plugin_runtime.contracts import check_frontend_contracts
+
+            check_frontend_contracts(state.stat_loggers, state.endpoints, config, state.owners)
 
     async with trace.phase(g.PHASE_CONFIG_HOOKS):
         from asyncengine.plugin_runtime.config_hooks import check_config_hooks
@@ -115,6 +120,10 @@ async def run_plugin_phases(
             await anyio.to_thread.run_sync(check_additional_config, config, platform, trace)
         if roles & g.LOGITS_PROCESSOR.roles and config.logits_processors:
             state.logits_processors = _with_configured_logits_processors(state.logits_processors, config)
+        if g.WORKER in roles:  # attention backends and out-of-tree ops: found at start-up, not at the first step
+            from asyncengine.plugin_runtime.contracts import check_worker_contracts
+
+            await anyio.to_thread.run_sync(check_worker_contracts, platform, config)
 
     state.manifest = build_manifest(trace.process, state.loaded)
     if frontend_manifest is not None:
@@ -193,6 +202,7 @@ def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: Plug
     elif group is g.STAT_LOGGER:
         if _is_subclass(result, StatLoggerBase):
             state.stat_loggers.append(result)
+            state.owners[result] = f"{describe(result)} ({plugin.label})"
             return
         problem = f"names {result!r}, which is not a StatLoggerBase subclass"
     elif group is g.ENDPOINT:

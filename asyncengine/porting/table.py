@@ -53,6 +53,8 @@ _API_NAMES = {
     "vllm.v1.metrics.loggers": ["StatLoggerBase"],
     "vllm.plugins": ["load_general_plugins"],
     "vllm.plugins.io_processors.interface": ["IOProcessor"],
+    "vllm.plugins.endpoint_plugins": ["EndpointPlugin"],
+    "vllm.plugins.endpoint_plugins.interface": ["EndpointPlugin"],
     "vllm.platforms": ["current_platform", "Platform", "PlatformEnum"],
     "vllm.platforms.interface": ["Platform", "PlatformEnum"],
     "vllm.platforms.cpu": ["CpuPlatform"],
@@ -114,3 +116,17 @@ def unmapped_reason(dotted: str) -> tuple[str, str]:
         if dotted == prefix or dotted.startswith(prefix + "."):
             return section, hint
     return "the-table-of-names", "no counterpart in asyncengine.plugins_api"
+
+
+def rename_rows() -> list[tuple[str, str, str]]:
+    """(kind, vLLM, asyncengine) for every rename the tool applies: docs/porting.md's table of names."""
+    rows = [("entry-point group", old, new) for old, new in ENTRY_POINT_GROUPS.items()]
+    rows += [("environment variable", old, new) for old, new in ENVIRONMENT_VARIABLES.items()]
+    seen = set()
+    for (module, name), (target, new_name) in IMPORTS.items():
+        dotted = f"{module}.{name}"
+        if dotted not in seen:
+            seen.add(dotted)
+            rows.append(("import", dotted, f"{target}.{new_name}"))
+    rows += [("class path", old, new) for old, new in CLASS_PATHS.items()]
+    return rows

@@ -115,5 +115,5 @@ def test_a_model_registered_by_a_general_plugin_is_built_in_the_worker_process(l
 def test_without_the_plugin_the_architecture_is_unknown_in_the_frontend(llama, tmp_path, plugin_env):
     model = renamed(llama, tmp_path, "PluginLlamaForCausalLM")
     outcome = run_script(tmp_path, plugin_env(), str(model), "no", "multiprocess")
-    assert outcome["error"] in ("ModelLoadError", "ConfigError"), outcome
+    assert outcome["error"] in ("UnsupportedArchitectureError", "ConfigError"), outcome
     assert "PluginLlamaForCausalLM" in outcome["message"] and "not supported" in outcome["message"]

@@ -99,3 +99,18 @@ def test_the_command_is_a_dry_run_unless_told_to_write(tmp_path):
 
 def test_a_missing_path_is_a_usage_error(tmp_path):
     assert port(tmp_path / "nope", write=False).returncode == 2
+
+
+def test_the_docs_table_is_the_table_the_tool_applies_and_every_section_it_names_exists():
+    import re
+
+    from asyncengine.porting import table
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "porting.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| ([a-z -]+) \| `([^`]+)` \| `([^`]+)` \|", page, flags=re.M)
+    assert rows == table.rename_rows()
+    slugs = {re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+             for heading in re.findall(r"^#+ (.+)$", page, flags=re.M)}
+    named = {section for _, section, _ in table.UNMAPPED} | {"custom-ops", "environment-variables", "dependencies",
+                                                                "endpoint-plugins", "not-here-yet", "the-port-tool"}
+    assert named <= slugs, named - slugs

@@ -1,0 +1,130 @@
+"""Contracts that would otherwise fail only at the first request, checked at start-up.
+
+A stat logger whose `record` cannot take the engine's arguments, an endpoint plugin without
+`attach(app)`, an attention backend without `forward`, an out-of-tree custom op whose forward on this
+platform is nobody's: each would pass start-up and kill the engine at its first step. Here each is
+found where its role starts (stat loggers and endpoints in the frontend, attention backends and custom
+ops in the worker), so start-up (and `asyncengine plugins check`) fails naming the plugin. The checks
+bind signatures and look methods up; the only plugin code they run is the platform's
+get_attn_backend_cls, asked for a probe shape.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from asyncengine.errors import StartupError
+from asyncengine.registries.base import BUILT_IN, describe, reads
+
+
+def _owner(cls: type, owners: dict[type, str]) -> str:
+    return owners.get(cls) or describe(cls)
+
+
+def check_frontend_contracts(stat_loggers: list[type], endpoints: list[Any], config: Any,
+                             owners: dict[type, str] | None = None) -> None:
+    """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each."""
+    from asyncengine.frontend.endpoints import EndpointPlugin
+    from asyncengine.frontend.stat_loggers import StatLoggerBase, _INIT_EXTRAS, _RECORD_EXTRAS, _declared
+
+    owners = owners or {}
+    for cls in stat_loggers:
+        who = f"stat logger {_owner(cls, owners)}"
+        if cls.record is StatLoggerBase.record:
+            raise StartupError(f"{who} defines no record(scheduler_stats, iteration_stats): the engine calls it "
+                               "after every step")
+        init_extras = _declared(cls.__init__, tuple(_INIT_EXTRAS))[:1]
+        record_extras = _declared(cls.record, tuple(_RECORD_EXTRAS))
+        for what, function, arguments, keywords in (
+            ("__init__", cls.__init__, (None, config), init_extras),
+            ("record", cls.record, (None, None, None), record_extras),
+        ):
+            try:
+                inspect.signature(function).bind(*arguments, **{name: None for name in keywords})
+            except TypeError as exc:
+                called = ("cls(engine_config" if what == "__init__" else "record(scheduler_stats, iteration_stats") + \
+                    "".join(f", {name}=..." for name in keywords) + ")"
+                raise StartupError(f"{who}: {what} cannot be called as the engine calls it, {called}: {exc}") from exc
+    for endpoint in endpoints:
+        if type(endpoint).attach is EndpointPlugin.attach:
+            vllm_form = (" (it has attach_router: vLLM's FastAPI form; see docs/porting.md#endpoint-plugins)"
+                         if hasattr(endpoint, "attach_router") else "")
+            raise StartupError(f"endpoint plugin {endpoint.name!r} ({describe(type(endpoint))}) defines no "
+                               f"attach(app), which adds its routes{vllm_form}")
+
+
+def check_backend_class(name: str, backend: type, origin: str) -> None:
+    """An attention backend must implement forward (the selector calls this for each backend it builds)."""
+    from asyncengine.attention.backend import AttentionBackend
+
+    if backend.forward is AttentionBackend.forward:
+        raise StartupError(f"attention backend {name!r} ({describe(backend)}, {origin}) defines no "
+                           "forward(query, key, value, kv_cache, metadata): vLLM's backends are descriptor classes, "
+                           "ours implement attention (docs/porting.md#attention-backends)")
+
+
+@reads("attention_backends", "worker")
+@reads("custom_ops", "worker")
+def check_worker_contracts(platform: Any, config: Any) -> None:
+    """Every attention backend a plugin registered, the one the platform (or the attention_backend
+    option) chooses for a probe shape (head_dim 64, the platform's default dtype, the configured block
+    size: the model's own shapes are asked again when it is built), and every out-of-tree custom op,
+    against this platform. The probe calls the platform's get_attn_backend_cls; nothing else runs."""
+    from asyncengine.attention.registry import AttentionBackendRegistry
+    from asyncengine.attention.selector import _as_name
+    from asyncengine.platforms.interface import ask_attn_backend
+
+    for name in AttentionBackendRegistry.keys():
+        entry = AttentionBackendRegistry.get(name)
+        if entry is not None and entry.owner != BUILT_IN:
+            check_backend_class(name, AttentionBackendRegistry.backend_class(name), f"registered by {entry.owner}")
+    chosen_by = "the attention_backend option" if config.attention_backend else f"platform {platform.device_name}"
+    answer = config.attention_backend or _as_name(ask_attn_backend(platform, 64, _probe_dtype(platform),
+                                                                    config.block_size))
+    if answer:  # (an unusable answer is the selector's error, with the model's shapes)
+        check_backend_class(answer, AttentionBackendRegistry.backend_class(answer, chosen_by=chosen_by),
+                            f"chosen by {chosen_by}")
+    _check_custom_ops(platform)
+
+
+def _probe_dtype(platform: Any) -> Any:
+    import torch
+
+    return getattr(torch, platform.default_dtype, torch.float32)
+
+
+@reads("custom_ops", "worker")
+def _check_custom_ops(platform: Any) -> None:
+    from asyncengine.models.layers.op_registry import OOT_PREFIX, CustomOpRegistry, oot_replacement
+
+    replaced = [key[len(OOT_PREFIX):] for key in CustomOpRegistry.keys() if key.startswith(OOT_PREFIX)]
+    if not replaced:
+        return  # no out-of-tree op: nothing to check, and no reason to import torch here
+    from asyncengine.models.layers.custom_op import CustomOp
+    from asyncengine.platforms.resolution import BUILT_IN as BUILT_IN_PLATFORMS
+
+    for name in replaced:
+        op_class = oot_replacement(name)
+        if not (isinstance(op_class, type) and issubclass(op_class, CustomOp)):
+            continue  # a class that is no CustomOp is built whole and called as it is
+        method = _dispatched(op_class, platform, platform not in BUILT_IN_PLATFORMS.values())
+        if method is CustomOp.forward_native:
+            owner = CustomOpRegistry.get(OOT_PREFIX + name).owner
+            raise StartupError(
+                f"out-of-tree custom op {describe(op_class)} for {name!r} (registered by {owner}) has no forward for "
+                f"platform {platform.device_name}: define forward_native (the torch reference), forward_oot or "
+                f"forward_{platform.device_type}")
+
+
+@reads("custom_ops", "worker")
+def _dispatched(op_class: type, platform: Any, out_of_tree: bool) -> Any:
+    """The function CustomOp.forward would run for `op_class` (through the base's forward_oot, which runs
+    forward_native)."""
+    from asyncengine.models.layers.custom_op import CustomOp
+
+    for candidate in [f"forward_{platform.device_type}"] + (["forward_oot"] if out_of_tree else []):
+        method = getattr(op_class, candidate, None)
+        if callable(method):
+            return op_class.forward_native if method is CustomOp.forward_oot else method
+    return op_class.forward_native
