@@ -11,8 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asyncengine.models.layers import cpu_gemm
 from asyncengine.models.layers.linear import check_shape, copy_checked
 from asyncengine.worker import parallel
+
+
+_NOT_PACKED = object()
 
 
 def vocab_ranges(vocab_size: int) -> list[tuple[int, int]]:
@@ -47,9 +51,12 @@ class ParallelLMHead(nn.Module):
         self.ranges = vocab_ranges(vocab_size)
         self.start, self.end = self.ranges[parallel.rank()]
         self.weight = nn.Parameter(torch.empty(self.end - self.start, hidden_size, dtype=dtype), requires_grad=False)
+        self._packed: torch.Tensor | None | object = _NOT_PACKED  # the weight reordered for oneDNN (cpu_gemm.py)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        if self._packed is _NOT_PACKED:  # on first use, once the (possibly tied) weight is loaded
+            self._packed = cpu_gemm.pack(self.weight)
+        logits = cpu_gemm.linear(hidden, self.weight, self._packed)
         return parallel.all_gather_last_dim(logits, [end - start for start, end in self.ranges])
 
     def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:

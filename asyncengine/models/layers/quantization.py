@@ -61,10 +61,16 @@ class UnquantizedLinearMethod(LinearMethod):
     def load_weight_rows(self, layer, row_offset, rows) -> None:
         layer.weight.data.narrow(0, row_offset, rows.shape[0]).copy_(rows)
 
-    def apply(self, layer, x, bias=None):
-        import torch.nn.functional as F
+    def process_weights_after_loading(self, layer) -> None:
+        from asyncengine.models.layers import cpu_gemm
 
-        return F.linear(x, layer.weight, bias)
+        # On CPU, the weight reordered once for oneDNN's matmul (cpu_gemm.py); None elsewhere.
+        layer.cpu_packed_weight = cpu_gemm.pack(layer.weight)
+
+    def apply(self, layer, x, bias=None):
+        from asyncengine.models.layers import cpu_gemm
+
+        return cpu_gemm.linear(x, layer.weight, getattr(layer, "cpu_packed_weight", None), bias)
 
 
 class QuantizationConfig:
