@@ -79,6 +79,15 @@ from asyncengine.server.parsers import (  # read in: frontend (the chat completi
     ToolParserManager,
     new_tool_call_id,
 )
+from asyncengine.structured_output.backend import (  # read in: engine core (compiles, masks), frontend (validate)
+    GrammarMatcher,
+    StructuredOutputBackend,
+)
+from asyncengine.structured_output.registry import (  # read in: engine core, frontend (R10)
+    StructuredOutputBackendRegistry,
+    register_structured_output_backend,
+)
+from asyncengine.structured_output.spec import GrammarSpec  # what a backend compiles
 from asyncengine.worker.logits_processors import LogitsProcessor  # read in: worker (build), frontend (validate)
 from asyncengine.worker.logits_processors import (  # read in: worker (what update_state receives)
     AddedRequest,
@@ -193,4 +202,9 @@ __all__ = [
     "ToolCall",
     "ToolParser",
     "ToolParserManager",
+    "GrammarMatcher",
+    "GrammarSpec",
+    "StructuredOutputBackend",
+    "StructuredOutputBackendRegistry",
+    "register_structured_output_backend",
 ]

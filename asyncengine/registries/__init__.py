@@ -22,6 +22,7 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
     from asyncengine.models.layers.quantization import QuantizationRegistry
     from asyncengine.models.registry import ModelRegistry
     from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
+    from asyncengine.structured_output.registry import StructuredOutputBackendRegistry
 
     return {
         ModelRegistry.name: (ModelRegistry, frozenset({FRONTEND, WORKER})),
@@ -42,6 +43,8 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
         QuantizationRegistry.name: (QuantizationRegistry, frozenset({FRONTEND, WORKER})),
         # The engine core builds the connector's scheduler side with it, each worker its worker side.
         KVConnectorFactory.name: (KVConnectorFactory, frozenset({ENGINE_CORE, WORKER})),
+        # The engine core compiles grammars and computes masks with it; the frontend checks each grammar first.
+        StructuredOutputBackendRegistry.name: (StructuredOutputBackendRegistry, frozenset({FRONTEND, ENGINE_CORE})),
     }
 
 
@@ -62,6 +65,7 @@ READER_MODULES = (
     "asyncengine.server.app",
     "asyncengine.attention.selector",
     "asyncengine.kv_transfer.factory",
+    "asyncengine.structured_output.registry",
 )
 
 

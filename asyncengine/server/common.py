@@ -62,6 +62,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
     the InputProcessor's (one rule for the server and the Python API), checked here first so that its
     400 carries OpenAI's code for it."""
     from asyncengine.frontend.processor import context_length_error
+    from asyncengine.structured_output.openai_fields import from_request
 
     too_long = context_length_error(prompt_len, max_tokens, max_model_len)
     if too_long is not None:
@@ -86,6 +87,9 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
     if request.vllm_xargs is not None:
         values["extra_args"] = dict(request.vllm_xargs)
     try:
+        structured = from_request(request.response_format, request.structured_outputs)
+        if structured is not None:
+            values["structured_outputs"] = structured
         return SamplingParams(**values)
     except RequestError as error:
         raise from_engine_error(error) from error

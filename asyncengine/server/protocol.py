@@ -1,8 +1,7 @@
 """The bodies of the OpenAI-compatible API as msgspec Structs.
 
 Requests forbid unknown fields: a parameter we do not know is a 400 naming it, never silently
-ignored. Parameters we know but do not implement (`echo`, `suffix`, `logit_bias`, a `response_format`
-other than text, ...) are declared so that a request that sets them gets a 400 saying so
+ignored. Parameters we know but do not implement (`echo`, `suffix`, `logit_bias`, ...) are declared so that a request that sets them gets a 400 saying so
 (see `unsupported()`).
 
 Bounds at the edge (docs/server.md, "Limits"): every integer a sampling field carries is an int64
@@ -94,6 +93,10 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # vLLM's per-request arguments for extensions: becomes SamplingParams.extra_args, which logits
     # processors read (validate_params in this process, apply in the workers).
     vllm_xargs: dict[str, XargValue] | None = None
+    # Structured outputs (docs/structured_outputs.md): OpenAI's response_format ("text", "json_object",
+    # "json_schema") and vLLM's structured_outputs extra body (json, regex, choice, grammar, ...).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     # Known, not implemented: a request that sets them gets a 400 that says so.
     logit_bias: dict[str, float] | None = None
     best_of: Int64 | None = None
@@ -153,7 +156,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=
     tools: list[Tool] | None = None
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     # vLLM's: unset means true, or false with continue_final_message (both true is a 400).
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False  # continue the last (assistant) message instead of starting one
@@ -161,11 +163,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=
     chat_template_kwargs: dict[str, Any] | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
-        found = _unsupported_shared(self)
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            found.append(("response_format", f"response_format {self.response_format.get('type')!r} is not "
-                                             "supported (structured output does not exist yet); only 'text'"))
-        return found
+        return _unsupported_shared(self)
 
 
 def _unsupported_shared(request: SamplingFields) -> list[tuple[str, str]]:

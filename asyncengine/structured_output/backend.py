@@ -23,7 +23,7 @@ class GrammarError(RequestError):
 
     def __init__(self, backend: str, spec: GrammarSpec, reason: str) -> None:
         super().__init__(f"{spec.field} was refused by structured-output backend {backend!r}: {reason}",
-                         field=spec.field, source=f"structured-output backend {backend!r}")
+                         field=spec.field)
         self.backend = backend
         self.reason = reason
 

@@ -1,6 +1,6 @@
 """The reference (docs/reference.md) has a row for every extension point, and the guide links to it.
 
-- every row id of EXTENSION_POINTS.md (E1-E6, R1-R9, C1-C9, the Platform interface P, the manifest X,
+- every row id of EXTENSION_POINTS.md (E1-E6, R1-R10, C1-C9, the Platform interface P, the manifest X,
   the five lines G1-G5 of "what goes wrong") has an anchor `<a id="r6"></a>` in reference.md;
 - every link to `reference.md#x` (from any page) resolves to such an anchor;
 - every page that names an extension point (its row id, or its group, register function or option)
@@ -20,7 +20,7 @@ import pytest
 from doc_blocks import DOCS_DIR, REPO_ROOT, guide_pages
 
 REFERENCE = DOCS_DIR / "reference.md"
-ROW_IDS = ([f"E{i}" for i in range(1, 7)] + [f"R{i}" for i in range(1, 10)] + [f"C{i}" for i in range(1, 10)]
+ROW_IDS = ([f"E{i}" for i in range(1, 7)] + [f"R{i}" for i in range(1, 11)] + [f"C{i}" for i in range(1, 10)]
            + ["P", "X"] + [f"G{i}" for i in range(1, 6)])
 # What names a row on a page besides its id: its group, register function or option (as they are written
 # in this guide). A page that writes one of these must link to the row.
@@ -40,6 +40,7 @@ NAMES = {
     "R7": ["ToolParserManager", "--tool-parser-plugin", "--tool-call-parser"],
     "R8": ["ReasoningParserManager", "--reasoning-parser"],
     "R9": ["TokenizerRegistry", "--tokenizer-mode"],
+    "R10": ["register_structured_output_backend", "--structured-outputs-config"],
     "C1": ["scheduler_cls", "--scheduler-cls"],
     "C2": ["worker_cls", "--worker-cls"],
     "C3": ["worker_extension_cls", "--worker-extension-cls"],
@@ -56,7 +57,7 @@ NAMES = {
 EXEMPT = {"reference.md"}
 _ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
 _LINK = re.compile(r"\]\(([^)\s]*?)reference\.md#([^)\s]+)\)")
-_ROW_ID = re.compile(r"(?<![\w.#/-])(E[1-6]|R[1-9]|C[1-9]|G[1-5])(?![\w/])")
+_ROW_ID = re.compile(r"(?<![\w.#/-])(E[1-6]|R10|R[1-9]|C[1-9]|G[1-5])(?![\w/])")
 
 
 def _anchors() -> set[str]:
@@ -80,8 +81,9 @@ def test_extension_points_file_has_no_other_rows() -> None:
     source = REPO_ROOT.parent / "shared" / "EXTENSION_POINTS.md"
     if not source.exists():
         pytest.skip("../shared/EXTENSION_POINTS.md is not next to this checkout")
-    rows = set(re.findall(r"^\| ([ERC]\d) \|", source.read_text(encoding="utf-8"), re.M))
-    assert rows == {r for r in ROW_IDS if r[0] in "ERC"}, f"rows of EXTENSION_POINTS.md: {sorted(rows)}"
+    rows = set(re.findall(r"^\| ([ERC]\d+) \|", source.read_text(encoding="utf-8"), re.M))
+    not_built = {"R11", "R12"}  # new rows whose issues have not added them yet (EXTENSION_POINTS.md says so)
+    assert rows - not_built == {r for r in ROW_IDS if r[0] in "ERC"}, f"rows of EXTENSION_POINTS.md: {sorted(rows)}"
 
 
 @pytest.mark.parametrize("page", guide_pages(), ids=lambda p: str(p.relative_to(REPO_ROOT)))

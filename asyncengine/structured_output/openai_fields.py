@@ -1,0 +1,56 @@
+"""The OpenAI and vLLM request fields that ask for structured output, turned into StructuredOutputsParams.
+
+`response_format` (OpenAI): {"type": "text"} (nothing), {"type": "json_object"}, or {"type": "json_schema",
+"json_schema": {"name", "schema", "strict", "description"}}. `structured_outputs` (vLLM's extra body): the
+fields of StructuredOutputsParams. Both at once is a 400: which one should win is not for us to guess.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncengine.errors import RequestError
+from asyncengine.structured_output.spec import StructuredOutputsParams
+
+_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "whitespace_pattern", "backend")
+
+
+def from_request(response_format: dict[str, Any] | None,
+                 structured_outputs: dict[str, Any] | None) -> StructuredOutputsParams | None:
+    from_format = _from_response_format(response_format) if response_format is not None else None
+    if structured_outputs is not None:
+        if from_format is not None:
+            raise RequestError("response_format and structured_outputs both ask for structured output: send one",
+                               field="structured_outputs")
+        if not isinstance(structured_outputs, dict):
+            raise RequestError("structured_outputs must be an object", field="structured_outputs")
+        unknown = sorted(set(structured_outputs) - set(_FIELDS))
+        if unknown:
+            raise RequestError(f"structured_outputs has unknown fields {unknown}; it takes {', '.join(_FIELDS)}",
+                               field="structured_outputs")
+        params = StructuredOutputsParams(**structured_outputs)
+        params.to_spec()  # exactly one constraint, of the right types: a 400 naming the field otherwise
+        return params
+    return from_format
+
+
+def _from_response_format(response_format: dict[str, Any]) -> StructuredOutputsParams | None:
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        json_schema = response_format.get("json_schema")
+        if not isinstance(json_schema, dict):
+            raise RequestError('response_format of type "json_schema" needs a "json_schema" object',
+                               field="response_format.json_schema")
+        schema = json_schema.get("schema")
+        if schema is None:
+            schema = {}  # OpenAI's default: any JSON value
+        if not isinstance(schema, dict):
+            raise RequestError("response_format.json_schema.schema must be a JSON schema (an object)",
+                               field="response_format.json_schema.schema")
+        return StructuredOutputsParams(json=schema)
+    raise RequestError(f"response_format type {kind!r} is not supported: use 'text', 'json_object' or 'json_schema'",
+                       field="response_format")
