@@ -9,7 +9,8 @@ generates is short. Properties, for every case:
 
 - no 5xx but a 503 for overload (`engine_overloaded`); no error event mid-stream that is internal or
   says the engine died;
-- every 4xx (and that 503) is OpenAI's error shape, exactly `{"error": {"message", "type", "param", "code"}}`;
+- every 4xx (and that 503) is OpenAI's error shape, exactly `{"error": {"message", "type", "param", "code"}}`,
+  with a message that names no Python exception class and holds no traceback;
 - every 200 matches the response schema the document gives (each stream event the event schema);
 - the server then answers a normal request.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import collections
 import http.client
 import json
+import re
 import shutil
 import time
 import urllib.parse
@@ -32,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from support.schema_fuzz import SchemaStrategies, encode_body
+from support.schema_fuzz import DANGEROUS_INTS, SchemaStrategies, encode_body
 from support.server import metric, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
@@ -46,6 +48,8 @@ SERVER_OPTIONS = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", 
 HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
           "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+# An exception's class name or a traceback in an error message: internals, not what the client did wrong.
+PYTHON_INTERNALS = re.compile(r"Traceback|File \"|\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
 NORMAL_REQUEST = ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 1})
 
 
@@ -97,12 +101,14 @@ class Case:
 def cases(document: dict[str, Any]) -> st.SearchStrategy[Case]:
     components = document["components"]["schemas"]
     token_ids = st.lists(st.integers(3, 258), min_size=1, max_size=8)
-    roles = st.sampled_from(["user", "assistant", "system", "tool", "developer"])
+    odd_token_ids = st.lists(st.sampled_from(DANGEROUS_INTS), min_size=1, max_size=3)
     text = st.text(max_size=20)
+    prompt = st.one_of(text, st.lists(text, min_size=1, max_size=4), token_ids, st.lists(token_ids, min_size=1,
+                                                                                         max_size=4))
+    roles = st.sampled_from(["user", "assistant", "system", "tool", "developer"])
     hints = {
         # Typed Any in the schema (several shapes, checked by hand): the shapes clients send.
-        "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=4), token_ids,
-                            st.lists(token_ids, min_size=1, max_size=4)),
+        "prompt": st.one_of(prompt, odd_token_ids, st.lists(odd_token_ids, max_size=3)),
         "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]),
         "role": roles,
     }
@@ -112,7 +118,7 @@ def cases(document: dict[str, Any]) -> st.SearchStrategy[Case]:
     small = st.integers(1, 4)
     stream = st.sampled_from([{}, {}, {"stream": True}])
     bases = {
-        "/v1/completions": st.builds(lambda p, m, s: {"prompt": p, "max_tokens": m, **s}, hints["prompt"], small,
+        "/v1/completions": st.builds(lambda p, m, s: {"prompt": p, "max_tokens": m, **s}, prompt, small,
                                      stream),
         "/v1/chat/completions": st.builds(lambda ms, m, s: {"messages": ms, "max_tokens": m, **s}, messages, small,
                                           stream),
@@ -170,9 +176,11 @@ class Checker:
         mismatch = self.matches({"$ref": "#/components/schemas/ErrorResponse"}, value)
         if mismatch or set(value.get("error", {})) != {"message", "type", "param", "code"}:
             problems.append(f"{status} not in OpenAI's error shape ({mismatch}): {body[:300]!r}")
-        code = value.get("error", {}).get("code") if isinstance(value.get("error"), dict) else None
-        if status >= 500 and not (status == 503 and code == "engine_overloaded"):
+        error = value.get("error") if isinstance(value.get("error"), dict) else {}
+        if status >= 500 and not (status == 503 and error.get("code") == "engine_overloaded"):
             problems.append(f"{status} {body[:300]!r}")
+        if PYTHON_INTERNALS.search(str(error.get("message"))):
+            problems.append(f"{status} whose message names Python internals: {body[:300]!r}")
         return problems
 
     def stream_problems(self, event_schema: dict[str, Any], body: bytes) -> list[str]:
@@ -188,6 +196,8 @@ class Checker:
                 error = value["error"]
                 if error.get("type") == "internal_error" or error.get("code") == "engine_dead":
                     problems.append(f"an error event mid-stream: {event[:300]!r}")
+                elif PYTHON_INTERNALS.search(str(error.get("message"))):
+                    problems.append(f"an error event whose message names Python internals: {event[:300]!r}")
                 continue
             mismatch = self.matches(event_schema, value)
             if mismatch:

@@ -125,7 +125,7 @@ class SchemaStrategies:
         properties = schema["properties"]
         required = {name: self.field(name, properties[name], depth) for name in schema.get("required", [])}
         optional = {name: self.field(name, prop, depth) for name, prop in properties.items() if name not in required}
-        return st.fixed_dictionaries(required, optional=optional) if depth else st.fixed_dictionaries(required)
+        return st.fixed_dictionaries(required, optional=optional)
 
     def field(self, name: str, schema: dict[str, Any], depth: int) -> st.SearchStrategy:
         if name in self.hints:
@@ -155,6 +155,12 @@ class SchemaStrategies:
             values = st.one_of(st.sampled_from(RAW_VALUES), ANY_JSON)
         return st.integers(0, 3).flatmap(lambda k: WRONG if k == 0 else values)
 
+    def extreme_field(self, name: str, schema: dict[str, Any]) -> st.SearchStrategy:
+        extreme = self.extreme(schema)
+        if name in self.hints and not schema.get("type") and "anyOf" not in schema:  # typed Any: the hint's shapes
+            return st.one_of(self.hints[name], extreme)
+        return extreme
+
     def body(self, name: str, base: st.SearchStrategy, *, max_fields: int = 3) -> st.SearchStrategy:
         """A body of the request schema `name`: `base` (a valid body) with one field at its extremes (half the
         time), or up to `max_fields` fields drawn from their schemas, or broken as a whole (one time in ten).
@@ -164,8 +170,7 @@ class SchemaStrategies:
         names = sorted(properties)
         numeric = [n for n in names if '"integer"' in json.dumps(properties[n])]
         one_extreme = st.sampled_from(names + numeric * 3).flatmap(
-            lambda n: (self.hints[n] if n in self.hints and not numeric.count(n) else self.extreme(properties[n]))
-            .map(lambda value, n=n: {n: value}))
+            lambda n: self.extreme_field(n, properties[n]).map(lambda value, n=n: {n: value}))
         several = st.lists(st.sampled_from(names), max_size=max_fields, unique=True).flatmap(
             lambda chosen: st.fixed_dictionaries({n: self.field(n, properties[n], 0) for n in chosen}))
         shaped = st.integers(0, 1).flatmap(lambda k: st.builds(lambda b, o: {**b, **o}, base,
