@@ -1,0 +1,51 @@
+"""CPU linear layers through oneDNN with reordered weights (asyncengine/models/layers/cpu_gemm.py):
+the same results as F.linear, used by the plain linear layers and the LM head once loaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asyncengine.models.layers import cpu_gemm
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.enabled(), reason="torch without oneDNN")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 32, 100])
+def test_reordered_weight_gives_f_linear_results(dtype, rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=generator).to(dtype)
+    bias = torch.randn(96, generator=generator).to(dtype)
+    x = torch.randn(rows, 40, generator=generator).to(dtype)
+    packed = cpu_gemm.pack(weight)
+    assert packed is not None
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for b in (None, bias):
+        torch.testing.assert_close(cpu_gemm.linear(x, weight, packed, b).float(), F.linear(x, weight, b).float(),
+                                   atol=tolerance, rtol=tolerance)
+
+
+def test_what_does_not_apply_is_not_packed(monkeypatch):
+    assert cpu_gemm.pack(torch.zeros(4, 4, dtype=torch.float16)) is None
+    monkeypatch.setenv("ASYNCENGINE_CPU_KERNELS", "0")
+    assert cpu_gemm.pack(torch.zeros(4, 4)) is None
+
+
+def test_a_loaded_model_runs_its_linear_layers_and_head_through_the_reordered_weights(tiny_model, make_llm,
+                                                                                       monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_gemm, "linear", _counting(cpu_gemm.linear, calls))
+    llm = make_llm(str(tiny_model("llama").path), skip_tokenizer_init=True, max_model_len=64)
+    before = len(calls)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], None)
+    packed = [c for c in calls[before:] if c]
+    assert packed, "no linear layer ran through a reordered weight"
+
+
+def _counting(linear, calls):
+    def wrapped(x, weight, packed, bias=None):
+        calls.append(packed is not None)
+        return linear(x, weight, packed, bias)
+    return wrapped
