@@ -229,13 +229,23 @@ def _cache_dir() -> Path:
     return Path(root) / "asyncengine" / "kernels"
 
 
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return os.uname().machine
+
+
 def _build() -> ctypes.CDLL:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC or install gcc)")
     errors = []
     for flags in _FLAG_SETS:
-        digest = hashlib.sha256((C_SOURCE + compiler + " ".join(flags)).encode()).hexdigest()[:16]
+        # The CPU's flags are part of the name: -march=native code built on one machine must not be
+        # loaded by another that shares the cache directory (an illegal instruction kills the process).
+        digest = hashlib.sha256((C_SOURCE + compiler + " ".join(flags) + _cpu_signature()).encode()).hexdigest()[:16]
         target = _cache_dir() / f"cpu_attention-{digest}.so"
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
