@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from asyncengine.errors import StartupError
+from asyncengine.errors import ConfigError, ModelLoadError, StartupError
 from asyncengine.registries.base import BUILT_IN, describe, reads
 
 
@@ -82,9 +82,13 @@ def check_worker_contracts(platform: Any, config: Any) -> None:
     chosen_by = "the attention_backend option" if config.attention_backend else f"platform {platform.device_name}"
     answer = config.attention_backend or _as_name(ask_attn_backend(platform, 64, _probe_dtype(platform),
                                                                     config.block_size))
-    if answer:  # (an unusable answer is the selector's error, with the model's shapes)
-        check_backend_class(answer, AttentionBackendRegistry.backend_class(answer, chosen_by=chosen_by),
-                            f"chosen by {chosen_by}")
+    if answer:
+        try:
+            backend = AttentionBackendRegistry.backend_class(answer, chosen_by=chosen_by)
+        except (ConfigError, ModelLoadError):
+            backend = None  # unknown or not importable: the selector says so in the load-model phase, with shapes
+        if backend is not None:
+            check_backend_class(answer, backend, f"chosen by {chosen_by}")
     _check_custom_ops(platform)
 
 

@@ -210,6 +210,10 @@ def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: Plug
             state.endpoints.append(result)
             return
         problem = f"returned {result!r}, which is not an EndpointPlugin with a name"
+        if hasattr(result, "attach_router"):  # vLLM's endpoint plugin: a FastAPI router
+            problem += (" (it has attach_router: vLLM's FastAPI form, which is not served here; subclass "
+                        "asyncengine.plugins_api.EndpointPlugin and add Quart routes in attach(app), "
+                        "docs/porting.md#endpoint-plugins)")
     else:
         if _is_subclass(result, LogitsProcessor):
             state.logits_processors.append(result)

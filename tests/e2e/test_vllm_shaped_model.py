@@ -66,6 +66,7 @@ def run(shaped, tmp_path, options, **env):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.extension_point("E1", "R1")
 def test_the_registered_model_generates_only_token_zero(shaped, tmp_path):
     # (In-process: registrations reaching other processes are the manifest check's, tested elsewhere.)
     assert "0 use(s) cannot be mapped" in shaped[1]

@@ -52,6 +52,7 @@ def test_the_port_tool_maps_every_use(ported):
     assert "from vllm import envs  ->  from asyncengine.plugins_api import envs" in report
 
 
+@pytest.mark.extension_point("E2", "P", "C1", "R2")
 @pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "multiprocess"])
 def test_the_ported_platform_runs(ported, tiny_model, tmp_path, in_process):
     target, _ = ported

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support.vllm_shaped import environment, port_and_install
 
 SCRIPT = r"""
@@ -23,6 +25,7 @@ with LLM(sys.argv[1], skip_tokenizer_init=True, max_model_len=256, kv_cache_memo
 """
 
 
+@pytest.mark.extension_point("E4")
 def test_the_ported_stat_logger_gets_vllms_calls(tiny_model, tmp_path):
     target, report = port_and_install("vllm-shaped-stat-logger", tmp_path / "dists")
     assert '"vllm.stat_logger_plugins"  ->  "asyncengine.stat_logger_plugins"' in report

@@ -1,7 +1,7 @@
 """`asyncengine plugins check` (and every start-up) fails naming the plugin for each contract that would
 otherwise fail only at the first request, with vLLM-shaped plugins (tests/plugins/vllm-shaped-first-request,
 ported by `plugins port`): a stat logger whose record takes vLLM v0's one argument, an endpoint plugin
-with vLLM's attach_router and no attach, a platform whose attention backend is vLLM's descriptor form
+with vLLM's attach_router and no attach (and one in vLLM's own form, a plain class), a platform whose attention backend is vLLM's descriptor form
 (no forward), an out-of-tree op with only forward_cuda on a CPU platform."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ CASES = {
                             "attention backend 'vllm_shaped_first_request.DescriptorBackend' "
                             "(vllm_shaped_first_request:DescriptorBackend, chosen by platform descriptor_platform) "
                             "defines no forward(query, key, value, kv_cache, metadata)"),
+    "fastapi_protocol": ({}, "plugin 'fastapi_protocol' (asyncengine.endpoint_plugins from vllm_shaped_first_request "
+                             "0.1) returned <vllm_shaped_first_request.ProtocolEndpoint object"),
     "cuda_only_op": ({}, "out-of-tree custom op vllm_shaped_first_request:register_cuda_only_op.<locals>."
                          "CudaOnlySiluAndMul for 'SiluAndMul' (registered by plugin 'cuda_only_op' "
                          "(vllm_shaped_first_request)) has no forward for platform cpu"),
@@ -40,8 +42,12 @@ def target(tmp_path_factory):
 @pytest.mark.parametrize("plugin", sorted(CASES))
 def test_plugins_check_fails_naming_the_plugin(target, plugin):
     extra_env, expected = CASES[plugin]
+    if plugin == "fastapi_protocol":  # vLLM's own shape: refused when loaded, saying what to write instead
+        expected_too = "it has attach_router: vLLM's FastAPI form, which is not served here"
     result = subprocess.run([sys.executable, "-m", "asyncengine", "plugins", "check", "--in-process", "--plugins",
                              plugin], capture_output=True, text=True, timeout=180,
                             env=environment(target, **extra_env))
     assert result.returncode == 1, result.stdout + result.stderr
     assert expected in result.stderr, result.stderr[-3000:]
+    if plugin == "fastapi_protocol":
+        assert expected_too in result.stderr, result.stderr[-3000:]

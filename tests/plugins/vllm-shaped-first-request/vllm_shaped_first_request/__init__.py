@@ -28,6 +28,19 @@ def make_router_only():
     return RouterOnly()
 
 
+class ProtocolEndpoint:
+    """vLLM's endpoint plugin as its example writes it: a plain class with attach_router and init_state."""
+
+    name = "fastapi_protocol"
+    required_tasks = None
+
+    def attach_router(self, app):
+        pass
+
+    async def init_state(self, engine_client, state, args):
+        state.client = engine_client
+
+
 class DescriptorBackend(AttentionBackend):
     """vLLM's backend form: a descriptor naming its implementation, no forward."""
 
