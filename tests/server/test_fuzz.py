@@ -5,7 +5,8 @@ Request bodies are drawn by hypothesis from the JSON schemas of the server's own
 nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/completions and
 /v1/chat/completions (streamed and not), /tokenize and /detokenize. The server runs a tiny
 random-weight model with a byte-level tokenizer and a 64-token context, so that what a valid request
-generates is short. Properties, for every case:
+generates is short. The cases go two at a time, concurrently, each pair followed by a normal request.
+Properties, for every case:
 
 - no 5xx but a 503 for overload (`engine_overloaded`); no error event mid-stream that is internal or
   says the engine died;
@@ -20,6 +21,7 @@ At the end no request is running and the KV cache is empty.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import http.client
 import json
 import re
@@ -222,25 +224,44 @@ def wait_for(condition, timeout: float) -> bool:
     return True
 
 
-# -- the test -----------------------------------------------------------------------------------------
+# -- the tests ----------------------------------------------------------------------------------------
+
+
+def test_the_server_serves_its_contract_built_once(fuzz_server, document):
+    from asyncengine.server import routes
+    from asyncengine.server.openapi import openapi_document
+
+    status, content_type, again = send(fuzz_server, "GET", "/openapi.json")
+    assert status == 200 and content_type == "application/json"
+    assert json.loads(again) == document  # built at app creation: the same document every time
+    expected = openapi_document(routes._BUILTIN, title="asyncengine", version=document["info"]["version"],
+                                api_key=True, open_routes=routes.UNAUTHENTICATED)
+    assert document == json.loads(json.dumps(expected))
+    assert document["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in document["paths"]["/health"]["get"]
 
 
 def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document):
     checker = Checker(document)
     routes_seen: collections.Counter = collections.Counter()
 
-    @settings(max_examples=CASES, derandomize=True, database=None, deadline=None, print_blob=False,
+    # Each example is two cases sent at once, so that a bad request also meets another one in the engine
+    # (no request may hurt another); then a normal request.
+    @settings(max_examples=CASES // 2, derandomize=True, database=None, deadline=None, print_blob=False,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=cases(document))
-    def one_case(case: Case) -> None:
-        routes_seen[case.path] += 1
-        status, content_type, body = send(fuzz_server, "POST", case.path, encode_body(case.body))
-        problems = checker.problems(case, status, content_type, body)
+    @given(pair=st.tuples(cases(document), cases(document)))
+    def two_cases(pair: tuple[Case, Case]) -> None:
+        with concurrent.futures.ThreadPoolExecutor(len(pair)) as pool:
+            answers = list(pool.map(lambda case: send(fuzz_server, "POST", case.path, encode_body(case.body)), pair))
+        problems = []
+        for case, (status, content_type, body) in zip(pair, answers):
+            routes_seen[case.path] += 1
+            problems += [f"{case!r} -> {status}: {p}" for p in checker.problems(case, status, content_type, body)]
         problems += [p for p in [answers_normally(fuzz_server)] if p]
-        assert not problems, f"{case!r} -> {status}:\n" + "\n".join(problems)
+        assert not problems, "\n".join(problems)
 
     started = time.monotonic()
-    one_case()
+    two_cases()
     elapsed = time.monotonic() - started
     print(f"\n{sum(routes_seen.values())} fuzzed cases in {elapsed:.1f} s; by route {dict(routes_seen)}; "
           f"statuses {dict(checker.statuses)}")

@@ -2,8 +2,8 @@
 
 Checked here: the document is valid OpenAPI 3.1 (openapi-spec-validator), every built-in route is in
 it with its method, every $ref resolves, and the request schemas accept the bodies the official
-client sends and reject an unknown field. That every answer of a running server matches it is the
-fuzz test's property (test_fuzz.py).
+client sends and reject an unknown field. The route itself, on a running server, and that every
+answer of that server matches the document, are checked in test_fuzz.py (on the server it fuzzes).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 import threading
 from typing import Annotated, Any
 
-import anyio
 import jsonschema
 import msgspec
 import openai
@@ -178,49 +177,3 @@ def test_request_schemas_accept_the_openai_clients_bodies_and_reject_unknown_fie
             validator(doc, name).validate({**body, "frobnicate": True})
     with pytest.raises(jsonschema.ValidationError):
         validator(doc, "DetokenizeRequest").validate({})  # a required field missing
-
-
-# -- the route, in-process ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def llama(tiny_model):
-    import asyncengine.server.app  # noqa: F401 (imported here: a first import of Quart blocks the event loop)
-
-    return tiny_model("llama")  # built in a sync fixture: building blocks the event loop
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)  # QuartTrio: the app runs on trio only
-async def test_the_app_serves_the_document_built_at_creation(llama, anyio_backend):
-    from asyncengine import AsyncEngine
-    from asyncengine.server.app import create_app
-    from asyncengine.server.config import ServerConfig
-
-    options = dict(skip_tokenizer_init=True, max_model_len=64, kv_cache_memory_bytes=4 * 2**20, in_process=True)
-    async with AsyncEngine.start(model=str(llama.path), **options) as engine:
-        # create_app is start-up work, synchronous by design (serve calls it before serving): off the loop here.
-        app = await anyio.to_thread.run_sync(create_app, engine, ServerConfig(api_key="k"))
-        client = app.test_client()
-        with anyio.fail_after(60):
-            response = await client.get("/openapi.json", headers={"Authorization": "Bearer k"})
-            again = await client.get("/openapi.json", headers={"Authorization": "Bearer k"})
-            completion = await client.post("/v1/completions", headers={"Authorization": "Bearer k"},
-                                           json={"prompt": [5, 6, 7], "max_tokens": 2})
-    assert response.status_code == 200 and response.content_type == "application/json"
-    assert completion.status_code == 200
-    # The checks parse and validate tens of kilobytes of JSON: test work, done off the event loop.
-    await anyio.to_thread.run_sync(check_served, await response.get_data(), await again.get_data(),
-                                   await completion.get_data())
-
-
-def check_served(document_bytes: bytes, again: bytes, completion: bytes) -> None:
-    assert again == document_bytes  # the same document, built once
-    served = json.loads(document_bytes)
-    assert served["paths"].keys() == document()["paths"].keys()
-    assert served["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
-    assert "security" not in served["paths"]["/health"]["get"]
-    # What the route answers is what the document says it answers.
-    ok_schema = served["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]["application/json"]
-    jsonschema.Draft202012Validator({**ok_schema["schema"], "components": served["components"]}).validate(
-        json.loads(completion))

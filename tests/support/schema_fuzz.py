@@ -151,6 +151,8 @@ class SchemaStrategies:
             values = st.one_of(st.just([]), st.lists(item, min_size=1, max_size=3), st.sampled_from(RAW_VALUES[:5]))
         elif kind == "object":
             values = st.one_of(st.just({}), self.valid(schema, depth), st.sampled_from(RAW_VALUES[1:2]))
+        elif kind in ("boolean", "null"):
+            values = self.valid(schema, depth)  # no extremes: both values, and the wrong types below
         else:
             values = st.one_of(st.sampled_from(RAW_VALUES), ANY_JSON)
         return st.integers(0, 3).flatmap(lambda k: WRONG if k == 0 else values)
