@@ -11,6 +11,7 @@ import msgspec
 from quart import Response, g, request
 
 from asyncengine.errors import RequestError
+from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
 from asyncengine.server.openapi import openapi_document
@@ -37,9 +38,6 @@ _BUILTIN: list[tuple[str, str, str]] = [
     ("/version", "GET", "version"),
     ("/openapi.json", "GET", "openapi"),
 ]
-
-# The routes served without the API key (--api-key covers every other one, /openapi.json included).
-UNAUTHENTICATED = frozenset({"/health", "/metrics", "/version"})
 
 
 def builtin_route_keys() -> list[tuple[str, str]]:
@@ -166,7 +164,7 @@ def _document(app: Any, served: list[tuple[str, str, str]]) -> dict[str, Any]:
     server_config = app.extensions.get("asyncengine", {}).get("server_config")
     return openapi_document(served, title="asyncengine", version=__version__, plugin_routes=plugin_routes,
                             api_key=bool(server_config is not None and server_config.api_key),
-                            open_routes=UNAUTHENTICATED)
+                            open_routes=PUBLIC_PATHS)  # served without the key (access.py)
 
 
 def _tokenizer(engine: Any) -> Any:

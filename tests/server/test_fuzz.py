@@ -229,13 +229,14 @@ def wait_for(condition, timeout: float) -> bool:
 
 def test_the_server_serves_its_contract_built_once(fuzz_server, document):
     from asyncengine.server import routes
+    from asyncengine.server.access import PUBLIC_PATHS
     from asyncengine.server.openapi import openapi_document
 
     status, content_type, again = send(fuzz_server, "GET", "/openapi.json")
     assert status == 200 and content_type == "application/json"
     assert json.loads(again) == document  # built at app creation: the same document every time
     expected = openapi_document(routes._BUILTIN, title="asyncengine", version=document["info"]["version"],
-                                api_key=True, open_routes=routes.UNAUTHENTICATED)
+                                api_key=True, open_routes=PUBLIC_PATHS)
     assert document == json.loads(json.dumps(expected))
     assert document["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
     assert "security" not in document["paths"]["/health"]["get"]

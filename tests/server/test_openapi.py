@@ -20,12 +20,13 @@ import pytest
 from openapi_spec_validator import validate
 
 from asyncengine.server import openapi, routes
+from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.openapi import CONTRACTS, openapi_document
 
 
 def document(*, api_key: bool = True) -> dict[str, Any]:
     return json.loads(json.dumps(openapi_document(routes._BUILTIN, title="asyncengine", version="0", api_key=api_key,
-                                                  open_routes=routes.UNAUTHENTICATED)))
+                                                  open_routes=PUBLIC_PATHS)))
 
 
 def refs(node: Any) -> list[str]:
