@@ -105,8 +105,8 @@ def openapi_document(routes: list[tuple[str, str, str]], *, title: str, version:
         contract = CONTRACTS[name]
         types += [t for t in (contract.request, contract.response, contract.stream_event) if t is not None]
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
-    schema_of = dict(zip(map(_key, types), refs))
-    error_ref = schema_of[_key(ErrorResponse)]
+    schema_of = dict(zip(types, refs))  # a type -> its schema ($ref to a component for a Struct)
+    error_ref = schema_of[ErrorResponse]
 
     paths: dict[str, dict[str, Any]] = {}
     for rule, method, name in routes:
@@ -133,16 +133,12 @@ def openapi_document(routes: list[tuple[str, str, str]], *, title: str, version:
     return document
 
 
-def _key(t: Any) -> str:
-    return repr(t)  # list[StartupRecord] and dict[str, Any] are not hashable in every Python
-
-
-def _operation(name: str, contract: Contract, schema_of: dict[str, Any], error_ref: dict[str, Any], *,
+def _operation(name: str, contract: Contract, schema_of: dict[Any, Any], error_ref: dict[str, Any], *,
                secured: bool) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": error_ref}}}
     ok: dict[str, Any] = {"description": "OK"}
     if contract.response is not None:
-        ok["content"] = {"application/json": {"schema": schema_of[_key(contract.response)]}}
+        ok["content"] = {"application/json": {"schema": schema_of[contract.response]}}
     elif contract.response_media is not None:
         ok["content"] = {contract.response_media: {"schema": {"type": "string"}}}
     if contract.stream_event is not None:
@@ -151,7 +147,7 @@ def _operation(name: str, contract: Contract, schema_of: dict[str, Any], error_r
             # OpenAPI 3.1 has no schema for one event; x-event-data names what each `data:` line holds.
             "schema": {"type": "string", "description": "`data: <JSON>` events (an error mid-stream is an "
                                                         "ErrorResponse event), ending with `data: [DONE]`"},
-            "x-event-data": schema_of[_key(contract.stream_event)],
+            "x-event-data": schema_of[contract.stream_event],
         }
     responses: dict[str, Any] = {"200": ok}
     if secured:
@@ -164,7 +160,7 @@ def _operation(name: str, contract: Contract, schema_of: dict[str, Any], error_r
     operation: dict[str, Any] = {"operationId": name, "summary": contract.summary, "responses": responses}
     if contract.request is not None:
         operation["requestBody"] = {"required": True, "content": {
-            "application/json": {"schema": schema_of[_key(contract.request)]}}}
+            "application/json": {"schema": schema_of[contract.request]}}}
     if secured:
         operation["security"] = [{"bearer": []}]
     return operation

@@ -82,6 +82,14 @@ def test_errors_streams_and_auth_are_declared():
     assert "securitySchemes" not in without_key["components"]
 
 
+def test_endpoint_plugin_routes_are_listed_behind_the_key():
+    doc = openapi_document(routes._BUILTIN, title="asyncengine", version="0", api_key=True,
+                           open_routes=PUBLIC_PATHS, plugin_routes=[("/plugin/hello", "GET"), ("/plugin/echo", "POST")])
+    validate(json.loads(json.dumps(doc)))
+    assert doc["paths"]["/plugin/echo"]["post"]["security"] == [{"bearer": []}]
+    assert "default" in doc["paths"]["/plugin/hello"]["get"]["responses"]
+
+
 def test_a_builtin_route_without_a_contract_is_an_error_naming_it():
     with pytest.raises(RuntimeError, match="'mystery'.*openapi.py"):
         openapi_document([("/mystery", "GET", "mystery")], title="t", version="0", api_key=False)
