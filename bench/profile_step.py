@@ -23,7 +23,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 # op name (prefix) -> group, first match wins
 GROUPS = [
-    ("linear", ("aten::mm", "aten::addmm", "aten::linear", "aten::_weight_int", "aten::matmul_int")),
+    ("linear", ("aten::mm", "aten::addmm", "aten::linear", "aten::_weight_int", "aten::matmul_int",
+                "mkldnn::_linear", "mkl::_mkl_linear")),
     ("attention", ("aten::index_select", "aten::bmm", "aten::_softmax", "aten::softmax", "aten::masked_fill",
                    "aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::index_copy", "aten::baddbmm",
                    "asyncengine::")),
@@ -109,7 +110,8 @@ def main() -> int:
         f"decode of {len(prompts)} sequences, contexts {min(contexts)}-{max(contexts)} (sum {sum(contexts)})"
     print(f"{args.dtype}, {kind}, {torch.get_num_threads()} threads: median step {median * 1000:.1f} ms "
           f"(min {min(times) * 1000:.1f}) over {args.steps} steps")
-    print("profiler self time by group (the profiler adds its own overhead per op):")
+    print(f"profiler self time by group (the profiler adds its own overhead per op; {total / args.steps / 1000:.1f} "
+          "ms/step in all, the rest of a step is Python between ops):")
     for group, value in sorted(by_group.items(), key=lambda kv: -kv[1]):
         print(f"  {group:16s} {value / args.steps / 1000:7.1f} ms/step  {100 * value / total:5.1f}%")
     print(f"top {args.top} ops by self time:")
