@@ -40,7 +40,6 @@ from support.schema_fuzz import DANGEROUS_INTS, SchemaStrategies, encode_body
 from support.server import metric, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
-pytestmark = pytest.mark.slow
 
 API_KEY = "fuzz-key"
 CASES = 320
