@@ -11,11 +11,15 @@ from asyncengine.structured_output.backend import GrammarMatcher, StructuredOutp
 from asyncengine.structured_output.spec import GrammarSpec
 
 
+BOUNDED_WHITESPACE = r"[ \t\n\r]{0,12}"  # between two JSON tokens
+
+
 def _grammar(spec: GrammarSpec) -> str:
     import llguidance
 
     if spec.kind == "json":
-        options = None if spec.whitespace_pattern is None else {"whitespace_pattern": spec.whitespace_pattern}
+        # As xgrammar_backend: flexible whitespace, bounded per gap, unless the request gives its own pattern.
+        options = {"whitespace_pattern": spec.whitespace_pattern or BOUNDED_WHITESPACE}
         return llguidance.LLMatcher.grammar_from_json_schema(spec.text, overrides=options)
     if spec.kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}')

@@ -12,12 +12,20 @@ from asyncengine.structured_output.backend import GrammarMatcher, StructuredOutp
 from asyncengine.structured_output.spec import GrammarSpec
 
 
+MAX_WHITESPACE = 12  # whitespace characters allowed between two JSON tokens
+
+
 def _grammar(spec: GrammarSpec) -> Any:
     """The xgrammar Grammar of `spec`: parsing it needs no tokenizer, so the frontend can check it."""
     import xgrammar
 
     if spec.kind == "json":
-        return xgrammar.Grammar.from_json_schema(spec.text, any_whitespace=spec.whitespace_pattern is None)
+        # Flexible whitespace (small models like to indent), but bounded per gap: an unbounded run is where a
+        # small model can loop ("\n   \n   ...") until max_tokens instead of closing the document.
+        if spec.whitespace_pattern is None:
+            return xgrammar.Grammar.from_json_schema(spec.text, any_whitespace=True,
+                                                     max_whitespace_cnt=MAX_WHITESPACE)
+        return xgrammar.Grammar.from_json_schema(spec.text, any_whitespace=False)
     if spec.kind == "json_object":
         return xgrammar.Grammar.builtin_json_grammar()
     if spec.kind == "regex":

@@ -1,0 +1,122 @@
+"""Structured outputs: constrained against unconstrained decoding in the same run (issue 16).
+
+    python bench/structured.py                         # W3's prompts, float32, xgrammar; then guidance
+    python bench/structured.py --backends xgrammar --num-seqs 8
+    python bench/structured.py --validate-all          # the 50 seeded schemas, each backend: stop + valid
+
+W3's prompt draw (../shared/WORKLOADS.md: 32 prompts of random token ids, seed 0), `max_tokens` 256, no
+`ignore_eos`, greedy. The unconstrained run and one constrained run per backend share one engine (after a
+warm-up), with PERSON (8 fields, bounded strings and arrays) as the schema. Prints one summary line per
+backend: both runs' output tokens and tok/s, their ratio, the grammar compilation time and the time
+spent filling masks per step (the engine core's get_structured_output_stats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py's W3 draw
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the seeded schemas (test data)
+
+from throughput import WORKLOADS, draw_workload  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "email": {"type": "string", "pattern": "^[a-z]{2,12}@[a-z]{2,10}\\.(com|org)$"},
+        "city": {"type": "string", "maxLength": 20},
+        "role": {"enum": ["engineer", "designer", "manager", "student"]},
+        "active": {"type": "boolean"},
+        "score": {"type": "number", "minimum": 0, "maximum": 100},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+    },
+    "required": ["name", "age", "email", "city", "role", "active", "score", "tags"],
+    "additionalProperties": False,
+}
+
+
+def run(llm, prompts, params) -> tuple[float, int, list]:
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    return elapsed, sum(len(o.outputs[0].token_ids) for o in outputs), outputs
+
+
+def stats(llm) -> dict:
+    return llm._portal.call(llm.engine.call_engine_core, "get_structured_output_stats")
+
+
+def compare(args, llm) -> None:
+    from asyncengine import SamplingParams, StructuredOutputsParams
+
+    num_seqs, lo, hi, _, _ = WORKLOADS["w3"]
+    prompts, _ = draw_workload(num_seqs, lo, hi, 32, 256)
+    prompts = [{"prompt_token_ids": ids} for ids in prompts[: args.num_seqs]]
+    plain = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    run(llm, prompts[:2], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+    plain_s, plain_tokens, _ = run(llm, prompts, plain)
+    for backend in args.backends:
+        before = stats(llm)
+        constrained = SamplingParams(temperature=0, max_tokens=args.max_tokens,
+                                     structured_outputs=StructuredOutputsParams(json=PERSON, backend=backend))
+        so_s, so_tokens, outputs = run(llm, prompts, constrained)
+        after = stats(llm)
+        finished = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
+        masks = after["num_masks"] - before["num_masks"]
+        mask_s = after["mask_seconds"] - before["mask_seconds"]
+        print(f"structured {backend}: {len(prompts)} W3 prompts, max_tokens {args.max_tokens}: unconstrained "
+              f"{plain_tokens} tokens {plain_tokens / plain_s:.1f} tok/s; constrained {so_tokens} tokens "
+              f"{so_tokens / so_s:.1f} tok/s ({finished}/{len(prompts)} stopped); ratio "
+              f"{(so_tokens / so_s) / (plain_tokens / plain_s):.2f}; compile "
+              f"{after['compile_seconds'] - before['compile_seconds']:.3f} s; masks {masks} "
+              f"({1e6 * mask_s / max(masks, 1):.0f} us per request-step)")
+
+
+def validate_all(llm, backends) -> None:
+    import jsonschema
+
+    from asyncengine import SamplingParams, StructuredOutputsParams
+    from structured_output.schemas import SCHEMAS
+
+    for backend in backends:
+        params = [SamplingParams(temperature=0, max_tokens=256,
+                                 structured_outputs=StructuredOutputsParams(json=s, backend=backend)) for s in SCHEMAS]
+        chats = [[{"role": "user", "content": f"Write one example JSON document for this schema: {json.dumps(s)}"}]
+                 for s in SCHEMAS]
+        outputs = llm.chat(chats, params, use_tqdm=False)
+        good = 0
+        for schema, output in zip(SCHEMAS, outputs):
+            completion = output.outputs[0]
+            try:
+                jsonschema.validate(json.loads(completion.text), schema)
+                good += completion.finish_reason == "stop"
+            except (ValueError, jsonschema.ValidationError):
+                pass
+        print(f"structured {backend}: {good}/{len(SCHEMAS)} schemas stopped and validated")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a model directory (default: the default model)")
+    parser.add_argument("--backends", nargs="+", default=["xgrammar", "guidance"])
+    parser.add_argument("--num-seqs", type=int, default=WORKLOADS["w3"][0])
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--validate-all", action="store_true")
+    args = parser.parse_args()
+    from asyncengine import LLM
+
+    with LLM(args.model, dtype="float32") as llm:
+        if args.validate_all:
+            validate_all(llm, args.backends)
+        else:
+            compare(args, llm)
+
+
+if __name__ == "__main__":
+    main()

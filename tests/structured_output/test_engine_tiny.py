@@ -1,0 +1,117 @@
+"""Structured outputs in a whole engine on the tiny Llama with the tiny byte-level tokenizer (random
+weights: whatever it writes inside a constraint, it writes only because of the masks).
+
+- a request whose grammar is still compiling waits without holding up an unconstrained one;
+- requests with the same grammar share one compilation; a refused grammar is a RequestError naming the
+  field and the backend, and the engine serves on;
+- a grammar that cannot finish within max_tokens ends with "length".
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+
+import anyio
+import pytest
+
+from asyncengine import AsyncEngine, EngineConfig, RequestError, SamplingParams, StructuredOutputsParams
+from asyncengine.structured_output.registry import StructuredOutputBackendRegistry
+from asyncengine.structured_output.xgrammar_backend import XgrammarBackend
+from support.tiny_tokenizer import save_tiny_tokenizer
+
+OPTIONS = dict(max_model_len=256, kv_cache_memory_bytes=8 * 2**20, plugins="")
+
+# The slow backend's compile waits for this; a test sets it once it has seen what it needs meanwhile.
+release_compile = threading.Event()
+
+
+class GatedBackend(XgrammarBackend):
+    """xgrammar whose compilation waits until the test releases it."""
+
+    def compile(self, spec):
+        if not release_compile.wait(timeout=300):
+            raise ValueError("the test never released the compilation")
+        return super().compile(spec)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model, tmp_path_factory) -> str:
+    directory = tmp_path_factory.mktemp("so-tiny") / "model"
+    shutil.copytree(tiny_model("llama").path, directory)
+    save_tiny_tokenizer(directory)
+    return str(directory)
+
+
+async def collect(engine, prompt, params):
+    text, token_ids, finish = "", [], None
+    async for out in engine.generate(prompt, params):
+        completion = out.outputs[0]
+        text += completion.text
+        token_ids += completion.token_ids
+        finish = completion.finish_reason or finish
+    return text, token_ids, finish
+
+
+@pytest.mark.anyio
+async def test_a_compiling_grammar_holds_up_only_its_own_request(model_dir):
+    StructuredOutputBackendRegistry.register("gated_test_backend", GatedBackend, override=True)
+    release_compile.clear()
+    gated = SamplingParams(temperature=0, max_tokens=16,
+                           structured_outputs=StructuredOutputsParams(regex="[a-c]{4}x", backend="gated_test_backend"))
+    plain = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    results = {}
+    async with AsyncEngine.start(EngineConfig(model=model_dir, **OPTIONS)) as engine:
+        async def run(name, params):
+            results[name] = await collect(engine, "hello", params)
+
+        with anyio.fail_after(300):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, "gated", gated)
+                await anyio.sleep(0.2)  # the gated request is in the engine core, compiling
+                await run("plain", plain)
+                # The unconstrained request finished while the grammar was still compiling.
+                assert "gated" not in results
+                release_compile.set()
+    assert len(results["plain"][1]) == 8
+    text, _, finish = results["gated"]
+    assert re.fullmatch("[a-c]{4}x", text) and finish == "stop", results["gated"]
+
+
+@pytest.mark.anyio
+async def test_one_compilation_is_shared_and_a_refused_grammar_is_a_request_error(model_dir):
+    regex = StructuredOutputsParams(regex="(yes|no)[0-9]{2}")
+    async with AsyncEngine.start(EngineConfig(model=model_dir, **OPTIONS)) as engine:
+        with anyio.fail_after(300):
+            results = []
+
+            async def run(seed):
+                results.append(await collect(engine, "q", SamplingParams(temperature=1.0, seed=seed, max_tokens=16,
+                                                                          structured_outputs=regex)))
+
+            async with anyio.create_task_group() as tg:
+                for seed in range(4):
+                    tg.start_soon(run, seed)
+            for backend in ("xgrammar", "guidance"):
+                with pytest.raises(RequestError) as refused:
+                    await collect(engine, "q", SamplingParams(
+                        structured_outputs=StructuredOutputsParams(json='{"type": "object", "minProperties": "x"}',
+                                                                   backend=backend)))
+                assert refused.value.field == "structured_outputs.json"
+                assert f"backend {backend!r}" in refused.value.message
+            with pytest.raises(RequestError) as refused:
+                await collect(engine, "q", SamplingParams(structured_outputs=StructuredOutputsParams(regex="(a")))
+            assert refused.value.field == "structured_outputs.regex" and "'xgrammar'" in refused.value.message
+            stats = await engine.call_engine_core("get_structured_output_stats")
+    assert all(re.fullmatch("(yes|no)[0-9]{2}", text) and finish == "stop" for text, _, finish in results), results
+    assert stats["num_compiled"] == 1 and stats["num_cache_hits"] == 3, stats
+
+
+@pytest.mark.anyio
+async def test_a_grammar_that_cannot_finish_in_max_tokens_ends_with_length(model_dir):
+    async with AsyncEngine.start(EngineConfig(model=model_dir, **OPTIONS)) as engine:
+        with anyio.fail_after(300):
+            text, token_ids, finish = await collect(engine, "q", SamplingParams(
+                temperature=0, max_tokens=6, structured_outputs=StructuredOutputsParams(regex="z{40}")))
+    assert finish == "length" and text == "z" * 6 and len(token_ids) == 6
