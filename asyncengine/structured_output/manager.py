@@ -37,12 +37,14 @@ class GrammarStats:
         self.compile_seconds = 0.0
         self.mask_seconds = 0.0
         self.num_masks = 0
-        self.backend_of: dict[str, str] = {}  # request id -> the backend that constrains it
+        self.backend_of: dict[str, str] = {}  # request id -> the backend that constrains it (while it runs)
+        self.requests_per_backend: dict[str, int] = {}  # backend name -> requests it constrained so far
 
     def as_dict(self) -> dict[str, Any]:
         return {"num_compiled": self.num_compiled, "num_cache_hits": self.num_cache_hits,
                 "compile_seconds": self.compile_seconds, "mask_seconds": self.mask_seconds,
-                "num_masks": self.num_masks}
+                "num_masks": self.num_masks, "requests_per_backend": dict(self.requests_per_backend),
+                "running_backends": dict(self.backend_of)}
 
 
 class StructuredOutputManager:
@@ -86,6 +88,7 @@ class StructuredOutputManager:
             self._pending.discard(request_id)
             self._matchers[request_id] = matcher
             self.stats.backend_of[request_id] = name
+            self.stats.requests_per_backend[name] = self.stats.requests_per_backend.get(name, 0) + 1
 
     async def _backend(self, name: str) -> StructuredOutputBackend:
         async with self._lock:

@@ -106,6 +106,7 @@ async def test_one_compilation_is_shared_and_a_refused_grammar_is_a_request_erro
             stats = await engine.call_engine_core("get_structured_output_stats")
     assert all(re.fullmatch("(yes|no)[0-9]{2}", text) and finish == "stop" for text, _, finish in results), results
     assert stats["num_compiled"] == 1 and stats["num_cache_hits"] == 3, stats
+    assert stats["requests_per_backend"] == {"xgrammar": 4} and stats["running_backends"] == {}, stats
 
 
 @pytest.mark.anyio
