@@ -147,7 +147,8 @@ async def test_async_client_concurrent_requests_equal_the_engine(smol_server, ex
 def test_tokenize_detokenize_health_and_the_startup_report(smol_server, smol_llm):
     def post(path: str, body: dict) -> dict:
         request = urllib.request.Request(smol_server.url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {API_KEY}"})  # --api-key covers these too
         with urllib.request.urlopen(request) as response:
             return json.loads(response.read())
 
