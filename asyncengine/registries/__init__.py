@@ -55,6 +55,7 @@ READER_MODULES = (
     "asyncengine.engine_core.executor",
     "asyncengine.plugin_runtime.phases",
     "asyncengine.plugin_runtime.additional_config",
+    "asyncengine.plugin_runtime.contracts",
     "asyncengine.worker.extension",
     "asyncengine.worker.worker",
     "asyncengine.frontend.startup",

@@ -84,6 +84,20 @@ def test_the_cli_prints_the_map_and_its_markdown():
     assert markdown.stdout.startswith("| frontend | engine core | worker |")
 
 
+def test_every_module_with_a_reads_mark_is_a_reader_module():
+    # The map imports READER_MODULES to collect the marks; a marked module left out of it shows in the
+    # map only when something else happened to import it first (the suite's order, not the code).
+    from asyncengine.registries import READER_MODULES
+
+    marked = set()
+    for path in PACKAGE.rglob("*.py"):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
+                    isinstance(d, ast.Call) and getattr(d.func, "id", None) == "reads" for d in function.decorator_list):
+                marked.add(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+    assert marked - set(READER_MODULES) == set(), "add these to READER_MODULES in asyncengine/registries/__init__.py"
+
+
 def test_the_docs_page_is_the_generated_map():
     from asyncengine.plugin_runtime.extension_map import docs_page
 
