@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import threading
 import urllib.parse
 
 import pytest
@@ -19,6 +21,9 @@ CHAT = [{"role": "user", "content": "Hi"}]
 
 def send(server, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
     url = urllib.parse.urlsplit(server.url)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    if data is not None and len(data) > 2**20:
+        return _send_while_reading(url, method, path, data, AUTH if headers is None else headers)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
     try:
         data = json.dumps(body).encode() if isinstance(body, dict) else body
@@ -27,6 +32,44 @@ def send(server, method: str, path: str, body: bytes | dict | None = None, heade
         return response.status, dict(response.getheaders()), response.read()
     finally:
         connection.close()
+
+
+def _send_while_reading(url, method: str, path: str, data: bytes, headers: dict):
+    """A body over the limit: the server answers 413 before reading all of it and closes the connection
+    (it cannot be reused), so a client that only reads once it has sent everything meets a broken pipe
+    or a reset. Like a browser, this one reads the answer while it is still sending."""
+    with socket.create_connection((url.hostname, url.port), timeout=120) as sock:
+        head = "".join(f"{name}: {value}\r\n" for name, value in {**headers, "Content-Length": len(data)}.items())
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {url.hostname}\r\n{head}\r\n".encode())
+
+        def write_body() -> None:
+            try:
+                sock.sendall(data)
+            except OSError:  # the server has answered and closed: the rest of the body is not wanted
+                pass
+
+        writer = threading.Thread(target=write_body, daemon=True)
+        writer.start()
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer) < _expected_length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        writer.join(30)
+    status_line, _, rest = answer.partition(b"\r\n")
+    header_block, _, raw = rest.partition(b"\r\n\r\n")
+    response_headers = dict(line.decode().split(": ", 1) for line in header_block.split(b"\r\n") if line)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in response_headers.items()}, raw
+
+
+def _expected_length(answer: bytes) -> int:
+    head, _, _ = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(head) + 4 + int(value)
+    return 1 << 62  # no length given: read until the server closes
 
 
 def completion(**fields) -> dict:
