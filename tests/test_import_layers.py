@@ -1,0 +1,322 @@
+"""Imports point down: the layers of asyncengine/, declared once here, and the test that holds the code to them.
+
+Every module under asyncengine/ is read with `ast` (nothing is imported), and every `import` and `from ... import`
+in it counts: at module level, inside functions and classes, and under `if TYPE_CHECKING:`. Type-only imports are
+included on purpose: an annotation that names a role's class still makes the lower layer know about the higher one
+(the reader has to climb to understand it, and mypy follows it), and `TYPE_CHECKING` must not become the way an
+upward dependency hides. Relative imports are resolved against the importing module. `from pkg import name` is an
+edge to `pkg.name` when that is a module, otherwise to `pkg`; a parent package's `__init__` is not an edge of its
+own (Python runs it, but it only re-exports its children, and counting it would make every package a cycle).
+A class path held in a string ("asyncengine.worker.worker:Worker", imported when first needed) is not an import:
+naming a default implementation by path is how a lower layer stays ignorant of it.
+
+Three rules, three tests:
+- a module imports only from its own layer or the layers below it;
+- no import cycle between modules (a strongly connected component of the module graph with more than one module),
+  lazy imports included: a cycle hidden inside functions is still two modules that cannot be read apart;
+- every package and top-level module under asyncengine/ is placed in a layer, and every placed name exists.
+
+`asyncengine.ops` (the kernels, shipped from ops/ by a package-dir mapping) is below every layer: anything may use
+a kernel, and ops/ imports no engine code.
+
+Run `python tests/test_import_layers.py [path/to/asyncengine]` to print the upward imports and cycles as a report.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+from dataclasses import dataclass
+
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1] / "asyncengine"
+
+# The layers, bottom to top (docs/architecture.md draws them). A name places that module, or that package with
+# everything under it unless a longer name places a part of it elsewhere; "asyncengine" places only the root
+# package's own __init__. Within a layer any import is allowed (the cycle rule still holds there).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "floor",
+        (
+            "asyncengine.errors",
+            "asyncengine._version",
+            "asyncengine._ops_path",
+            "asyncengine.config",
+            "asyncengine.interfaces",
+            "asyncengine.registries",
+            "asyncengine.wire",
+            "asyncengine.runtime",
+            "asyncengine.outputs",
+            "asyncengine.sampling_params",
+        ),
+    ),
+    ("plugin runtime", ("asyncengine.plugin_runtime",)),
+    (
+        "kernels' users",
+        (
+            "asyncengine.platforms",
+            "asyncengine.attention",
+            "asyncengine.models",
+            "asyncengine.loader",
+            "asyncengine.kv_transfer",
+            "asyncengine.structured_output",
+        ),
+    ),
+    # The roles, in the order one spawns the next: the engine core runs the worker (in a thread under `uni`), the
+    # frontend runs the engine core (in its own event loop under `in_process`); never the reverse.
+    ("worker", ("asyncengine.worker",)),
+    ("engine core", ("asyncengine.engine_core",)),
+    ("frontend", ("asyncengine.frontend",)),
+    (
+        "server and CLI",
+        (
+            "asyncengine.server",
+            "asyncengine.cli",
+            "asyncengine.porting",
+            "asyncengine.plugins_api",
+            "asyncengine.__main__",
+            "asyncengine",
+        ),
+    ),
+)
+# Below every layer: the kernels (ops/, importable as asyncengine.ops).
+BELOW_ALL = ("asyncengine.ops",)
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name
+    line: int
+    target: str  # dotted module name (a module or package under asyncengine/)
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, pathlib.Path]:
+    return {module_name(path): path for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> list[Import]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "asyncengine" or alias.name.startswith("asyncengine."):
+                    found.append(Import(name, node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(name, is_package, node)
+            if not (source == "asyncengine" or source.startswith("asyncengine.")):
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                found.append(Import(name, node.lineno, submodule if submodule in modules else source))
+    # One edge per (line, target): `from x import a, b` names x once.
+    return sorted(set(found), key=lambda imp: (imp.line, imp.target))
+
+
+def module_graph() -> tuple[dict[str, pathlib.Path], list[Import]]:
+    modules = all_modules()
+    edges = [imp for name, path in modules.items() for imp in imports_of(name, path, modules)]
+    return modules, edges
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(layer index, layer name) of a module, None when it is not placed; -1 for the kernels below every layer."""
+    if any(module == name or module.startswith(name + ".") for name in BELOW_ALL):
+        return (-1, "kernels (asyncengine.ops)")
+    best: tuple[int, int, str] | None = None  # (length of the placing name, layer index, layer name)
+    for index, (layer, names) in enumerate(LAYERS):
+        for name in names:
+            matches = module == name if name == "asyncengine" else module == name or module.startswith(name + ".")
+            if matches and (best is None or len(name) > best[0]):
+                best = (len(name), index, layer)
+    return None if best is None else (best[1], best[2])
+
+
+def upward_imports(edges: list[Import]) -> list[tuple[Import, str, str]]:
+    """Every import from a lower layer to a higher one, with both layers' names."""
+    found = []
+    for imp in edges:
+        source, target = layer_of(imp.importer), layer_of(imp.target)
+        if source is not None and target is not None and target[0] > source[0]:
+            found.append((imp, source[1], target[1]))
+    return found
+
+
+def import_cycles(modules: dict[str, pathlib.Path], edges: list[Import]) -> list[list[str]]:
+    """The strongly connected components of the module graph with more than one module (Tarjan, iterative)."""
+    successors: dict[str, set[str]] = {name: set() for name in modules}
+    for imp in edges:
+        if imp.target in modules and imp.target != imp.importer:
+            successors[imp.importer].add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+    for root in sorted(successors):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(successors[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(successors[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return sorted(components)
+
+
+def _describe_upward(imp: Import, source_layer: str, target_layer: str, modules: dict[str, pathlib.Path]) -> str:
+    path = modules[imp.importer].relative_to(PACKAGE_ROOT.parent)
+    return (
+        f"{path}:{imp.line}: {imp.importer} (layer {source_layer!r}) imports {imp.target} (layer {target_layer!r}), "
+        "a higher layer"
+    )
+
+
+def _describe_cycle(component: list[str], edges: list[Import], modules: dict[str, pathlib.Path]) -> str:
+    members = set(component)
+    inner = [imp for imp in edges if imp.importer in members and imp.target in members and imp.importer != imp.target]
+    lines = [
+        f"    {modules[imp.importer].relative_to(PACKAGE_ROOT.parent)}:{imp.line}: {imp.importer} -> {imp.target}"
+        for imp in inner
+    ]
+    return f"cycle between {len(component)} modules: {', '.join(component)}\n" + "\n".join(lines)
+
+
+def test_imports_point_down() -> None:
+    modules, edges = module_graph()
+    found = upward_imports(edges)
+    if found:
+        report = "\n".join(_describe_upward(imp, low, high, modules) for imp, low, high in found)
+        raise AssertionError(
+            f"{len(found)} import(s) point up a layer (layers bottom to top: "
+            f"{', '.join(name for name, _ in LAYERS)}):\n{report}\n"
+            "A lower layer must not know a higher one. Move what both need down (a class a plugin subclasses to "
+            "asyncengine/interfaces/, a message type to asyncengine/wire/), or invert it: let the higher layer pass "
+            "the object or the check in. If the layer of a whole package is wrong, change LAYERS in "
+            "tests/test_import_layers.py and docs/architecture.md together."
+        )
+
+
+def test_no_import_cycles() -> None:
+    modules, edges = module_graph()
+    cycles = import_cycles(modules, edges)
+    if cycles:
+        report = "\n".join(_describe_cycle(component, edges, modules) for component in cycles)
+        raise AssertionError(
+            f"{len(cycles)} import cycle(s) (imports inside functions count):\n{report}\n"
+            "Break each cycle: move what both modules need into a third module below them, or pass it in."
+        )
+
+
+def test_every_package_is_placed_in_a_layer() -> None:
+    modules = all_modules()
+    unplaced = sorted(name for name in modules if layer_of(name) is None)
+    placed = [name for _, names in LAYERS for name in names]
+    duplicated = sorted({name for name in placed if placed.count(name) > 1})
+    stale = sorted(name for name in placed if not any(m == name or m.startswith(name + ".") for m in modules))
+    problems = []
+    if unplaced:
+        problems.append(f"not placed in any layer: {', '.join(unplaced)}")
+    if duplicated:
+        problems.append(f"placed twice: {', '.join(duplicated)}")
+    if stale:
+        problems.append(f"placed but no such module or package under asyncengine/: {', '.join(stale)}")
+    if problems:
+        raise AssertionError(
+            "; ".join(problems) + ". Place every package and top-level module under asyncengine/ in exactly one "
+            "layer of LAYERS in tests/test_import_layers.py (and draw it in docs/architecture.md)."
+        )
+
+
+def test_the_checker_sees_lazy_type_only_and_relative_imports(tmp_path: pathlib.Path) -> None:
+    """The scan itself: a lazy import, a TYPE_CHECKING import and a relative import are all edges."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import sibling\n"
+        "from ..frontend import llm\n"
+        "if TYPE_CHECKING:\n"
+        "    from asyncengine.server.app import build_app\n"
+        "def later():\n"
+        "    import asyncengine.engine_core.core\n"
+    )
+    fake = tmp_path / "example.py"
+    fake.write_text(source)
+    modules = {name: fake for name in ("asyncengine.wire.sibling", "asyncengine.frontend.llm", "asyncengine.wire")}
+    found = {(imp.line, imp.target) for imp in imports_of("asyncengine.wire.example", fake, modules)}
+    assert found == {
+        (2, "asyncengine.wire.sibling"),
+        (3, "asyncengine.frontend.llm"),
+        (5, "asyncengine.server.app"),
+        (7, "asyncengine.engine_core.core"),
+    }
+    upward = {(imp.target, high) for imp, _, high in upward_imports(
+        [Import("asyncengine.wire.example", line, target) for line, target in found])}
+    assert upward == {
+        ("asyncengine.frontend.llm", "frontend"),
+        ("asyncengine.server.app", "server and CLI"),
+        ("asyncengine.engine_core.core", "engine core"),
+    }
+
+
+def test_the_checker_finds_a_cycle_through_three_modules() -> None:
+    modules = {name: PACKAGE_ROOT for name in ("a", "b", "c", "d")}
+    edges = [Import("a", 1, "b"), Import("b", 1, "c"), Import("c", 1, "a"), Import("c", 2, "d")]
+    assert import_cycles(modules, edges) == [["a", "b", "c"]]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:  # another checkout's asyncengine/ (to count an older commit's graph)
+        PACKAGE_ROOT = pathlib.Path(sys.argv[1]).resolve()
+    all_mods, all_edges = module_graph()
+    upward = upward_imports(all_edges)
+    for imp, low, high in upward:
+        print(_describe_upward(imp, low, high, all_mods))
+    cycles = import_cycles(all_mods, all_edges)
+    for component in cycles:
+        print(_describe_cycle(component, all_edges, all_mods))
+    print(f"{len(upward)} upward imports, {len(cycles)} cycles, {len(all_mods)} modules, {len(all_edges)} imports")
+    sys.exit(1 if upward or cycles else 0)
