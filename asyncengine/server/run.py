@@ -32,6 +32,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.frontend.async_engine import AsyncEngine
+from asyncengine.server import h11_errors
 from asyncengine.server.app import create_app
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.serving_io_processor import check_io_processor_name
@@ -81,6 +82,7 @@ def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
     config.keep_alive_timeout = server_config.keep_alive_timeout
     config.accesslog = None  # the app logs one line per request itself
     config.errorlog = logging.getLogger("hypercorn.error")  # through logging only, not also to stderr
+    h11_errors.install(config)  # Hypercorn's own 400/431 replies in OpenAI's error shape
     return config
 
 

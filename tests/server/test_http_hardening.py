@@ -119,6 +119,64 @@ def test_an_http_1_0_stream_ends(server):
     assert received.startswith(b"HTTP/1.1 200") and received.rstrip().endswith(b"data: [DONE]")
 
 
+@pytest.mark.parametrize("head, status, code", [
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n", 400, "malformed_http_request"),
+    (b"NOT A REQUEST LINE\r\n\r\n", 400, "malformed_http_request"),
+    # h11 measures the head while it is incomplete: 20 KB of it with no end yet is over the 16 KiB limit
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000, 431,
+     "request_header_fields_too_large"),
+], ids=["space in a header name", "no request line", "headers over 16 KiB"])
+def test_hypercorns_own_replies_carry_an_openai_error_body(server, head, status, code):
+    # Hypercorn answers these before the app runs; on main its reply had `content-length: 0`.
+    with socket.create_connection(("127.0.0.1", port_of(server))) as sock:
+        sock.sendall(head)
+        received = read_until_closed(sock)
+    status_line, _, rest = received.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 %d" % status), received[:200]
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in headers.lower() and b"connection: close" in headers.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == code and error["message"], error
+
+
+def test_another_hypercorn_server_in_the_process_keeps_hypercorns_empty_replies():
+    # The replacement is process-wide (Hypercorn builds its protocol by name), so it must change nothing for a
+    # Hypercorn config asyncengine did not make: an embedder's own server.
+    import trio
+    from hypercorn.config import Config
+    from hypercorn.protocol.h11 import H11Protocol
+
+    import hypercorn.protocol
+    from asyncengine.server import h11_errors
+
+    ours = Config()
+    assert h11_errors.install(ours) and getattr(ours, h11_errors.ERROR_BODIES_ATTRIBUTE)
+    replaced = hypercorn.protocol.H11Protocol
+    assert replaced is not H11Protocol and issubclass(replaced, H11Protocol)
+
+    class Recorder:
+        def __init__(self):
+            self.data = b""
+
+        async def __call__(self, event):
+            self.data += getattr(event, "data", b"")
+
+    async def reply(config) -> bytes:
+        recorder = Recorder()
+        protocol = replaced.__new__(replaced)  # only what _send_error_response reads
+        import h11
+        protocol.config, protocol.send, protocol.connection = config, recorder, h11.Connection(h11.SERVER)
+        protocol.connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        protocol.connection.next_event()
+        await protocol._send_error_response(400)
+        return recorder.data
+
+    theirs = trio.run(reply, Config())
+    assert b"content-length: 0" in theirs.lower() and theirs.endswith(b"\r\n\r\n"), theirs
+    mine = trio.run(reply, ours)
+    assert b"application/json" in mine and mine.endswith(b"}"), mine
+
+
 def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(server):
     # --keep-alive-timeout 1 here. Main: still open (read timed out); 5 s would be the default.
     pid, port = server.process.pid, port_of(server)
