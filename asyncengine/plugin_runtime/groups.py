@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FRONTEND, ENGINE_CORE, WORKER = "frontend", "engine core", "worker"
+from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
 
 PHASE_PLATFORM = "platform"
 PHASE_GENERAL = "general plugins"

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asyncengine.interfaces.roles import ROLES as ROLE_NAMES
 from asyncengine.plugin_runtime import allow_list as al
 from asyncengine.plugin_runtime import groups as g
 
 RULES_FORMAT = 1
-ROLES = (g.FRONTEND, g.ENGINE_CORE, g.WORKER)
+ROLES = ROLE_NAMES  # the process roles, in the order the plan shows them
 
 # What a condition means; `holds` in timeline.py and in the page's script decide each from the setting.
 CONDITIONS = {

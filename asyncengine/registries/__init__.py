@@ -6,9 +6,8 @@ frontend's: a key the frontend has and the child lacks fails start-up there, nam
 
 from __future__ import annotations
 
-from asyncengine.registries.base import BUILT_IN, Registry, RegistrationError, current_registrant
-
-FRONTEND, ENGINE_CORE, WORKER = "frontend", "engine core", "worker"
+from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, current_registrant
+from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
 
 
 def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
