@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from asyncengine.errors import AsyncEngineError, error_field, error_type_name
 from asyncengine.plugin_runtime.records import PhaseFailure, StartupTrace, name_the_phase
 from asyncengine.runtime.connection import connect_to_parent
 from asyncengine.runtime.groups import single_exceptions
+from asyncengine.runtime.signals import ignore_interrupts, stop_now_on_sigterm
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_RANK, ENV_SECRET, die_with_parent
 from asyncengine.wire.framing import FrameStream
 from asyncengine.wire.messages import StartupFailed, StartupParams
@@ -32,7 +32,7 @@ Body = Callable[[FrameStream, StartupParams, StartupTrace], Awaitable[None]]
 def child_main(role: str, inbox_type: Any, body: Body) -> int:
     """Entry point of a child process: returns its exit code. `role` is "engine core" or "worker"."""
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_interrupts()
     logging.basicConfig(level=os.environ.get("ASYNCENGINE_LOG_LEVEL", "WARNING").upper(),
                         format=f"%(levelname)s {role} %(name)s: %(message)s")
     address, secret = os.environ[ENV_ADDRESS], os.environ[ENV_SECRET]
@@ -41,7 +41,7 @@ def child_main(role: str, inbox_type: Any, body: Body) -> int:
 
     async def main() -> int:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_sigterm, tg.cancel_scope)
+            await tg.start(stop_now_on_sigterm, tg.cancel_scope)
             frames = await connect_to_parent(address, secret, inbox_type, role=role, rank=rank)
             try:
                 params = await frames.receive()
@@ -71,10 +71,3 @@ def child_main(role: str, inbox_type: Any, body: Body) -> int:
         return 0
 
     return anyio.run(main, backend=os.environ.get("ASYNCENGINE_CHILD_BACKEND", "trio"))
-
-
-async def _stop_on_sigterm(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import signal
 import sys
 from functools import partial
 
@@ -32,6 +31,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.frontend.async_engine import AsyncEngine
+from asyncengine.runtime.signals import drain_on_signal
 from asyncengine.server import h11_errors
 from asyncengine.server.app import create_app
 from asyncengine.server.config import ServerConfig
@@ -128,25 +128,21 @@ async def _serve_until_done(app, config: HypercornConfig, stop: trio.Event, serv
 
 async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: float,
                            serving: trio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for received in signals:
-            print(f"asyncengine: {signal.Signals(received).name} received: no new connections; running requests "
-                  f"have {grace_period:g} s to finish", file=sys.stderr, flush=True)
-            stop.set()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_cut_short_on_second_signal, signals, tg.cancel_scope)
-                await engine.shutdown(grace_period)
-                tg.cancel_scope.cancel()
-            # Every request has finished or been aborted; what Hypercorn may still wait for is idle
-            # keep-alive connections (module docstring).
-            await trio.sleep(FLUSH_SECONDS)
-            serving.cancel()
-            return
+    async def drain() -> None:
+        stop.set()  # Hypercorn: no new connections
+        await engine.shutdown(grace_period)
+
+    await drain_on_signal(
+        drain,
+        announce=lambda name: _say(f"{name} received: no new connections; running requests have {grace_period:g} s "
+                                   "to finish"),
+        announce_again=lambda name: _say(f"{name} received again: aborting running requests now"),
+    )
+    # Every request has finished or been aborted; what Hypercorn may still wait for is idle
+    # keep-alive connections (module docstring).
+    await trio.sleep(FLUSH_SECONDS)
+    serving.cancel()
 
 
-async def _cut_short_on_second_signal(signals, scope: anyio.CancelScope) -> None:
-    async for received in signals:
-        print(f"asyncengine: {signal.Signals(received).name} received again: aborting running requests now",
-              file=sys.stderr, flush=True)
-        scope.cancel()
-        return
+def _say(line: str) -> None:
+    print(f"asyncengine: {line}", file=sys.stderr, flush=True)

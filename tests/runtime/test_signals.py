@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import anyio
     from asyncengine import AsyncEngine, SamplingParams
-    from asyncengine.frontend.signals import stop_on_signals
+    from asyncengine.runtime.signals import stop_on_signals
 
     async def consume(engine, name, max_tokens, results):
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
