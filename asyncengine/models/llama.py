@@ -22,7 +22,7 @@ from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmb
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
-from asyncengine.worker import parallel
+from asyncengine import parallel_state as parallel
 
 # checkpoint projection name -> (fused parameter name, shard index)
 FUSED_PROJECTIONS = {

@@ -7,44 +7,17 @@ and an import error is raised with its traceback (never remembered as "unsupport
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from asyncengine.errors import ModelLoadError, UnsupportedArchitectureError
-from asyncengine.registries.base import BUILT_IN, Registry
+from asyncengine.interfaces.imports import import_by_path as _import_by_path
+from asyncengine.interfaces.registry import BUILT_IN, Registry
 
 
 def import_by_path(path: str, *, what: str) -> Any:
-    """Import "package.module:attr" (or vLLM's "package.module.attr"), raising ModelLoadError that names
-    `what` and the path. A class given as an object in this process is found under its path first."""
-    from asyncengine.config.class_paths import is_class_path, remembered_class, split_class_path
-
-    if not is_class_path(path):
-        raise ModelLoadError(f"{what}: {path!r} is not of the form 'package.module:Class' (or 'package.module.Class')")
-    remembered = remembered_class(path)
-    if remembered is not None:
-        return remembered
-    splits = split_class_path(path)
-    not_found: ModelLoadError | None = None  # the first split's "no such module", reported if no split works
-    for index, (module_name, attr) in enumerate(splits):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            error = ModelLoadError(f"{what}: importing {module_name!r} failed: {exc}")
-            error.__cause__ = exc
-            if exc.name == module_name and index + 1 < len(splits):
-                not_found = not_found or error
-                continue  # dotted "a.b.C": no module "a.b", so maybe module "a" with attribute "b.C"
-            raise not_found or error
-        except ImportError as exc:
-            raise ModelLoadError(f"{what}: importing {module_name!r} failed: {exc}") from exc
-        target: Any = module
-        for part in attr.split("."):
-            if not hasattr(target, part):
-                raise not_found or ModelLoadError(f"{what}: module {module_name!r} has no attribute {attr!r}")
-            target = getattr(target, part)
-        return target
-    raise AssertionError("unreachable: split_class_path gives at least one split for a class path")
+    """asyncengine.interfaces.imports.import_by_path raising ModelLoadError (this module's callers expect
+    it); new callers use that one with their own error."""
+    return _import_by_path(path, what=what, error=ModelLoadError)
 
 
 class _ModelRegistry(Registry):

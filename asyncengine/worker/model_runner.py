@@ -37,7 +37,7 @@ from asyncengine.kv_transfer.factory import connector_record, context_for, creat
 from asyncengine.loader.model_loader import load_model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
-from asyncengine.worker import parallel
+from asyncengine import parallel_state as parallel
 from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors

@@ -24,7 +24,7 @@ from asyncengine.models.layers import op_registry
 from asyncengine.platforms.interface import Platform
 from asyncengine.registries.base import reads
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
-from asyncengine.worker import parallel
+from asyncengine import parallel_state as parallel
 from asyncengine.worker.extension import build_extension
 from asyncengine.worker.model_runner import ModelRunner
 

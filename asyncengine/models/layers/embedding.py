@@ -13,7 +13,7 @@ from torch import nn
 
 from asyncengine.models.layers import cpu_gemm
 from asyncengine.models.layers.linear import check_shape, copy_checked
-from asyncengine.worker import parallel
+from asyncengine import parallel_state as parallel
 
 
 _NOT_PACKED = object()

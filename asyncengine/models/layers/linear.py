@@ -16,7 +16,7 @@ from torch import nn
 
 from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.quantization import linear_method_for
-from asyncengine.worker import parallel
+from asyncengine import parallel_state as parallel
 
 
 class ColumnParallelLinear(nn.Module):
