@@ -15,7 +15,7 @@ import msgspec
 from asyncengine.config.class_paths import classes_to_paths, is_class_path, struct_classes_to_paths
 from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
-from asyncengine.kv_transfer.config import KVTransferConfig, parse_kv_transfer_config
+from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it (C2).
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"

@@ -15,29 +15,17 @@ import os
 import time
 from typing import Any
 
+from asyncengine.config.kv_transfer import FIELD, KVTransferConfig
 from asyncengine.errors import ConfigError
-from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorContext, KVConnectorRole
-from asyncengine.kv_transfer.config import FIELD, KVTransferConfig
-from asyncengine.registries.base import BUILT_IN, Registry, describe, reads
-
-LOCAL_DISK = "LocalDiskConnector"
-
-
-class _KVConnectorFactory(Registry):
-    def __init__(self) -> None:
-        super().__init__("kv_connectors", "KV connector")
-        self.register(LOCAL_DISK, "asyncengine.kv_transfer.local_disk:LocalDiskConnector", owner=BUILT_IN)
-
-    def register_connector(self, name: str, module_path: str, class_name: str, *, override: bool = False) -> None:
-        """Register the class `class_name` of module `module_path` under `name` (vLLM's signature)."""
-        for what, value in (("module_path", module_path), ("class_name", class_name)):
-            if not isinstance(value, str) or not value or ":" in value:
-                raise ConfigError(f"register_connector({name!r}, ...): {what} must be a non-empty name without "
-                                  f"':' (register_connector('name', 'pkg.mod', 'Class')); got {value!r}")
-        self.register(name, f"{module_path}:{class_name}", override=override)
-
-
-KVConnectorFactory = _KVConnectorFactory()
+from asyncengine.interfaces.kv_connector import (
+    LOCAL_DISK,
+    KVConnectorBase,
+    KVConnectorContext,
+    KVConnectorFactory,
+    KVConnectorRole,
+    _KVConnectorFactory,
+)
+from asyncengine.interfaces.registry import describe, reads
 
 
 class ConnectorChoice:

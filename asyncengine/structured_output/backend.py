@@ -1,4 +1,6 @@
-"""The structured-output backend interface (EXTENSION_POINTS.md R10).
+"""The structured-output backend interface (EXTENSION_POINTS.md R10): GrammarMatcher and
+StructuredOutputBackend are in the floor (asyncengine.interfaces.structured_output), imported here;
+GrammarError and the bitmask width are here.
 
 A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), in a thread off
 the engine core's step loop) and gives each request a matcher over it. The engine core asks each
@@ -10,11 +12,8 @@ token `t` is allowed; one row per request, `ceil(vocab_size / 32)` words wide.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-import numpy as np
-
 from asyncengine.errors import RequestError
+from asyncengine.interfaces.structured_output import GrammarMatcher, StructuredOutputBackend
 from asyncengine.structured_output.spec import GrammarSpec
 
 
@@ -32,46 +31,4 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-class GrammarMatcher:
-    """One request's position in its grammar."""
-
-    def accept_token(self, token_id: int) -> bool:
-        """Advance by the sampled token; False when the grammar does not allow it."""
-        raise NotImplementedError
-
-    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 words, see the module's doc)."""
-        raise NotImplementedError
-
-    def is_terminated(self) -> bool:
-        """True once the grammar is complete and its stop token was accepted."""
-        raise NotImplementedError
-
-
-class StructuredOutputBackend:
-    """Subclass and register with `register_structured_output_backend("name", "pkg.mod:Class")`.
-
-    Built once per engine core, lazily, with the model's tokenizer (a Hugging Face tokenizer), the
-    logits' vocabulary size and the model's EOS token ids. `compile` runs in a worker thread, so it
-    must be safe to call from several threads; `validate` runs in the frontend, without a tokenizer,
-    to answer a bad grammar with a 400 before the request reaches the engine.
-    """
-
-    name: ClassVar[str] = ""
-
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.eos_token_ids = list(eos_token_ids)
-
-    @classmethod
-    def validate(cls, spec: GrammarSpec) -> None:
-        """Raise ValueError (its message is the backend's) when `spec` cannot be compiled. Default: no check."""
-
-    def compile(self, spec: GrammarSpec) -> Any:
-        """The compiled grammar for `spec` (raise ValueError with the backend's message when it cannot)."""
-        raise NotImplementedError
-
-    def matcher(self, compiled: Any) -> GrammarMatcher:
-        """A fresh matcher at the start of `compiled`."""
-        raise NotImplementedError
+__all__ = ["GrammarError", "GrammarMatcher", "StructuredOutputBackend", "bitmask_words"]

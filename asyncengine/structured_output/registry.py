@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.errors import ConfigError, RequestError
-from asyncengine.registries.base import BUILT_IN, Registry, reads
+from asyncengine.errors import ConfigError, ModelLoadError, RequestError
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.registry import reads
+from asyncengine.interfaces.structured_output import StructuredOutputBackend, StructuredOutputBackendRegistry
 
 DEFAULT_BACKEND = "xgrammar"
-
-StructuredOutputBackendRegistry = Registry("structured_output_backends", "structured-output backend")
-StructuredOutputBackendRegistry.register(
-    "xgrammar", "asyncengine.structured_output.xgrammar_backend:XgrammarBackend", owner=BUILT_IN)
-StructuredOutputBackendRegistry.register(
-    "guidance", "asyncengine.structured_output.guidance_backend:GuidanceBackend", owner=BUILT_IN)
 
 
 def register_structured_output_backend(name: str, backend: Any, *, override: bool = False) -> None:
@@ -44,11 +40,8 @@ def _load(name: str, *, field: str, error: type[Exception]) -> type:
                     "register_structured_output_backend", field=field)
     implementation = entry.implementation
     if isinstance(implementation, str):
-        from asyncengine.models.registry import import_by_path
-
-        implementation = import_by_path(implementation, what=f"structured-output backend {name!r}")
-    from asyncengine.structured_output.backend import StructuredOutputBackend
-
+        implementation = import_by_path(implementation, what=f"structured-output backend {name!r}",
+                                        error=ModelLoadError)
     if not (isinstance(implementation, type) and issubclass(implementation, StructuredOutputBackend)):
         raise error(f"structured-output backend {name!r} (registered by {entry.owner}) is "
                     f"{implementation!r}, not a StructuredOutputBackend subclass", field=field)

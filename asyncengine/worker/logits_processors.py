@@ -1,5 +1,6 @@
-"""Batch-level logits processors (vLLM v1's design): the interface, the BatchUpdate a processor
-receives, and the bookkeeping a worker keeps to produce it.
+"""Batch-level logits processors (vLLM v1's design): the bookkeeping a worker keeps to produce each
+processor's BatchUpdate, and the processors one worker built. The interface (LogitsProcessor,
+BatchUpdate and its parts) is in the floor, asyncengine.interfaces.logits; imported here too.
 
 Processors come from the entry-point group `asyncengine.logits_processors` and from the
 `logits_processors` option (both end up in PluginState.logits_processors, each class once). The
@@ -18,89 +19,17 @@ list order, exactly as vLLM's built-in processors do.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-
-class LogitsProcessor:
-    """Base class of batch-level logits processors. Subclass it and override the four methods.
-
-    Built once per worker as `cls(engine_config, device, is_pin_memory)`. Every tensor-parallel rank
-    builds its own instance and sees the same batches: keep the processing deterministic, so that
-    every rank picks the same token.
-    """
-
-    def __init__(self, engine_config: Any, device: Any, is_pin_memory: bool) -> None:
-        self.engine_config = engine_config
-        self.device = device
-        self.is_pin_memory = is_pin_memory
-
-    @classmethod
-    def validate_params(cls, params: Any) -> None:
-        """Called in the frontend for every request, with its SamplingParams (per-request arguments
-        are in `params.extra_args`): raise RequestError(message, field=...) to refuse the request."""
-
-    def check_request(self, params: Any) -> None:
-        """Called in the worker when a request joins it (its SamplingOptions, as `AddedRequest.params`
-        will be), before the `update_state` that adds it. Raise to refuse that request alone: it ends
-        with an error naming this processor (RequestError in the frontend), and the other requests and
-        the engine go on, where an exception in `update_state` or `apply` fails the whole step.
-        Build or check here whatever per-request state can fail."""
-
-    def is_argmax_invariant(self) -> bool:
-        """True when `apply` never changes the argmax of a row (it only reshapes the distribution,
-        as min_p does): the worker then skips `apply` for steps where no request samples at random.
-        Asked once, when the worker builds the processor."""
-        return False
-
-    def update_state(self, batch_update: "BatchUpdate | None") -> None:
-        """What changed in the batch since the previous call (None: nothing). Called before every
-        `apply`, also for steps whose `apply` is skipped."""
-        raise NotImplementedError
-
-    def apply(self, logits: Any) -> Any:
-        """Return the processed logits, shape (batch_size, vocab), float32; may modify `logits` in place."""
-        raise NotImplementedError
-
-
-class MoveDirectionality(enum.Enum):
-    UNIDIRECTIONAL = enum.auto()  # the request at a moves to b; a is empty afterwards
-    SWAP = enum.auto()  # the requests at a and b trade places (not produced today; part of vLLM's shape)
-
-
-class AddedRequest(NamedTuple):
-    """A request that takes row `index` (a tuple, as in vLLM: `for index, params, prompt, output in added`)."""
-
-    index: int
-    # The request's SamplingOptions: temperature, top_p, ..., extra_args (the request's own dict).
-    params: Any
-    prompt_token_ids: list[int]
-    # The worker's running list of the request's output tokens: it grows by one token after each
-    # step the request samples in, so a processor may keep a reference instead of copying it.
-    output_token_ids: list[int]
-
-
-class MovedRequest(NamedTuple):
-    from_index: int
-    to_index: int
-    direction: MoveDirectionality
-
-
-@dataclass(frozen=True)
-class BatchUpdate:
-    """How the batch changed since the processor's previous `update_state` call.
-
-    Read by logits processors in the worker. `removed` and `added` never share an index: a row
-    freed by a leaving request and taken by an arriving one is only in `added`.
-    """
-
-    batch_size: int  # rows of the logits the next `apply` receives
-    removed: Sequence[int]
-    added: Sequence[AddedRequest]
-    moved: Sequence[MovedRequest]
+from asyncengine.interfaces.logits import (
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    MoveDirectionality,
+    MovedRequest,
+)
 
 
 class PersistentBatch:

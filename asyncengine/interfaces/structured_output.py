@@ -1,0 +1,80 @@
+"""The structured-output backend interface (EXTENSION_POINTS.md R10), and the table of backends.
+
+A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), in a thread off
+the engine core's step loop) and gives each request a matcher over it. The engine core asks each
+matcher for the next token's bitmask before a step and feeds it every sampled token after one.
+
+Bitmasks are vLLM's and xgrammar's layout: int32 words, bit `t % 32` of word `t // 32` set when
+token `t` is allowed; one row per request, `ceil(vocab_size / 32)` words wide.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from asyncengine.interfaces.registry import BUILT_IN, Registry
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# What a backend compiles: asyncengine.structured_output.spec.GrammarSpec (a request's resolved
+# constraint: `kind`, `text`, `whitespace_pattern`, `backend`, `field`). Named, not imported: the spec
+# belongs to the request types, above the floor.
+GrammarSpec = Any
+
+
+class GrammarMatcher:
+    """One request's position in its grammar."""
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by the sampled token; False when the grammar does not allow it."""
+        raise NotImplementedError
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (int32 words, see the module's doc)."""
+        raise NotImplementedError
+
+    def is_terminated(self) -> bool:
+        """True once the grammar is complete and its stop token was accepted."""
+        raise NotImplementedError
+
+
+class StructuredOutputBackend:
+    """Subclass and register with `register_structured_output_backend("name", "pkg.mod:Class")`.
+
+    Built once per engine core, lazily, with the model's tokenizer (a Hugging Face tokenizer), the
+    logits' vocabulary size and the model's EOS token ids. `compile` runs in a worker thread, so it
+    must be safe to call from several threads; `validate` runs in the frontend, without a tokenizer,
+    to answer a bad grammar with a 400 before the request reaches the engine.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+
+    @classmethod
+    def validate(cls, spec: GrammarSpec) -> None:
+        """Raise ValueError (its message is the backend's) when `spec` cannot be compiled. Default: no check."""
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar for `spec` (raise ValueError with the backend's message when it cannot)."""
+        raise NotImplementedError
+
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        """A fresh matcher at the start of `compiled`."""
+        raise NotImplementedError
+
+
+# -- the table of backends (read in the frontend, which checks grammars, and the engine core) ------------
+
+StructuredOutputBackendRegistry = Registry("structured_output_backends", "structured-output backend")
+StructuredOutputBackendRegistry.register(
+    "xgrammar", "asyncengine.structured_output.xgrammar_backend:XgrammarBackend", owner=BUILT_IN)
+StructuredOutputBackendRegistry.register(
+    "guidance", "asyncengine.structured_output.guidance_backend:GuidanceBackend", owner=BUILT_IN)
+
+
+__all__ = ["GrammarMatcher", "StructuredOutputBackend", "StructuredOutputBackendRegistry"]
