@@ -11,25 +11,13 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
 from asyncengine.errors import MissingRegistration
 from asyncengine.plugin_runtime.groups import PHASE_MANIFEST
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.registries import all_registries
-
-
-class PluginInfo(msgspec.Struct, kw_only=True):
-    group: str
-    name: str
-    distribution: str | None = None
-    version: str | None = None
-
-
-class Manifest(msgspec.Struct, kw_only=True):
-    process: str
-    plugins: list[PluginInfo] = msgspec.field(default_factory=list)
-    registries: dict[str, dict[str, str]] = msgspec.field(default_factory=dict)  # registry -> key -> owner
+# The Structs travel in the hand-shake, so they live on the wire; re-exported for the plugin phases.
+from asyncengine.wire.startup import Manifest as Manifest
+from asyncengine.wire.startup import PluginInfo as PluginInfo
 
 
 def build_manifest(process: str, plugins: list[PluginInfo]) -> Manifest:

@@ -18,23 +18,10 @@ from pathlib import Path
 import msgspec
 
 from asyncengine.errors import AsyncEngineError, StartupError
+# The Struct travels in the hand-shake, so it lives on the wire; re-exported for the code that traces.
+from asyncengine.wire.startup import StartupRecord as StartupRecord
 
-OK, SKIPPED, FAILED = "ok", "skipped", "failed"
-
-
-class StartupRecord(msgspec.Struct, kw_only=True):
-    pid: int
-    role: str  # "frontend", "engine core", "worker rank 0", ...
-    phase: str
-    group: str | None = None  # entry-point group of a plugin record
-    plugin: str | None = None  # plugin (entry point) name, or what else the record is about
-    distribution: str | None = None
-    version: str | None = None
-    outcome: str = OK
-    reason: str | None = None  # why skipped, the traceback of a failure, or a detail
-    start: float = 0.0  # time.time()
-    duration: float = 0.0  # seconds
-    import_duration: float = 0.0  # of a loaded plugin: the seconds of `duration` spent importing its module
+OK, SKIPPED, FAILED = "ok", "skipped", "failed"  # StartupRecord.outcome
 
 
 class PhaseFailure(StartupError):
@@ -85,6 +72,10 @@ class StartupTrace:
 
     def extend(self, records: list[StartupRecord]) -> None:
         self.records.extend(records)
+
+    def named_failure(self, phase: str, exc: BaseException) -> Exception:
+        """`exc` as an error naming this process and `phase` (see name_the_phase)."""
+        return name_the_phase(self.process, phase, exc)
 
     @asynccontextmanager
     async def phase(self, name: str) -> AsyncIterator[None]:
