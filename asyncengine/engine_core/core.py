@@ -4,7 +4,9 @@ that runs its steps, started in order.
 Start-up phases (recorded in the engine core's StartupTrace): `kv connector` (only when kv_transfer_config
 names one: its scheduler side), `start workers` (threads or processes; worker processes run their own
 plugin phases and send their records), `load model`, `kv cache` (the smallest size any rank can hold,
-allocated on all of them; the scheduler). The step loop lives in `loop.py`.
+allocated on all of them; the scheduler), each a step of `run_engine_core`, which the process entry (or
+the in-process client) starts with `await tg.start(...)`. The step loop lives in `loop.py`; `plugins
+check` does not come here (check.py).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import msgspec
-from anyio.abc import TaskGroup
+from anyio.abc import TaskStatus
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
@@ -25,6 +28,7 @@ from asyncengine.kv_transfer.base import KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
 from asyncengine.registries.base import reads
+from asyncengine.runtime.groups import single_exceptions
 from asyncengine.structured_output.manager import StructuredOutputManager
 
 
@@ -53,53 +57,46 @@ class EngineCore:
     def num_blocks(self) -> int:
         return self.scheduler.block_manager.num_blocks
 
-    @classmethod
-    async def start(
-        cls,
-        engine_config: EngineConfig,
-        model_config: ModelConfig | None,
-        plugin_state: Any,
-        task_group: TaskGroup,
-        *,
-        trace: StartupTrace,
-        frontend_manifest: Any = None,
-    ) -> "EngineCore | None":
-        """The started core; None for a `plugins check` start (`model_config` None), which only starts
-        and checks the workers."""
-        connector = None
-        if model_config is not None:
-            check_budget(engine_config, model_config)
-            kv_transfer = engine_config.kv_transfer
-            if kv_transfer is not None:
-                # The KV connector's scheduler side, before any worker starts: an unknown connector fails
-                # here, named; the scheduler gets it once the KV cache is allocated.
-                async with trace.phase("kv connector"):
-                    started = time.time()
-                    connector, choice = create_connector(kv_transfer, KVConnectorRole.SCHEDULER,
-                                                         context_for(engine_config, model_config))
-                    trace.extend([connector_record(connector, choice, phase="kv connector", started=started)])
-        executor = build_executor(engine_config, model_config, plugin_state, owner=trace.process)
-        try:
-            async with trace.phase("start workers"):
-                await executor.start(task_group, trace=trace, manifest=frontend_manifest)
-            if model_config is None:
+
+
+async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig, plugin_state: Any,
+                          trace: StartupTrace, frontend_manifest: Any = None, *,
+                          task_status: TaskStatus[EngineCore] = anyio.TASK_STATUS_IGNORED) -> None:
+    """The engine core's start-up phases, then the task that owns its executor: `task_status.started(core)`
+    once the KV cache is allocated; returns once the executor has shut down (the step loop shuts it
+    down as it ends). A failed phase shuts the workers down and raises."""
+    check_budget(engine_config, model_config)
+    connector = None
+    kv_transfer = engine_config.kv_transfer
+    if kv_transfer is not None:
+        # The KV connector's scheduler side, before any worker starts: an unknown connector fails
+        # here, named; the scheduler gets it once the KV cache is allocated.
+        async with trace.phase("kv connector"):
+            started = time.time()
+            connector, choice = create_connector(kv_transfer, KVConnectorRole.SCHEDULER,
+                                                 context_for(engine_config, model_config))
+            trace.extend([connector_record(connector, choice, phase="kv connector", started=started)])
+    executor = build_executor(engine_config, model_config, plugin_state, owner=trace.process)
+    with single_exceptions():  # a failed phase, not a group around it
+        async with anyio.create_task_group() as tg:  # owns the executor's task, and no more
+            try:
+                async with trace.phase("start workers"):
+                    await tg.start(executor.serve, trace, frontend_manifest)
+                async with trace.phase("load model"):
+                    # Each rank answers with its records of what it chose (attention backend, ...).
+                    for records in await executor.call("load_model"):
+                        trace.extend(msgspec.convert(records or [], list[StartupRecord]))
+                async with trace.phase("kv cache"):
+                    num_blocks = min(await executor.call("determine_num_blocks"))
+                    await executor.call("initialize_kv_cache", num_blocks)
+                    # The scheduler (with the block manager over these blocks) is built in this phase, so
+                    # that a `scheduler_cls` whose constructor raises fails it, named, and the workers stop.
+                    core = EngineCore(engine_config, model_config, executor, num_blocks)
+                    core.scheduler.kv_connector = connector
+            except BaseException:
                 await executor.shutdown()
-                return None
-            async with trace.phase("load model"):
-                # Each rank answers with its records of what it chose (attention backend, ...).
-                for records in await executor.call("load_model"):
-                    trace.extend(msgspec.convert(records or [], list[StartupRecord]))
-            async with trace.phase("kv cache"):
-                num_blocks = min(await executor.call("determine_num_blocks"))
-                await executor.call("initialize_kv_cache", num_blocks)
-                # The scheduler (with the block manager over these blocks) is built in this phase, so
-                # that a `scheduler_cls` whose constructor raises fails it, named, and the workers stop.
-                core = cls(engine_config, model_config, executor, num_blocks)
-                core.scheduler.kv_connector = connector
-        except BaseException:
-            await executor.shutdown()
-            raise
-        return core
+                raise
+            task_status.started(core)
 
 
 @reads("hook:scheduler_cls", "engine core")

@@ -1,21 +1,23 @@
 """Executors run the workers for the engine core: in a thread of this process (`uni`) or one process
 per tensor-parallel rank (`mp`).
 
-Both take work in order: steps (`submit_step`, answered later through a `Reply`, so the engine core
-can schedule step N+1 while step N runs) and calls by method name (`call`, on every rank). When a
-worker dies or raises, the executor records an `EngineDeadError` naming it and fails every reply.
+`serve` is the task that owns the workers: the engine core starts it with `await tg.start(...)`, it
+calls `task_status.started()` once every worker is up, and it returns after `shutdown()` (or stops
+the workers itself if it is cancelled first). Both take work in order: steps (`submit_step`, answered
+later through a `Reply`, so the engine core can schedule step N+1 while step N runs) and calls by
+method name (`call`, on every rank). When a worker dies or raises, the executor records an
+`EngineDeadError` naming it and fails every reply.
 """
 
 from __future__ import annotations
 
 import traceback
-from abc import ABC, abstractmethod
 from collections import deque
 from typing import Any
 
 import anyio
 import msgspec
-from anyio.abc import Process, TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
@@ -23,25 +25,23 @@ from asyncengine.errors import (
     AsyncEngineError,
     EngineDeadError,
     RequestError,
-    StartupError,
     WorkerError,
     error_field,
     rebuild_error,
 )
+from asyncengine.interfaces.executor import Executor
 from asyncengine.platforms.resolution import current_platform_key
-from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
+from asyncengine.engine_core.worker_processes import WorkerProcesses
+from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.registries.base import reads
-from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.dedicated_thread import DedicatedThread
+from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.reply import Reply
-from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
+from asyncengine.runtime.spawn import describe_exit
 from asyncengine.wire.framing import FrameStream, ProtocolError
 from asyncengine.wire.messages import (
     ExecuteModel,
-    ExecutorInbox,
-    Ready,
     Shutdown,
-    StartupFailed,
     StartupParams,
     StepResult,
     WorkerCall,
@@ -50,39 +50,10 @@ from asyncengine.wire.messages import (
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker.extension import rpc_method
 
-WORKER_START_TIMEOUT = 600.0  # loading a large model can take minutes
-
 _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 
 
-class Executor(ABC):
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any) -> None:
-        self.engine_config = engine_config
-        self.model_config = model_config  # None: a `plugins check` start
-        self.platform = platform
-        self.world_size = engine_config.tensor_parallel_size
-        self.failure: EngineDeadError | None = None
-
-    @abstractmethod
-    async def start(self, task_group: TaskGroup, *, trace: StartupTrace, manifest: Any = None) -> None:
-        """Bring the workers up (devices initialized, unless this is a check); tasks it needs run in
-        `task_group`; worker processes' start-up records are added to `trace`."""
-
-    @abstractmethod
-    async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
-        """Queue one step; the reply's value is rank 0's ModelRunnerOutput."""
-
-    @abstractmethod
-    async def call(self, method: str, *args: Any) -> list[Any]:
-        """Run worker method `method` on every rank, in order with the steps; each rank's result."""
-
-    @abstractmethod
-    async def shutdown(self) -> None:
-        """Stop the workers (and their processes); idempotent."""
-
-    def _die(self, error: EngineDeadError) -> None:
-        if self.failure is None:
-            self.failure = error
+# The interface (the Executor ABC) is in the floor, asyncengine.interfaces.executor; imported above.
 
 
 def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
@@ -95,7 +66,7 @@ def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
 class UniExecutor(Executor):
     """One worker on a dedicated thread of this process: model execution stays off the event loop."""
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any, *, owner: str,
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any, *, owner: str,
                  logits_processors: tuple[type, ...] | list[type] = ()) -> None:
         super().__init__(engine_config, model_config, platform)
         from asyncengine.worker.worker import build_worker
@@ -107,11 +78,17 @@ class UniExecutor(Executor):
         self._thread = DedicatedThread("asyncengine-worker")
         self._stopped = False
 
-    async def start(self, task_group: TaskGroup, *, trace: StartupTrace, manifest: Any = None) -> None:
+    async def serve(self, trace: StartupTrace, manifest: Any = None, *,
+                    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # The worker's plugin phases ran in this process already (it plays the worker role too).
-        await task_group.start(self._thread.serve)
-        if self.model_config is not None:
-            await self.call("init_device")
+        try:
+            with single_exceptions():  # a failed init_device, not a group around it
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self._thread.serve)  # returns once shutdown() closed the thread
+                    await self.call("init_device")
+                    task_status.started()
+        finally:
+            await self.shutdown()
 
     async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
         if self.failure is not None:
@@ -164,81 +141,42 @@ class _StepReply(Reply):
 class MultiprocExecutor(Executor):
     """One worker process per tensor-parallel rank, connected over framed sockets."""
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig | None, platform: Any) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any) -> None:
         super().__init__(engine_config, model_config, platform)
-        self._processes: list[Process] = []
-        self._connections: list[FrameStream] = []
+        self._workers = WorkerProcesses()
         # Per rank, the replies still owed, in the order the work was sent.
-        self._pending_steps: list[deque[Reply]] = []
+        self._pending_steps: list[deque[Reply]] = [deque() for _ in range(self.world_size)]
         self._pending_calls: dict[int, list[Reply]] = {}
         self._next_call_id = 0
         self._stopping = False
 
-    async def start(self, task_group: TaskGroup, *, trace: StartupTrace, manifest: Any = None) -> None:
-        listener = await open_listener()
-        distributed_init = None
-        if self.world_size > 1:
-            distributed_init = f"tcp://127.0.0.1:{_free_port()}"
-        try:
-            for rank in range(self.world_size):
-                self._processes.append(
-                    await spawn_child("asyncengine.worker.process", address=listener.address,
-                                      secret=listener.secret, rank=rank)
-                )
-            by_rank: dict[int, FrameStream] = {}
-            for _ in range(self.world_size):
-                frames, hello = await self._accept(listener)
-                by_rank[hello.rank] = frames
-            self._connections = [by_rank[rank] for rank in range(self.world_size)]
-        finally:
-            await listener.aclose()
-        self._pending_steps = [deque() for _ in range(self.world_size)]
-        for rank, frames in enumerate(self._connections):
-            await frames.send(
-                StartupParams(
-                    engine_config=self.engine_config, model_config=self.model_config,
-                    platform=current_platform_key(), manifest=manifest, rank=rank, world_size=self.world_size,
-                    distributed_init_method=distributed_init,
-                )
+    async def serve(self, trace: StartupTrace, manifest: Any = None, *,
+                    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        distributed_init = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else None
+
+        def startup_params(rank: int) -> StartupParams:
+            return StartupParams(
+                engine_config=self.engine_config, model_config=self.model_config, platform=current_platform_key(),
+                manifest=manifest, rank=rank, world_size=self.world_size, distributed_init_method=distributed_init,
             )
-        # Every rank initializes its device (and joins the process group) at once: wait for all.
-        failure = None
-        for rank, frames in enumerate(self._connections):
-            reply = await self._receive_startup(rank, frames)
-            trace.extend(reply.records)
-            if isinstance(reply, StartupFailed) and failure is None:
-                failure = reported_by_child(
-                    rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError))
-        if failure is not None:
-            raise failure
-        for rank in range(self.world_size):
-            task_group.start_soon(self._receive_loop, rank)
-            task_group.start_soon(self._watch_process, rank)
 
-    async def _accept(self, listener):
         try:
-            return await accept_child(listener, ExecutorInbox, role="worker", timeout=WORKER_START_TIMEOUT)
-        except TimeoutError as exc:
-            exits = [f"rank {r} {describe_exit(p.returncode)}" for r, p in enumerate(self._processes)]
-            raise StartupError(f"worker processes did not connect ({'; '.join(exits)})") from exc
-
-    async def _receive_startup(self, rank: int, frames: FrameStream) -> Ready | StartupFailed:
-        try:
-            with anyio.fail_after(WORKER_START_TIMEOUT):
-                return await frames.receive()
-        except (anyio.EndOfStream, anyio.BrokenResourceError, ProtocolError, TimeoutError) as exc:
-            process = self._processes[rank]
-            with anyio.move_on_after(2.0):
-                await process.wait()
-            raise StartupError(
-                f"worker rank {rank} (pid {process.pid}) {describe_exit(process.returncode)} during start-up"
-            ) from exc
+            await self._workers.start(self.world_size, startup_params, trace)
+            # Each rank's connection and process, watched until shutdown() (or a death, which fails every reply).
+            with single_exceptions():
+                async with anyio.create_task_group() as tg:
+                    for rank in range(self.world_size):
+                        tg.start_soon(self._receive_loop, rank)
+                        tg.start_soon(self._watch_process, rank)
+                    task_status.started()
+        finally:
+            await self.shutdown()
 
     def _rank_name(self, rank: int) -> str:
-        return f"worker rank {rank} (pid {self._processes[rank].pid})"
+        return self._workers.rank_name(rank)
 
     async def _receive_loop(self, rank: int) -> None:
-        frames = self._connections[rank]
+        frames = self._workers.connections[rank]
         try:
             while True:
                 message = await frames.receive()
@@ -263,13 +201,13 @@ class MultiprocExecutor(Executor):
             await self._lost(rank)
 
     async def _watch_process(self, rank: int) -> None:
-        await self._processes[rank].wait()
+        await self._workers.processes[rank].wait()
         await self._lost(rank)
 
     async def _lost(self, rank: int) -> None:
         if self._stopping:
             return
-        process = self._processes[rank]
+        process = self._workers.processes[rank]
         with anyio.move_on_after(2.0):  # the connection usually closes a moment before the exit is seen
             await process.wait()
         self._fail_all(EngineDeadError(f"{self._rank_name(rank)} {describe_exit(process.returncode)}"))
@@ -289,7 +227,7 @@ class MultiprocExecutor(Executor):
             replies[0].fail(self.failure)
             return replies[0]
         message = ExecuteModel(scheduler_output=scheduler_output)
-        for rank, frames in enumerate(self._connections):
+        for rank, frames in enumerate(self._workers.connections):
             self._pending_steps[rank].append(replies[rank])
             await self._send(rank, frames, message)
         if self.world_size == 1:
@@ -305,7 +243,7 @@ class MultiprocExecutor(Executor):
         replies = [Reply() for _ in range(self.world_size)]
         self._pending_calls[call_id] = replies
         try:
-            for rank, frames in enumerate(self._connections):
+            for rank, frames in enumerate(self._workers.connections):
                 await self._send(rank, frames, WorkerCall(call_id=call_id, method=method, args=list(args)))
             return [await reply.wait() for reply in replies]
         finally:
@@ -324,16 +262,13 @@ class MultiprocExecutor(Executor):
         self._stopping = True
         self._die(EngineDeadError("the engine was shut down"))
         with anyio.CancelScope(shield=True):
-            for frames in self._connections:
+            for frames in self._workers.connections:
                 with anyio.move_on_after(1.0):
                     try:
                         await frames.send(Shutdown())
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        pass  # already gone: stop_process below reaps it
-            for process in self._processes:
-                await stop_process(process, grace_period=5.0)
-            for frames in self._connections:
-                await frames.aclose()
+                        pass  # already gone: stop() below reaps it
+            await self._workers.stop(grace_period=5.0)
 
 
 class _AllRanks(Reply):
@@ -391,7 +326,7 @@ def worker_placement(engine_config: EngineConfig) -> str:
 
 
 @reads("hook:distributed_executor_backend", "engine core")
-def build_executor(engine_config: EngineConfig, model_config: ModelConfig | None, plugin_state: Any, *,
+def build_executor(engine_config: EngineConfig, model_config: ModelConfig, plugin_state: Any, *,
                    owner: str) -> Executor:
     backend = engine_config.executor_backend
     cls: type[Executor]

@@ -2,7 +2,11 @@
 
 `InProcessCoreClient` runs the engine core's loop as tasks of the caller's event loop, connected by
 memory object streams. `ProcessCoreClient` starts the engine core as a fresh interpreter and talks to
-it in frames over a Unix socket in a private directory (or TCP with a secret).
+it in frames over a Unix socket in a private directory (or TCP with a secret). Either starts as a step
+of its owner's start-up, `client = await tg.start(start_core_client(config), config, setup, plugins, trace)`.
+
+`check_engine_core` is `asyncengine plugins check`'s path instead: the engine core's start-up phases and
+its workers', in this process or in its own, and no model, so the serving path always has one.
 """
 
 from __future__ import annotations
@@ -12,19 +16,21 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-from anyio.abc import Process, TaskGroup
+from anyio.abc import Process, TaskStatus
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.engine_core.core import EngineCore
+from asyncengine.engine_core.check import check_workers
+from asyncengine.engine_core.core import EngineCore, run_engine_core
 from asyncengine.engine_core.loop import EngineCoreLoop
 from asyncengine.errors import StartupError, rebuild_error
 from asyncengine.frontend.startup import FrontendSetup
 from asyncengine.platforms.resolution import current_platform_key
 from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.runtime.connection import accept_child, open_listener
+from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
 from asyncengine.wire.framing import FrameStream
-from asyncengine.wire.messages import FrontendInbox, Ready, Shutdown, StartupFailed, StartupParams
+from asyncengine.wire.messages import CheckParams, FrontendInbox, Ready, Shutdown, StartupFailed, StartupParams
 
 ENGINE_CORE_START_TIMEOUT = 900.0  # it loads the model before it says Ready
 T = TypeVar("T")
@@ -53,27 +59,33 @@ class InProcessCoreClient(CoreClient):
     process_name = "the engine core (in-process)"
 
     def __init__(self, core: EngineCore) -> None:
+        # Both bounded, and neither reader waits on its writer: the loop's inbox handler never sends
+        # (grammar compilation and calls answer from tasks of their own), so a full outbox cannot stop
+        # it taking requests and aborts. 1024 messages in: a burst of submissions from many tasks
+        # before the loop's next turn; 64 out: one message per step, so the loop runs at most 64
+        # steps ahead of a busy output handler before `send` waits (backpressure, not loss).
         self._to_core, self._core_inbox = anyio.create_memory_object_stream[Any](1024)
         self._core_outbox, self._from_core = anyio.create_memory_object_stream[Any](64)
         self.loop = EngineCoreLoop(core, self._core_outbox.send, process_name=self.process_name)
         self._stopped = anyio.Event()
 
     @classmethod
-    async def start(cls, config: EngineConfig, setup: FrontendSetup | None, task_group: TaskGroup, plugins: Any,
-                    trace: StartupTrace) -> "InProcessCoreClient":
+    async def serve(cls, config: EngineConfig, setup: FrontendSetup, plugins: Any, trace: StartupTrace, *,
+                    task_status: TaskStatus[InProcessCoreClient] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The engine core in this event loop: its start-up phases (recorded in `trace`), then
+        `task_status.started(client)`, then its step loop until `close()`."""
         core_trace = StartupTrace("engine core")  # the same process, in its engine-core role
-        try:
-            core = await EngineCore.start(config, setup.model_config if setup else None, plugins, task_group,
-                                          trace=core_trace)
-            async with core_trace.phase("ready"):
-                pass
-        finally:
-            trace.extend(core_trace.records)
-        if core is None:
-            return None  # a `plugins check` start
-        client = cls(core)
-        task_group.start_soon(client._serve)
-        return client
+        with single_exceptions():  # a failed phase, not a group around it
+            async with anyio.create_task_group() as tg:  # owns the engine core's executor
+                try:
+                    core = await tg.start(run_engine_core, config, setup.model_config, plugins, core_trace)
+                    async with core_trace.phase("ready"):
+                        pass
+                finally:
+                    trace.extend(core_trace.records)
+                client = cls(core)
+                task_status.started(client)
+                await client._serve()  # the loop shuts the executor down as it ends
 
     async def _serve(self) -> None:
         try:
@@ -105,8 +117,18 @@ class ProcessCoreClient(CoreClient):
         self.process_name = f"the engine core (pid {process.pid})"
 
     @classmethod
-    async def start(cls, config: EngineConfig, setup: FrontendSetup | None, task_group: TaskGroup, plugins: Any,
-                    trace: StartupTrace) -> "ProcessCoreClient":
+    async def serve(cls, config: EngineConfig, setup: FrontendSetup, plugins: Any, trace: StartupTrace, *,
+                    task_status: TaskStatus[ProcessCoreClient] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start the engine-core process (its records go to `trace`), then `task_status.started(client)`.
+        The client needs no task of its own: `close()` stops the process."""
+        params = StartupParams(engine_config=config, model_config=setup.model_config,
+                               platform=current_platform_key(), manifest=plugins.manifest)
+        task_status.started(await cls._start(config, params, trace))
+
+    @classmethod
+    async def _start(cls, config: EngineConfig, params: StartupParams | CheckParams,
+                     trace: StartupTrace) -> ProcessCoreClient:
+        """Spawn the engine core, send it `params` and wait for its Ready (StartupFailed raises, named)."""
         listener = await open_listener(config.transport)
         process = None
         try:
@@ -124,10 +146,7 @@ class ProcessCoreClient(CoreClient):
             await listener.aclose()
         client = cls(process, frames)
         try:
-            await frames.send(
-                StartupParams(engine_config=config, model_config=setup.model_config if setup else None,
-                              platform=current_platform_key(), manifest=plugins.manifest)
-            )
+            await frames.send(params)
             reply = await _while_alive(process, "starting", frames.receive)
             if not isinstance(reply, (Ready, StartupFailed)):
                 raise StartupError(f"{client.process_name} sent {type(reply).__name__} instead of Ready")
@@ -192,8 +211,25 @@ async def _while_alive(process: Process, doing: str, work: Callable[[], Awaitabl
     )
 
 
-def start_core_client(config: EngineConfig) -> Callable[..., Awaitable[CoreClient | None]]:
-    """`start(config, setup, task_group, plugin_state, trace)` for the configured placement."""
-    return InProcessCoreClient.start if config.in_process else ProcessCoreClient.start
+def start_core_client(config: EngineConfig) -> Callable[..., Awaitable[None]]:
+    """The task that starts the configured placement's client, for `await tg.start(it, config, setup,
+    plugin_state, trace)`, which returns the started CoreClient."""
+    return InProcessCoreClient.serve if config.in_process else ProcessCoreClient.serve
 
 
+async def check_engine_core(config: EngineConfig, plugins: Any, trace: StartupTrace) -> None:
+    """`asyncengine plugins check`: the engine core's start-up phases and its workers' (their records in
+    `trace`), in this process or in its own as `config.in_process` says, loading no model. A phase that
+    fails raises its error, naming the process and the phase."""
+    if not config.in_process:
+        params = CheckParams(engine_config=config, platform=current_platform_key(), manifest=plugins.manifest)
+        client = await ProcessCoreClient._start(config, params, trace)
+        await client.close()
+        return
+    core_trace = StartupTrace("engine core")  # the same process, in its engine-core role
+    try:
+        await check_workers(config, core_trace)
+        async with core_trace.phase("ready"):
+            pass
+    finally:
+        trace.extend(core_trace.records)

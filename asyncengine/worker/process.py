@@ -2,12 +2,12 @@
 
 Start-up: hand-shake, then `init device` (joins the process group when there are several ranks).
 Then it serves the engine core's messages in order: steps and method calls, each run in a thread so
-the event loop keeps reading its connection.
+the event loop keeps reading its connection. Sent CheckParams (`plugins check`) instead of
+StartupParams, it runs only its plugin phases, says Ready and exits.
 """
 
 from __future__ import annotations
 
-import math
 import traceback
 from typing import Any
 
@@ -22,6 +22,7 @@ from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
 from asyncengine.wire.framing import FrameStream
 from asyncengine.wire.messages import (
+    CheckParams,
     ExecuteModel,
     Ready,
     Shutdown,
@@ -49,9 +50,8 @@ async def serve_worker(frames: FrameStream, params: StartupParams, trace: Startu
     async with anyio.create_task_group() as tg:
         await tg.start(thread.serve)
         try:
-            if params.model_config is not None:  # a `plugins check` start initializes no device
-                async with trace.phase("init device"):
-                    await thread.run(worker.init_device)
+            async with trace.phase("init device"):
+                await thread.run(worker.init_device)
             async with trace.phase("ready"):
                 pass
             await frames.send(Ready(info={"rank": params.rank}, records=trace.records))
@@ -61,17 +61,35 @@ async def serve_worker(frames: FrameStream, params: StartupParams, trace: Startu
             thread.close()
 
 
+async def check_worker(frames: FrameStream, params: CheckParams, trace: StartupTrace) -> None:
+    """`plugins check`: this rank's plugin phases (manifest check included), Ready, and exit; no worker is
+    built, no device touched."""
+    await run_plugin_phases({WORKER}, params.engine_config, trace, device=params.platform,
+                            device_chosen_by="the frontend", frontend_manifest=params.manifest)
+    async with trace.phase("ready"):
+        pass
+    await frames.send(Ready(info={"rank": params.rank}, records=trace.records))
+    trace.ready = True
+
+
+# Answers owed to the engine core, in order. It keeps at most two steps in flight (async scheduling)
+# plus its method calls, so 64 is never reached in normal use; when it is, the reading task waits
+# (and so the engine core's sends back up in the socket) while the answering task, which waits only
+# on the thread and the engine core's reading of its connection, never on the reader, frees a slot.
+ANSWERS_BOUND = 64
+
+
 async def _serve_messages(frames: FrameStream, worker, thread: DedicatedThread) -> None:
     """Hand each message to the thread as soon as it arrives (so step N+1 starts the moment step N
     ends), and send the answers back in order from a second task."""
-    answers, pending = anyio.create_memory_object_stream[tuple[Any, Reply]](math.inf)
+    answers, pending = anyio.create_memory_object_stream[tuple[Any, Reply]](ANSWERS_BOUND)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_send_answers, frames, pending)
         async with answers:
             while True:
                 message = await frames.receive()
                 if isinstance(message, ExecuteModel):
-                    answers.send_nowait((message, thread.submit(worker.execute_model, message.scheduler_output)))
+                    await answers.send((message, thread.submit(worker.execute_model, message.scheduler_output)))
                 elif isinstance(message, WorkerCall):
                     try:  # the worker's method, else its extension's (worker/extension.py)
                         method = rpc_method(worker, message.method)
@@ -80,9 +98,9 @@ async def _serve_messages(frames: FrameStream, worker, thread: DedicatedThread) 
                         reply.fail(exc)
                     else:
                         reply = thread.submit(method, *message.args)
-                    answers.send_nowait((message, reply))
+                    await answers.send((message, reply))
                 elif isinstance(message, Shutdown):
-                    answers.send_nowait((message, thread.submit(worker.shutdown)))
+                    await answers.send((message, thread.submit(worker.shutdown)))
                     break
 
 
@@ -117,4 +135,4 @@ def _summary(exc: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(child_main("worker", WorkerInbox, serve_worker))
+    raise SystemExit(child_main("worker", WorkerInbox, serve_worker, StartupTrace, check=check_worker))

@@ -1,0 +1,94 @@
+"""Worker processes: one per tensor-parallel rank, spawned, connected back and taken through start-up.
+
+The multiprocess executor serves with them (executor.py, after StartupParams); `asyncengine plugins
+check` starts them with CheckParams, so that each rank runs its own plugin phases and stops (check.py).
+Either way every rank's start-up records land in the engine core's trace, and a rank that fails is
+reported with its error, named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import Process
+
+from asyncengine.errors import StartupError, rebuild_error
+from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
+from asyncengine.runtime.connection import Listener, accept_child, open_listener
+from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
+from asyncengine.wire.framing import FrameStream, ProtocolError
+from asyncengine.wire.messages import CheckParams, ExecutorInbox, Hello, Ready, StartupFailed, StartupParams
+
+WORKER_START_TIMEOUT = 600.0  # loading a large model can take minutes
+
+
+class WorkerProcesses:
+    def __init__(self) -> None:
+        self.processes: list[Process] = []
+        self.connections: list[FrameStream] = []  # by rank, once every rank has connected
+
+    def rank_name(self, rank: int) -> str:
+        return f"worker rank {rank} (pid {self.processes[rank].pid})"
+
+    async def start(self, world_size: int, hand_shake: Callable[[int], StartupParams | CheckParams],
+                    trace: StartupTrace) -> None:
+        """Spawn `world_size` ranks, send each `hand_shake(rank)` and wait until every rank has answered;
+        the first that failed raises its error. The processes stay in `processes` either way: `stop`
+        stops them."""
+        listener = await open_listener()
+        try:
+            for rank in range(world_size):
+                self.processes.append(
+                    await spawn_child("asyncengine.worker.process", address=listener.address,
+                                      secret=listener.secret, rank=rank)
+                )
+            by_rank: dict[int, FrameStream] = {}
+            for _ in range(world_size):
+                frames, hello = await self._accept(listener)
+                by_rank[hello.rank] = frames
+            self.connections = [by_rank[rank] for rank in range(world_size)]
+        finally:
+            await listener.aclose()
+        for rank, frames in enumerate(self.connections):
+            await frames.send(hand_shake(rank))
+        # Every rank starts at once (and, serving, joins the process group): wait for all.
+        failure = None
+        for rank, frames in enumerate(self.connections):
+            reply = await self._receive_startup(rank, frames)
+            trace.extend(reply.records)
+            if isinstance(reply, StartupFailed) and failure is None:
+                failure = reported_by_child(
+                    rebuild_error(reply.error_type, reply.error, reply.error_field, default=StartupError))
+        if failure is not None:
+            raise failure
+
+    async def stop(self, *, grace_period: float) -> None:
+        """Wait up to `grace_period` for each process to exit, then force it; close the connections."""
+        with anyio.CancelScope(shield=True):
+            for process in self.processes:
+                await stop_process(process, grace_period=grace_period)
+            for frames in self.connections:
+                await frames.aclose()
+
+    async def _accept(self, listener: Listener) -> tuple[FrameStream, Hello]:
+        try:
+            return await accept_child(listener, ExecutorInbox, role="worker", timeout=WORKER_START_TIMEOUT)
+        except TimeoutError as exc:
+            exits = [f"rank {r} {describe_exit(p.returncode)}" for r, p in enumerate(self.processes)]
+            raise StartupError(f"worker processes did not connect ({'; '.join(exits)})") from exc
+
+    async def _receive_startup(self, rank: int, frames: FrameStream) -> Ready | StartupFailed:
+        try:
+            with anyio.fail_after(WORKER_START_TIMEOUT):
+                reply = await frames.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, ProtocolError, TimeoutError) as exc:
+            process = self.processes[rank]
+            with anyio.move_on_after(2.0):
+                await process.wait()
+            raise StartupError(
+                f"worker rank {rank} (pid {process.pid}) {describe_exit(process.returncode)} during start-up"
+            ) from exc
+        if not isinstance(reply, (Ready, StartupFailed)):
+            raise StartupError(f"{self.rank_name(rank)} sent {type(reply).__name__} instead of Ready")
+        return reply
