@@ -2,7 +2,7 @@
 
 It exits when its parent dies, leaves Ctrl-C to the parent (a terminal sends SIGINT to the whole
 process group; the parent decides how to stop), treats SIGTERM as "stop now", connects back with the
-secret, receives its StartupParams, runs its start-up phases (recorded in its StartupTrace), and
+secret, receives its StartupParams, runs its start-up phases (recorded in the trace its caller makes), and
 reports Ready or, naming the phase that failed, StartupFailed, with its records either way.
 """
 
@@ -11,33 +11,58 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from asyncengine.errors import AsyncEngineError, error_field, error_type_name
-from asyncengine.plugin_runtime.records import PhaseFailure, StartupTrace, name_the_phase
+from asyncengine.errors import AsyncEngineError, StartupError, error_field, error_type_name
 from asyncengine.runtime.connection import connect_to_parent
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.signals import ignore_interrupts, stop_now_on_sigterm
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_RANK, ENV_SECRET, die_with_parent
 from asyncengine.wire.framing import FrameStream
-from asyncengine.wire.messages import StartupFailed, StartupParams
+from asyncengine.wire.messages import CheckParams, StartupFailed, StartupParams
+from asyncengine.wire.startup import StartupRecord
 
 logger = logging.getLogger(__name__)
 
-Body = Callable[[FrameStream, StartupParams, StartupTrace], Awaitable[None]]
+
+class ChildTrace(Protocol):
+    """What a child needs of its start-up trace to report it. The caller passes the trace's type
+    (the plugin runtime's StartupTrace): the plugin runtime fills the trace, this plumbing only sends it."""
+
+    records: list[StartupRecord]
+    ready: bool  # set once the process reported Ready: later failures are not start-up failures
+
+    @property
+    def process(self) -> str: ...  # "the worker rank 0 (pid 123)"
+
+    def named_failure(self, phase: str, exc: BaseException) -> Exception: ...  # `exc`, naming process and phase
 
 
-def child_main(role: str, inbox_type: Any, body: Body) -> int:
-    """Entry point of a child process: returns its exit code. `role` is "engine core" or "worker"."""
+Trace = TypeVar("Trace", bound=ChildTrace)
+
+
+class HandshakeFailure(StartupError):
+    """The parent sent something other than StartupParams or CheckParams first."""
+
+    names_its_process = True  # reported as it is, in the hand-shake phase
+    phase = "hand-shake"
+
+
+def child_main(role: str, inbox_type: Any, body: Callable[[FrameStream, StartupParams, Trace], Awaitable[None]],
+               new_trace: Callable[[str], Trace], *,
+               check: Callable[[FrameStream, CheckParams, Trace], Awaitable[None]]) -> int:
+    """Entry point of a child process: returns its exit code. `role` is "engine core" or "worker";
+    `new_trace(name)` makes the process's start-up trace, which `body` (sent StartupParams: serve) or
+    `check` (sent CheckParams: `plugins check`, no model) fills."""
     die_with_parent()
     ignore_interrupts()
     logging.basicConfig(level=os.environ.get("ASYNCENGINE_LOG_LEVEL", "WARNING").upper(),
                         format=f"%(levelname)s {role} %(name)s: %(message)s")
     address, secret = os.environ[ENV_ADDRESS], os.environ[ENV_SECRET]
     rank = int(os.environ.get(ENV_RANK, "0"))
-    trace = StartupTrace(f"worker rank {rank}" if role == "worker" else role)
+    trace = new_trace(f"worker rank {rank}" if role == "worker" else role)
 
     async def main() -> int:
         async with anyio.create_task_group() as tg:
@@ -45,10 +70,13 @@ def child_main(role: str, inbox_type: Any, body: Body) -> int:
             frames = await connect_to_parent(address, secret, inbox_type, role=role, rank=rank)
             try:
                 params = await frames.receive()
-                if not isinstance(params, StartupParams):
-                    raise PhaseFailure(f"expected StartupParams, got {type(params).__name__}", phase="hand-shake")
                 with single_exceptions():  # the body's own task group wraps even one failure in a group
-                    await body(frames, params, trace)
+                    if isinstance(params, StartupParams):
+                        await body(frames, params, trace)
+                    elif isinstance(params, CheckParams):
+                        await check(frames, params, trace)
+                    else:
+                        raise HandshakeFailure(f"expected StartupParams or CheckParams, got {type(params).__name__}")
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 tg.cancel_scope.cancel()  # the parent went away: nothing left to serve
                 return 0
@@ -59,7 +87,7 @@ def child_main(role: str, inbox_type: Any, body: Body) -> int:
                     return 1
                 phase = getattr(exc, "phase", None) or (trace.records[-1].phase if trace.records else "start-up")
                 if not getattr(exc, "names_its_process", False):
-                    exc = name_the_phase(trace.process, phase, exc)
+                    exc = trace.named_failure(phase, exc)
                 with anyio.move_on_after(5.0):
                     await frames.send(StartupFailed(
                         phase=phase, error=str(exc) if isinstance(exc, AsyncEngineError) else f"{type(exc).__name__}: {exc}",

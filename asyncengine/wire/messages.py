@@ -12,9 +12,8 @@ import msgspec
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
-from asyncengine.plugin_runtime.manifest import Manifest
-from asyncengine.plugin_runtime.records import StartupRecord
 from asyncengine.wire.engine_core import EngineCoreOutputs, EngineCoreRequest
+from asyncengine.wire.startup import Manifest, StartupRecord
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 
 
@@ -33,14 +32,27 @@ class Hello(Message):
 
 
 class StartupParams(Message):
+    """Start serving: the plugin phases, then the role's work (the model, the KV cache, the step loop)."""
+
     engine_config: EngineConfig
-    model_config: ModelConfig | None  # None: a `plugins check` start, which loads no model
+    model_config: ModelConfig
     platform: str  # the platform the frontend resolved (its device name)
     manifest: Manifest | None = None
     rank: int = 0
     world_size: int = 1
     # torch.distributed rendezvous ("tcp://127.0.0.1:PORT") when world_size > 1
     distributed_init_method: str | None = None
+
+
+class CheckParams(Message):
+    """`asyncengine plugins check`: run the plugin phases (the engine core starts its workers' too),
+    say Ready and exit; no model, no device."""
+
+    engine_config: EngineConfig
+    platform: str
+    manifest: Manifest | None = None
+    rank: int = 0
+    world_size: int = 1
 
 
 class Ready(Message):
@@ -126,6 +138,6 @@ class WorkerCallResult(Message):
 
 # What each side of each connection may receive.
 FrontendInbox = Union[Hello, Ready, StartupFailed, EngineCoreOutputs, UtilityResult, EngineCoreDead]
-EngineCoreInbox = Union[StartupParams, AddRequests, AbortRequests, UtilityCall, Shutdown]
+EngineCoreInbox = Union[StartupParams, CheckParams, AddRequests, AbortRequests, UtilityCall, Shutdown]
 ExecutorInbox = Union[Hello, Ready, StartupFailed, StepResult, WorkerCallResult]
-WorkerInbox = Union[StartupParams, ExecuteModel, WorkerCall, Shutdown]
+WorkerInbox = Union[StartupParams, CheckParams, ExecuteModel, WorkerCall, Shutdown]
