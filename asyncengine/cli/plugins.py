@@ -91,7 +91,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_timeline(args: argparse.Namespace) -> int:
     if args.export_rules:
-        from asyncengine.plugin_runtime.timeline_rules import rules_json
+        from asyncengine.cli.reports.timeline_rules import rules_json
 
         text = rules_json()  # independent of the settings and of what is installed
         if args.export_rules == "-":
@@ -106,7 +106,7 @@ def run_timeline(args: argparse.Namespace) -> int:
 
         print(format_report(read_trace(args.trace)))
         return 0
-    from asyncengine.plugin_runtime.timeline import format_plan, plan_start
+    from asyncengine.cli.reports.timeline import format_plan, plan_start
 
     plans = plan_start(_config(args))
     if args.json:
@@ -120,7 +120,7 @@ def run_timeline(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from asyncengine.plugin_runtime.check import check_start
+    from asyncengine.cli.reports.check import check_start
     from asyncengine.plugin_runtime.records import FAILED, format_report, write_trace
 
     records, error = anyio.run(check_start, _config(args), backend="trio")
@@ -135,13 +135,13 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_map(args: argparse.Namespace) -> int:
-    from asyncengine.plugin_runtime.extension_map import build_map, format_map, format_map_markdown
+    from asyncengine.cli.reports.extension_map import build_map, format_map, format_map_markdown
 
     entries = build_map()
     if args.write:
         from pathlib import Path
 
-        from asyncengine.plugin_runtime.extension_map import docs_page
+        from asyncengine.cli.reports.extension_map import docs_page
 
         Path(args.write).write_text(docs_page(entries))
         return 0

@@ -2,7 +2,7 @@
 //
 // It computes the plan that `asyncengine plugins timeline` prints, from the same rules: the JSON that
 // `asyncengine plugins timeline --export-rules FILE` writes (startup-timeline-rules.json, next to this
-// script). The Python side applies them in asyncengine/plugin_runtime/timeline.py; this file applies them
+// script). The Python side applies them in asyncengine/cli/reports/timeline.py; this file applies them
 // the same way, step by step, so the two cannot say different things without a test noticing
 // (tests/docs/test_startup_timeline_page.py compares the page with the CLI for several settings).
 (function () {

@@ -1,4 +1,4 @@
-"""The rules of the start-up plan (asyncengine/plugin_runtime/timeline_rules.py), as the page reads them.
+"""The rules of the start-up plan (asyncengine/cli/reports/timeline_rules.py), as the page reads them.
 
 docs/assets/startup-timeline-rules.json must be what `asyncengine plugins timeline --export-rules` writes
 (regenerate it with that command after a change to the groups, registries, hooks or phases), and the
@@ -42,7 +42,7 @@ def test_the_processes_and_roles_of_the_rules_are_those_of_a_real_start(tp, in_p
     worker processes pass to their plugin phases."""
     from asyncengine.engine_core.process import _worker_in_this_process
     from asyncengine.plugin_runtime.phases import frontend_roles
-    from asyncengine.plugin_runtime.timeline import plan_start
+    from asyncengine.cli.reports.timeline import plan_start
 
     config = config_from_dict({"in_process": in_process, "tensor_parallel_size": tp, "plugins": ""})
     rules = json.loads(COMMITTED.read_text())

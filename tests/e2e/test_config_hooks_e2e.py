@@ -25,7 +25,7 @@ import pytest
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.plugin_runtime.records import read_trace
-from asyncengine.plugin_runtime.timeline import plan_start
+from asyncengine.cli.reports.timeline import plan_start
 
 SCHEDULER = "ae_scheduler_example:RecordingScheduler"
 EXTENSION = "ae_worker_extension_example:RankInfoExtension"

@@ -16,7 +16,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, WorkerError
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.plugin_runtime.config_hooks import load_hook
-from asyncengine.plugin_runtime.timeline import plan_start
+from asyncengine.cli.reports.timeline import plan_start
 from asyncengine.worker.extension import build_extension, rpc_method
 from asyncengine.worker.worker import Worker
 

@@ -13,7 +13,7 @@ from asyncengine import LLM, SamplingParams
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError
 from asyncengine.plugin_runtime.config_hooks import HOOK_READERS, hooks_checked, load_hook
-from asyncengine.plugin_runtime.timeline import plan_start
+from asyncengine.cli.reports.timeline import plan_start
 from asyncengine.plugins_api import UniExecutor
 
 EXECUTORS_MODULE = '''

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncengine.plugin_runtime.extension_map import CONFIG_HOOK, ENTRY_POINT, REGISTRY, build_map
+from asyncengine.cli.reports.extension_map import CONFIG_HOOK, ENTRY_POINT, REGISTRY, build_map
 
 PACKAGE = Path(__file__).resolve().parents[2] / "asyncengine"
 # The registry objects by the name code uses for them, and the methods that only register (not reads).
@@ -99,7 +99,7 @@ def test_every_module_with_a_reads_mark_is_a_reader_module():
 
 
 def test_the_docs_page_is_the_generated_map():
-    from asyncengine.plugin_runtime.extension_map import docs_page
+    from asyncengine.cli.reports.extension_map import docs_page
 
     page = (PACKAGE.parent / "docs" / "extension-map.md").read_text()
     assert page == docs_page(build_map()), (

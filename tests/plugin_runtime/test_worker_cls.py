@@ -15,7 +15,7 @@ from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.platforms.interface import Platform
 from asyncengine.plugin_runtime.config_hooks import BUILTIN_WORKER, HOOKS, hooks_checked, load_hook
 from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, WORKER
-from asyncengine.plugin_runtime.extension_map import CONFIG_HOOK, build_map
+from asyncengine.cli.reports.extension_map import CONFIG_HOOK, build_map
 from asyncengine.worker.worker import Worker, build_worker
 
 _names = itertools.count()

@@ -6,11 +6,9 @@ the workers run theirs, manifest check included, and stop before loading anythin
 
 from __future__ import annotations
 
-import anyio
-
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.frontend.core_client import start_core_client
+from asyncengine.frontend.core_client import check_engine_core
 from asyncengine.plugin_runtime.phases import frontend_roles, run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
 
@@ -19,12 +17,8 @@ async def check_start(config: EngineConfig) -> tuple[list[StartupRecord], Startu
     trace = StartupTrace("frontend")
     try:
         plugins = await run_plugin_phases(frontend_roles(config), config, trace)
-        async with anyio.create_task_group() as tg:
-            async with trace.phase("engine core"):
-                client = await start_core_client(plugins.config)(plugins.config, None, tg, plugins, trace)
-                if client is not None:
-                    await client.close()
-            tg.cancel_scope.cancel()
+        async with trace.phase("engine core"):
+            await check_engine_core(plugins.config, plugins, trace)
     except ConfigError:
         raise  # unusable arguments: the CLI's exit code 2, not a failed check
     except StartupError as error:

@@ -17,7 +17,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.config_hooks import hooks_checked
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
-from asyncengine.plugin_runtime.timeline_rules import timeline_rules
+from asyncengine.cli.reports.timeline_rules import timeline_rules
 
 
 @dataclass
