@@ -67,6 +67,29 @@ class SamplingParams:
 
     __slots__ = (*_DEFAULTS, "_explicit")
 
+    # The fields as the checks leave them (the slots above hold them; annotations alone add no class attribute).
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    max_tokens: int | None
+    min_tokens: int
+    logprobs: int | None
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    include_stop_str_in_output: bool
+    extra_args: dict[str, Any] | None
+    structured_outputs: StructuredOutputsParams | None
+    _explicit: frozenset[str]
+
     def __init__(
         self,
         *,

@@ -10,6 +10,7 @@ import argparse
 import json
 import types
 import typing
+from collections.abc import Set
 from typing import Any
 
 import msgspec
@@ -59,7 +60,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, defaults: dict[str,
                          defaults=defaults)
 
 
-def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: str, *, skip: set[str] = frozenset(),
+def add_struct_arguments(parser: argparse.ArgumentParser, struct: type, title: str, *, skip: Set[str] = frozenset(),
                          defaults: dict[str, Any] | None = None) -> None:
     """One flag per field of the msgspec Struct `struct`; `defaults` overrides the help's default of a field."""
     group = parser.add_argument_group(title)

@@ -9,6 +9,7 @@ until it is handed out again, which is what makes a finished request's prefix re
 
 from __future__ import annotations
 
+import collections.abc
 from collections import OrderedDict
 
 from asyncengine.engine_core.sequence import Sequence
@@ -79,7 +80,7 @@ class BlockManager:
 
     # -- allocation --------------------------------------------------------------------------------------
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] = ()) -> bool:
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_block_ids: collections.abc.Sequence[int] = ()) -> bool:
         """Make `seq` own enough blocks to compute `num_new_tokens` more tokens.
 
         `cached_block_ids` (from `find_cached_prefix`, only for a sequence that owns no blocks yet) are

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
-from asyncengine.kv_transfer.base import KVConnectorRequest
+from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRequest
 from asyncengine.wire.engine_core import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -75,7 +75,7 @@ class Scheduler:
         self._forget: list[str] = []
         # The scheduler side of the KV connector (kv_transfer/base.py), or None. Set by the engine core
         # after construction, so a `scheduler_cls` subclass keeps Scheduler's constructor arguments.
-        self.kv_connector = None
+        self.kv_connector: KVConnectorBase | None = None
         self.num_prompt_tokens_computed = 0
         self.num_kv_connector_loaded_tokens = 0
         # Sequence id -> its parent request's id, for the completions of requests with n > 1.
@@ -201,7 +201,7 @@ class Scheduler:
                 self._admitted.append(seq.request_id)
             seq.num_computed_tokens = num_cached + num_external
             seq.num_external_tokens = num_external
-            if num_external:
+            if num_external and self.kv_connector is not None:  # only a connector supplies tokens
                 self.num_kv_connector_loaded_tokens += num_external
                 self.kv_connector.update_state_after_alloc(self._connector_view(seq, num_computed=num_cached),
                                                            num_external)
@@ -214,7 +214,8 @@ class Scheduler:
 
         # Tokens scheduled now count as computed from here on; a sequence whose scheduled tokens reach
         # its end samples one token, appended when the step's output comes back.
-        views = [] if self.kv_connector is not None else None
+        connector = self.kv_connector
+        views: list[KVConnectorRequest] | None = [] if connector is not None else None
         sampling_ids: list[str] = []
         for request_id, num_tokens in scheduled.items():
             seq = self.sequences[request_id]
@@ -228,9 +229,9 @@ class Scheduler:
                 sampling_ids.append(request_id)
         forget, self._forget = self._forget, []
         metadata = None
-        if views is not None:
-            built = self.kv_connector.build_connector_meta(views)
-            metadata = None if built is None else self.kv_connector.encode_metadata(built)
+        if connector is not None and views is not None:
+            built = connector.build_connector_meta(views)
+            metadata = None if built is None else connector.encode_metadata(built)
         return SchedulerOutput(
             new_requests=new_requests,
             cached_requests=cached_requests,
@@ -254,10 +255,11 @@ class Scheduler:
             if (finish_reason is None and self.structured_output is not None
                     and self.structured_output.accept(request_id, token_id)):
                 finish_reason = FinishReason.STOP  # its grammar is complete
+            token_logprobs = logprobs[position] if logprobs is not None else None
             output = EngineCoreOutput(
                 request_id=request_id,
                 new_token_ids=[token_id],
-                new_logprobs=[logprobs[position]] if logprobs is not None and logprobs[position] else None,
+                new_logprobs=[token_logprobs] if token_logprobs else None,
                 finish_reason=finish_reason,
                 stop_reason=stop_reason,
                 num_cached_tokens=seq.num_cached_tokens,
@@ -356,6 +358,8 @@ class Scheduler:
         """The prompt tokens after the first `num_cached` that the KV connector supplies: never the last
         prompt token (its logits are needed), so a larger answer is cut to leave it."""
         connector = self.kv_connector
+        if connector is None:
+            return 0
         num = connector.get_num_new_matched_tokens(self._connector_view(seq, num_computed=num_cached), num_cached)
         if not isinstance(num, int) or isinstance(num, bool) or num < 0:
             raise ValueError(f"KV connector {type(connector).__qualname__}.get_num_new_matched_tokens returned "

@@ -38,7 +38,7 @@ def call_record(stat_logger: Any, scheduler_stats: Any, iteration_stats: Any) ->
     return stat_logger.record(scheduler_stats, iteration_stats, **record_extras(stat_logger))
 
 
-def build_stat_logger(cls: type, config: Any) -> Any:
+def build_stat_logger(cls: type[Any], config: Any) -> Any:
     """`cls(config)`, giving `engine_index` / `engine_idx` (vLLM's) by keyword when `__init__` names one."""
     names = _declared(cls.__init__, tuple(_INIT_EXTRAS))
     return cls(config, **{name: _INIT_EXTRAS[name] for name in names[:1]})

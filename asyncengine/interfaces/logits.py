@@ -73,7 +73,8 @@ class MoveDirectionality(enum.Enum):
 class AddedRequest(NamedTuple):
     """A request that takes row `index` (a tuple, as in vLLM: `for index, params, prompt, output in added`)."""
 
-    index: int
+    # vLLM's field name, which shadows tuple.index on purpose: plugins read `added.index`.
+    index: int  # type: ignore[assignment]
     # The request's SamplingOptions: temperature, top_p, ..., extra_args (the request's own dict).
     params: Any
     prompt_token_ids: list[int]

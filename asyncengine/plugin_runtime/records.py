@@ -108,7 +108,7 @@ def name_the_phase(process: str, phase: str, exc: BaseException) -> Exception:
     return PhaseFailure(message, phase=phase, original=exc)
 
 
-def reported_by_child(error: Exception) -> Exception:
+def reported_by_child(error: AsyncEngineError) -> AsyncEngineError:
     """Mark an error a child process reported at start-up: its message already names the child and
     its phase, so the parent's phases pass it on unchanged."""
     error.names_its_process = True

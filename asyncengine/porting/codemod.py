@@ -55,6 +55,17 @@ class _Offsets:
         return self.starts[line - 1] + len(encoded[:column].decode("utf-8", errors="replace"))
 
 
+# The parsed nodes that carry a position in the text.
+_Located = ast.expr | ast.stmt | ast.alias
+
+
+def _span(node: _Located) -> tuple[int, int, int, int]:
+    """(line, column, end line, end column) of a node; ast.parse sets all four, a node built by hand may not."""
+    if node.end_lineno is None or node.end_col_offset is None:
+        raise ValueError(f"{type(node).__name__} at line {node.lineno} has no end position (not from ast.parse)")
+    return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
+
+
 def _is_vllm(module: str | None) -> bool:
     return module is not None and (module == "vllm" or module.startswith("vllm."))
 
@@ -69,12 +80,13 @@ def port_python(text: str) -> FileResult:
     edits: list[tuple[int, int, str, int]] = []  # (start, end, new text, line)
     unmapped: list[Unmapped] = []
 
-    def replace(node: ast.AST, new: str) -> None:
-        start = offsets.index(node.lineno, node.col_offset)
-        end = offsets.index(node.end_lineno, node.end_col_offset)
-        edits.append((start, end, new, node.lineno))
+    def replace(node: _Located, new: str) -> None:
+        line, column, end_line, end_column = _span(node)
+        start = offsets.index(line, column)
+        end = offsets.index(end_line, end_column)
+        edits.append((start, end, new, line))
 
-    def cannot(node: ast.AST, what: str, section: str | None = None, hint: str | None = None) -> None:
+    def cannot(node: _Located, what: str, section: str | None = None, hint: str | None = None) -> None:
         if section is None:
             section, hint = table.unmapped_reason(what)
         unmapped.append(Unmapped(node.lineno, what, section, hint or ""))
@@ -152,11 +164,14 @@ def _port_import(node: ast.Import, replace, cannot) -> None:
 
 def _port_string(node: ast.Constant, offsets: _Offsets, text: str, replace, cannot) -> None:
     value = node.value
+    if not isinstance(value, str):  # port_python passes string constants only
+        return
     new = (table.ENTRY_POINT_GROUPS.get(value) or table.ENVIRONMENT_VARIABLES.get(value)
            or table.CLASS_PATHS.get(value))
     if new is not None:
-        start = offsets.index(node.lineno, node.col_offset)
-        end = offsets.index(node.end_lineno, node.end_col_offset)
+        line, column, end_line, end_column = _span(node)
+        start = offsets.index(line, column)
+        end = offsets.index(end_line, end_column)
         literal = text[start:end]
         if value in literal:  # not spelled with escapes: keep the quotes and any prefix as written
             replace(node, literal.replace(value, new, 1))

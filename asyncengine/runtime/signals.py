@@ -44,7 +44,7 @@ def ignore_interrupts() -> None:
 async def drain_on_signal(
     drain: Callable[[], Awaitable[None]],
     *,
-    signals: tuple[int, ...] = STOP_SIGNALS,
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
     announce: Announce,
     announce_again: Announce,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,

@@ -16,6 +16,7 @@ error is `{"error": {...}}` (server/errors.py): their shapes are declared below,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,14 +94,14 @@ CONTRACTS: dict[str, Contract] = {
 
 def openapi_document(routes: list[tuple[str, str, str]], *, title: str, version: str, api_key: bool,
                      open_routes: frozenset[str] = frozenset(),
-                     plugin_routes: list[tuple[str, str]] = ()) -> dict[str, Any]:
+                     plugin_routes: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `routes` ((rule, method, view name) of the built-in routes served) and
     `plugin_routes` ((rule, method) an endpoint plugin serves). With `api_key` every route but
     `open_routes` requires `Authorization: Bearer KEY` and lists a 401."""
     missing = [name for _, _, name in routes if name not in CONTRACTS]
     if missing:  # a bug of ours: a route was added to routes._BUILTIN without its contract
         raise RuntimeError(f"the built-in routes {missing} have no Contract in asyncengine/server/openapi.py")
-    types = [ErrorResponse]
+    types: list[Any] = [ErrorResponse]  # Structs and the other types msgspec writes a schema for
     for _, _, name in routes:
         contract = CONTRACTS[name]
         types += [t for t in (contract.request, contract.response, contract.stream_event) if t is not None]

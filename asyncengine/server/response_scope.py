@@ -13,7 +13,7 @@ iterated cannot leave a request running, and nothing that serves a response outl
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
@@ -35,7 +35,7 @@ class ResponseScope:
         self._task_group = task_group
         self._to_close: list[_Closable] = []
 
-    def start_soon(self, function: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+    def start_soon(self, function: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str | None = None) -> None:
         """Run `function(*args)` for this response; it is cancelled when the response ends."""
         self._task_group.start_soon(function, *args, name=name)
 

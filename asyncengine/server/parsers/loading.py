@@ -181,12 +181,13 @@ def _import_file(path: Path, value: str, option: str, registrant: str) -> Module
             f"{option} {value!r}: Python cannot load {resolved} as a module; pass the path of a .py file"
         )
     module = importlib.util.module_from_spec(spec)
+    loader = spec.loader
 
     def load() -> ModuleType:
         # In sys.modules before it runs, as a normal import would be: dataclasses, pickling and
         # relative lookups inside the plugin resolve their module by name.
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        loader.exec_module(module)
         return module
 
     return _run_import(load, value, option, registrant, module_name=module_name)
