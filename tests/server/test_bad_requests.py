@@ -1,75 +1,40 @@
 """Malformed and invalid requests: each gets the documented 4xx in OpenAI's error shape, naming the
-parameter, and the server serves a valid request right after every one of them."""
+parameter, and the server serves a valid request right after every one of them.
+
+Server logic, so in-process (tests/support/in_process_server.py: Quart's test client over the app of
+`asyncengine serve` and an AsyncEngine on the tiny Llama with a byte-level tokenizer, an API key, a
+512-token context). The same oversized body over a real socket, where the server answers 413 before
+reading it all and closes the connection, is tests/server/test_http_hardening.py's."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import threading
-import urllib.parse
+import shutil
 
 import pytest
 
+from asyncengine.server.config import ServerConfig
+from support.in_process_server import in_process_server
 from support.server import API_KEY, MODEL_NAME
-
-pytestmark = pytest.mark.slow
+from support.tiny_tokenizer import save_tiny_tokenizer
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 CHAT = [{"role": "user", "content": "Hi"}]
+MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bad-requests") / "llama"
+    shutil.copytree(tiny_model("llama").path, directory)  # a copy: the shared tiny model stays tokenizer-less
+    save_tiny_tokenizer(directory)
+    with in_process_server({"model": str(directory), "served_model_name": MODEL_NAME, "max_model_len": MAX_MODEL_LEN,
+                            "kv_cache_memory_bytes": 8 * 2**20}, ServerConfig(api_key=API_KEY)) as running:
+        yield running
 
 
 def send(server, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
-    url = urllib.parse.urlsplit(server.url)
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    if data is not None and len(data) > 2**20:
-        return _send_while_reading(url, method, path, data, AUTH if headers is None else headers)
-    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
-    try:
-        data = json.dumps(body).encode() if isinstance(body, dict) else body
-        connection.request(method, path, body=data, headers=AUTH if headers is None else headers)
-        response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        connection.close()
-
-
-def _send_while_reading(url, method: str, path: str, data: bytes, headers: dict):
-    """A body over the limit: the server answers 413 before reading all of it and closes the connection
-    (it cannot be reused), so a client that only reads once it has sent everything meets a broken pipe
-    or a reset. Like a browser, this one reads the answer while it is still sending."""
-    with socket.create_connection((url.hostname, url.port), timeout=120) as sock:
-        head = "".join(f"{name}: {value}\r\n" for name, value in {**headers, "Content-Length": len(data)}.items())
-        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {url.hostname}\r\n{head}\r\n".encode())
-
-        def write_body() -> None:
-            try:
-                sock.sendall(data)
-            except OSError:  # the server has answered and closed: the rest of the body is not wanted
-                pass
-
-        writer = threading.Thread(target=write_body, daemon=True)
-        writer.start()
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer) < _expected_length(answer):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-        writer.join(30)
-    status_line, _, rest = answer.partition(b"\r\n")
-    header_block, _, raw = rest.partition(b"\r\n\r\n")
-    response_headers = dict(line.decode().split(": ", 1) for line in header_block.split(b"\r\n") if line)
-    return int(status_line.split()[1]), {k.lower(): v for k, v in response_headers.items()}, raw
-
-
-def _expected_length(answer: bytes) -> int:
-    head, _, _ = answer.partition(b"\r\n\r\n")
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return len(head) + 4 + int(value)
-    return 1 << 62  # no length given: read until the server closes
+    return server.request(method, path, body, AUTH if headers is None else headers)
 
 
 def completion(**fields) -> dict:
@@ -80,7 +45,7 @@ def chat(**fields) -> dict:
     return {"model": MODEL_NAME, "messages": CHAT, "max_tokens": 2, **fields}
 
 
-LONG_PROMPT = "word " * 9000  # more tokens than the model's 8192
+LONG_PROMPT = "word " * 9000  # more tokens than the context (MAX_MODEL_LEN)
 
 # (name, method, path, body, headers or None for the valid key, status, param, words the message must hold)
 CASES = [
@@ -155,9 +120,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
-def test_bad_request_gets_its_error_and_the_server_goes_on(smol_server, case):
+def test_bad_request_gets_its_error_and_the_server_goes_on(server, case):
     _, method, path, body, headers, status, param, words = case
-    got_status, got_headers, raw = send(smol_server, method, path, body, headers)
+    got_status, got_headers, raw = send(server, method, path, body, headers)
     assert got_status == status, raw
     error = json.loads(raw)["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -165,12 +130,12 @@ def test_bad_request_gets_its_error_and_the_server_goes_on(smol_server, case):
     assert words.lower() in error["message"].lower(), error["message"]
     assert got_headers["content-type"] == "application/json"
     # ... and a valid request right after it is served.
-    ok_status, _, ok_raw = send(smol_server, "POST", "/v1/completions", completion(temperature=0))
+    ok_status, _, ok_raw = send(server, "POST", "/v1/completions", completion(temperature=0))
     assert ok_status == 200, ok_raw
     assert json.loads(ok_raw)["usage"]["completion_tokens"] == 2
 
 
-def test_routes_outside_v1_need_no_key_but_v1_does(smol_server):
-    assert send(smol_server, "GET", "/health", headers={})[0] == 200
-    assert send(smol_server, "GET", "/metrics", headers={})[0] == 200
-    assert send(smol_server, "GET", "/v1/models", headers={})[0] == 401
+def test_routes_outside_v1_need_no_key_but_v1_does(server):
+    assert send(server, "GET", "/health", headers={})[0] == 200
+    assert send(server, "GET", "/metrics", headers={})[0] == 200
+    assert send(server, "GET", "/v1/models", headers={})[0] == 401

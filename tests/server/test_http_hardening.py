@@ -1,7 +1,8 @@
 """Connections and the process, on real `asyncengine serve` processes (the tiny Llama, the engine core
 in its own process): `Connection: close` and HTTP/1.0 close after the response (an HTTP/1.0 stream
-ends), idle keep-alive connections close after --keep-alive-timeout, a non-loopback bind without a key
-warns, and after the engine dies the in-flight request gets its error and the server exits 1.
+ends), idle keep-alive connections close after --keep-alive-timeout, a body over the limit gets its 413
+while it is still being sent (and the server goes on), a non-loopback bind without a key warns, and after
+the engine dies the in-flight request gets its error and the server exits 1.
 
 Server-side connections are counted from the server process's own sockets: the inodes of its file
 descriptors, looked up in /proc/PID/net/tcp (state 01 is ESTABLISHED)."""
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -193,6 +195,63 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout(server):
         assert time.monotonic() - idle_since >= 0.9  # not before the timeout
         sock.close()
     wait_for(lambda: established_connections(pid, port) == 0, timeout=15, what="no established connection")
+
+
+def send_while_reading(server, path: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """A body over the limit: the server answers 413 before reading all of it and closes the connection
+    (it cannot be reused), so a client that only reads once it has sent everything meets a broken pipe
+    or a reset. Like a browser, this one reads the answer while it is still sending."""
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=120) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode())
+
+        def write_body() -> None:
+            try:
+                sock.sendall(data)
+            except OSError:  # the server has answered and closed: the rest of the body is not wanted
+                pass
+
+        writer = threading.Thread(target=write_body, daemon=True)
+        writer.start()
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer) < _expected_length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        writer.join(30)
+    status_line, _, rest = answer.partition(b"\r\n")
+    header_block, _, raw = rest.partition(b"\r\n\r\n")
+    response_headers = dict(line.decode().split(": ", 1) for line in header_block.split(b"\r\n") if line)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in response_headers.items()}, raw
+
+
+def _expected_length(answer: bytes) -> int:
+    head, _, _ = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(head) + 4 + int(value)
+    return 1 << 62  # no length given: read until the server closes
+
+
+def test_a_body_over_the_limit_is_a_413_while_it_is_sent_and_the_server_goes_on(server):
+    # 3 MiB, over the default --max-request-body-bytes (2 MiB). The same case's error shape in-process:
+    # tests/server/test_bad_requests.py ("oversized body").
+    status, headers, raw = send_while_reading(server, "/v1/completions",
+                                              json.dumps({"prompt": "a" * (3 * 2**20), "max_tokens": 2}).encode())
+    assert status == 413, raw
+    error = json.loads(raw)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] is None
+    assert "larger than the limit" in error["message"], error["message"]
+    assert headers["content-type"] == "application/json"
+    # ... and a valid request right after it is served.
+    connection = http.client.HTTPConnection("127.0.0.1", port_of(server), timeout=60)
+    connection.request("POST", "/v1/completions", body=json.dumps({**COMPLETION, "max_tokens": 2}), headers=JSON)
+    response = connection.getresponse()
+    assert response.status == 200
+    assert json.loads(response.read())["usage"]["completion_tokens"] == 2
+    connection.close()
 
 
 def test_a_non_loopback_bind_without_an_api_key_warns(server):
