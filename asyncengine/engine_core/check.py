@@ -11,16 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.engine_core.executor import worker_placement
 from asyncengine.engine_core.worker_processes import WorkerProcesses
 from asyncengine.platforms.resolution import current_platform_key
+from asyncengine.plugin_runtime.placement import worker_in_engine_core
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.wire.messages import CheckParams
 
 
 async def check_workers(engine_config: EngineConfig, trace: StartupTrace, frontend_manifest: Any = None) -> None:
     """The `start workers` phase of a check; a rank that fails raises its error, named."""
-    if worker_placement(engine_config) == "uni":
+    if worker_in_engine_core(engine_config):
         async with trace.phase("start workers"):
             return  # this process played the worker role: its phases are in `trace` already
     world_size = engine_config.tensor_parallel_size

@@ -66,6 +66,8 @@ def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
 class UniExecutor(Executor):
     """One worker on a dedicated thread of this process: model execution stays off the event loop."""
 
+    worker_placement = "uni"  # this process plays the worker role too (its plugin phases)
+
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any, *, owner: str,
                  logits_processors: tuple[type, ...] | list[type] = ()) -> None:
         super().__init__(engine_config, model_config, platform)
@@ -308,21 +310,6 @@ def round_trip(value: Any) -> Any:
     callers the same types (lists, dicts, numbers, strings), wherever the worker runs."""
     encoder, decoder = _ROUND_TRIP
     return decoder.decode(encoder.encode(value))
-
-
-def worker_placement(engine_config: EngineConfig) -> str:
-    """"uni" when the worker runs in a thread of the engine core's process, else "mp" (worker processes).
-    A `pkg.mod:Executor` backend (C7) places it as the built-in it subclasses: UniExecutor's subclasses
-    run the worker in the engine core, so that process also plays the worker role (its plugin phases)."""
-    backend = engine_config.executor_backend
-    if backend in ("uni", "mp"):
-        return backend
-    from asyncengine.plugin_runtime.config_hooks import load_hook
-
-    # The same import and check as the config-hooks phase: a path that does not import, or names no
-    # Executor, is a ConfigError naming the option here already, rather than a guess at the placement.
-    cls = load_hook("distributed_executor_backend", backend)
-    return "uni" if issubclass(cls, UniExecutor) else "mp"
 
 
 @reads("hook:distributed_executor_backend", "engine core")

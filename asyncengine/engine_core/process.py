@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import anyio
 
-from asyncengine.config.engine import EngineConfig
 from asyncengine.engine_core.check import check_workers
 from asyncengine.engine_core.core import run_engine_core
-from asyncengine.engine_core.executor import worker_placement
 from asyncengine.engine_core.loop import EngineCoreLoop
-from asyncengine.plugin_runtime.groups import ENGINE_CORE, WORKER
 from asyncengine.plugin_runtime.phases import run_plugin_phases
+from asyncengine.plugin_runtime.placement import engine_core_roles
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.runtime.child import child_main
 from asyncengine.wire.framing import FrameStream
@@ -26,7 +24,7 @@ from asyncengine.wire.messages import CheckParams, EngineCoreInbox, Ready, Start
 
 async def serve_engine_core(frames: FrameStream, params: StartupParams, trace: StartupTrace) -> None:
     config = params.engine_config
-    state = await run_plugin_phases(_roles(config), config, trace, device=params.platform,
+    state = await run_plugin_phases(engine_core_roles(config), config, trace, device=params.platform,
                                     device_chosen_by="the frontend", frontend_manifest=params.manifest)
     async with anyio.create_task_group() as tg:
         core = await tg.start(run_engine_core, config, params.model_config, state, trace, params.manifest)
@@ -40,7 +38,7 @@ async def serve_engine_core(frames: FrameStream, params: StartupParams, trace: S
 
 async def check_engine_core(frames: FrameStream, params: CheckParams, trace: StartupTrace) -> None:
     config = params.engine_config
-    await run_plugin_phases(_roles(config), config, trace, device=params.platform, device_chosen_by="the frontend",
+    await run_plugin_phases(engine_core_roles(config), config, trace, device=params.platform, device_chosen_by="the frontend",
                             frontend_manifest=params.manifest)
     await check_workers(config, trace, params.manifest)
     async with trace.phase("ready"):
@@ -48,10 +46,6 @@ async def check_engine_core(frames: FrameStream, params: CheckParams, trace: Sta
     await frames.send(Ready(info={"num_blocks": 0, "pid": trace.pid}, records=trace.records))
     trace.ready = True
 
-
-def _roles(config: EngineConfig) -> set[str]:
-    """The engine core's, and the worker's too when the worker is a thread of this process."""
-    return {ENGINE_CORE} | ({WORKER} if worker_placement(config) == "uni" else set())
 
 
 async def _messages(frames: FrameStream):

@@ -50,7 +50,8 @@ from asyncengine.frontend.stat_loggers import StatLoggerBase, build_stat_logger,
 from asyncengine.frontend.tokenizer import decode_ids, encode_text, render_chat
 from asyncengine.frontend.tokenizer_pool import TokenizerPool
 from asyncengine.outputs import RequestOutput
-from asyncengine.plugin_runtime.phases import PluginState, frontend_roles, run_plugin_phases
+from asyncengine.plugin_runtime.phases import PluginState, run_plugin_phases
+from asyncengine.plugin_runtime.placement import frontend_roles
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace, write_trace
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.sampling_params import SamplingParams

@@ -30,19 +30,6 @@ from asyncengine.platforms.interface import Platform
 from asyncengine.platforms.resolution import resolve_platform
 from asyncengine.registries.base import describe, reads
 
-def frontend_roles(config: EngineConfig) -> set[str]:
-    """The roles the frontend's process plays: in-process it is also the engine core, and with `uni`
-    the worker (its thread)."""
-    roles = {g.FRONTEND}
-    if config.in_process:
-        roles.add(g.ENGINE_CORE)
-        from asyncengine.engine_core.executor import worker_placement
-
-        if worker_placement(config) == "uni":
-            roles.add(g.WORKER)
-    return roles
-
-
 # (group, name) -> what loading returned, for plugins already loaded in this process.
 _loaded_in_process: dict[tuple[str, str], Any] = {}
 

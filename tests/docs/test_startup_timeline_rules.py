@@ -40,8 +40,7 @@ def test_the_committed_rules_are_what_the_cli_exports(tmp_path):
 def test_the_processes_and_roles_of_the_rules_are_those_of_a_real_start(tp, in_process):
     """The roles each planned process plays are the ones the frontend, the engine-core process and the
     worker processes pass to their plugin phases."""
-    from asyncengine.engine_core.process import _worker_in_this_process
-    from asyncengine.plugin_runtime.phases import frontend_roles
+    from asyncengine.plugin_runtime.placement import engine_core_roles, frontend_roles
     from asyncengine.cli.reports.timeline import plan_start
 
     config = config_from_dict({"in_process": in_process, "tensor_parallel_size": tp, "plugins": ""})
@@ -51,8 +50,7 @@ def test_the_processes_and_roles_of_the_rules_are_those_of_a_real_start(tp, in_p
     plans = {plan.role: plan for plan in plan_start(config)}
     assert set(plans["frontend"].plays) == frontend_roles(config)
     if not in_process:  # the engine-core process's roles (in-process, the frontend plays them)
-        assert set(plans["engine core"].plays) == {g.ENGINE_CORE} | ({g.WORKER} if _worker_in_this_process(config)
-                                                                     else set())
+        assert set(plans["engine core"].plays) == engine_core_roles(config)
     ranks = [role for role in plans if role.startswith("worker rank")]
     # worker processes exactly when the executor places workers in processes (mp), one per rank
     assert ranks == ([f"worker rank {rank}" for rank in range(tp)] if config.executor_backend == "mp" else [])

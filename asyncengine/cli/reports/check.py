@@ -9,7 +9,8 @@ from __future__ import annotations
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.frontend.core_client import check_engine_core
-from asyncengine.plugin_runtime.phases import frontend_roles, run_plugin_phases
+from asyncengine.plugin_runtime.phases import run_plugin_phases
+from asyncengine.plugin_runtime.placement import frontend_roles
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
 
 

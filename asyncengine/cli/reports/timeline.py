@@ -17,6 +17,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.config_hooks import hooks_checked
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
+from asyncengine.plugin_runtime.placement import MP, UNI, worker_placement
 from asyncengine.cli.reports.timeline_rules import timeline_rules
 
 
@@ -41,11 +42,9 @@ class ProcessPlan:
 
 def settings_facts(config: EngineConfig) -> dict[str, bool]:
     """Which of the rules' conditions hold for `config`."""
-    from asyncengine.engine_core.executor import worker_placement
-
-    backend = worker_placement(config)  # "uni" or "mp" (a pkg.mod:Executor as the built-in it subclasses)
-    return {"in_process": config.in_process, "multiprocess": not config.in_process, "uni": backend == "uni",
-            "mp": backend == "mp", "several_ranks": config.tensor_parallel_size > 1}
+    backend = worker_placement(config)  # UNI or MP (a pkg.mod:Executor where its class puts its workers)
+    return {"in_process": config.in_process, "multiprocess": not config.in_process, "uni": backend == UNI,
+            "mp": backend == MP, "several_ranks": config.tensor_parallel_size > 1}
 
 
 def plan_start(config: EngineConfig) -> list[ProcessPlan]:
