@@ -67,6 +67,24 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"greedy parity with transformers: {PARITY_RECORD['sequences']} sequences, "
             f"{PARITY_RECORD['tokens']} tokens compared, {PARITY_RECORD['ties']} ties (top-2 gap < 1e-4)"
         )
+    for path in KEPT_SERVER_LOGS:
+        terminalreporter.write_line(f"server logs kept (a test failed while the server ran): {path}")
+
+
+# --- server log directories ----------------------------------------------------------------------
+# Each `asyncengine serve` a test starts (tests/support/server.py) logs into a /tmp/ae-server-* directory.
+# After each test, those of the servers that have exited are removed, unless a test failed while the server
+# ran: those stay for reading, and the end of the run lists them.
+KEPT_SERVER_LOGS: list[Path] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    from support import server
+
+    if report.failed:
+        server.note_test_failure()
+    if report.when == "teardown":
+        KEPT_SERVER_LOGS.extend(server.remove_logs_of_exited_servers())
 
 
 # --- hf_default_model --------------------------------------------------------------------------

@@ -1,9 +1,15 @@
-"""Run `asyncengine serve` as a real subprocess on a free port, as a user would."""
+"""Run `asyncengine serve` as a real subprocess on a free port, as a user would.
+
+Each server writes its stdout and stderr into a directory of its own (/tmp/ae-server-*). Once the server
+has exited, tests/conftest.py removes the directory, unless a test failed while the server ran: then it
+stays, and the end of the run prints where (the failure messages here name it too).
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +24,37 @@ API_KEY = "test-key-123"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 
 _SERVING = re.compile(r"^asyncengine: serving .* on (http://\S+)$", re.MULTILINE)
+
+
+@dataclass
+class _LogDirectory:
+    path: Path
+    process: subprocess.Popen
+    keep: bool = False  # a test failed while the server ran
+
+
+_LOG_DIRECTORIES: list[_LogDirectory] = []
+
+
+def note_test_failure() -> None:
+    """A test failed: the logs of every server it could have seen (running, or exited during it) are kept."""
+    for directory in _LOG_DIRECTORIES:
+        directory.keep = True
+
+
+def remove_logs_of_exited_servers() -> list[Path]:
+    """After each test: remove the log directories of the servers that have exited, but those to keep;
+    returns the paths of those kept."""
+    kept = []
+    for directory in list(_LOG_DIRECTORIES):
+        if directory.process.poll() is None:
+            continue
+        _LOG_DIRECTORIES.remove(directory)
+        if directory.keep:
+            kept.append(directory.path)
+        else:
+            shutil.rmtree(directory.path, ignore_errors=True)
+    return kept
 
 
 @dataclass
@@ -44,7 +81,7 @@ class RunningServer:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"the server did not exit within {timeout} s of {signal.Signals(sig).name}; "
-                                 f"stderr:\n{self.stderr()[-3000:]}") from None
+                                 f"its logs: {self.stderr_path.parent}; stderr:\n{self.stderr()[-3000:]}") from None
 
 
 def start_server(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 180) -> RunningServer:
@@ -54,22 +91,25 @@ def start_server(args: list[str], *, env: dict[str, str] | None = None, timeout:
     with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "asyncengine", "serve", *args, "--port", "0"],
                                    stdout=stdout, stderr=stderr, env=env or dict(os.environ))
+    _LOG_DIRECTORIES.append(_LogDirectory(directory, process))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         match = _SERVING.search(stdout_path.read_text())
         if match:
             return RunningServer(process, match.group(1), stdout_path, stderr_path)
         if process.poll() is not None:
-            raise ServerDidNotStart(process.returncode, stderr_path.read_text(errors="replace"))
+            raise ServerDidNotStart(process.returncode, stderr_path.read_text(errors="replace"), directory)
         time.sleep(0.1)
     process.kill()
     process.wait()
-    raise AssertionError(f"the server did not start within {timeout} s; stderr:\n{stderr_path.read_text()[-3000:]}")
+    raise AssertionError(f"the server did not start within {timeout} s; its logs: {directory}; "
+                         f"stderr:\n{stderr_path.read_text()[-3000:]}")
 
 
 class ServerDidNotStart(Exception):
-    def __init__(self, returncode: int, stderr: str) -> None:
-        super().__init__(f"the server exited with {returncode} before serving; stderr:\n{stderr[-3000:]}")
+    def __init__(self, returncode: int, stderr: str, logs: Path) -> None:
+        super().__init__(f"the server exited with {returncode} before serving; its logs: {logs}; "
+                         f"stderr:\n{stderr[-3000:]}")
         self.returncode = returncode
         self.stderr = stderr
 
