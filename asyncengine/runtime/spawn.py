@@ -8,6 +8,7 @@ connects. `describe_exit` turns a return code into the words an EngineDeadError 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -71,16 +72,25 @@ def die_with_parent(poll_interval: float = 0.5) -> None:
     """Exit as soon as the process that started this one is gone.
 
     The connection to the parent closing also stops a child, but only when the child reads it; this
-    covers a parent killed while the child is busy (loading a model, say). A watcher thread polls
-    the parent pid: when the parent dies the child is re-parented and the pid changes. (Linux's
-    PR_SET_PDEATHSIG is no substitute: it fires when the parent *thread* that spawned the child ends,
-    and event loops spawn from short-lived helper threads.)
+    covers a parent killed while the child is busy (loading a model, say). A watcher thread blocks on
+    a pidfd of the parent, which becomes readable the moment the parent exits (Linux 5.3+); where
+    there is none, it polls the parent pid every `poll_interval` seconds (when the parent dies the
+    child is re-parented and the pid changes). (Linux's PR_SET_PDEATHSIG is no substitute: it fires
+    when the parent *thread* that spawned the child ends, and event loops spawn from short-lived
+    helper threads.)
     """
     parent = os.getppid()
+    try:
+        parent_fd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # not Linux, an old kernel, or the parent already gone (checked below)
+        parent_fd = None
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_interval)
+        if parent_fd is not None and os.getppid() == parent:  # the fd is the parent's, not a reused pid's
+            select.select([parent_fd], [], [])
+        else:
+            while os.getppid() == parent:
+                time.sleep(poll_interval)
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
