@@ -16,6 +16,7 @@ from asyncengine.config.class_paths import classes_to_paths, is_class_path, stru
 from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
+from asyncengine.config.structured_outputs import configured_backend_name
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it (C2).
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"
@@ -112,8 +113,6 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         self._check_placement()
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
-        from asyncengine.structured_output.registry import configured_backend_name
-
         configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
 
     def _check_ranges(self) -> None:

@@ -17,7 +17,7 @@ import msgspec
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
-from asyncengine.registries.base import reads
+from asyncengine.interfaces.registry import reads
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     if not isinstance(architectures, list) or not architectures:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
 
-    from asyncengine.models.registry import ModelRegistry
+    from asyncengine.interfaces.models import ModelRegistry
 
     if not any(ModelRegistry.is_supported(a) or a in config.model_class_overrides for a in architectures):
         raise UnsupportedArchitectureError(

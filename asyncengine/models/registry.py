@@ -1,4 +1,4 @@
-"""ModelRegistry: architecture name (config.json's `architectures`) -> model class.
+"""ModelRegistry (in the floor, asyncengine.interfaces.models; imported here): architecture name (config.json's `architectures`) -> model class.
 
 Built-in models register here in code, so the engine works from a source tree with no installed
 metadata. A class may be given lazily as "package.module:Class"; it is imported when first needed,
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.errors import ModelLoadError, UnsupportedArchitectureError
+from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.imports import import_by_path as _import_by_path
-from asyncengine.interfaces.registry import BUILT_IN, Registry
+from asyncengine.interfaces.models import ModelRegistry, _ModelRegistry
 
 
 def import_by_path(path: str, *, what: str) -> Any:
@@ -20,43 +20,4 @@ def import_by_path(path: str, *, what: str) -> Any:
     return _import_by_path(path, what=what, error=ModelLoadError)
 
 
-class _ModelRegistry(Registry):
-    def __init__(self) -> None:
-        super().__init__("models", "model architecture")
-        for architecture, path in {
-            "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
-            "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
-            "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
-        }.items():
-            self.register(architecture, path, owner=BUILT_IN)
-
-    def register_model(self, architecture: str, model: Any, *, override: bool = False) -> None:
-        """Register `model` (a class, or "package.module:Class") under `architecture` (vLLM's name)."""
-        self.register(architecture, model, override=override)
-
-    def get_supported_archs(self) -> list[str]:
-        return self.keys()
-
-    def is_supported(self, architecture: str) -> bool:
-        return architecture in self
-
-    def resolve(self, architectures: list[str], overrides: dict[str, str] | None = None) -> tuple[str, type]:
-        """The first of `architectures` that has a class (config-given overrides win), and that class."""
-        overrides = overrides or {}
-        for architecture in architectures:
-            entry = overrides.get(architecture)
-            if entry is None:
-                registered = self.get(architecture)
-                entry = registered.implementation if registered else None
-            if entry is None:
-                continue
-            if isinstance(entry, str):
-                entry = import_by_path(entry, what=f"model class for {architecture}")
-            return architecture, entry
-        raise UnsupportedArchitectureError(
-            f"model architecture(s) {', '.join(architectures) or '(none given)'} not supported; "
-            f"supported: {', '.join(self.get_supported_archs())}"
-        )
-
-
-ModelRegistry = _ModelRegistry()
+__all__ = ["ModelRegistry", "import_by_path"]

@@ -60,7 +60,7 @@ READER_MODULES = (
     "asyncengine.frontend.startup",
     "asyncengine.frontend.tokenizer",
     "asyncengine.loader.model_loader",
-    "asyncengine.loader.registry",
+    "asyncengine.interfaces.model_loader",
     "asyncengine.models.layers.op_registry",
     "asyncengine.server.app",
     "asyncengine.attention.selector",

@@ -5,31 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from asyncengine.config.structured_outputs import DEFAULT_BACKEND, configured_backend_name
 from asyncengine.errors import ConfigError, ModelLoadError, RequestError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import reads
 from asyncengine.interfaces.structured_output import StructuredOutputBackend, StructuredOutputBackendRegistry
 
-DEFAULT_BACKEND = "xgrammar"
+# configured_backend_name (the config's default backend) is a config check: asyncengine/config/structured_outputs.py.
 
 
 def register_structured_output_backend(name: str, backend: Any, *, override: bool = False) -> None:
     """Register a StructuredOutputBackend subclass (or "pkg.mod:Class") under `name`."""
     StructuredOutputBackendRegistry.register(name, backend, override=override)
-
-
-def configured_backend_name(structured_outputs_config: dict[str, Any] | None) -> str:
-    """The engine's default backend: `structured_outputs_config["backend"]`, else xgrammar ("auto" too)."""
-    config = structured_outputs_config or {}
-    unknown = sorted(set(config) - {"backend"})
-    if unknown:
-        raise ConfigError(f"structured_outputs_config has unknown keys {unknown}; it takes 'backend'",
-                          field="structured_outputs_config")
-    name = config.get("backend") or "auto"
-    if not isinstance(name, str):
-        raise ConfigError("structured_outputs_config.backend must be a backend's name",
-                          field="structured_outputs_config")
-    return DEFAULT_BACKEND if name == "auto" else name
 
 
 def _load(name: str, *, field: str, error: type[Exception]) -> type:

@@ -21,7 +21,8 @@ import torch
 from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.models.layers import op_registry
-from asyncengine.platforms.interface import Platform
+from asyncengine.interfaces.platform import Platform
+from asyncengine.interfaces.worker import WorkerBase
 from asyncengine.registries.base import reads
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine import parallel_state as parallel
@@ -29,7 +30,7 @@ from asyncengine.worker.extension import build_extension
 from asyncengine.worker.model_runner import ModelRunner
 
 
-class Worker:
+class Worker(WorkerBase):
     # The public attributes, declared so that the worker-extension clash check (worker/extension.py)
     # sees them from the class alone, before any worker exists.
     engine_config: EngineConfig

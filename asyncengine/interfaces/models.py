@@ -1,0 +1,59 @@
+"""ModelRegistry: architecture name (config.json's `architectures`) -> model class.
+
+Built-in models register here in code, so the engine works from a source tree with no installed
+metadata. A class may be given lazily as "package.module:Class"; it is imported when first needed,
+and an import error is raised with its traceback (never remembered as "unsupported").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncengine.errors import ModelLoadError, UnsupportedArchitectureError
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.registry import BUILT_IN, Registry
+
+
+class _ModelRegistry(Registry):
+    def __init__(self) -> None:
+        super().__init__("models", "model architecture")
+        for architecture, path in {
+            "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
+            "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
+            "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
+        }.items():
+            self.register(architecture, path, owner=BUILT_IN)
+
+    def register_model(self, architecture: str, model: Any, *, override: bool = False) -> None:
+        """Register `model` (a class, or "package.module:Class") under `architecture` (vLLM's name)."""
+        self.register(architecture, model, override=override)
+
+    def get_supported_archs(self) -> list[str]:
+        return self.keys()
+
+    def is_supported(self, architecture: str) -> bool:
+        return architecture in self
+
+    def resolve(self, architectures: list[str], overrides: dict[str, str] | None = None) -> tuple[str, type]:
+        """The first of `architectures` that has a class (config-given overrides win), and that class."""
+        overrides = overrides or {}
+        for architecture in architectures:
+            entry = overrides.get(architecture)
+            if entry is None:
+                registered = self.get(architecture)
+                entry = registered.implementation if registered else None
+            if entry is None:
+                continue
+            if isinstance(entry, str):
+                entry = import_by_path(entry, what=f"model class for {architecture}", error=ModelLoadError)
+            return architecture, entry
+        raise UnsupportedArchitectureError(
+            f"model architecture(s) {', '.join(architectures) or '(none given)'} not supported; "
+            f"supported: {', '.join(self.get_supported_archs())}"
+        )
+
+
+ModelRegistry = _ModelRegistry()
+
+
+__all__ = ["ModelRegistry"]
