@@ -52,7 +52,7 @@ class CpuPlatform(Platform):
 
     @classmethod
     def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
-        from asyncengine.attention.registry import TORCH_PAGED
+        from asyncengine.interfaces.attention import TORCH_PAGED
 
         return TORCH_PAGED  # the built-in torch paged attention is the CPU path
 

@@ -41,7 +41,7 @@ class CudaPlatform(Platform):
 
     @classmethod
     def get_attn_backend_cls(cls, head_dim: int, dtype: Any, block_size: int) -> str:
-        from asyncengine.attention.registry import TORCH_PAGED, TRITON_PAGED
+        from asyncengine.interfaces.attention import TORCH_PAGED, TRITON_PAGED
 
         # The Triton decode kernel indexes a block's slots with tl.arange, so it needs a power-of-two
         # block size; without triton installed, or with another block size, the torch path runs on the GPU.

@@ -153,13 +153,13 @@ async def _detect(by_name: dict[str, InstalledPlugin], loader: PluginLoader) -> 
 
 
 def _import_platform(path: str, plugin: InstalledPlugin) -> type[Platform]:
-    from asyncengine.models.registry import import_by_path
+    from asyncengine.interfaces.imports import import_by_path
 
     if not isinstance(path, str):
         raise StartupError(f"{plugin.label} returned {path!r}; a platform plugin returns a 'package.module:Class' "
                            "(or 'package.module.Class') path, or None")
     try:
-        return import_by_path(path, what=f"platform of {plugin.label}")
+        return import_by_path(path, what=f"platform of {plugin.label}", error=StartupError)
     except Exception as exc:  # named with the plugin that pointed there
         raise StartupError(f"{plugin.label}: cannot import its platform {path!r}: {exc}") from exc
 

@@ -14,7 +14,7 @@ import time
 from asyncengine.errors import MissingRegistration
 from asyncengine.plugin_runtime.groups import PHASE_MANIFEST
 from asyncengine.plugin_runtime.records import StartupTrace
-from asyncengine.registries import all_registries
+from asyncengine.interfaces.tables import all_registries
 # The Structs travel in the hand-shake, so they live on the wire; re-exported for the plugin phases.
 from asyncengine.wire.startup import Manifest as Manifest
 from asyncengine.wire.startup import PluginInfo as PluginInfo

@@ -1,0 +1,93 @@
+"""Every registry plugins fill, and which process roles read each (EXTENSION_POINTS.md, "reads it").
+
+The manifest check compares, in each child process, the registries its role reads with the frontend's:
+a key the frontend has and the child lacks fails start-up there, naming it. `plugins map` and the
+start-up timeline draw from the same table.
+
+Most tables live in this package, next to the interface their entries implement. The others carry
+behaviour of the layer that owns them (the op providers' per-call choice, the parsers' plugin files,
+the tokenizer modes, the additional_config validators) and stay there: they are named here by path
+and imported when the table is asked for, as a lazy registry entry is.
+"""
+
+from __future__ import annotations
+
+from asyncengine.errors import StartupError
+from asyncengine.interfaces.attention import AttentionBackendRegistry
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.kv_connector import KVConnectorFactory
+from asyncengine.interfaces.model_loader import ModelLoaderRegistry
+from asyncengine.interfaces.models import ModelRegistry
+from asyncengine.interfaces.quantization import QuantizationRegistry
+from asyncengine.interfaces.registry import Registry
+from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
+from asyncengine.interfaces.structured_output import StructuredOutputBackendRegistry
+
+# Registry (or the "pkg.mod:attr" of one kept above the floor) -> the roles that read it, in the order
+# the manifest and the map list them.
+_TABLES: tuple[tuple[Registry | str, frozenset[str]], ...] = (
+    (ModelRegistry, frozenset({FRONTEND, WORKER})),
+    # The worker builds with it; the frontend checks the --load-format name before anything starts.
+    (ModelLoaderRegistry, frozenset({FRONTEND, WORKER})),
+    ("asyncengine.server.parsers.tool_parsers:ToolParserManager", frozenset({FRONTEND})),
+    ("asyncengine.server.parsers.reasoning_parsers:ReasoningParserManager", frozenset({FRONTEND})),
+    # --tokenizer-mode: the frontend tokenizes prompts and detokenizes outputs; no other process does.
+    ("asyncengine.frontend.tokenizer:TokenizerRegistry", frozenset({FRONTEND})),
+    # additional_config keys: the frontend checks each key is claimed before anything is spawned.
+    ("asyncengine.plugin_runtime.additional_config:AdditionalConfigRegistry", frozenset({FRONTEND})),
+    # The worker builds the model's custom ops (and their out-of-tree replacements) and runs their providers.
+    ("asyncengine.models.layers.op_registry:CustomOpRegistry", frozenset({WORKER})),
+    ("asyncengine.models.layers.op_registry:OpProviderRegistry", frozenset({WORKER})),
+    # The worker builds each layer's backend with it (the platform or attention_backend names one).
+    (AttentionBackendRegistry, frozenset({WORKER})),
+    # The worker builds the linear layers with it; the frontend checks the `quantization` name first.
+    (QuantizationRegistry, frozenset({FRONTEND, WORKER})),
+    # The engine core builds the connector's scheduler side with it, each worker its worker side.
+    (KVConnectorFactory, frozenset({ENGINE_CORE, WORKER})),
+    # The engine core compiles grammars and computes masks with it; the frontend checks each grammar first.
+    (StructuredOutputBackendRegistry, frozenset({FRONTEND, ENGINE_CORE})),
+)
+
+
+def _registry(table: Registry | str) -> Registry:
+    if isinstance(table, Registry):
+        return table
+    registry = import_by_path(table, what="a registry of asyncengine's", error=StartupError)
+    if not isinstance(registry, Registry):
+        raise StartupError(f"{table} is {registry!r}, not a Registry: asyncengine/interfaces/tables.py names it")
+    return registry
+
+
+def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
+    """Registry name -> (registry, the roles that read it)."""
+    registries = {}
+    for table, roles in _TABLES:
+        registry = _registry(table)
+        registries[registry.name] = (registry, roles)
+    return registries
+
+
+# The modules whose functions read a registry or a config hook (marked with `reads`): imported to draw
+# `plugins map`.
+READER_MODULES = (
+    "asyncengine.config.model",
+    "asyncengine.engine_core.core",
+    "asyncengine.engine_core.executor",
+    "asyncengine.plugin_runtime.phases",
+    "asyncengine.plugin_runtime.additional_config",
+    "asyncengine.plugin_runtime.contracts",
+    "asyncengine.worker.extension",
+    "asyncengine.worker.worker",
+    "asyncengine.frontend.startup",
+    "asyncengine.frontend.tokenizer",
+    "asyncengine.loader.model_loader",
+    "asyncengine.interfaces.model_loader",
+    "asyncengine.models.layers.op_registry",
+    "asyncengine.server.app",
+    "asyncengine.attention.selector",
+    "asyncengine.kv_transfer.factory",
+    "asyncengine.structured_output.registry",
+)
+
+
+__all__ = ["READER_MODULES", "all_registries"]
