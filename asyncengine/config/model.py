@@ -16,11 +16,13 @@ import msgspec
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
-from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
 from asyncengine.interfaces.registry import reads
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
+
+# The model served when none is named (`model=None`; the loader finds or fetches it, loader/model_source.py).
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Keys under which configs give the longest context the model was trained for, in order of preference.
 _CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from asyncengine.config.model import DEFAULT_MODEL_NAME
 from asyncengine.errors import ModelLoadError
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_ALIASES = frozenset({DEFAULT_MODEL_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct"})
 
 
