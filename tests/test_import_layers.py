@@ -46,15 +46,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.registries",
             "asyncengine.wire",
             "asyncengine.runtime",
+            "asyncengine.parallel_state",
             "asyncengine.outputs",
             "asyncengine.sampling_params",
         ),
     ),
-    ("plugin runtime", ("asyncengine.plugin_runtime",)),
+    # The platform phase is the plugin runtime's first: the built-in platforms (cpu, cuda) are chosen among the
+    # platform plugins there, and import only the floor (the Platform interface is asyncengine.interfaces).
+    ("plugin runtime", ("asyncengine.plugin_runtime", "asyncengine.platforms")),
     (
         "kernels' users",
         (
-            "asyncengine.platforms",
             "asyncengine.attention",
             "asyncengine.models",
             "asyncengine.loader",

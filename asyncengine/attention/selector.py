@@ -14,9 +14,9 @@ from typing import Any
 from asyncengine.attention.backend import AttentionBackend
 from asyncengine.attention.registry import AttentionBackendRegistry
 from asyncengine.errors import StartupError
-from asyncengine.platforms.interface import ask_attn_backend
+from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
 from asyncengine.plugin_runtime.contracts import check_backend_class
-from asyncengine.registries.base import describe, reads
+from asyncengine.registries.base import reads
 
 
 @dataclass
@@ -59,7 +59,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
             shape = (layer.head_dim, dtype, block_size)
             if shape not in answers:
                 answers[shape] = ask_attn_backend(platform, *shape)  # by keyword, as vLLM calls it
-            name = _as_name(answers[shape])
+            name = attn_backend_name(answers[shape])
             if name is None:
                 raise StartupError(
                     f"platform {platform.device_name}: get_attn_backend_cls(head_dim={shape[0]}, dtype={dtype}, "
@@ -75,10 +75,3 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
         names.append(name)
         backends.append(classes[name](layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale))
     return BackendChoice(names, backends, chosen_by, owners)
-
-
-def _as_name(answer: Any) -> str | None:
-    """A platform's answer as a name or path; None when it is neither."""
-    if isinstance(answer, type) and issubclass(answer, AttentionBackend):
-        return describe(answer)  # a class, not a name: resolved as its path
-    return answer if isinstance(answer, str) and answer else None

@@ -7,24 +7,12 @@ says when the engine calls what); imported here too, for the name code and plugi
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
 from typing import Any
 
+from asyncengine.interfaces.stat_logger import INIT_EXTRAS as _INIT_EXTRAS
+from asyncengine.interfaces.stat_logger import RECORD_EXTRAS as _RECORD_EXTRAS
 from asyncengine.interfaces.stat_logger import StatLoggerBase
-
-
-# The keyword arguments vLLM passes that mean one fixed thing here.
-_RECORD_EXTRAS = {"mm_cache_stats": None, "engine_idx": 0}
-_INIT_EXTRAS = {"engine_index": 0, "engine_idx": 0}
-
-
-@lru_cache(maxsize=None)
-def _declared(function: Any, extras: tuple[str, ...]) -> tuple[str, ...]:
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: pass only the positional arguments
-        return ()
-    return tuple(name for name in extras if name in parameters)
+from asyncengine.interfaces.stat_logger import declared_extras as _declared
 
 
 def record_extras(stat_logger: Any) -> dict[str, Any]:

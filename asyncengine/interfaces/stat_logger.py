@@ -12,7 +12,24 @@ by keyword to a `record` that declares them, with or without defaults.
 
 from __future__ import annotations
 
+import inspect
+from functools import lru_cache
 from typing import Any
+
+# The keyword arguments vLLM passes that mean one fixed thing here: given to a `record` or `__init__` that
+# declares them (the frontend calls stat loggers so; the plugin runtime checks their signatures at start-up).
+RECORD_EXTRAS: dict[str, Any] = {"mm_cache_stats": None, "engine_idx": 0}
+INIT_EXTRAS: dict[str, Any] = {"engine_index": 0, "engine_idx": 0}
+
+
+@lru_cache(maxsize=None)
+def declared_extras(function: Any, extras: tuple[str, ...]) -> tuple[str, ...]:
+    """Which of `extras` the signature of `function` declares, in the order of `extras`."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: pass only the positional arguments
+        return ()
+    return tuple(name for name in extras if name in parameters)
 
 
 class StatLoggerBase:
@@ -30,4 +47,4 @@ class StatLoggerBase:
         """Called once, when the engine has started; the default does nothing."""
 
 
-__all__ = ["StatLoggerBase"]
+__all__ = ["INIT_EXTRAS", "RECORD_EXTRAS", "StatLoggerBase", "declared_extras"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.interfaces.platform import Platform, PlatformEnum
+from asyncengine.interfaces.registry import describe
 
 
 # What the worker knows when it asks for an attention backend, under each name vLLM's platforms use for
@@ -44,4 +46,11 @@ def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_
     return method(**arguments)
 
 
-__all__ = ["Platform", "PlatformEnum", "ask_attn_backend"]
+def attn_backend_name(answer: Any) -> str | None:
+    """A platform's answer (from ask_attn_backend) as a name or path; None when it is neither."""
+    if isinstance(answer, type) and issubclass(answer, AttentionBackend):
+        return describe(answer)  # a class, not a name: resolved as its path
+    return answer if isinstance(answer, str) and answer else None
+
+
+__all__ = ["Platform", "PlatformEnum", "ask_attn_backend", "attn_backend_name"]

@@ -14,6 +14,7 @@ all use it, so the plan lists exactly what each process checks.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,8 +22,22 @@ from typing import Any
 
 from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.interfaces.executor import Executor
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.kv_connector import KVConnectorBase
+from asyncengine.interfaces.logits import LogitsProcessor
 from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, PHASE_CONFIG_HOOKS, WORKER
 from asyncengine.plugin_runtime.records import StartupTrace
+
+
+# The built-in a scheduler_cls must subclass, named by its path as config names the built-in worker
+# (BUILTIN_WORKER): the plugin runtime sits below the roles that define them, and imports one only to check
+# a class that replaces it (the check needs the concrete class: a scheduler keeps the built-in's step loop).
+BUILTIN_SCHEDULER = "asyncengine.engine_core.scheduler:Scheduler"
+
+
+def _builtin(path: str) -> type:
+    return import_by_path(path, what="the built-in class", error=ModelLoadError)
 
 
 def _is_model_class(value: Any) -> str | None:
@@ -34,11 +49,9 @@ def _is_model_class(value: Any) -> str | None:
 
 
 def _is_scheduler_class(value: Any) -> str | None:
-    from asyncengine.engine_core.scheduler import Scheduler
-
     if not isinstance(value, type):
         return f"is {value!r}, not a class; name a subclass of asyncengine.plugins_api.Scheduler"
-    if not issubclass(value, Scheduler):
+    if not issubclass(value, _builtin(BUILTIN_SCHEDULER)):
         return ("is not a subclass of asyncengine.engine_core.scheduler:Scheduler; subclass "
                 "asyncengine.plugins_api.Scheduler (the engine core builds it with Scheduler's keyword "
                 "arguments and keeps async scheduling, which belongs to its step loop)")
@@ -46,11 +59,9 @@ def _is_scheduler_class(value: Any) -> str | None:
 
 
 def _is_worker_class(value: Any) -> str | None:
-    from asyncengine.worker.worker import Worker
-
     if not isinstance(value, type):
         return f"is {value!r}, not a class; name a subclass of asyncengine.plugins_api.Worker"
-    if not issubclass(value, Worker):
+    if not issubclass(value, _builtin(BUILTIN_WORKER)):
         return ("is not a subclass of asyncengine.worker.worker:Worker; subclass asyncengine.plugins_api.Worker "
                 "(the worker interface: each worker builds it with Worker's arguments and the engine core calls "
                 "its methods by name)")
@@ -59,32 +70,24 @@ def _is_worker_class(value: Any) -> str | None:
 
 def _configured_worker_class(config: EngineConfig | None) -> type:
     """The class `worker_cls` names ("auto" and None: the built-in Worker)."""
-    from asyncengine.worker.worker import Worker
-
     path = config.worker_cls if config is not None else "auto"
     if path in ("auto", BUILTIN_WORKER):
-        return Worker
+        return _builtin(BUILTIN_WORKER)
     return load_hook("worker_cls", path)  # a bad one is reported naming worker_cls
 
 
 def _is_worker_extension(value: Any, config: EngineConfig | None = None) -> str | None:
-    from asyncengine.worker.extension import extension_problem
-
     # Against the configured worker class: the names collective_rpc finds on the worker first.
     return extension_problem(value, _configured_worker_class(config))
 
 
 def _is_logits_processor(value: Any) -> str | None:
-    from asyncengine.worker.logits_processors import LogitsProcessor
-
     if not isinstance(value, type) or not issubclass(value, LogitsProcessor):
         return f"is {value!r}, not a subclass of asyncengine.plugins_api.LogitsProcessor"
     return None
 
 
 def _is_executor_class(value: Any) -> str | None:
-    from asyncengine.engine_core.executor import Executor
-
     if not isinstance(value, type) or not issubclass(value, Executor):
         return (f"is {value!r}, not an Executor: subclass asyncengine.plugins_api.Executor (or UniExecutor / "
                 "MultiprocExecutor)")
@@ -92,11 +95,54 @@ def _is_executor_class(value: Any) -> str | None:
 
 
 def _is_kv_connector(value: Any) -> str | None:
-    from asyncengine.kv_transfer.base import KVConnectorBase
-
     if not isinstance(value, type) or not issubclass(value, KVConnectorBase):
         return f"is {value!r}, not a subclass of asyncengine.plugins_api.KVConnectorBase"
     return None
+
+
+# -- worker_extension_cls: composed with the worker (asyncengine/worker/extension.py), checked from the classes
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def public_methods(cls: type) -> set[str]:
+    """The names collective_rpc could reach on instances of `cls`: public callables, inherited included."""
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))}
+
+
+def public_names(cls: type) -> set[str]:
+    """Every public name instances of `cls` have: class attributes, and instance attributes declared as
+    annotations in the class body (the Worker declares its own, so a clash with `rank` is found
+    without building a worker)."""
+    names = {name for name in dir(cls) if not name.startswith("_")}
+    for klass in cls.__mro__:
+        names.update(name for name in vars(klass).get("__annotations__", {}) if not name.startswith("_"))
+    return names
+
+
+def extension_problem(extension_cls: Any, worker_cls: type, *, worker_attributes: Any = ()) -> str | None:
+    """What is wrong with `extension_cls` as an extension of `worker_cls`, or None. The class alone
+    suffices (so every process, the frontend included, checks before any worker exists); a built
+    worker adds the names of the attributes it set on itself (`worker_attributes`)."""
+    if not isinstance(extension_cls, type):
+        return f"is {extension_cls!r}, not a class; name a class that takes the worker: Class(worker)"
+    worker_names = public_names(worker_cls) | {name for name in worker_attributes if not name.startswith("_")}
+    clashes = sorted(public_methods(extension_cls) & worker_names)
+    if clashes:
+        name = clashes[0]
+        return (f"defines public method {name!r}, which the worker class {class_path(worker_cls)} already has: "
+                f"collective_rpc({name!r}) finds the worker's first, so {class_path(extension_cls)}.{name} would "
+                f"never run; rename it in the extension"
+                + (f" (other clashing names: {', '.join(map(repr, clashes[1:]))})" if clashes[1:] else ""))
+    try:
+        inspect.signature(extension_cls).bind(object())
+    except TypeError as exc:
+        return f"cannot be built as {extension_cls.__qualname__}(worker): {exc}; its constructor takes the worker"
+    except ValueError:  # no signature to inspect (a class implemented in C): building it will tell
+        pass
+    return None
+
 
 
 @dataclass(frozen=True)
@@ -154,11 +200,9 @@ def load_hook(option: str, path: str, *, config: EngineConfig | None = None) -> 
     """Import `path` and check it for `option`, or raise ConfigError naming the option, the path and
     what is wrong. `config` gives the checks that depend on other options those options
     (`worker_extension_cls` is checked against the configured `worker_cls`)."""
-    from asyncengine.models.registry import import_by_path
-
     field = option.split("[")[0]
     try:
-        value = import_by_path(path, what=option)
+        value = import_by_path(path, what=option, error=ModelLoadError)
     except ModelLoadError as exc:  # it names the option and the path already, and says what failed
         raise ConfigError(str(exc), field=field) from exc
     except Exception as exc:  # the module raised while being imported: named, with the error

@@ -25,8 +25,8 @@ def _owner(cls: type, owners: dict[type, str]) -> str:
 def check_frontend_contracts(stat_loggers: list[type], endpoints: list[Any], config: Any,
                              owners: dict[type, str] | None = None) -> None:
     """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each."""
-    from asyncengine.frontend.endpoints import EndpointPlugin
-    from asyncengine.frontend.stat_loggers import StatLoggerBase, _INIT_EXTRAS, _RECORD_EXTRAS, _declared
+    from asyncengine.interfaces.endpoint import EndpointPlugin
+    from asyncengine.interfaces.stat_logger import INIT_EXTRAS, RECORD_EXTRAS, StatLoggerBase, declared_extras
 
     owners = owners or {}
     for cls in stat_loggers:
@@ -34,8 +34,8 @@ def check_frontend_contracts(stat_loggers: list[type], endpoints: list[Any], con
         if cls.record is StatLoggerBase.record:
             raise StartupError(f"{who} defines no record(scheduler_stats, iteration_stats): the engine calls it "
                                "after every step")
-        init_extras = _declared(cls.__init__, tuple(_INIT_EXTRAS))[:1]
-        record_extras = _declared(cls.record, tuple(_RECORD_EXTRAS))
+        init_extras = declared_extras(cls.__init__, tuple(INIT_EXTRAS))[:1]
+        record_extras = declared_extras(cls.record, tuple(RECORD_EXTRAS))
         for what, function, arguments, keywords in (
             ("__init__", cls.__init__, (None, config), init_extras),
             ("record", cls.record, (None, None, None), record_extras),
@@ -56,7 +56,7 @@ def check_frontend_contracts(stat_loggers: list[type], endpoints: list[Any], con
 
 def check_backend_class(name: str, backend: type, origin: str) -> None:
     """An attention backend must implement forward (the selector calls this for each backend it builds)."""
-    from asyncengine.attention.backend import AttentionBackend
+    from asyncengine.interfaces.attention import AttentionBackend
 
     if backend.forward is AttentionBackend.forward:
         raise StartupError(f"attention backend {name!r} ({describe(backend)}, {origin}) defines no "
@@ -71,16 +71,15 @@ def check_worker_contracts(platform: Any, config: Any) -> None:
     option) chooses for a probe shape (head_dim 64, the platform's default dtype, the configured block
     size: the model's own shapes are asked again when it is built), and every out-of-tree custom op,
     against this platform. The probe calls the platform's get_attn_backend_cls; nothing else runs."""
-    from asyncengine.attention.registry import AttentionBackendRegistry
-    from asyncengine.attention.selector import _as_name
-    from asyncengine.platforms.interface import ask_attn_backend
+    from asyncengine.interfaces.attention import AttentionBackendRegistry
+    from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
 
     for name in AttentionBackendRegistry.keys():
         entry = AttentionBackendRegistry.get(name)
         if entry is not None and entry.owner != BUILT_IN:
             check_backend_class(name, AttentionBackendRegistry.backend_class(name), f"registered by {entry.owner}")
     chosen_by = "the attention_backend option" if config.attention_backend else f"platform {platform.device_name}"
-    answer = config.attention_backend or _as_name(ask_attn_backend(platform, 64, _probe_dtype(platform),
+    answer = config.attention_backend or attn_backend_name(ask_attn_backend(platform, 64, _probe_dtype(platform),
                                                                     config.block_size))
     if answer:
         try:

@@ -19,14 +19,15 @@ import anyio
 import msgspec
 
 from asyncengine.config.engine import EngineConfig
-from asyncengine.errors import ConfigError
+from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.interfaces.imports import import_by_path
 from asyncengine.plugin_runtime import groups as g
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
 from asyncengine.plugin_runtime.loader import NOT_LOADED, PluginLoader
 from asyncengine.plugin_runtime.manifest import Manifest, PluginInfo, build_manifest, check_manifest
 from asyncengine.plugin_runtime.records import StartupTrace
-from asyncengine.platforms.interface import Platform
+from asyncengine.interfaces.platform import Platform
 from asyncengine.platforms.resolution import resolve_platform
 from asyncengine.registries.base import describe, reads
 
@@ -173,15 +174,14 @@ async def _load_once(plugin: InstalledPlugin, phase: str, loader: PluginLoader, 
 
 def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: PluginLoader) -> None:
     """Check what a role-group plugin gave and keep it for the engine."""
-    from asyncengine.frontend.endpoints import EndpointPlugin
-    from asyncengine.frontend.io_processor import IOProcessor
-    from asyncengine.frontend.stat_loggers import StatLoggerBase
-    from asyncengine.models.registry import import_by_path
-    from asyncengine.worker.logits_processors import LogitsProcessor
+    from asyncengine.interfaces.endpoint import EndpointPlugin
+    from asyncengine.interfaces.io_processor import IOProcessor
+    from asyncengine.interfaces.logits import LogitsProcessor
+    from asyncengine.interfaces.stat_logger import StatLoggerBase
 
     group = plugin.group
     if group is g.IO_PROCESSOR:
-        cls = import_by_path(result, what=plugin.label) if isinstance(result, str) else result
+        cls = import_by_path(result, what=plugin.label, error=ModelLoadError) if isinstance(result, str) else result
         if _is_subclass(cls, IOProcessor):
             state.io_processors[plugin.name] = cls
             return
@@ -216,11 +216,10 @@ def _with_configured_logits_processors(from_entry_points: list[type], config: En
     in its order, each class once. The phase above checked every path already, so this only looks
     the classes up again (from the import cache)."""
     from asyncengine.plugin_runtime.config_hooks import load_hook
-    from asyncengine.worker.logits_processors import merge_processor_classes
 
     configured = [load_hook(f"logits_processors[{index}]", path)
                   for index, path in enumerate(config.logits_processors or ())]
-    return merge_processor_classes(from_entry_points, configured)
+    return list(dict.fromkeys([*from_entry_points, *configured]))  # in order, each class once
 
 
 def _is_subclass(value: Any, base: type) -> bool:

@@ -11,57 +11,16 @@ and both classes, found from the classes alone, so the frontend reports it befor
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from asyncengine.errors import ConfigError, WorkerError
+# The clash check is the config-hook check of worker_extension_cls (the frontend runs it before any worker exists).
+from asyncengine.plugin_runtime.config_hooks import class_path, extension_problem
 from asyncengine.registries.base import reads
 
 OPTION = "worker_extension_cls"
 _MISSING = object()
-
-
-def class_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def public_methods(cls: type) -> set[str]:
-    """The names collective_rpc could reach on instances of `cls`: public callables, inherited included."""
-    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))}
-
-
-def public_names(cls: type) -> set[str]:
-    """Every public name instances of `cls` have: class attributes, and instance attributes declared as
-    annotations in the class body (the Worker declares its own, so a clash with `rank` is found
-    without building a worker)."""
-    names = {name for name in dir(cls) if not name.startswith("_")}
-    for klass in cls.__mro__:
-        names.update(name for name in vars(klass).get("__annotations__", {}) if not name.startswith("_"))
-    return names
-
-
-def extension_problem(extension_cls: Any, worker_cls: type, *, worker_attributes: Any = ()) -> str | None:
-    """What is wrong with `extension_cls` as an extension of `worker_cls`, or None. The class alone
-    suffices (so every process, the frontend included, checks before any worker exists); a built
-    worker adds the names of the attributes it set on itself (`worker_attributes`)."""
-    if not isinstance(extension_cls, type):
-        return f"is {extension_cls!r}, not a class; name a class that takes the worker: Class(worker)"
-    worker_names = public_names(worker_cls) | {name for name in worker_attributes if not name.startswith("_")}
-    clashes = sorted(public_methods(extension_cls) & worker_names)
-    if clashes:
-        name = clashes[0]
-        return (f"defines public method {name!r}, which the worker class {class_path(worker_cls)} already has: "
-                f"collective_rpc({name!r}) finds the worker's first, so {class_path(extension_cls)}.{name} would "
-                f"never run; rename it in the extension"
-                + (f" (other clashing names: {', '.join(map(repr, clashes[1:]))})" if clashes[1:] else ""))
-    try:
-        inspect.signature(extension_cls).bind(object())
-    except TypeError as exc:
-        return f"cannot be built as {extension_cls.__qualname__}(worker): {exc}; its constructor takes the worker"
-    except ValueError:  # no signature to inspect (a class implemented in C): building it will tell
-        pass
-    return None
 
 
 @reads("hook:worker_extension_cls", "worker")
