@@ -11,7 +11,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, StartupError
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.sampling_params import SamplingParams
-from asyncengine.structured_output.spec import StructuredOutputsParams
+from asyncengine.structured_output_spec import StructuredOutputsParams
 
 __all__ = [
     "LLM",

@@ -87,7 +87,7 @@ from asyncengine.structured_output.registry import (  # read in: engine core, fr
     StructuredOutputBackendRegistry,
     register_structured_output_backend,
 )
-from asyncengine.structured_output.spec import GrammarSpec  # what a backend compiles
+from asyncengine.structured_output_spec import GrammarSpec  # what a backend compiles
 from asyncengine.worker.logits_processors import LogitsProcessor  # read in: worker (build), frontend (validate)
 from asyncengine.worker.logits_processors import (  # read in: worker (what update_state receives)
     AddedRequest,

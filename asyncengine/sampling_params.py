@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.errors import RequestError
-from asyncengine.structured_output.spec import StructuredOutputsParams
+from asyncengine.structured_output_spec import StructuredOutputsParams
 
 _GREEDY_EPSILON = 1e-5
 

@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.parallel_state",
             "asyncengine.outputs",
             "asyncengine.sampling_params",
+            "asyncengine.structured_output_spec",
         ),
     ),
     # The platform phase is the plugin runtime's first: the built-in platforms (cpu, cuda) are chosen among the

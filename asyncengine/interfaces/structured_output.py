@@ -17,7 +17,7 @@ from asyncengine.interfaces.registry import BUILT_IN, Registry
 if TYPE_CHECKING:
     import numpy as np
 
-# What a backend compiles: asyncengine.structured_output.spec.GrammarSpec (a request's resolved
+# What a backend compiles: asyncengine.structured_output_spec.GrammarSpec (a request's resolved
 # constraint: `kind`, `text`, `whitespace_pattern`, `backend`, `field`). Named, not imported: the spec
 # belongs to the request types, above the floor.
 GrammarSpec = Any

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from asyncengine.errors import RequestError
 from asyncengine.interfaces.structured_output import GrammarMatcher, StructuredOutputBackend
-from asyncengine.structured_output.spec import GrammarSpec
+from asyncengine.structured_output_spec import GrammarSpec
 
 
 class GrammarError(RequestError):

@@ -23,7 +23,7 @@ import numpy as np
 
 from asyncengine.structured_output.backend import GrammarError, GrammarMatcher, StructuredOutputBackend, bitmask_words
 from asyncengine.structured_output.registry import backend_class, configured_backend_name
-from asyncengine.structured_output.spec import GrammarSpec
+from asyncengine.structured_output_spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncengine.errors import RequestError
-from asyncengine.structured_output.spec import StructuredOutputsParams
+from asyncengine.structured_output_spec import StructuredOutputsParams
 
 _FIELDS = ("json", "regex", "choice", "grammar", "json_object", "whitespace_pattern", "backend")
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from asyncengine.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from asyncengine.structured_output.spec import GrammarSpec
+from asyncengine.structured_output_spec import GrammarSpec
 
 
 MAX_WHITESPACE = 12  # whitespace characters allowed between two JSON tokens

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from asyncengine.structured_output.spec import GrammarSpec
+from asyncengine.structured_output_spec import GrammarSpec
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
