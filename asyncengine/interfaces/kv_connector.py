@@ -1,4 +1,5 @@
-"""The KV connector interface, and the table of connectors (KVConnectorFactory): a scheduler side in the engine core, a worker side in every worker rank.
+"""The KV connector interface (a scheduler side in the engine core, a worker side in every worker rank),
+and the table of connectors (KVConnectorFactory).
 
 One class, built twice (as vLLM's v1 connectors are): once with role SCHEDULER in the engine core, once
 with role WORKER in each worker (a process per rank with `mp`, a thread of the engine core with `uni`).

@@ -82,6 +82,7 @@ READER_MODULES = (
     "asyncengine.frontend.tokenizer",
     "asyncengine.loader.model_loader",
     "asyncengine.interfaces.model_loader",
+    "asyncengine.interfaces.custom_op_registry",
     "asyncengine.models.layers.op_registry",
     "asyncengine.server.app",
     "asyncengine.attention.selector",

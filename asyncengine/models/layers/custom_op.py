@@ -1,99 +1,25 @@
-"""CustomOp: a layer whose forward is chosen per platform, and that a plugin can replace by name.
+"""CustomOp, the base of the in-tree ops and their out-of-tree replacements: in the floor,
+asyncengine.interfaces.torch_bases (its docstring gives vLLM's dispatch and registration rules);
+imported here for the name code and plugins have used.
 
-vLLM's names and semantics (EXTENSION_POINTS.md, R2):
-- `forward` dispatches to `forward_<device_type>` of the current platform ("cpu", "cuda", or an
-  out-of-tree platform's device type) when the class defines it; else, on an out-of-tree platform,
-  to `forward_oot` when defined; else to `forward_native`, the torch reference every op must have.
-  The choice is made at an instance's first call (the platform is resolved by then) and kept.
-- `@CustomOp.register("RMSNorm")` names an in-tree op class.
-- `@CustomOp.register_oot(name="RMSNorm")` (or `CustomOp.register_oot(MyRMSNorm, name="RMSNorm")`)
-  replaces it: building `RMSNorm(...)` then builds the out-of-tree class, with the same arguments.
-  Register it from a general plugin, so that the worker processes, which build the model, have it.
-
-The tables are in op_registry.py (torch-free, for the frontend's manifest); the in-tree ops' torch
-code runs through op providers there (`call_op`), of which `native` is the reference.
+This module gives CustomOp the platform phase's answer: which platform this process runs, and whether
+it is out of tree (not a built-in), which decides whether `forward_oot` is a candidate.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
-from asyncengine.models.layers.op_registry import oot_replacement, register_custom_op, register_oot_op
+from asyncengine.interfaces.torch_bases import CustomOp, install_platform_lookup
 from asyncengine.platforms.resolution import BUILT_IN as BUILT_IN_PLATFORMS
 from asyncengine.platforms.resolution import current_platform
-from asyncengine.registries.base import RegistrationError
 
 
-class CustomOp(nn.Module):
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # Only the registered in-tree class itself is replaced, not its subclasses (the replacement is
-        # usually one of them): the name is read from the class's own namespace.
-        name = cls.__dict__.get("_custom_op_name")
-        replacement = oot_replacement(name) if name is not None else None
-        if replacement is None or replacement is cls:
-            return super().__new__(cls)
-        if isinstance(replacement, type) and issubclass(replacement, cls):
-            return super().__new__(replacement)  # Python then runs replacement.__init__(*args, **kwargs)
-        return replacement(*args, **kwargs)  # not a subclass: built whole here, and cls.__init__ is skipped
+def _current_platform() -> tuple[Any, bool]:
+    platform = current_platform()
+    return platform, platform not in BUILT_IN_PLATFORMS.values()
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        name = self.__dict__.get("_forward_name")
-        if name is None:
-            name = self._forward_name = self.dispatch_forward()
-        return getattr(self, name)(*args, **kwargs)
 
-    def dispatch_forward(self) -> str:
-        """The name of the method `forward` runs on the current platform."""
-        platform = current_platform()
-        candidates = [f"forward_{platform.device_type}"]
-        if platform not in BUILT_IN_PLATFORMS.values():
-            candidates.append("forward_oot")
-        for candidate in candidates:
-            if callable(getattr(type(self), candidate, None)):
-                return candidate
-        return "forward_native"
+install_platform_lookup(_current_platform)
 
-    def forward_native(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__qualname__} defines no forward_native (the torch reference)")
-
-    def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
-        """An out-of-tree platform's path; by default the torch reference, so that a replacement may
-        call `super().forward_oot(...)` as vLLM's do."""
-        return self.forward_native(*args, **kwargs)
-
-    @classmethod
-    def register(cls, name: str):
-        """Class decorator: an in-tree op named `name` (which `register_oot` can then replace)."""
-
-        def decorate(op_class: type) -> type:
-            if not (isinstance(op_class, type) and issubclass(op_class, CustomOp)):
-                raise RegistrationError(f"CustomOp.register({name!r}) decorates a CustomOp subclass, got {op_class!r}")
-            if op_class.forward_native is CustomOp.forward_native:
-                raise RegistrationError(f"custom op {name!r} ({op_class.__qualname__}) must define forward_native, "
-                                        "the torch reference every op has")
-            register_custom_op(name, op_class)
-            op_class._custom_op_name = name
-            return op_class
-
-        return decorate
-
-    @classmethod
-    def register_oot(cls, op_class: type | str | None = None, *, name: str | None = None, override: bool = False):
-        """Replace the in-tree op `name` by `op_class`; usable as a decorator. The default name is the op's
-        it is called on (`@RotaryEmbedding.register_oot`, vLLM's form), else the class's own name;
-        `CustomOp.register_oot("RMSNorm")` names it positionally.
-
-        A name that matches no in-tree op is a RegistrationError listing the op names. Registering the
-        same class twice is a no-op; another class for a name already replaced needs `override=True`.
-        """
-        if isinstance(op_class, str):  # the positional-string form: a decorator for that name
-            op_class, name = None, op_class
-        in_tree_name = cls.__dict__.get("_custom_op_name")  # called on an in-tree op class itself
-
-        def decorate(op_class: type) -> type:
-            register_oot_op(name or in_tree_name or getattr(op_class, "__name__", ""), op_class, override=override)
-            return op_class
-
-        return decorate if op_class is None else decorate(op_class)
+__all__ = ["CustomOp"]

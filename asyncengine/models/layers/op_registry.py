@@ -2,13 +2,14 @@
 and op providers (several implementations of one op, chosen per call).
 
 Torch-free on purpose: the frontend builds its manifest from these registries, and a general plugin
-registers into them there too, without the frontend importing torch for it. The `CustomOp` class
-itself is in custom_op.py; the in-tree ops (norm.py, rotary.py, activation.py) use both. The
+registers into them there too, without the frontend importing torch for it. The tables and their
+custom-op half live in the floor (asyncengine.interfaces.custom_op_registry), the `CustomOp` class
+in interfaces/torch_bases.py; the in-tree ops (norm.py, rotary.py, activation.py) use both. The
 sampler's draw is op "sample" (asyncengine/worker/sample_op.py): providers only, no class.
 
 Two registries, read in the worker (the manifest check compares them there):
 - `custom_ops`: in-tree op name -> class ("RMSNorm"), and `oot:<name>` -> the out-of-tree class that
-  replaces it (`CustomOp.register_oot`). The built-in names are registered here as lazy paths, so
+  replaces it (`CustomOp.register_oot`). The built-in names are registered there as lazy paths, so
   every process knows them (and can refuse an unknown name) before any model module is imported.
 - `op_providers`: `<op>/<provider>` -> function ("rms_norm/native"). Which provider runs is decided
   per call: the providers in priority order, the first whose `supported(*args)` says yes (or that
@@ -25,20 +26,23 @@ from typing import Any
 
 from asyncengine.errors import AsyncEngineError, ConfigError
 from asyncengine.models.registry import import_by_path
-from asyncengine.registries.base import BUILT_IN, Registry, RegistrationError, describe, reads
 
-CustomOpRegistry = Registry("custom_ops", "custom op")
-OpProviderRegistry = Registry("op_providers", "op provider")
+# The tables and the custom-op (class) half are in the floor, asyncengine.interfaces.custom_op_registry;
+# imported here for the names code and plugins have used.
+from asyncengine.interfaces.custom_op_registry import (
+    OOT_PREFIX,
+    CustomOpRegistry,
+    OpProviderRegistry,
+    in_tree_op_names,
+    oot_replacement,
+    register_custom_op,
+    register_oot_op,
+)
+from asyncengine.interfaces.registry import BUILT_IN, RegistrationError, describe, reads
 
-OOT_PREFIX = "oot:"
 NATIVE = "native"
 
-# In-tree ops and their torch implementations (provider "native"), by path: importing them needs torch.
-_IN_TREE_OPS = {
-    "RMSNorm": "asyncengine.models.layers.norm:RMSNorm",
-    "RotaryEmbedding": "asyncengine.models.layers.rotary:RotaryEmbedding",
-    "SiluAndMul": "asyncengine.models.layers.activation:SiluAndMul",
-}
+# The in-tree ops' torch implementations (provider "native"), by path: importing them needs torch.
 _NATIVE_PROVIDERS = {
     "rms_norm": "asyncengine.models.layers.norm:rms_norm_native",
     "rotary": "asyncengine.models.layers.rotary:rotary_native",
@@ -97,45 +101,6 @@ _TRITON_SUPPORTED: dict[str, Callable[..., bool]] = {"sample": sample_on_cuda}
 
 class NoOpProvider(AsyncEngineError):
     """No provider of an op accepts the arguments of a call (only possible for an op without `native`)."""
-
-
-# -- custom ops (classes) ---------------------------------------------------------------------------------
-
-
-def in_tree_op_names() -> list[str]:
-    return [key for key in CustomOpRegistry.keys() if not key.startswith(OOT_PREFIX)]
-
-
-def register_custom_op(name: str, op_class: Any) -> None:
-    """Register an in-tree op class under `name` (what `@CustomOp.register(name)` does)."""
-    if not isinstance(name, str) or not name or name.startswith(OOT_PREFIX):
-        raise RegistrationError(f"a custom op needs a name (a non-empty string, not starting with "
-                                f"{OOT_PREFIX!r}), got {name!r}")
-    CustomOpRegistry.register(name, op_class)
-
-
-def register_oot_op(name: str, op_class: Any, *, override: bool = False) -> None:
-    """Make building the in-tree op `name` build `op_class` instead (what `CustomOp.register_oot` does)."""
-    if not isinstance(op_class, (type, str)):
-        raise RegistrationError(f"CustomOp.register_oot takes a class (or 'pkg.mod:Class'), got {op_class!r}")
-    known = in_tree_op_names()
-    if name not in known:
-        raise RegistrationError(
-            f"CustomOp.register_oot: {name!r} is not an in-tree custom op, so there is nothing to replace; "
-            f"the op names are: {', '.join(known)}"
-        )
-    CustomOpRegistry.register(OOT_PREFIX + name, op_class, override=override)
-
-
-@reads("custom_ops", "worker")
-def oot_replacement(name: str) -> type | None:
-    """The out-of-tree class registered for the in-tree op `name`, if any (looked up per construction)."""
-    entry = CustomOpRegistry.get(OOT_PREFIX + name)
-    if entry is None:
-        return None
-    if isinstance(entry.implementation, str):
-        return import_by_path(entry.implementation, what=f"out-of-tree custom op {name!r}")
-    return entry.implementation
 
 
 # -- op providers (functions) -----------------------------------------------------------------------------
@@ -309,8 +274,6 @@ def _choices() -> list[tuple[str, str]]:
     return choices
 
 
-for _name, _path in _IN_TREE_OPS.items():
-    CustomOpRegistry.register(_name, _path, owner=BUILT_IN)
 for _op, _path in _NATIVE_PROVIDERS.items():
     _register_provider(_op, NATIVE, _path, _Options(None, 0), owner=BUILT_IN)
 for _op, _path in _TRITON_PROVIDERS.items():

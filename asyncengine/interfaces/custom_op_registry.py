@@ -1,0 +1,76 @@
+"""The custom-op tables (EXTENSION_POINTS.md, R2): in-tree op classes and their out-of-tree
+replacements (`custom_ops`), and the op providers (`op_providers`, several implementations of one op).
+
+Torch-free: the frontend builds its manifest from these registries, and a general plugin registers into
+them there too. The CustomOp class is in interfaces/torch_bases.py; the providers' per-call choice
+(priorities, `supported` predicates, `call_op`) is in asyncengine/models/layers/op_registry.py, which
+registers the built-in providers.
+
+`custom_ops` holds in-tree op name -> class ("RMSNorm"), and `oot:<name>` -> the out-of-tree class that
+replaces it (`CustomOp.register_oot`). The built-in names are registered here as lazy paths, so every
+process knows them (and can refuse an unknown name) before any model module is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncengine.errors import ModelLoadError
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, reads
+
+CustomOpRegistry = Registry("custom_ops", "custom op")
+OpProviderRegistry = Registry("op_providers", "op provider")
+
+OOT_PREFIX = "oot:"
+
+# The in-tree ops, by path: importing them needs torch.
+IN_TREE_OPS = {
+    "RMSNorm": "asyncengine.models.layers.norm:RMSNorm",
+    "RotaryEmbedding": "asyncengine.models.layers.rotary:RotaryEmbedding",
+    "SiluAndMul": "asyncengine.models.layers.activation:SiluAndMul",
+}
+
+
+def in_tree_op_names() -> list[str]:
+    return [key for key in CustomOpRegistry.keys() if not key.startswith(OOT_PREFIX)]
+
+
+def register_custom_op(name: str, op_class: Any) -> None:
+    """Register an in-tree op class under `name` (what `@CustomOp.register(name)` does)."""
+    if not isinstance(name, str) or not name or name.startswith(OOT_PREFIX):
+        raise RegistrationError(f"a custom op needs a name (a non-empty string, not starting with "
+                                f"{OOT_PREFIX!r}), got {name!r}")
+    CustomOpRegistry.register(name, op_class)
+
+
+def register_oot_op(name: str, op_class: Any, *, override: bool = False) -> None:
+    """Make building the in-tree op `name` build `op_class` instead (what `CustomOp.register_oot` does)."""
+    if not isinstance(op_class, (type, str)):
+        raise RegistrationError(f"CustomOp.register_oot takes a class (or 'pkg.mod:Class'), got {op_class!r}")
+    known = in_tree_op_names()
+    if name not in known:
+        raise RegistrationError(
+            f"CustomOp.register_oot: {name!r} is not an in-tree custom op, so there is nothing to replace; "
+            f"the op names are: {', '.join(known)}"
+        )
+    CustomOpRegistry.register(OOT_PREFIX + name, op_class, override=override)
+
+
+@reads("custom_ops", "worker")
+def oot_replacement(name: str) -> type | None:
+    """The out-of-tree class registered for the in-tree op `name`, if any (looked up per construction)."""
+    entry = CustomOpRegistry.get(OOT_PREFIX + name)
+    if entry is None:
+        return None
+    if isinstance(entry.implementation, str):
+        return import_by_path(entry.implementation, what=f"out-of-tree custom op {name!r}", error=ModelLoadError)
+    return entry.implementation
+
+
+for _name, _path in IN_TREE_OPS.items():
+    CustomOpRegistry.register(_name, _path, owner=BUILT_IN)
+
+
+__all__ = ["IN_TREE_OPS", "OOT_PREFIX", "CustomOpRegistry", "OpProviderRegistry", "in_tree_op_names",
+           "oot_replacement", "register_custom_op", "register_oot_op"]

@@ -1,0 +1,116 @@
+"""CustomOp: a layer whose forward is chosen per platform, and that a plugin can replace by name. The
+one module of the floor that imports torch (CustomOp is an nn.Module); imported only by who asks for it.
+
+vLLM's names and semantics (EXTENSION_POINTS.md, R2):
+- `forward` dispatches to `forward_<device_type>` of the current platform ("cpu", "cuda", or an
+  out-of-tree platform's device type) when the class defines it; else, on an out-of-tree platform,
+  to `forward_oot` when defined; else to `forward_native`, the torch reference every op must have.
+  The choice is made at an instance's first call (the platform is resolved by then) and kept.
+- `@CustomOp.register("RMSNorm")` names an in-tree op class.
+- `@CustomOp.register_oot(name="RMSNorm")` (or `CustomOp.register_oot(MyRMSNorm, name="RMSNorm")`)
+  replaces it: building `RMSNorm(...)` then builds the out-of-tree class, with the same arguments.
+  Register it from a general plugin, so that the worker processes, which build the model, have it.
+
+The tables are in interfaces/custom_op_registry.py (torch-free, for the frontend's manifest); the
+in-tree ops' torch code runs through op providers (asyncengine/models/layers/op_registry.py, `call_op`), of which
+`native` is the reference. Which platform this process runs is the platform phase's answer, above the
+floor: asyncengine/models/layers/custom_op.py installs the lookup (`install_platform_lookup`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from asyncengine.interfaces.custom_op_registry import oot_replacement, register_custom_op, register_oot_op
+from asyncengine.interfaces.registry import RegistrationError
+
+# () -> (the current platform, whether it is out of tree): installed by the layer that resolves platforms.
+_platform_lookup: Callable[[], tuple[Any, bool]] | None = None
+
+
+def install_platform_lookup(lookup: Callable[[], tuple[Any, bool]]) -> None:
+    """How CustomOp learns the current platform (and whether it is a built-in one) at an op's first call."""
+    global _platform_lookup
+    _platform_lookup = lookup
+
+
+class CustomOp(nn.Module):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Only the registered in-tree class itself is replaced, not its subclasses (the replacement is
+        # usually one of them): the name is read from the class's own namespace.
+        name = cls.__dict__.get("_custom_op_name")
+        replacement = oot_replacement(name) if name is not None else None
+        if replacement is None or replacement is cls:
+            return super().__new__(cls)
+        if isinstance(replacement, type) and issubclass(replacement, cls):
+            return super().__new__(replacement)  # Python then runs replacement.__init__(*args, **kwargs)
+        return replacement(*args, **kwargs)  # not a subclass: built whole here, and cls.__init__ is skipped
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        name = self.__dict__.get("_forward_name")
+        if name is None:
+            name = self._forward_name = self.dispatch_forward()
+        return getattr(self, name)(*args, **kwargs)
+
+    def dispatch_forward(self) -> str:
+        """The name of the method `forward` runs on the current platform."""
+        if _platform_lookup is None:
+            raise RuntimeError("CustomOp cannot dispatch: no platform lookup is installed; importing "
+                               "asyncengine.models.layers.custom_op installs the platform phase's answer")
+        platform, out_of_tree = _platform_lookup()
+        candidates = [f"forward_{platform.device_type}"]
+        if out_of_tree:
+            candidates.append("forward_oot")
+        for candidate in candidates:
+            if callable(getattr(type(self), candidate, None)):
+                return candidate
+        return "forward_native"
+
+    def forward_native(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__} defines no forward_native (the torch reference)")
+
+    def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
+        """An out-of-tree platform's path; by default the torch reference, so that a replacement may
+        call `super().forward_oot(...)` as vLLM's do."""
+        return self.forward_native(*args, **kwargs)
+
+    @classmethod
+    def register(cls, name: str):
+        """Class decorator: an in-tree op named `name` (which `register_oot` can then replace)."""
+
+        def decorate(op_class: type) -> type:
+            if not (isinstance(op_class, type) and issubclass(op_class, CustomOp)):
+                raise RegistrationError(f"CustomOp.register({name!r}) decorates a CustomOp subclass, got {op_class!r}")
+            if op_class.forward_native is CustomOp.forward_native:
+                raise RegistrationError(f"custom op {name!r} ({op_class.__qualname__}) must define forward_native, "
+                                        "the torch reference every op has")
+            register_custom_op(name, op_class)
+            op_class._custom_op_name = name
+            return op_class
+
+        return decorate
+
+    @classmethod
+    def register_oot(cls, op_class: type | str | None = None, *, name: str | None = None, override: bool = False):
+        """Replace the in-tree op `name` by `op_class`; usable as a decorator. The default name is the op's
+        it is called on (`@RotaryEmbedding.register_oot`, vLLM's form), else the class's own name;
+        `CustomOp.register_oot("RMSNorm")` names it positionally.
+
+        A name that matches no in-tree op is a RegistrationError listing the op names. Registering the
+        same class twice is a no-op; another class for a name already replaced needs `override=True`.
+        """
+        if isinstance(op_class, str):  # the positional-string form: a decorator for that name
+            op_class, name = None, op_class
+        in_tree_name = cls.__dict__.get("_custom_op_name")  # called on an in-tree op class itself
+
+        def decorate(op_class: type) -> type:
+            register_oot_op(name or in_tree_name or getattr(op_class, "__name__", ""), op_class, override=override)
+            return op_class
+
+        return decorate if op_class is None else decorate(op_class)
+
+
+__all__ = ["CustomOp", "install_platform_lookup"]
