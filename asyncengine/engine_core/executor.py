@@ -136,8 +136,9 @@ class _StepReply(Reply):
         try:
             return await self._inner.wait()
         except Exception as exc:  # a step failed: the engine is dead, and says why
-            self._executor._die(_describe_exception(self._executor.where, exc))
-            raise self._executor.failure from exc
+            error = _describe_exception(self._executor.where, exc)
+            self._executor._die(error)
+            raise (self._executor.failure or error) from exc  # the first failure recorded
 
 
 class MultiprocExecutor(Executor):
@@ -185,8 +186,7 @@ class MultiprocExecutor(Executor):
                 if isinstance(message, StepResult):
                     reply = self._pending_steps[rank].popleft()
                     if message.error is not None:
-                        self._fail_all(EngineDeadError(f"{self._rank_name(rank)} failed: {message.error}"))
-                        reply.fail(self.failure)
+                        reply.fail(self._fail_all(EngineDeadError(f"{self._rank_name(rank)} failed: {message.error}")))
                     else:
                         reply.set(message.output)
                 elif isinstance(message, WorkerCallResult):
@@ -206,22 +206,27 @@ class MultiprocExecutor(Executor):
         await self._workers.processes[rank].wait()
         await self._lost(rank)
 
-    async def _lost(self, rank: int) -> None:
+    async def _lost(self, rank: int) -> EngineDeadError:
+        """Rank `rank`'s connection or process is gone: the engine is dead (unless it is being shut down);
+        what it died of."""
         if self._stopping:
-            return
+            return self.failure or EngineDeadError("the engine was shut down")
         process = self._workers.processes[rank]
         with anyio.move_on_after(2.0):  # the connection usually closes a moment before the exit is seen
             await process.wait()
-        self._fail_all(EngineDeadError(f"{self._rank_name(rank)} {describe_exit(process.returncode)}"))
+        return self._fail_all(EngineDeadError(f"{self._rank_name(rank)} {describe_exit(process.returncode)}"))
 
-    def _fail_all(self, error: EngineDeadError) -> None:
+    def _fail_all(self, error: EngineDeadError) -> EngineDeadError:
+        """Record `error` (unless a failure came first) and fail every reply owed with the recorded one."""
         self._die(error)
+        failure = self.failure or error
         for pending in self._pending_steps:
             while pending:
-                pending.popleft().fail(self.failure)
+                pending.popleft().fail(failure)
         for replies in self._pending_calls.values():
             for reply in replies:
-                reply.fail(self.failure)
+                reply.fail(failure)
+        return failure
 
     async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
         replies = [Reply() for _ in range(self.world_size)]
@@ -255,8 +260,7 @@ class MultiprocExecutor(Executor):
         try:
             await frames.send(message)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await self._lost(rank)
-            raise self.failure from None
+            raise await self._lost(rank) from None
 
     async def shutdown(self) -> None:
         if self._stopping:

@@ -22,7 +22,7 @@ class WorkerBase:
     # The public attributes, declared so that the worker-extension clash check sees them from the class
     # alone, before any worker exists.
     engine_config: EngineConfig
-    model_config: ModelConfig | None
+    model_config: ModelConfig
     platform: type[Platform]
     rank: int
     world_size: int

@@ -34,7 +34,7 @@ class Worker(WorkerBase):
     # The public attributes, declared so that the worker-extension clash check (worker/extension.py)
     # sees them from the class alone, before any worker exists.
     engine_config: EngineConfig
-    model_config: ModelConfig | None
+    model_config: ModelConfig
     platform: type[Platform]
     rank: int
     world_size: int
@@ -46,7 +46,7 @@ class Worker(WorkerBase):
     def __init__(
         self,
         engine_config: EngineConfig,
-        model_config: ModelConfig | None,
+        model_config: ModelConfig,
         platform: type[Platform],
         *,
         rank: int = 0,
@@ -117,14 +117,14 @@ class Worker(WorkerBase):
             "pid": os.getpid(),
             "device": str(self.device),
             "platform": self.platform.device_name,
-            "architecture": self.model_config.architectures[0] if self.model_config else None,
+            "architecture": self.model_config.architectures[0],
             "model_class": f"{type(model).__module__}:{type(model).__qualname__}" if model else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
         }
 
 
 @reads("hook:worker_cls", "worker")
-def build_worker(engine_config: EngineConfig, model_config: ModelConfig | None, platform: type[Platform],
+def build_worker(engine_config: EngineConfig, model_config: ModelConfig, platform: type[Platform],
                  **kwargs: Any) -> Worker:
     """The worker of this rank: the class `worker_cls` names, built with Worker's arguments. The
     config-hooks phase of this process checked that it is a Worker subclass ("auto", which a platform
