@@ -1,5 +1,9 @@
 """Everything a plugin may import from asyncengine: the extension interfaces and register functions.
 
+The interfaces and registry tables live in the floor, asyncengine.interfaces (imported here from there:
+the same objects); the built-in implementations to subclass and the register functions come from the
+modules that own them. This module stays the documented face.
+
 Plugins import only this module (first-party ones under plugins/ included). Names follow vLLM's, so a
 vLLM plugin ports by renaming imports. Each entry says which process reads it: a registry filled in
 one process is invisible to the others, so register from a general plugin (entry-point group
@@ -9,51 +13,47 @@ the frontend has and a child lacks.
 
 from __future__ import annotations
 
-from asyncengine.attention.backend import AttentionBackend  # read in: worker (one instance per attention layer)
-from asyncengine.attention.registry import (  # read in: worker (the platform or `attention_backend` names one)
+from asyncengine.interfaces.attention import AttentionBackend  # read in: worker (one instance per attention layer)
+from asyncengine.interfaces.attention import (  # read in: worker (the platform or `attention_backend` names one)
     AttentionBackendRegistry,
-    register_attention_backend,
 )
-from asyncengine.engine_core.executor import (  # read in: engine core (`distributed_executor_backend=pkg.mod:Class`)
-    Executor,
-    MultiprocExecutor,
-    UniExecutor,
-)
+from asyncengine.attention.registry import register_attention_backend
+from asyncengine.interfaces.executor import Executor  # read in: engine core (distributed_executor_backend=mod:Class)
+from asyncengine.engine_core.executor import MultiprocExecutor, UniExecutor  # the built-ins, to subclass
 from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core (`--scheduler-cls` subclasses it)
 from asyncengine.errors import RequestError  # raise it to refuse a request (LogitsProcessor.validate_params)
 from asyncengine.errors import ConfigError  # raise it to refuse an option (check_and_update_config, validators)
-from asyncengine.frontend.endpoints import EndpointPlugin  # read in: frontend (opt-in)
-from asyncengine.frontend.io_processor import IOProcessor  # read in: frontend (`--io-processor-plugin NAME`)
+from asyncengine.interfaces.endpoint import EndpointPlugin  # read in: frontend (opt-in)
+from asyncengine.interfaces.io_processor import IOProcessor  # read in: frontend (`--io-processor-plugin NAME`)
 from asyncengine.outputs import CompletionOutput, RequestOutput  # what IOProcessor.post_process receives
 from asyncengine.server.protocol import IOProcessRequest  # read in: frontend (what IOProcessor.pre_process receives)
-from asyncengine.frontend.stat_loggers import StatLoggerBase  # read in: frontend
+from asyncengine.interfaces.stat_logger import StatLoggerBase  # read in: frontend
 from asyncengine.frontend.tokenizer import TokenizerRegistry  # read in: frontend (chosen by --tokenizer-mode)
-from asyncengine.kv_transfer.base import (  # the KV connector interface: scheduler side in the engine core,
+from asyncengine.interfaces.kv_connector import (  # the KV connector interface: scheduler side in the engine core,
     KVConnectorBase,  # worker side in each worker rank (docs/kv_connectors.md)
     KVConnectorContext,
     KVConnectorMetadata,
     KVConnectorRequest,
     KVConnectorRole,
 )
-from asyncengine.kv_transfer.config import KVTransferConfig  # kv_transfer_config, checked (every process)
-from asyncengine.kv_transfer.factory import KVConnectorFactory  # read in: engine core, worker (R6; C6 wins)
+from asyncengine.config.kv_transfer import KVTransferConfig  # kv_transfer_config, checked (every process)
+from asyncengine.interfaces.kv_connector import KVConnectorFactory  # read in: engine core, worker (R6; C6 wins)
 from asyncengine.kv_transfer.local_disk import LocalDiskConnector  # the built-in connector, to subclass or wrap
-from asyncengine.loader.registry import (  # read in: worker (build), frontend (checks --load-format)
+from asyncengine.interfaces.model_loader import (  # read in: worker (build), frontend (checks --load-format)
     BaseModelLoader,
     LoadConfig,
     ModelLoaderRegistry,
-    SafetensorsLoader,
-    register_model_loader,
 )
+from asyncengine.loader.registry import SafetensorsLoader, register_model_loader
 from asyncengine.models.layers.op_registry import register_op_impl  # read in: worker (op providers, per call)
-from asyncengine.models.layers.quantization import (  # read in: worker (build), frontend (checks the name)
+from asyncengine.interfaces.quantization import (  # read in: worker (build), frontend (checks the name)
     LinearMethod,
     QuantizationConfig,
     QuantizationRegistry,
-    register_quantization_config,
 )
-from asyncengine.models.registry import ModelRegistry  # read in: frontend (validate), worker (build)
-from asyncengine.platforms.interface import Platform, PlatformEnum  # read in: every process
+from asyncengine.models.layers.quantization import register_quantization_config
+from asyncengine.interfaces.models import ModelRegistry  # read in: frontend (validate), worker (build)
+from asyncengine.interfaces.platform import Platform, PlatformEnum  # read in: every process
 from asyncengine.platforms.cpu import CpuPlatform  # the built-in platforms, to subclass (vLLM's plugins do)
 from asyncengine.platforms.cuda import CudaPlatform
 from asyncengine.config.engine import EngineConfig  # what check_and_update_config receives
@@ -65,7 +65,7 @@ from asyncengine.plugin_runtime.additional_config import (  # read in: frontend 
 from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
 from asyncengine.platforms.resolution import requested_device  # every process: a platform detector reads it
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
-from asyncengine.registries.base import Registry, RegistrationError  # the registry type itself
+from asyncengine.interfaces.registry import Registry, RegistrationError  # the registry type itself
 from asyncengine.server.parsers import (  # read in: frontend (the chat completions route)
     DeltaFunctionCall,
     DeltaMessage,
@@ -79,17 +79,17 @@ from asyncengine.server.parsers import (  # read in: frontend (the chat completi
     ToolParserManager,
     new_tool_call_id,
 )
-from asyncengine.structured_output.backend import (  # read in: engine core (compiles, masks), frontend (validate)
+from asyncengine.interfaces.structured_output import (  # read in: engine core (compiles, masks), frontend (validate)
     GrammarMatcher,
     StructuredOutputBackend,
 )
-from asyncengine.structured_output.registry import (  # read in: engine core, frontend (R10)
+from asyncengine.interfaces.structured_output import (  # read in: engine core, frontend (R10)
     StructuredOutputBackendRegistry,
-    register_structured_output_backend,
 )
+from asyncengine.structured_output.registry import register_structured_output_backend
 from asyncengine.structured_output_spec import GrammarSpec  # what a backend compiles
-from asyncengine.worker.logits_processors import LogitsProcessor  # read in: worker (build), frontend (validate)
-from asyncengine.worker.logits_processors import (  # read in: worker (what update_state receives)
+from asyncengine.interfaces.logits import LogitsProcessor  # read in: worker (build), frontend (validate)
+from asyncengine.interfaces.logits import (  # read in: worker (what update_state receives)
     AddedRequest,
     BatchUpdate,
     MoveDirectionality,
@@ -105,7 +105,8 @@ def __getattr__(name: str):
     # CustomOp (read in: worker; `CustomOp.register_oot` replaces an in-tree op by name) is an nn.Module:
     # imported when asked for, so that importing this module does not import torch.
     if name == "CustomOp":
-        from asyncengine.models.layers.custom_op import CustomOp
+        from asyncengine.models.layers.custom_op import CustomOp  # the floor's (interfaces.torch_bases), with the
+        # platform lookup installed
 
         return CustomOp
     # The in-tree custom ops (read in: worker), to subclass and replace with `@RotaryEmbedding.register_oot`.

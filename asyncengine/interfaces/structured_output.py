@@ -13,14 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncengine.interfaces.registry import BUILT_IN, Registry
+from asyncengine.structured_output_spec import GrammarSpec  # what a backend compiles (request data, floor)
 
 if TYPE_CHECKING:
     import numpy as np
-
-# What a backend compiles: asyncengine.structured_output_spec.GrammarSpec (a request's resolved
-# constraint: `kind`, `text`, `whitespace_pattern`, `backend`, `field`). Named, not imported: the spec
-# belongs to the request types, above the floor.
-GrammarSpec = Any
 
 
 class GrammarMatcher:
