@@ -3,9 +3,9 @@ the role names.
 
 Everything above it (the plugin runtime, the roles' code, the server and the CLI) imports these from here;
 this package imports only asyncengine.config, asyncengine.errors and the floor's request types, and no
-torch: the one torch-based module, interfaces.torch_bases (CustomOp), is imported when asked for
-(`asyncengine.interfaces.CustomOp` does). Plugins keep importing from asyncengine.plugins_api, the public
-face, which re-exports what is here.
+torch: the one torch-based module, interfaces.torch_bases (CustomOp), is imported when asked for.
+Every name below is importable from the package (`from asyncengine.interfaces import Platform`).
+Plugins keep importing from asyncengine.plugins_api, the public face, which re-exports what is here.
 
 One module per concern, each with its table where it has one:
 
@@ -24,46 +24,44 @@ One module per concern, each with its table where it has one:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from asyncengine.interfaces.attention import AttentionBackend, AttentionBackendRegistry
-from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
-from asyncengine.interfaces.endpoint import EndpointPlugin
-from asyncengine.interfaces.executor import Executor
-from asyncengine.interfaces.imports import ClassPathImportError, import_by_path
-from asyncengine.interfaces.io_processor import IOProcessor
-from asyncengine.interfaces.kv_connector import (
-    KVConnectorBase,
-    KVConnectorContext,
-    KVConnectorFactory,
-    KVConnectorMetadata,
-    KVConnectorRequest,
-    KVConnectorRole,
-)
-from asyncengine.interfaces.logits import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirectionality, MovedRequest
-from asyncengine.interfaces.model_loader import BaseModelLoader, LoadConfig, ModelLoaderRegistry
-from asyncengine.interfaces.models import ModelRegistry
-from asyncengine.interfaces.platform import Platform, PlatformEnum
-from asyncengine.interfaces.quantization import LinearMethod, QuantizationConfig, QuantizationRegistry
-from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, reads
-from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, ROLES, WORKER
-from asyncengine.interfaces.stat_logger import StatLoggerBase
-from asyncengine.interfaces.structured_output import (
-    GrammarMatcher,
-    StructuredOutputBackend,
-    StructuredOutputBackendRegistry,
-)
-from asyncengine.interfaces.tables import all_registries
-from asyncengine.interfaces.worker import WorkerBase
+# Name -> the submodule that defines it. Imported when first asked for (PEP 562), not with the package:
+# asyncengine.config imports asyncengine.interfaces.registry, which runs this file first, and the
+# submodules import asyncengine.config back; the package itself stays empty until a name is read.
+_WHERE = {
+    "AttentionBackend": "attention", "AttentionBackendRegistry": "attention",
+    "CustomOpRegistry": "custom_op_registry", "OpProviderRegistry": "custom_op_registry",
+    "EndpointPlugin": "endpoint",
+    "Executor": "executor",
+    "ClassPathImportError": "imports", "import_by_path": "imports",
+    "IOProcessor": "io_processor",
+    "KVConnectorBase": "kv_connector", "KVConnectorContext": "kv_connector", "KVConnectorFactory": "kv_connector",
+    "KVConnectorMetadata": "kv_connector", "KVConnectorRequest": "kv_connector", "KVConnectorRole": "kv_connector",
+    "AddedRequest": "logits", "BatchUpdate": "logits", "LogitsProcessor": "logits", "MoveDirectionality": "logits",
+    "MovedRequest": "logits",
+    "BaseModelLoader": "model_loader", "LoadConfig": "model_loader", "ModelLoaderRegistry": "model_loader",
+    "ModelRegistry": "models",
+    "Platform": "platform", "PlatformEnum": "platform",
+    "LinearMethod": "quantization", "QuantizationConfig": "quantization", "QuantizationRegistry": "quantization",
+    "BUILT_IN": "registry", "Registry": "registry", "RegistrationError": "registry", "reads": "registry",
+    "ENGINE_CORE": "roles", "FRONTEND": "roles", "ROLES": "roles", "WORKER": "roles",
+    "StatLoggerBase": "stat_logger",
+    "GrammarMatcher": "structured_output", "StructuredOutputBackend": "structured_output",
+    "StructuredOutputBackendRegistry": "structured_output",
+    "all_registries": "tables",
+    "WorkerBase": "worker",
+    # An nn.Module: the one name whose module imports torch.
+    "CustomOp": "torch_bases",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # CustomOp is an nn.Module: imported when asked for, so that importing the floor does not import torch.
-    if name == "CustomOp":
-        from asyncengine.interfaces.torch_bases import CustomOp
-
-        return CustomOp
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 __all__ = [
