@@ -99,12 +99,12 @@ def _probe_dtype(platform: Any) -> Any:
 
 @reads("custom_ops", "worker")
 def _check_custom_ops(platform: Any) -> None:
-    from asyncengine.models.layers.op_registry import OOT_PREFIX, CustomOpRegistry, oot_replacement
+    from asyncengine.interfaces.custom_op_registry import OOT_PREFIX, CustomOpRegistry, oot_replacement
 
     replaced = [key[len(OOT_PREFIX):] for key in CustomOpRegistry.keys() if key.startswith(OOT_PREFIX)]
     if not replaced:
         return  # no out-of-tree op: nothing to check, and no reason to import torch here
-    from asyncengine.models.layers.custom_op import CustomOp
+    from asyncengine.interfaces.torch_bases import CustomOp
     from asyncengine.platforms.resolution import BUILT_IN as BUILT_IN_PLATFORMS
 
     for name in replaced:
@@ -124,7 +124,7 @@ def _check_custom_ops(platform: Any) -> None:
 def _dispatched(op_class: type, platform: Any, out_of_tree: bool) -> Any:
     """The function CustomOp.forward would run for `op_class` (through the base's forward_oot, which runs
     forward_native)."""
-    from asyncengine.models.layers.custom_op import CustomOp
+    from asyncengine.interfaces.torch_bases import CustomOp
 
     for candidate in [f"forward_{platform.device_type}"] + (["forward_oot"] if out_of_tree else []):
         method = getattr(op_class, candidate, None)
