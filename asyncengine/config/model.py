@@ -10,13 +10,12 @@ import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
-from asyncengine.interfaces.registry import reads
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -48,22 +47,29 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         return SimpleNamespace(**self.hf_config)
 
 
-@reads("models", "frontend")  # the architecture must be one the worker can build
-@reads("hook:model_class_overrides", "frontend")
-def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: str, tokenizer: Any | None) -> ModelConfig:
+class ArchitectureTable(Protocol):
+    """What the architecture check asks of the model registry (asyncengine.interfaces.models.ModelRegistry)."""
+
+    def is_supported(self, architecture: str) -> bool: ...
+
+    def get_supported_archs(self) -> list[str]: ...
+
+
+def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: str, tokenizer: Any | None,
+                       architectures: ArchitectureTable | None = None) -> ModelConfig:
     """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`); `default_dtype` is the
-    platform's meaning of dtype "auto"."""
+    platform's meaning of dtype "auto". With `architectures` (the frontend passes the model registry; the
+    config sits below the registries, so it is handed in), the model's architecture must be one of them
+    or have a `model_class_overrides` entry."""
     hf_config = complete_hf_config(model_dir, load_config_json(model_dir), config.hf_overrides)
-    architectures = hf_config.get("architectures") or []
-    if not isinstance(architectures, list) or not architectures:
+    names = hf_config.get("architectures") or []
+    if not isinstance(names, list) or not names:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
-
-    from asyncengine.interfaces.models import ModelRegistry
-
-    if not any(ModelRegistry.is_supported(a) or a in config.model_class_overrides for a in architectures):
+    if architectures is not None and not any(architectures.is_supported(a) or a in config.model_class_overrides
+                                             for a in names):
         raise UnsupportedArchitectureError(
-            f"model architecture(s) {', '.join(architectures)} of {model_dir} not supported; "
-            f"supported: {', '.join(ModelRegistry.get_supported_archs())}"
+            f"model architecture(s) {', '.join(names)} of {model_dir} not supported; "
+            f"supported: {', '.join(architectures.get_supported_archs())}"
         )
 
     max_model_len = _max_model_len(config, hf_config)
@@ -82,7 +88,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
         model_dir=str(model_dir),
         tokenizer_dir=None if config.skip_tokenizer_init else str(tokenizer_path(config, model_dir)),
         served_model_name=config.served_model_name or config.model or DEFAULT_MODEL_NAME,
-        architectures=list(architectures),
+        architectures=list(names),
         hf_config=hf_config,
         dtype=default_dtype if config.dtype == "auto" else config.dtype,
         max_model_len=max_model_len,

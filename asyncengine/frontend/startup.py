@@ -12,6 +12,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
+from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.loader.model_source import resolve_model_dir
 from asyncengine.loader.registry import ModelLoaderRegistry
 from asyncengine.models.layers.quantization import QuantizationRegistry
@@ -27,6 +28,8 @@ class FrontendSetup:
 
 @reads("model_loaders", "frontend")  # the --load-format name, checked before anything starts
 @reads("quantization", "frontend")  # the quantization method's name, likewise
+@reads("models", "frontend")  # the architecture must be one the worker can build
+@reads("hook:model_class_overrides", "frontend")
 def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> FrontendSetup:
     # The loader name is checked here, once the general plugins (which may register loaders) have run,
     # before a possibly long GGUF conversion; the worker builds the model with it.
@@ -39,7 +42,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
                  else load_tokenizer(tokenizer_path(config, model_dir), config.tokenizer_mode))
     chat_template = read_chat_template(config.chat_template)
     model_config = build_model_config(config, model_dir=model_dir, default_dtype=platform.default_dtype,
-                                      tokenizer=tokenizer)
+                                      tokenizer=tokenizer, architectures=ModelRegistry)
     if quantization is not None:  # the method checks the model and the options before a worker builds it
         _verify_quantization(quantization, config, model_config)
     return FrontendSetup(model_config, tokenizer, chat_template)
