@@ -42,7 +42,7 @@ TokenizerRegistry = _TokenizerRegistry()
 @reads("tokenizers", "frontend")
 def tokenizer_class(mode: str) -> Any:
     """The class registered for `mode`; an unknown mode lists the known ones."""
-    from asyncengine.models.registry import import_by_path
+    from asyncengine.interfaces.imports import import_by_path
 
     entry = TokenizerRegistry.get(mode)
     if entry is None:
@@ -51,10 +51,8 @@ def tokenizer_class(mode: str) -> Any:
                           field="tokenizer_mode")
     implementation = entry.implementation
     if isinstance(implementation, str):
-        try:
-            implementation = import_by_path(implementation, what=f"tokenizer mode {mode!r}")
-        except ModelLoadError as exc:
-            raise ConfigError(str(exc), field="tokenizer_mode") from exc
+        implementation = import_by_path(implementation, what=f"tokenizer mode {mode!r}",
+                                        error=lambda message: ConfigError(message, field="tokenizer_mode"))
     if not callable(getattr(implementation, "from_pretrained", None)):
         raise ConfigError(f"tokenizer mode {mode!r}: {describe(implementation)} has no from_pretrained(path) "
                           "class method", field="tokenizer_mode")

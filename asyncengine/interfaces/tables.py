@@ -70,7 +70,6 @@ def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
 # The modules whose functions read a registry or a config hook (marked with `reads`): imported to draw
 # `plugins map`.
 READER_MODULES = (
-    "asyncengine.config.model",
     "asyncengine.engine_core.core",
     "asyncengine.engine_core.executor",
     "asyncengine.plugin_runtime.phases",

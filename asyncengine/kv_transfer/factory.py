@@ -46,7 +46,7 @@ class ConnectorChoice:
 @reads("hook:kv_connector_module_path", "worker")
 def connector_class(config: KVTransferConfig) -> ConnectorChoice:
     """The connector class `config` names: from kv_connector_module_path when set, else the registry."""
-    from asyncengine.models.registry import import_by_path
+    from asyncengine.interfaces.imports import import_by_path
 
     name = config.kv_connector
     entry = KVConnectorFactory.get(name)
@@ -65,7 +65,7 @@ def connector_class(config: KVTransferConfig) -> ConnectorChoice:
             "with kv_connector_module_path", field=FIELD)
     try:
         cls = import_by_path(path, what=f"{FIELD} kv_connector {name!r}") if isinstance(path, str) else path
-    except Exception as exc:  # an import error (ModelLoadError names the path) or the module raising: named
+    except Exception as exc:  # an import error (the message names the path) or the module raising: named
         raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) could not be imported: {exc}",
                           field=FIELD) from exc
     if not (isinstance(cls, type) and issubclass(cls, KVConnectorBase)):

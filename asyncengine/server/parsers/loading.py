@@ -21,8 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from asyncengine.errors import ConfigError, ModelLoadError, StartupError
-from asyncengine.models.registry import import_by_path
+from asyncengine.errors import ConfigError, StartupError
+from asyncengine.interfaces.imports import import_by_path
 from asyncengine.registries.base import Registry, RegistrationError, current_registrant
 
 
@@ -76,10 +76,12 @@ class ParserRegistry(Registry):
             )
         implementation = entry.implementation
         if isinstance(implementation, str):
-            try:
-                implementation = import_by_path(implementation, what=f"{self.what} {name!r}")
-            except ModelLoadError as exc:  # import_by_path speaks of models; this is a configuration problem
-                raise ConfigError(f"{exc} (registered by {entry.owner})", field=self.field) from exc
+            owner = entry.owner
+
+            def refused(message: str) -> ConfigError:  # a configuration problem, naming who registered it
+                return ConfigError(f"{message} (registered by {owner})", field=self.field)
+
+            implementation = import_by_path(implementation, what=f"{self.what} {name!r}", error=refused)
         if not (isinstance(implementation, type) and issubclass(implementation, self.base)):
             raise ConfigError(
                 f"{self.what} {name!r} (registered by {entry.owner}) is {implementation!r}, not a subclass of "
