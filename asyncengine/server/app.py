@@ -212,11 +212,11 @@ def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
 
 
 def _apply_middleware(app: ApiApp, paths: list[str]) -> None:
-    from asyncengine.models.registry import import_by_path
+    from asyncengine.interfaces.imports import import_by_path
 
     for path in paths:
         try:
-            middleware = import_by_path(path, what="--middleware")
+            middleware = import_by_path(path, what="--middleware", error=StartupError)
         except Exception as exc:  # an import error of the user's module, named with the option
             raise StartupError(f"--middleware {path!r} cannot be loaded: {exc}") from exc
         if inspect.isclass(middleware):
