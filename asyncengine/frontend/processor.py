@@ -25,7 +25,7 @@ from asyncengine.errors import RequestError
 from asyncengine.sampling_params import INT64_MIN, SamplingParams
 from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
-from asyncengine.structured_output.spec import GrammarSpec
+from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
 from asyncengine.worker.logits_processors import processor_name
 

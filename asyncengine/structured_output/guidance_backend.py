@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from asyncengine.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from asyncengine.structured_output.spec import GrammarSpec
+from asyncengine.structured_output_spec import GrammarSpec
 
 
 BOUNDED_WHITESPACE = r"[ \t\n\r]{0,12}"  # between two JSON tokens
