@@ -10,6 +10,8 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from asyncengine._version import __version__
 from asyncengine.errors import ConfigError, RequestError, StartupError
@@ -66,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, (args.log_level or getattr(args, "log_level_default", "warning")).upper()),
         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
-    result, code = _reporting_errors(lambda: args.handler(args))
-    return result if code is None else code
+    handler: Callable[[argparse.Namespace], int] = args.handler  # each command's run(args): its exit code
+    result, code = _reporting_errors(lambda: handler(args))
+    if code is not None:
+        return code
+    return result or 0
 
 
-def _reporting_errors(work) -> tuple[object, int | None]:
+_Result = TypeVar("_Result")
+
+
+def _reporting_errors(work: Callable[[], _Result]) -> tuple[_Result | None, int | None]:
     """Run `work`; on an error we raise on purpose, print one line and give the exit code."""
     try:
         return work(), None

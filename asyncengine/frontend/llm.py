@@ -162,7 +162,11 @@ class LLM:
                 tg.start_soon(one, index, tg.cancel_scope)
         if failures:
             raise failures[0]
-        return results
+        finished = [result for result in results if result is not None]
+        if len(finished) != len(results):  # a stream that ends without its final output is the engine's bug
+            raise RuntimeError(f"the engine ended {len(results) - len(finished)} of {len(results)} requests "
+                               "without a final output")
+        return finished
 
 
 def _close_elsewhere(resources: ExitStack) -> None:

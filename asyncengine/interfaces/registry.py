@@ -61,6 +61,13 @@ class Registry:
     def get(self, key: str) -> Entry | None:
         return self._entries.get(key)
 
+    def registered(self, key: str) -> Entry:
+        """The entry of a key the caller found registered (through `keys()` or `in`)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            raise KeyError(f"no {self.what} {key!r} is registered in the {self.name!r} registry")
+        return entry
+
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 

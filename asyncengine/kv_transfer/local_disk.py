@@ -48,6 +48,14 @@ class LocalDiskMetadata(KVConnectorMetadata, kw_only=True):
     saves: list[BlockIO] = msgspec.field(default_factory=list)  # save after it
 
 
+def _ours(metadata: KVConnectorMetadata) -> LocalDiskMetadata:
+    """A step's metadata, as the worker decoded it with this connector's metadata_cls."""
+    if not isinstance(metadata, LocalDiskMetadata):
+        raise TypeError(f"LocalDiskConnector was handed {type(metadata).__qualname__}, not the LocalDiskMetadata "
+                        "its decode_metadata builds")
+    return metadata
+
+
 class LocalDiskConnector(KVConnectorBase):
     metadata_cls = LocalDiskMetadata
 
@@ -144,10 +152,10 @@ class LocalDiskConnector(KVConnectorBase):
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_atomically(path, json.dumps(self._identity, sort_keys=True).encode())
 
-    def start_load_kv(self, metadata: LocalDiskMetadata) -> None:
+    def start_load_kv(self, metadata: KVConnectorMetadata) -> None:
         from safetensors.torch import load_file
 
-        for block in metadata.loads:
+        for block in _ours(metadata).loads:
             path = self.block_file(block.key, self.context.rank)
             tensors = load_file(path)  # a missing or broken file fails the step, naming it
             key, value = tensors["key"], tensors["value"]
@@ -159,11 +167,11 @@ class LocalDiskConnector(KVConnectorBase):
                 value_cache[:, block.block_id].copy_(value[layer].to(value_cache.device, non_blocking=False))
             self.num_blocks_loaded += 1
 
-    def wait_for_save(self, metadata: LocalDiskMetadata) -> None:
+    def wait_for_save(self, metadata: KVConnectorMetadata) -> None:
         import torch
         from safetensors.torch import save
 
-        for block in metadata.saves:
+        for block in _ours(metadata).saves:
             path = self.block_file(block.key, self.context.rank)
             if path.is_file():
                 continue  # another engine saved the same prefix first: the content is the same

@@ -69,6 +69,8 @@ def partition_heads(num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int],
 
 
 class LlamaAttention(nn.Module):
+    rotary_emb: RotaryEmbedding  # the model's one rotary op, set on every layer by LlamaModel
+
     def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
@@ -158,10 +160,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
         # One rotary table; its cos/sin are looked up once per step and passed to every layer.
         self.rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
-        self.layers = nn.ModuleList(self.layer_cls(config, dtype=dtype) for _ in range(config.num_hidden_layers))
-        for layer in self.layers:
+        layers = [self.layer_cls(config, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        for layer in layers:
             # Shared, not copied: one table, and one op a plugin may replace (CustomOp "RotaryEmbedding").
             layer.self_attn.rotary_emb = self.rotary
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
@@ -210,8 +213,9 @@ class LlamaForCausalLM(nn.Module):
                 unexpected.append(name)
                 continue
             module = self.get_submodule(target_name.rsplit(".", 1)[0])
-            if hasattr(module, "load"):  # a layer that keeps only its tensor-parallel part
-                module.load(param, tensor, shard, name)
+            load = getattr(module, "load", None)
+            if load is not None:  # a layer that keeps only its tensor-parallel part
+                load(param, tensor, shard, name)
             else:
                 copy_checked(param.data, tensor, name)
             loaded.add((target_name, shard))

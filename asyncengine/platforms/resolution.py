@@ -67,8 +67,12 @@ def current_platform_key() -> str:
     """The name this process resolved its platform by (`--device`, a built-in, or the entry-point name of
     a platform plugin, which may differ from its class's device_name). A child is told this name, so
     it resolves the same platform."""
-    _resolved()
-    return _current_key or _current.device_name
+    platform = _resolved()
+    key = _current_key or platform.device_name
+    if key is None:  # resolution checks device_name; set_current_platform(cls) without a key does not
+        raise StartupError(f"the platform {platform.__qualname__} has no device_name: set it ('cpu', 'cuda', or "
+                           "the plugin's name)")
+    return key
 
 
 def requested_device() -> str | None:
@@ -106,9 +110,9 @@ async def resolve_platform(
 
 
 async def _named(device: str, by_name: dict[str, InstalledPlugin], loader: PluginLoader, why: str) -> type[Platform]:
-    for name, plugin in by_name.items():
+    for name, other in by_name.items():
         if name != device:
-            loader.skip(plugin, PHASE_PLATFORM, f"not asked for: device {device!r} was {why}")
+            loader.skip(other, PHASE_PLATFORM, f"not asked for: device {device!r} was {why}")
     if device in BUILT_IN:
         return BUILT_IN[device]
     plugin = by_name.get(device)

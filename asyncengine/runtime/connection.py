@@ -12,10 +12,10 @@ import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
-from anyio.abc import SocketListener
+from anyio.abc import SocketListener, SocketStream
 
 from asyncengine.errors import StartupError
 from asyncengine.wire.framing import FrameStream
@@ -46,9 +46,11 @@ async def open_listener(transport: str = "unix", host: str = "127.0.0.1") -> Lis
         return Listener(f"unix:{path}", secret, listener, directory)
     if transport == "tcp":
         # One address, hence one socket: its listener (the wrapper has no accept()).
-        listener = (await anyio.create_tcp_listener(local_host=host, local_port=0)).listeners[0]
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        return Listener(f"tcp:{host}:{port}", secret, listener)
+        # (MultiListener types its parts as plain Listeners; for TCP each is a SocketListener.)
+        tcp_listeners = await anyio.create_tcp_listener(local_host=host, local_port=0)
+        tcp_listener = cast(SocketListener, tcp_listeners.listeners[0])
+        port = tcp_listener.extra(anyio.abc.SocketAttribute.local_port)
+        return Listener(f"tcp:{host}:{port}", secret, tcp_listener)
     raise ValueError(f"unknown transport {transport!r} (unix or tcp)")
 
 
@@ -72,6 +74,7 @@ async def accept_child(listener: Listener, inbox_type: Any, *, role: str, timeou
 
 async def connect_to_parent(address: str, secret: str, inbox_type: Any, *, role: str, rank: int) -> FrameStream:
     kind, _, where = address.partition(":")
+    stream: SocketStream
     if kind == "unix":
         stream = await anyio.connect_unix(where)
     elif kind == "tcp":

@@ -55,6 +55,7 @@ class DedicatedThread:
             if item is None:
                 return
             fn, args, reply = item
+            outcome: tuple[Callable[..., None], Any]  # (reply.set, the value) or (reply.fail, the error)
             try:
                 outcome = (reply.set, fn(*args))
             except Exception as exc:  # handed to the awaiting task, which decides what it means

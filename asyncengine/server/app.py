@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -43,8 +44,7 @@ class ApiApp(QuartTrio):
     # Each request handled, body included, inside a scope that owns what serves it (response_scope.py).
     asgi_http_class = ResponseScopedConnection
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
-                       send: Callable[..., Awaitable[None]]) -> None:
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
             return await super().__call__(scope, receive, send)
         self.responses.started()
@@ -219,8 +219,9 @@ def _apply_middleware(app: ApiApp, paths: list[str]) -> None:
             middleware = import_by_path(path, what="--middleware", error=StartupError)
         except Exception as exc:  # an import error of the user's module, named with the option
             raise StartupError(f"--middleware {path!r} cannot be loaded: {exc}") from exc
-        if inspect.isclass(middleware):
-            app.asgi_app = middleware(app.asgi_app)  # ASGI middleware: wraps the whole app
+        if isinstance(middleware, type):  # ASGI middleware: wraps the whole app
+            # Replacing the asgi_app method is how Quart documents adding ASGI middleware.
+            app.asgi_app = middleware(app.asgi_app)  # type: ignore[method-assign]
         elif inspect.iscoroutinefunction(middleware):
             app.http_middlewares.append(middleware)
         else:

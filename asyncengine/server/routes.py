@@ -16,8 +16,8 @@ from asyncengine.server.common import ServingContext, chat_prompt_text, check_mo
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
 from asyncengine.server.openapi import openapi_document
 from asyncengine.server.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, IOProcessRequest, ModelCard, ModelList,
-    TokenizeRequest, too_deep_field,
+    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    IOProcessRequest, ModelCard, ModelList, TokenizeRequest, too_deep_field,
 )
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
@@ -55,7 +55,7 @@ def sse_response(events: AsyncIterator[bytes]) -> Response:
 
 
 async def decode_body(struct: type) -> Any:
-    body = await request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
+    body = await request.get_data(cache=False, as_text=False, parse_form_data=False)  # 413 past MAX_CONTENT_LENGTH
     if not body:
         raise bad_request("the request has no body: send a JSON object", code="invalid_json")
     try:
@@ -80,12 +80,12 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     async def completions() -> Response:
         body = await decode_body(CompletionRequest)
         result = await create_completion(context, body, g.request_id, current_response_scope())
-        return sse_response(result) if body.stream else json_response(result)
+        return json_response(result) if isinstance(result, CompletionResponse) else sse_response(result)
 
     async def chat_completions() -> Response:
         body = await decode_body(ChatCompletionRequest)
         result = await create_chat_completion(context, body, g.request_id, current_response_scope())
-        return sse_response(result) if body.stream else json_response(result)
+        return json_response(result) if isinstance(result, ChatCompletionResponse) else sse_response(result)
 
     async def io_process() -> Response:
         body = await decode_body(IOProcessRequest)

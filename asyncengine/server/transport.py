@@ -18,22 +18,20 @@ server can let in-flight requests receive their error before it exits after the 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any
 
 import trio
+from hypercorn.typing import ASGISendCallable, ASGISendEvent
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-def ends_the_response(message: dict[str, Any]) -> bool:
+def ends_the_response(message: Mapping[str, Any]) -> bool:
     return message.get("type") == "http.response.body" and not message.get("more_body", False)
 
 
-def end_of_response_shielded(send: Send) -> Send:
+def end_of_response_shielded(send: ASGISendCallable) -> ASGISendCallable:
     """`send`, with the message that ends an HTTP response sent under a shield (module docstring)."""
 
-    async def shielded(message: dict[str, Any]) -> None:
+    async def shielded(message: ASGISendEvent) -> None:
         if ends_the_response(message):
             with trio.CancelScope(shield=True):
                 await send(message)

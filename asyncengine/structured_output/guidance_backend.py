@@ -19,8 +19,8 @@ def _grammar(spec: GrammarSpec) -> str:
 
     if spec.kind == "json":
         # As xgrammar_backend: flexible whitespace, bounded per gap, unless the request gives its own pattern.
-        options = {"whitespace_pattern": spec.whitespace_pattern or BOUNDED_WHITESPACE}
-        return llguidance.LLMatcher.grammar_from_json_schema(spec.text, overrides=options)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            spec.text, overrides={"whitespace_pattern": spec.whitespace_pattern or BOUNDED_WHITESPACE})
     if spec.kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}')
     if spec.kind == "choice":

@@ -171,7 +171,7 @@ class Sampler:
             temperature = torch.tensor([1.0 if greedy else row.options.temperature
                                         for greedy, row in zip(batch.greedy, rows)], device=logits.device)
             scaled = logits / temperature.unsqueeze(1)
-            if argmax_invariant:
+            if argmax_invariant and processors is not None:
                 scaled = processors.apply(scaled, argmax_invariant=True)
             sampled = self._sample_random(scaled[random_rows], [rows[i] for i in random_rows])
             tokens[random_rows] = sampled
@@ -308,9 +308,11 @@ class Sampler:
             return None
         max_n = max(row.options.logprobs or 0 for row in rows)
         chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        top_values: list[list[float]] = []
+        top_ids: list[list[int]] = []
         if max_n > 0:
-            top_values, top_ids = raw_logprobs.topk(max_n, dim=-1)
-            top_values, top_ids = top_values.tolist(), top_ids.tolist()
+            top = raw_logprobs.topk(max_n, dim=-1)
+            top_values, top_ids = top.values.tolist(), top.indices.tolist()
         result: list[tuple[list[int], list[float]] | None] = []
         token_list = tokens.tolist()
         for index, row in enumerate(rows):

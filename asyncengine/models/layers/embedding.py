@@ -16,9 +16,6 @@ from asyncengine.models.layers.linear import check_shape, copy_checked
 from asyncengine import parallel_state as parallel
 
 
-_NOT_PACKED = object()
-
-
 def vocab_ranges(vocab_size: int) -> list[tuple[int, int]]:
     return parallel.split_evenly(vocab_size, parallel.world_size())
 
@@ -51,11 +48,12 @@ class ParallelLMHead(nn.Module):
         self.ranges = vocab_ranges(vocab_size)
         self.start, self.end = self.ranges[parallel.rank()]
         self.weight = nn.Parameter(torch.empty(self.end - self.start, hidden_size, dtype=dtype), requires_grad=False)
-        self._packed: torch.Tensor | None | object = _NOT_PACKED  # the weight reordered for oneDNN (cpu_gemm.py)
+        self._packed: torch.Tensor | None = None  # the weight reordered for oneDNN (cpu_gemm.py), where it applies
+        self._pack_tried = False
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self._packed is _NOT_PACKED:  # on first use, once the (possibly tied) weight is loaded
-            self._packed = cpu_gemm.pack(self.weight)
+        if not self._pack_tried:  # on first use, once the (possibly tied) weight is loaded
+            self._packed, self._pack_tried = cpu_gemm.pack(self.weight), True
         logits = cpu_gemm.linear(hidden, self.weight, self._packed)
         return parallel.all_gather_last_dim(logits, [end - start for start, end in self.ranges])
 

@@ -224,7 +224,7 @@ def _build_chain(op: str) -> tuple[tuple[str, Callable[..., Any], Callable[..., 
     order, _ = provider_order(op)
     chain = []
     for name in order:
-        entry = OpProviderRegistry.get(f"{op}/{name}")
+        entry = OpProviderRegistry.registered(f"{op}/{name}")
         fn = entry.implementation
         if isinstance(fn, str):
             fn = import_by_path(fn, what=f"op provider {name!r} of {op!r}")

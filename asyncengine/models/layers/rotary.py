@@ -76,6 +76,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(CustomOp):
     """Rotates query and key heads by their positions, reading cos/sin from a table built once."""
 
+    cos_table: torch.Tensor  # buffers (register_buffer), [max_position, head_dim]
+    sin_table: torch.Tensor
+
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__()
         inv_freq = _inverse_frequencies(head_dim, params)
