@@ -9,8 +9,9 @@ Two switches (ARCHITECTURE.md, "Processes and roles"):
   subclasses "uni", every other executor "mp").
 
 A process's roles decide which plugin groups it loads, which config hooks it checks and which registries
-its manifest check compares; so the frontend's start, the engine-core process, the executor, the
-`plugins check` run and the `plugins timeline` plan all ask here. It lives in the plugin runtime, not the
+its manifest check compares; so the frontend's start, the engine-core process, its `plugins check`, the
+CLI's `plugins check` and the `plugins timeline` plan all ask here (the frontend's core client reads
+`in_process` itself, to pick the client: nothing else follows from it). It lives in the plugin runtime, not the
 config, because a class-path executor is imported and checked (the config-hooks phase's check) to learn
 where it puts its workers.
 """
