@@ -50,16 +50,16 @@ class BaseModelLoader:
     @reads("hook:model_class_overrides", "worker")
     @reads("quantization", "worker")  # the QuantizationConfig that builds the linear layers
     def load_model(self, model_config: ModelConfig, device: torch.device) -> nn.Module:
-        import torch  # here, not at import: plugins import this module through plugins_api
+        from asyncengine.interfaces.torch_bases import build_on_device  # torch, when a model is built
 
         _, model_cls = ModelRegistry.resolve(model_config.architectures, self.load_config.model_class_overrides)
         hf_config = model_config.load_hf_config()
         quant_config = None
         if self.load_config.quantization is not None:
             quant_config = QuantizationRegistry.config_class(self.load_config.quantization).from_model_config(hf_config)
-        with torch.device(device), building_with(quant_config):
-            model = model_cls(hf_config, dtype=getattr(torch, model_config.dtype),
-                              max_position=model_config.max_model_len)
+        with building_with(quant_config):
+            model = build_on_device(model_cls, hf_config, dtype=model_config.dtype, device=device,
+                                    max_position=model_config.max_model_len)
         self.load_weights(model, model_config)
         process_weights_after_loading(model)
         return model.eval()

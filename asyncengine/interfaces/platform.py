@@ -3,13 +3,13 @@
 A platform is a class, used through its class methods (like vLLM's). Built-in `cpu` and `cuda`
 implement it exactly as a plugin's platform does. Resolution checks that the identity attributes are
 set and the hooks are callable, so a platform that lacks one fails there, naming it, never later.
-Its device hooks import torch when called, never at import.
+Its device hooks that need torch call interfaces.torch_bases (the floor's one torch module) when called,
+never at import.
 """
 
 from __future__ import annotations
 
 import enum
-import random
 from typing import Any
 
 from asyncengine.interfaces.attention import TORCH_PAGED
@@ -110,12 +110,9 @@ class Platform:
 
     @classmethod
     def seed_everything(cls, seed: int) -> None:
-        import numpy as np
-        import torch
+        from asyncengine.interfaces.torch_bases import seed_everything  # the floor's torch module
 
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+        seed_everything(seed)
 
     @classmethod
     def get_device_total_memory(cls, device: Any) -> int:
@@ -127,9 +124,9 @@ class Platform:
 
     @classmethod
     def inference_mode(cls) -> Any:
-        import torch
+        from asyncengine.interfaces.torch_bases import inference_mode
 
-        return torch.inference_mode()
+        return inference_mode()
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:

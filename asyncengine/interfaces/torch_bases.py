@@ -1,5 +1,6 @@
 """CustomOp: a layer whose forward is chosen per platform, and that a plugin can replace by name. The
-one module of the floor that imports torch (CustomOp is an nn.Module); imported only by who asks for it.
+one module of the floor that imports torch (CustomOp is an nn.Module; the torch work of the other
+interfaces' defaults is here too); imported only by who asks for it.
 
 vLLM's names and semantics (EXTENSION_POINTS.md, R2):
 - `forward` dispatches to `forward_<device_type>` of the current platform ("cpu", "cuda", or an
@@ -19,9 +20,11 @@ floor: asyncengine/models/layers/custom_op.py installs the lookup (`install_plat
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from asyncengine.interfaces.custom_op_registry import oot_replacement, register_custom_op, register_oot_op
@@ -113,4 +116,27 @@ class CustomOp(nn.Module):
         return decorate if op_class is None else decorate(op_class)
 
 
-__all__ = ["CustomOp", "install_platform_lookup"]
+# -- the torch work of the floor's other interfaces (Platform's defaults, BaseModelLoader.load_model) ---------
+
+
+def seed_everything(seed: int) -> None:
+    """Platform.seed_everything's default: Python's, numpy's and torch's generators."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def inference_mode() -> Any:
+    """Platform.inference_mode's default."""
+    return torch.inference_mode()
+
+
+def build_on_device(model_cls: type, hf_config: Any, *, dtype: str, device: Any, max_position: int) -> Any:
+    """`model_cls(hf_config, dtype=..., max_position=...)` with its parameters created on `device`."""
+    with torch.device(device):
+        return model_cls(hf_config, dtype=getattr(torch, dtype), max_position=max_position)
+
+
+__all__ = ["CustomOp", "build_on_device", "inference_mode", "install_platform_lookup", "seed_everything"]
