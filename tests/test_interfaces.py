@@ -1,0 +1,106 @@
+"""The floor (asyncengine/interfaces/): what it may import, that it loads no torch, that the old import
+paths give the same objects, and that import_by_path raises the error its caller names."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncengine.errors import ConfigError
+from asyncengine.interfaces.imports import ClassPathImportError, import_by_path
+
+FLOOR = Path(__file__).resolve().parent.parent / "asyncengine" / "interfaces"
+# What the floor may import from asyncengine: itself, the config, the errors and the request data it types.
+ALLOWED = ("asyncengine.interfaces", "asyncengine.config", "asyncengine.errors", "asyncengine.structured_output_spec")
+TORCH_MODULE = "torch_bases.py"  # the one module of the floor that imports torch
+
+
+def imports_of(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, module, for annotations only) of every import in `path`, inside functions and
+    `if TYPE_CHECKING:` blocks included (the last are for annotations only)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(inner) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for inner in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, id(node) in typing_only) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, id(node) in typing_only))
+    return found
+
+
+def test_the_floor_imports_only_config_errors_and_itself_and_torch_only_in_one_module():
+    wrong = []
+    for path in sorted(FLOOR.glob("*.py")):
+        for line, module, typing_only in imports_of(path):
+            upward = module.startswith("asyncengine") and not module.startswith(ALLOWED)
+            # torch types in annotations are fine: importing the module never runs them
+            torch = module.split(".")[0] == "torch" and path.name != TORCH_MODULE and not typing_only
+            if upward or torch:
+                wrong.append(f"{path.name}:{line} imports {module}")
+    assert wrong == []
+
+
+def test_importing_the_floor_and_reading_its_names_loads_no_torch():
+    names = [name for name in importlib.import_module("asyncengine.interfaces").__all__ if name != "CustomOp"]
+    code = ("import sys, asyncengine.interfaces as floor\n"
+            f"for name in {names!r}: getattr(floor, name)\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("old", "name"), [
+    ("asyncengine.platforms.interface", "Platform"),
+    ("asyncengine.frontend.io_processor", "IOProcessor"),
+    ("asyncengine.frontend.stat_loggers", "StatLoggerBase"),
+    ("asyncengine.frontend.endpoints", "EndpointPlugin"),
+    ("asyncengine.worker.logits_processors", "LogitsProcessor"),
+    ("asyncengine.worker.logits_processors", "BatchUpdate"),
+    ("asyncengine.kv_transfer.base", "KVConnectorBase"),
+    ("asyncengine.kv_transfer.factory", "KVConnectorFactory"),
+    ("asyncengine.engine_core.executor", "Executor"),
+    ("asyncengine.attention.backend", "AttentionBackend"),
+    ("asyncengine.attention.registry", "AttentionBackendRegistry"),
+    ("asyncengine.models.layers.quantization", "QuantizationConfig"),
+    ("asyncengine.models.layers.quantization", "QuantizationRegistry"),
+    ("asyncengine.loader.registry", "BaseModelLoader"),
+    ("asyncengine.loader.registry", "ModelLoaderRegistry"),
+    ("asyncengine.models.registry", "ModelRegistry"),
+    ("asyncengine.models.layers.op_registry", "CustomOpRegistry"),
+    ("asyncengine.models.layers.custom_op", "CustomOp"),
+    ("asyncengine.structured_output.backend", "StructuredOutputBackend"),
+    ("asyncengine.structured_output.registry", "StructuredOutputBackendRegistry"),
+    ("asyncengine.registries.base", "Registry"),
+    ("asyncengine.registries", "all_registries"),
+    ("asyncengine.plugins_api", "LogitsProcessor"),
+    ("asyncengine.plugins_api", "CustomOp"),
+])
+def test_the_old_path_gives_the_floors_object(old, name):
+    import asyncengine.interfaces as floor
+
+    assert getattr(importlib.import_module(old), name) is getattr(floor, name)
+
+
+def test_the_built_in_worker_is_a_worker_base():
+    from asyncengine.interfaces import WorkerBase
+    from asyncengine.worker.worker import Worker
+
+    assert issubclass(Worker, WorkerBase)
+
+
+def test_import_by_path_raises_the_error_its_caller_names():
+    with pytest.raises(ClassPathImportError, match="a thing: importing 'no_such_module_xyz' failed"):
+        import_by_path("no_such_module_xyz:Thing", what="a thing")
+    with pytest.raises(ConfigError, match="my_option: 'not a path' is not of the form") as caught:
+        import_by_path("not a path", what="my_option", error=lambda message: ConfigError(message, field="my_option"))
+    assert caught.value.field == "my_option"
+    assert import_by_path("asyncengine.interfaces.roles:WORKER", what="x") == "worker"
