@@ -53,6 +53,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
     classes: dict[str, type[AttentionBackend]] = {}
     names, backends, owners = [], [], {}
     for layer in layers:
+        name: str | None
         if option:
             name = option
         else:

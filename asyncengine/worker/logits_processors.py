@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from asyncengine.interfaces.logits import (
     AddedRequest,
@@ -32,7 +32,10 @@ from asyncengine.interfaces.logits import (
 )
 
 
-class PersistentBatch:
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+class PersistentBatch(Generic[_Key]):
     """The row layout of the sampled batch, carried from step to step, and the BatchUpdate that
     takes a processor from the previous layout to the next one.
 
@@ -42,10 +45,10 @@ class PersistentBatch:
     """
 
     def __init__(self) -> None:
-        self.rows: list[Hashable] = []
+        self.rows: list[_Key] = []
 
-    def step(self, keys: Sequence[Hashable],
-             describe: Callable[[Hashable], tuple[Any, list[int], list[int]]]) -> BatchUpdate | None:
+    def step(self, keys: Sequence[_Key],
+             describe: Callable[[_Key], tuple[Any, list[int], list[int]]]) -> BatchUpdate | None:
         """Lay out `keys` (the requests sampling this step, any order) and return the update, or None
         when the layout did not change. Afterwards `rows` lists the keys in row order.
 
@@ -54,7 +57,7 @@ class PersistentBatch:
         if len(wanted) != len(keys):
             raise ValueError("a request appears twice in one step's batch")
         previous = self.rows
-        rows: list[Hashable | None] = [key if key in wanted else None for key in previous]
+        rows: list[_Key | None] = [key if key in wanted else None for key in previous]
         holes = deque(index for index, key in enumerate(rows) if key is None)
         present = set(previous)
         added = []
@@ -81,7 +84,7 @@ class PersistentBatch:
             hole, last = holes.popleft(), len(rows) - 1
             rows[hole], rows[last] = rows[last], None
             moved.append(MovedRequest(last, hole, MoveDirectionality.UNIDIRECTIONAL))
-        self.rows = rows
+        self.rows = [key for key in rows if key is not None]  # every gap is closed: the same list, typed
         if not (added or removed or moved):
             return None
         return BatchUpdate(batch_size=len(rows), removed=removed, added=added, moved=moved)
@@ -112,7 +115,7 @@ class LogitsProcessors:
         # Asked once: vLLM also sorts processors into these two lists when it builds them.
         self.argmax_invariant = [p for p in self.processors if p.is_argmax_invariant()]
         self.non_argmax_invariant = [p for p in self.processors if p not in self.argmax_invariant]
-        self.batch = PersistentBatch()
+        self.batch: PersistentBatch[Any] = PersistentBatch()  # keyed by the model runner's request states
 
     @classmethod
     def build(cls, classes: Sequence[type], engine_config: Any, device: Any,

@@ -83,7 +83,9 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Requests this worker refused (_admit) that the scheduler has not told it to forget yet.
         self.failed_request_ids: set[str] = set()
-        self.model: torch.nn.Module | None = None
+        # The loaded model, from load_model on: an nn.Module with forward(input_ids, positions, metadata) and
+        # compute_logits(hidden), ours or a plugin's, with no common base class that declares them.
+        self.model: Any = None
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
@@ -314,14 +316,14 @@ class ModelRunner:
         graphs = self.decode_graphs
         use_graph = (graphs is not None and inputs.metadata.decode_only
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
-        if use_graph:
+        if graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
         if events is not None:
             events[1].record()
         forwarded = time.perf_counter()
-        if connector_metadata is not None:
+        if self.kv_connector is not None and connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
         if not inputs.sampling_request_ids:
             return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph),
@@ -454,6 +456,8 @@ class ModelRunner:
                       logits_indices: list[int]) -> tuple[list[str], list[int], BatchUpdate | None]:
         """The sampled requests (and their hidden-state indices) in the processors' row layout, and
         the update that takes the processors there from the previous step's layout."""
+        if self.logits_processors is None:  # no processors: the runner keeps no layout
+            return request_ids, logits_indices, None
         by_state = {self.requests[rid]: (rid, index) for rid, index in zip(request_ids, logits_indices)}
         batch = self.logits_processors.batch
         update = batch.step(list(by_state), lambda s: (s.sampling, s.prompt_token_ids, s.output_token_ids))

@@ -20,6 +20,7 @@ import torch
 
 from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
 from asyncengine.config.model import ModelConfig
+from asyncengine.errors import StartupError
 from asyncengine.models.layers import op_registry
 from asyncengine.interfaces.platform import Platform
 from asyncengine.interfaces.worker import WorkerBase
@@ -61,8 +62,10 @@ class Worker(WorkerBase):
         self.world_size = world_size
         self.distributed_init_method = distributed_init_method
         device_type = platform.device_type
+        if device_type is None:  # platform resolution checks it; a Worker built by hand may not
+            raise StartupError(f"platform {platform.__qualname__} has no device_type (cpu, cuda, ...): set it")
         self.device = torch.device(device_type if device_type == "cpu" or world_size == 1 else f"{device_type}:{rank}")
-        self.model_runner = None
+        self.model_runner: ModelRunner | None = None  # built by init_device
         self.extension = None
         # The logits-processor classes of this process's plugin phases (entry points and the
         # `logits_processors` option); the model runner builds them with the model.
@@ -88,20 +91,26 @@ class Worker(WorkerBase):
         same whether it crosses a process boundary or not), which the engine core adds to the report."""
         # Before the model exists: its custom ops choose their op provider per call, in this order.
         op_registry.set_op_priority(self.engine_config.op_priority)
-        self.model_runner.load_model()
-        return msgspec.to_builtins(self.model_runner.startup_records + op_registry.startup_records("load model"))
+        runner = self._runner()
+        runner.load_model()
+        return msgspec.to_builtins(runner.startup_records + op_registry.startup_records("load model"))
 
     def determine_num_blocks(self) -> int:
-        return self.model_runner.determine_num_blocks()
+        return self._runner().determine_num_blocks()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.model_runner.initialize_kv_cache(num_blocks)
+        self._runner().initialize_kv_cache(num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         started = time.monotonic()
-        output = self.model_runner.execute_model(scheduler_output)
+        output = self._runner().execute_model(scheduler_output)
         output.started_at, output.finished_at = started, time.monotonic()
         return output
+
+    def _runner(self) -> ModelRunner:
+        if self.model_runner is None:
+            raise RuntimeError(f"worker rank {self.rank}: init_device() builds the model runner, and has not run")
+        return self.model_runner
 
     def shutdown(self) -> None:
         parallel.destroy()
