@@ -148,7 +148,7 @@ def extension_problem(extension_cls: Any, worker_cls: type, *, worker_attributes
 @dataclass(frozen=True)
 class Hook:
     readers: tuple[str, ...]  # the roles that read it (EXTENSION_POINTS.md, "reads it")
-    check: Callable[[Any], str | None]  # what is wrong with the imported value, or None
+    check: Callable[..., str | None]  # what is wrong with the imported value, or None
     checks: str  # what the check is, in words, for the timeline
     with_config: bool = False  # check(value, config): the check depends on other options
 

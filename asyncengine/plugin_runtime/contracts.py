@@ -12,17 +12,23 @@ get_attn_backend_cls, asked for a probe shape.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import ConfigError, ModelLoadError, StartupError
 from asyncengine.registries.base import BUILT_IN, describe, reads
+
+if TYPE_CHECKING:
+    from asyncengine.interfaces.attention import AttentionBackend
+    from asyncengine.interfaces.stat_logger import StatLoggerBase
+    from asyncengine.interfaces.torch_bases import CustomOp
 
 
 def _owner(cls: type, owners: dict[type, str]) -> str:
     return owners.get(cls) or describe(cls)
 
 
-def check_frontend_contracts(stat_loggers: list[type], endpoints: list[Any], config: Any,
+def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: Any,
                              owners: dict[type, str] | None = None) -> None:
     """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each."""
     from asyncengine.interfaces.endpoint import EndpointPlugin
@@ -54,7 +60,7 @@ def check_frontend_contracts(stat_loggers: list[type], endpoints: list[Any], con
                                f"attach(app), which adds its routes{vllm_form}")
 
 
-def check_backend_class(name: str, backend: type, origin: str) -> None:
+def check_backend_class(name: str, backend: type[AttentionBackend], origin: str) -> None:
     """An attention backend must implement forward (the selector calls this for each backend it builds)."""
     from asyncengine.interfaces.attention import AttentionBackend
 
@@ -113,7 +119,8 @@ def _check_custom_ops(platform: Any) -> None:
             continue  # a class that is no CustomOp is built whole and called as it is
         method = _dispatched(op_class, platform, platform not in BUILT_IN_PLATFORMS.values())
         if method is CustomOp.forward_native:
-            owner = CustomOpRegistry.get(OOT_PREFIX + name).owner
+            entry = CustomOpRegistry.get(OOT_PREFIX + name)
+            owner = entry.owner if entry is not None else "nobody"  # `name` came from its keys: registered
             raise StartupError(
                 f"out-of-tree custom op {describe(op_class)} for {name!r} (registered by {owner}) has no forward for "
                 f"platform {platform.device_name}: define forward_native (the torch reference), forward_oot or "
@@ -121,7 +128,7 @@ def _check_custom_ops(platform: Any) -> None:
 
 
 @reads("custom_ops", "worker")
-def _dispatched(op_class: type, platform: Any, out_of_tree: bool) -> Any:
+def _dispatched(op_class: type[CustomOp], platform: Any, out_of_tree: bool) -> Any:
     """The function CustomOp.forward would run for `op_class` (through the base's forward_oot, which runs
     forward_native)."""
     from asyncengine.interfaces.torch_bases import CustomOp
