@@ -41,6 +41,9 @@ def install_platform_lookup(lookup: Callable[[], tuple[Any, bool]]) -> None:
 
 
 class CustomOp(nn.Module):
+    # An in-tree op's registered name, set by `register` on that class only (read from its own __dict__).
+    _custom_op_name: str
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Only the registered in-tree class itself is replaced, not its subclasses (the replacement is
         # usually one of them): the name is read from the class's own namespace.
@@ -107,10 +110,11 @@ class CustomOp(nn.Module):
         """
         if isinstance(op_class, str):  # the positional-string form: a decorator for that name
             op_class, name = None, op_class
-        in_tree_name = cls.__dict__.get("_custom_op_name")  # called on an in-tree op class itself
+        in_tree_name: str | None = cls.__dict__.get("_custom_op_name")  # called on an in-tree op class itself
 
         def decorate(op_class: type) -> type:
-            register_oot_op(name or in_tree_name or getattr(op_class, "__name__", ""), op_class, override=override)
+            default_name: str = getattr(op_class, "__name__", "")
+            register_oot_op(name or in_tree_name or default_name, op_class, override=override)
             return op_class
 
         return decorate if op_class is None else decorate(op_class)

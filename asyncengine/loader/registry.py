@@ -50,7 +50,9 @@ class SafetensorsLoader(BaseModelLoader):
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         from asyncengine.loader.safetensors_weights import find_weight_files, iterate_weights
 
-        model.load_weights(iterate_weights(find_weight_files(Path(model_config.model_dir))))
+        # Every model defines load_weights(weights), ours and vLLM-shaped ones; nn.Module does not declare it, so
+        # mypy reads it through Module.__getattr__ (a tensor or a submodule).
+        model.load_weights(iterate_weights(find_weight_files(Path(model_config.model_dir))))  # type: ignore[operator]
 
 
 class GgufLoader(SafetensorsLoader):

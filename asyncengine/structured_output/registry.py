@@ -19,7 +19,7 @@ def register_structured_output_backend(name: str, backend: Any, *, override: boo
     StructuredOutputBackendRegistry.register(name, backend, override=override)
 
 
-def _load(name: str, *, field: str, error: type[Exception]) -> type:
+def _load(name: str, *, field: str, error: type[RequestError] | type[ConfigError]) -> type:
     entry = StructuredOutputBackendRegistry.get(name)
     if entry is None:
         raise error(f"unknown structured-output backend {name!r} (registered: "
