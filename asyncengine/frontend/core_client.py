@@ -12,7 +12,7 @@ its workers', in this process or in its own, and no model, so the serving path a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
@@ -211,7 +211,7 @@ async def _while_alive(process: Process, doing: str, work: Callable[[], Awaitabl
     )
 
 
-def start_core_client(config: EngineConfig) -> Callable[..., Awaitable[None]]:
+def start_core_client(config: EngineConfig) -> Callable[..., Coroutine[Any, Any, None]]:
     """The task that starts the configured placement's client, for `await tg.start(it, config, setup,
     plugin_state, trace)`, which returns the started CoreClient."""
     return InProcessCoreClient.serve if config.in_process else ProcessCoreClient.serve
