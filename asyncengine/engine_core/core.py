@@ -79,9 +79,10 @@ async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig
     executor = build_executor(engine_config, model_config, plugin_state, owner=trace.process)
     with single_exceptions():  # a failed phase, not a group around it
         async with anyio.create_task_group() as tg:  # owns the executor's task, and no more
+            async with trace.phase("start workers"):
+                # A serve that fails before it has started has stopped what it started.
+                await tg.start(executor.serve, trace, frontend_manifest)
             try:
-                async with trace.phase("start workers"):
-                    await tg.start(executor.serve, trace, frontend_manifest)
                 async with trace.phase("load model"):
                     # Each rank answers with its records of what it chose (attention backend, ...).
                     for records in await executor.call("load_model"):

@@ -89,8 +89,10 @@ class UniExecutor(Executor):
                     await tg.start(self._thread.serve)  # returns once shutdown() closed the thread
                     await self.call("init_device")
                     task_status.started()
-        finally:
-            await self.shutdown()
+        except BaseException:  # failed or cancelled: the worker stops with it (a subclass's shutdown runs once)
+            if not self._stopped:
+                await self.shutdown()
+            raise
 
     async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
         if self.failure is not None:
@@ -172,8 +174,10 @@ class MultiprocExecutor(Executor):
                         tg.start_soon(self._receive_loop, rank)
                         tg.start_soon(self._watch_process, rank)
                     task_status.started()
-        finally:
-            await self.shutdown()
+        except BaseException:  # failed or cancelled: the workers stop with it (a subclass's shutdown runs once)
+            if not self._stopping:
+                await self.shutdown()
+            raise
 
     def _rank_name(self, rank: int) -> str:
         return self._workers.rank_name(rank)
