@@ -37,7 +37,7 @@ from asyncengine.interfaces.kv_connector import (  # the KV connector interface:
     KVConnectorRole,
 )
 from asyncengine.config.kv_transfer import KVTransferConfig  # kv_transfer_config, checked (every process)
-from asyncengine.interfaces.kv_connector import KVConnectorFactory  # read in: engine core, worker (R6; C6 wins)
+from asyncengine.interfaces.kv_connector import KVConnectorFactory  # read in: engine core, worker
 from asyncengine.kv_transfer.local_disk import LocalDiskConnector  # the built-in connector, to subclass or wrap
 from asyncengine.interfaces.model_loader import (  # read in: worker (build), frontend (checks --load-format)
     BaseModelLoader,
@@ -83,7 +83,7 @@ from asyncengine.interfaces.structured_output import (  # read in: engine core (
     GrammarMatcher,
     StructuredOutputBackend,
 )
-from asyncengine.interfaces.structured_output import (  # read in: engine core, frontend (R10)
+from asyncengine.interfaces.structured_output import (  # read in: engine core, frontend
     StructuredOutputBackendRegistry,
 )
 from asyncengine.structured_output.registry import register_structured_output_backend
@@ -120,7 +120,7 @@ def __getattr__(name: str):
         from asyncengine.models.llama import LlamaForCausalLM
 
         return LlamaForCausalLM
-    # Worker (read in: worker; `--worker-cls pkg.mod:Class` subclasses it, C2). Imports torch too.
+    # Worker (read in: worker; `--worker-cls pkg.mod:Class` subclasses it). Imports torch too.
     if name == "Worker":
         from asyncengine.worker.worker import Worker
 

@@ -1,4 +1,4 @@
-"""Class paths and class objects in options (the config hooks C1-C7, platform answers).
+"""Class paths and class objects in options (the config hooks, platform answers).
 
 A path is written "pkg.mod:Class" (ours) or "pkg.mod.Class" (vLLM's); both are accepted wherever a
 path is taken. An option that names a class may also be given the class itself, as vLLM's tests do

@@ -18,7 +18,7 @@ from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
 from asyncengine.config.structured_outputs import configured_backend_name
 
-# What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it (C2).
+# What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it.
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -88,7 +88,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     logits_processors: list[str] | None = None
     kv_transfer_config: dict[str, Any] | None = None
     # vLLM's --structured-outputs-config: {"backend": "xgrammar" | "guidance" | a registered name | "auto"}.
-    # The default backend for requests that name none; read in the frontend and the engine core (R10).
+    # The default backend for requests that name none; read in the frontend and the engine core.
     structured_outputs_config: dict[str, Any] | None = None
     additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
     # Op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel", "native"]}), over the
@@ -176,7 +176,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         if backend not in (None, "uni", "mp") and not is_class_path(backend):
             raise ConfigError(
                 f"distributed_executor_backend must be 'uni' (the worker in a thread of the engine-core "
-                f"process), 'mp' (one process per rank) or 'pkg.mod:Class' (an Executor subclass, C7); "
+                f"process), 'mp' (one process per rank) or 'pkg.mod:Class' (an Executor subclass); "
                 f"got {backend!r}",
                 field="distributed_executor_backend",
             )
@@ -189,7 +189,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         if self.worker_cls != "auto" and not is_class_path(self.worker_cls):
             raise ConfigError(
                 f"worker_cls must be 'auto' (the platform chooses) or 'pkg.mod:Class' (a subclass of "
-                f"asyncengine.plugins_api.Worker, C2); got {self.worker_cls!r}",
+                f"asyncengine.plugins_api.Worker); got {self.worker_cls!r}",
                 field="worker_cls",
             )
         if self.transport not in ("unix", "tcp"):

@@ -1,4 +1,4 @@
-"""`kv_transfer_config`: which KV connector to run, in which role, with what settings (R6, C6).
+"""`kv_transfer_config`: which KV connector to run, in which role, with what settings.
 
 The option stays a plain dict in EngineConfig (it travels to every process inside the config, as vLLM's
 `--kv-transfer-config '{...}'` JSON does); this module checks it when the config is built and gives the
@@ -30,7 +30,7 @@ class KVTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
         "LocalDiskConnector"), or, with kv_connector_module_path, the class's name in that module.
     kv_role: "producer" (saves KV), "consumer" (loads KV) or "both".
     kv_connector_module_path: "pkg.mod": import kv_connector from this module instead of looking it up
-        in the registry (C6). It wins over a registry entry of the same name, and the report says so.
+        in the registry. It wins over a registry entry of the same name, and the report says so.
     kv_connector_extra_config: the connector's own settings (LocalDiskConnector: {"path": DIR}).
     """
 

@@ -35,7 +35,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     # before a possibly long GGUF conversion; the worker builds the model with it.
     ModelLoaderRegistry.loader_class(config.load_format)
     quantization = None if config.quantization is None else QuantizationRegistry.config_class(config.quantization)
-    if not config.skip_tokenizer_init:  # so is the tokenizer mode (R9): an unknown one lists the known ones
+    if not config.skip_tokenizer_init:  # so is the tokenizer mode: an unknown one lists the known ones
         tokenizer_class(config.tokenizer_mode)
     model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
     tokenizer = (None if config.skip_tokenizer_init

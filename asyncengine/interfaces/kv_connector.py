@@ -138,7 +138,7 @@ class KVConnectorBase:
         return msgspec.msgpack.decode(data, type=cls.metadata_cls)
 
 
-# -- the table of connectors (R6) ------------------------------------------------------------------
+# -- the table of connectors -----------------------------------------------------------------------
 # KVConnectorFactory.register_connector("MyConnector", "my_pkg.connector", "MyConnector"): entries are
 # lazy ("pkg.mod:Class"), so registering imports nothing; kv_transfer/factory.py builds from it.
 

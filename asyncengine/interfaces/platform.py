@@ -40,7 +40,7 @@ class Platform:
     # named follow by registered priority, "native" (torch) last. Empty: registered priorities alone.
     # The config's `op_priority` wins per op (asyncengine/models/layers/op_registry.py).
     op_priority: dict[str, list[str]] = {}
-    # The `additional_config` keys this platform claims (C9); it validates their values in
+    # The `additional_config` keys this platform claims; it validates their values in
     # check_and_update_config. A key no platform or plugin claims is an error.
     additional_config_keys: tuple[str, ...] = ()
 

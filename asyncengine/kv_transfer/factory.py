@@ -1,11 +1,11 @@
-"""KVConnectorFactory: the registry of KV connectors (R6), and the one function that builds a connector.
+"""KVConnectorFactory: the registry of KV connectors, and the one function that builds a connector.
 
     KVConnectorFactory.register_connector("MyConnector", "my_pkg.connector", "MyConnector")
 
 Entries are lazy ("pkg.mod:Class", imported when first built), so registering imports nothing. Register
 from a general plugin: the registry is read in the engine core (the scheduler side) and in every worker
 (the worker side), and a key registered only in the frontend is missing there (the start-up manifest
-check names it). `kv_transfer_config.kv_connector_module_path` (C6) names the module instead; it wins
+check names it). `kv_transfer_config.kv_connector_module_path` names the module instead; it wins
 over a registry entry of the same name, and the start-up report says which one was used.
 """
 
@@ -42,7 +42,7 @@ class ConnectorChoice:
 
 @reads("kv_connectors", "engine core")  # the scheduler side
 @reads("kv_connectors", "worker")  # the worker side
-@reads("hook:kv_connector_module_path", "engine core")  # C6
+@reads("hook:kv_connector_module_path", "engine core")
 @reads("hook:kv_connector_module_path", "worker")
 def connector_class(config: KVTransferConfig) -> ConnectorChoice:
     """The connector class `config` names: from kv_connector_module_path when set, else the registry."""

@@ -1,4 +1,4 @@
-"""Model loaders: `--load-format NAME` picks the class that fills a model's weights (EXTENSION_POINTS.md, R5).
+"""Model loaders: `--load-format NAME` picks the class that fills a model's weights (EXTENSION_POINTS.md).
 The interface (BaseModelLoader, LoadConfig) and the table are in the floor,
 asyncengine.interfaces.model_loader.
 

@@ -1,4 +1,4 @@
-"""Config hooks: options that name a class as "package.module:attr" (EXTENSION_POINTS.md, C1-C9).
+"""Config hooks: options that name a class as "package.module:attr" (EXTENSION_POINTS.md, config hooks).
 
 A hook may also be given as "package.module.attr" (vLLM's form) or as the class itself
 (asyncengine/config/class_paths.py keeps its path).
@@ -162,7 +162,7 @@ HOOKS: dict[str, Hook] = {
                                  with_config=True),
     "logits_processors": Hook((FRONTEND, WORKER), _is_logits_processor, "a LogitsProcessor subclass"),
     "distributed_executor_backend": Hook((ENGINE_CORE,), _is_executor_class, "an Executor subclass"),
-    # kv_transfer_config's kv_connector_module_path (C6): the class kv_connector in that module.
+    # kv_transfer_config's kv_connector_module_path: the class kv_connector in that module.
     "kv_connector_module_path": Hook((ENGINE_CORE, WORKER), _is_kv_connector, "a KVConnectorBase subclass"),
 }
 
@@ -180,10 +180,10 @@ def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, str]]:
             yield field, field, path
     for index, path in enumerate(config.logits_processors or ()):
         yield f"logits_processors[{index}]", "logits_processors", path
-    if config.executor_backend not in ("uni", "mp"):  # "pkg.mod:Executor" (C7)
+    if config.executor_backend not in ("uni", "mp"):  # "pkg.mod:Executor": an executor class
         yield "distributed_executor_backend", "distributed_executor_backend", config.executor_backend
     kv_transfer = config.kv_transfer
-    if kv_transfer is not None and kv_transfer.kv_connector_module_path:  # C6
+    if kv_transfer is not None and kv_transfer.kv_connector_module_path:
         yield ("kv_connector_module_path", "kv_connector_module_path",
                f"{kv_transfer.kv_connector_module_path}:{kv_transfer.kv_connector}")
 

@@ -102,7 +102,7 @@ async def run_plugin_phases(
 
         # In a thread, as plugin imports are: importing a user's module may take seconds.
         await anyio.to_thread.run_sync(check_config_hooks, config, roles, trace)
-        if g.FRONTEND in roles:  # additional_config (C9): every key claimed by the platform or a plugin
+        if g.FRONTEND in roles:  # additional_config: every key claimed by the platform or a plugin
             from asyncengine.plugin_runtime.additional_config import check_additional_config
 
             await anyio.to_thread.run_sync(check_additional_config, config, platform, trace)
@@ -212,9 +212,9 @@ def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: Plug
 @reads("hook:logits_processors", "frontend")  # to validate requests
 @reads("hook:logits_processors", "worker")  # to build them
 def _with_configured_logits_processors(from_entry_points: list[type], config: EngineConfig) -> list[type]:
-    """Both doors (E6 and C4) feed one list: entry points first (by name), then the option's classes
-    in its order, each class once. The phase above checked every path already, so this only looks
-    the classes up again (from the import cache)."""
+    """Both doors (the asyncengine.logits_processors entry points and the `logits_processors` option) feed
+    one list: entry points first (by name), then the option's classes in its order, each class once. The
+    phase above checked every path already, so this only looks the classes up again (from the import cache)."""
     from asyncengine.plugin_runtime.config_hooks import load_hook
 
     configured = [load_hook(f"logits_processors[{index}]", path)

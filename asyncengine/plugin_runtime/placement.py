@@ -5,7 +5,7 @@ Two switches (ARCHITECTURE.md, "Processes and roles"):
   its own (the default of `asyncengine serve`);
 - `distributed_executor_backend`: "uni" runs the worker on a thread of the engine core's process, "mp" one
   process per rank; unset, "uni" for one rank and "mp" for more (EngineConfig.executor_backend). A
-  "pkg.mod:Executor" (C7) places its workers as its class says (`Executor.worker_placement`: UniExecutor's
+  "pkg.mod:Executor" places its workers as its class says (`Executor.worker_placement`: UniExecutor's
   subclasses "uni", every other executor "mp").
 
 A process's roles decide which plugin groups it loads, which config hooks it checks and which registries

@@ -81,7 +81,7 @@ class PrometheusStatLogger(StatLoggerBase):
             "asyncengine:prompt_tokens_total", "Prompt tokens of requests whose prefill completed."
         )
         self.generation_tokens = counter("asyncengine:generation_tokens_total", "Generated tokens.")
-        # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector (R6). The
+        # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector. The
         # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
         self.prompt_tokens_computed = counter(
             "asyncengine:prompt_tokens_computed_total",

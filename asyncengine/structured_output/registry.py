@@ -1,4 +1,4 @@
-"""The structured-output backend registry (R10): read in the frontend (a request's backend and its
+"""The structured-output backend registry: read in the frontend (a request's backend and its
 grammar are checked before it is queued) and in the engine core (which compiles and computes masks)."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ async def serve_worker(frames: FrameStream, params: StartupParams, trace: Startu
 
     state = await run_plugin_phases({WORKER}, params.engine_config, trace, device=params.platform,
                                     device_chosen_by="the frontend", frontend_manifest=params.manifest)
-    worker = build_worker(  # the class `worker_cls` names (C2), the built-in Worker by default
+    worker = build_worker(  # the class `worker_cls` names, the built-in Worker by default
         params.engine_config, params.model_config, state.platform, rank=params.rank,
         world_size=params.world_size, distributed_init_method=params.distributed_init_method,
         logits_processors=state.logits_processors,

@@ -1,4 +1,4 @@
-"""Op "sample": the sampler's draw, one token per row, run through the op providers (op_registry, R2).
+"""Op "sample": the sampler's draw, one token per row, run through the op providers (op_registry).
 
     sample(logits, temperature, seeds, noise) -> tokens
 

@@ -5,7 +5,7 @@ The engine core drives it by method name (`init_device`, `load_model`, `determin
 its own; `collective_rpc` reaches its other public methods the same way, and then the methods of its
 extension (`worker_extension_cls`, composed: see worker/extension.py).
 
-`worker_cls` (C2) names a subclass to build instead ("auto": the platform's choice; the built-in
+`worker_cls` names a subclass to build instead ("auto": the platform's choice; the built-in
 platforms choose this class): `build_worker` builds it, in a worker process and in the uni executor.
 """
 
