@@ -10,10 +10,13 @@ own (Python runs it, but it only re-exports its children, and counting it would 
 A class path held in a string ("asyncengine.worker.worker:Worker", imported when first needed) is not an import:
 naming a default implementation by path is how a lower layer stays ignorant of it.
 
-Three rules, three tests:
+The rules, one test each:
 - a module imports only from its own layer or the layers below it;
 - no import cycle between modules (a strongly connected component of the module graph with more than one module),
   lazy imports included: a cycle hidden inside functions is still two modules that cannot be read apart;
+- no cycle at import time through a package's `__init__` (a second graph: only the imports that run on import,
+  each with the `__init__`s it runs first), which the module graph cannot see and Python meets as a partially
+  initialised module, depending on which module is imported first;
 - every package and top-level module under asyncengine/ is placed in a layer, and every placed name exists.
 
 `asyncengine.ops` (the kernels, shipped from ops/ by a package-dir mapping) is below every layer: anything may use
@@ -93,15 +96,16 @@ class Import:
     target: str  # dotted module name (a module or package under asyncengine/)
 
 
-def module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+def module_name(path: pathlib.Path, root: pathlib.Path | None = None) -> str:
+    parts = list(path.relative_to((root or PACKAGE_ROOT).parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def all_modules() -> dict[str, pathlib.Path]:
-    return {module_name(path): path for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+def all_modules(root: pathlib.Path | None = None) -> dict[str, pathlib.Path]:
+    root = root or PACKAGE_ROOT
+    return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
 
 
 def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -137,6 +141,55 @@ def module_graph() -> tuple[dict[str, pathlib.Path], list[Import]]:
     modules = all_modules()
     edges = [imp for name, path in modules.items() for imp in imports_of(name, path, modules)]
     return modules, edges
+
+
+def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom,
+             modules: dict[str, pathlib.Path]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name == "asyncengine" or alias.name.startswith("asyncengine.")]
+    source = _resolve(name, is_package, node)
+    if not (source == "asyncengine" or source.startswith("asyncengine.")):
+        return []
+    return [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names]
+
+
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:index]) for index in range(1, len(parts))]
+
+
+def import_time_graph(root: pathlib.Path | None = None) -> tuple[dict[str, pathlib.Path], list[Import]]:
+    """The imports that run while a module is being imported (not those inside functions, nor under
+    `if TYPE_CHECKING:`), each with the package `__init__`s it runs first: importing `a.b.c` runs `a` and
+    `a.b` unless the importer is inside them (then they are running already). A cycle here is one Python
+    can meet at import time, as a partially initialised module, depending on which module is imported
+    first; the module graph above cannot see it, because it leaves the `__init__`s out."""
+    modules = all_modules(root)
+    edges: list[Import] = []
+
+    def visit(name: str, is_package: bool, body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue  # runs when called, not when imported
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(name, is_package, node.orelse)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                own = {name, *_ancestors(name)}
+                for target in _targets(name, is_package, node, modules):
+                    for module in [*_ancestors(target), target]:
+                        if module in modules and module not in own:
+                            edges.append(Import(name, node.lineno, module))
+                continue
+            for field in ("body", "orelse", "finalbody", "handlers"):  # class bodies, if/try/with blocks
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    visit(name, is_package, [n for n in inner if isinstance(n, ast.stmt)]
+                          + [stmt for h in inner if isinstance(h, ast.ExceptHandler) for stmt in h.body])
+
+    for name, path in modules.items():
+        visit(name, path.name == "__init__.py", ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body)
+    return modules, sorted(set(edges), key=lambda imp: (imp.importer, imp.line, imp.target))
 
 
 def layer_of(module: str) -> tuple[int, str] | None:
@@ -255,6 +308,19 @@ def test_no_import_cycles() -> None:
         )
 
 
+def test_no_import_cycle_through_a_package_init_at_import_time() -> None:
+    modules, edges = import_time_graph()
+    cycles = import_cycles(modules, edges)
+    if cycles:
+        report = "\n".join(_describe_cycle(component, edges, modules) for component in cycles)
+        raise AssertionError(
+            f"{len(cycles)} import cycle(s) at import time, through a package's __init__ (importing a.b.c runs "
+            f"a/__init__.py and a/b/__init__.py first):\n{report}\n"
+            "Whichever module is imported first meets the other half-initialised. Make the __init__ import its "
+            "submodules lazily (a module-level __getattr__), or import the submodule the code needs directly."
+        )
+
+
 def test_every_package_is_placed_in_a_layer() -> None:
     modules = all_modules()
     unplaced = sorted(name for name in modules if layer_of(name) is None)
@@ -311,6 +377,32 @@ def test_the_checker_finds_a_cycle_through_three_modules() -> None:
     assert import_cycles(modules, edges) == [["a", "b", "c"]]
 
 
+def test_the_import_time_check_sees_a_cycle_through_a_package_init(tmp_path: pathlib.Path) -> None:
+    """The shape of a real one (c8ac7c8^): config.model imports interfaces.registry, which runs the eager
+    interfaces/__init__, which imports interfaces.model_loader, which imports config.model back."""
+    root = tmp_path / "asyncengine"
+    files = {
+        "__init__.py": "",
+        "config/__init__.py": "",
+        "config/model.py": "from asyncengine.interfaces.registry import Registry\n",
+        "interfaces/__init__.py": "from asyncengine.interfaces import model_loader\n",
+        "interfaces/registry.py": "class Registry: ...\n",
+        "interfaces/model_loader.py": "from asyncengine.config.model import ModelConfig\n",
+    }
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+    modules, edges = import_time_graph(root)
+    assert import_cycles(modules, edges) == [
+        ["asyncengine.config.model", "asyncengine.interfaces", "asyncengine.interfaces.model_loader"]]
+    # The module graph leaves the __init__ out: it sees no cycle there.
+    assert import_cycles(modules, [imp for name, path in modules.items() for imp in imports_of(name, path, modules)]) == []
+    # A lazy __init__ (the fix) has no import-time edge to its submodules.
+    (root / "interfaces/__init__.py").write_text(
+        "def __getattr__(name):\n    from asyncengine.interfaces import model_loader\n    return model_loader\n")
+    assert import_cycles(*import_time_graph(root)) == []
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1:  # another checkout's asyncengine/ (to count an older commit's graph)
         PACKAGE_ROOT = pathlib.Path(sys.argv[1]).resolve()
@@ -321,5 +413,10 @@ if __name__ == "__main__":
     cycles = import_cycles(all_mods, all_edges)
     for component in cycles:
         print(_describe_cycle(component, all_edges, all_mods))
+    init_mods, init_edges = import_time_graph()
+    init_cycles = import_cycles(init_mods, init_edges)
+    for component in init_cycles:
+        print("at import time, through a package __init__: " + _describe_cycle(component, init_edges, init_mods))
+    cycles += init_cycles
     print(f"{len(upward)} upward imports, {len(cycles)} cycles, {len(all_mods)} modules, {len(all_edges)} imports")
     sys.exit(1 if upward or cycles else 0)
