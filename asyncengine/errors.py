@@ -14,13 +14,15 @@ class AsyncEngineError(Exception):
 class RequestError(AsyncEngineError, ValueError):
     """A request was invalid (the HTTP 400 family). `field` names the offending parameter; `source`, when
     set, names the plugin that refused it (e.g. a logits processor's validate_params), so the HTTP
-    layer can say who did."""
+    layer can say who did; `code`, when set, is OpenAI's error code for it (`context_length_exceeded`)."""
 
-    def __init__(self, message: str, *, field: str | None = None, source: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, source: str | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.source = source
+        self.code = code
 
 
 class EngineOverloadedError(AsyncEngineError):

@@ -13,40 +13,44 @@ Tokenizing and chat rendering never run on the event loop: `generate` (and `proc
 `tokenize`, `detokenize`, `render_chat`, `chat_prompt`, which the server calls) run them in the
 engine's `tokenizer_pool`, a few threads that the server and the Python API share (tokenizer_pool.py).
 
-Stat loggers (the stat-logger plugins, and any added with `add_stat_logger`) get every step's
-scheduler and iteration stats in `record`, and a `log()` call every `stats_log_interval` seconds. A
-stat logger that raises is a bug that would otherwise leave the metrics silently wrong, so the engine
-stops serving with an EngineDeadError naming it.
+Each request is one RequestRecord (request_state.py) from `submit` to its end; the RequestTable
+makes submitting, aborting, a step's outputs and the engine's death one call each. The server hands
+a request over once, through `open_stream` (the parsed prompt or conversation, its SamplingParams
+and options: rendered, tokenized and validated here, the output stream returned).
+
+Stat loggers (the stat-logger plugins, and any added with `add_stat_logger`) run in StatLogging
+(stat_logging.py): a slow one cannot stall the streams. A stat logger that raises is a bug that
+would otherwise leave the metrics silently wrong, so the engine stops serving with an
+EngineDeadError naming it. `wait_dead()` returns once the engine has died.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import msgspec
-from anyio.abc import TaskGroup
+from anyio.abc import TaskStatus
 from anyio.from_thread import run_sync as run_on_loop
 from anyio.lowlevel import current_token
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
 from asyncengine.runtime.reply import Reply
-from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, StartupError, rebuild_error
-from asyncengine.frontend.admission import AdmissionGate
+from asyncengine.errors import EngineDeadError, RequestError, rebuild_error
 from asyncengine.frontend.core_client import CoreClient, start_core_client
-from asyncengine.frontend.iteration_stats import IterationStats, StatsTracker
-from asyncengine.frontend.output_collector import OutputCollector
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
+from asyncengine.frontend.request_state import RequestTable
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
-from asyncengine.frontend.stat_loggers import StatLoggerBase, build_stat_logger, call_record, engine_initialized
+from asyncengine.frontend.stat_loggers import StatLoggerBase
+from asyncengine.frontend.stat_logging import StatLogging, logger_initialized
+from asyncengine.frontend.stat_logging import plugin_stat_loggers as _plugin_stat_loggers  # (tests build plugins)
 from asyncengine.frontend.tokenizer import decode_ids, encode_text, render_chat
 from asyncengine.frontend.tokenizer_pool import TokenizerPool
 from asyncengine.outputs import RequestOutput
@@ -75,28 +79,19 @@ class AsyncEngine:
         self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors)
         # Tokenizing and chat rendering run here, off the event loop (tokenizer_pool.py).
         self.tokenizer_pool = TokenizerPool()
-        self.output_processor = OutputProcessor(setup.tokenizer)
         self._core = core
-        self._collectors: dict[str, OutputCollector] = {}
-        self._gate = AdmissionGate(config.max_waiting_requests)
-        self._waiting: dict[str, str] = {}  # engine-core request id -> its request, until admitted
-        self._in_core: set[str] = set()  # engine-core request ids sent and not yet finished
-        self._calls: dict[int, Reply] = {}
+        self.stat_logging = StatLogging(config.stats_log_interval, self._stat_logger_failed,
+                                        lambda: self.last_scheduler_stats)
+        self._requests = RequestTable(OutputProcessor(setup.tokenizer), config.max_waiting_requests,
+                                      self.stat_logging.tracker, lambda: self.stat_logging.active)
+        self._calls: dict[int, Reply] = {}  # utility calls into the engine core, waiting for their result
         self._call_ids = itertools.count()
         self._request_ids = itertools.count()
         self._dead: EngineDeadError | None = None
+        self._died = anyio.Event()
         self._accepting = True
         self._closing = False
         self.last_scheduler_stats: SchedulerStats | None = None
-        # Stat loggers: a tuple replaced as a whole, so a step iterates a stable snapshot. The tracker
-        # is fed only while there is a logger: without one, stats cost nothing.
-        self._stat_loggers: tuple[StatLoggerBase, ...] = ()
-        self._stats = StatsTracker()
-        # `record` calls never overlap (a step's and the idle flush's). Taken without a checkpoint when
-        # free, so recording a step lets no other task run before a synchronous `record` is done.
-        self._stats_lock = anyio.Lock(fast_acquire=True)
-        self._logging_stats = False
-        self._task_group: TaskGroup | None = None
         # Where the engine runs, so that add_stat_logger can be called from other threads (LLM's users).
         self._loop_thread = threading.get_ident()
         self._loop_token = current_token()
@@ -120,14 +115,14 @@ class AsyncEngine:
             with single_exceptions():
                 async with anyio.create_task_group() as tg:
                     async with trace.phase("engine core"):
-                        core = await start_core_client(config)(config, setup, tg, plugins, trace)
+                        core = await tg.start(start_core_client(config), config, setup, plugins, trace)
                     async with trace.phase("ready"):
                         engine = cls(config, setup, core, plugins, trace.records)
-                        engine._task_group = tg
+                        await tg.start(engine.stat_logging.run)
                         for stat_logger in _plugin_stat_loggers(plugins.stat_loggers, config):
                             engine.add_stat_logger(stat_logger)
-                            await _logger_initialized(stat_logger)
-                    tg.start_soon(engine._handle_outputs)
+                            await logger_initialized(stat_logger)
+                    await tg.start(engine._handle_outputs)
                     if config.startup_trace:  # now, for a server that runs for days; again at the end
                         write_trace(config.startup_trace, trace.records)
                     try:
@@ -147,13 +142,18 @@ class AsyncEngine:
     def dead_error(self) -> EngineDeadError | None:
         return self._dead
 
+    async def wait_dead(self) -> EngineDeadError:
+        """Wait until the engine dies (its engine core or a worker gone, a stat logger failed); the
+        error its requests got. A shutdown is not a death: this keeps waiting."""
+        await self._died.wait()
+        return self._dead if self._dead is not None else EngineDeadError("the engine died")  # set before the event
+
     async def shutdown(self, grace_period: float = 30.0) -> None:
         """Stop admitting requests, let running ones finish for up to `grace_period` seconds, abort the rest."""
         self._accepting = False
         with anyio.move_on_after(grace_period):
-            while self._collectors and self._dead is None:
-                await anyio.sleep(0.05)
-        for request_id in list(self._collectors):
+            await self._requests.wait_empty()  # also when the engine dies: its requests fail at once
+        for request_id in self._requests.request_ids():
             await self.abort(request_id)
 
     async def _close(self) -> None:
@@ -161,7 +161,8 @@ class AsyncEngine:
         self._closing = True
         with anyio.CancelScope(shield=True):
             await self._core.close()
-        self._fail_everything(EngineDeadError("the engine was shut down"))
+        self._requests.fail_all(EngineDeadError("the engine was shut down"))
+        self._fail_calls(EngineDeadError("the engine was shut down"))
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -189,7 +190,7 @@ class AsyncEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if not isinstance(request_id, str) or not request_id:
             raise RequestError("request_id must be a non-empty string", field="request_id")
-        if request_id in self._collectors:
+        if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use", field="request_id")
         return request_id
 
@@ -253,51 +254,64 @@ class AsyncEngine:
         async for output in self.submit(processed, OutputKind.DELTA, nowait=nowait):
             yield output
 
+    async def open_stream(
+        self,
+        prompt: str | list[int] | Mapping[str, Any] | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        chat_options: Mapping[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
+        final_only: bool = False,
+        nowait: bool = False,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """The one hand-over of a request from the server: a text prompt, a list of token ids, a prompt
+        dict as `generate` takes it, or a conversation (`messages`, rendered through the chat template
+        with `chat_options`, `render_chat`'s keyword arguments). `add_special_tokens` (when tokenizing
+        text) defaults to True for a prompt, False for a conversation. Rendering and tokenizing run in the
+        tokenizer pool; the request is validated here, now, raising RequestError (or EngineDeadError);
+        the returned stream is not queued until it is iterated (so that several requests can be
+        validated before any runs). It yields deltas, or only the final output when `final_only`;
+        closing it aborts the request."""
+        if messages is not None:
+            if prompt is not None:
+                raise TypeError("open_stream takes a prompt or messages, not both")
+            prompt = await self.render_chat(messages, **(chat_options or {}))
+            if add_special_tokens is None:
+                add_special_tokens = False  # the template writes any BOS token itself
+        if isinstance(prompt, str):
+            token_ids = await self.tokenize(prompt, add_special_tokens=add_special_tokens is not False)
+            processed = self.process_request({"prompt": prompt, "prompt_token_ids": token_ids}, params, request_id)
+        elif isinstance(prompt, list):
+            processed = self.process_request({"prompt_token_ids": prompt}, params, request_id)
+        else:
+            processed = await self.process_request_async(prompt, params, request_id)
+        return self.submit(processed, OutputKind.FINAL_ONLY if final_only else OutputKind.DELTA, nowait=nowait)
+
     async def submit(
         self, processed: ProcessedRequest, kind: OutputKind, *, nowait: bool = False
     ) -> AsyncGenerator[RequestOutput, None]:
         """Queue an already processed request and yield its outputs (deltas, or only the final one)."""
-        request_id = processed.request_id
         num_children = len(processed.children)
         if num_children > self.config.max_waiting_requests:
             raise RequestError(
                 f"n={num_children} exceeds max_waiting_requests ({self.config.max_waiting_requests})", field="n"
             )
-        if request_id in self._collectors:
-            raise RequestError(f"request id {request_id!r} is already in use", field="request_id")
-        # Registered before waiting for admission, so it can be aborted (and its id is taken) meanwhile.
-        collector = OutputCollector()
-        self._collectors[request_id] = collector
-        self.output_processor.add_request(processed, kind)
+        record = self._requests.open(processed, kind)
         finished = False
         try:
-            if nowait:
-                if not self._gate.try_enter(num_children):
-                    raise EngineOverloadedError(
-                        f"{self.config.max_waiting_requests} requests are already waiting (max_waiting_requests); "
-                        "retry later"
-                    )
-                admitted = True
-            else:
-                admitted = await self._gate.enter(num_children, lambda: self._collectors.get(request_id) is collector)
-            if admitted and self._collectors.get(request_id) is not collector:
-                self._gate.leave(num_children)  # aborted at the very moment it got in
-            elif admitted:
-                for child in processed.children:  # from here on, aborting the request gives the places back
-                    self._waiting[child.request_id] = request_id
+            if await self._requests.admit(record, nowait=nowait):
                 self._check_accepting()
-                self._in_core.update(child.request_id for child in processed.children)
-                if self._stat_loggers:
-                    self._stats.add_requests(processed.children)
-                await self._core.send(AddRequests(requests=processed.children))
+                await self._core.send(AddRequests(requests=self._requests.send(record)))
             while not finished:
-                output = await collector.get()
+                output = await record.next_output()
                 finished = output.finished
                 yield output
         finally:
             if not finished:
                 with anyio.CancelScope(shield=True):
-                    await self._abort(request_id, notify=False)
+                    await self._send_aborts(self._requests.abort(record, notify=False))
 
     @asynccontextmanager
     async def stream(
@@ -312,24 +326,13 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its consumer gets a last output with finish_reason "abort"."""
-        await self._abort(request_id, notify=True)
+        await self._send_aborts(self._requests.abort_by_id(request_id, notify=True))
 
-    async def _abort(self, request_id: str, *, notify: bool) -> None:
-        collector = self._collectors.pop(request_id, None)
-        if collector is None:
-            return  # unknown, finished, or already aborted
-        core_ids, final = self.output_processor.abort_request(request_id)
-        self._leave_waiting(core_ids)
-        if self._stat_loggers:
-            self._stats.abort(core_ids, time.monotonic())
-        if notify and final is not None:
-            collector.put(final)
-        self._gate.wake()  # it may be waiting for admission: let it see it was aborted
-        sent = [core_id for core_id in core_ids if core_id in self._in_core]
-        self._in_core.difference_update(core_ids)
-        if sent and self._dead is None:
+    async def _send_aborts(self, core_ids: list[str]) -> None:
+        """Abort these engine-core requests in the engine core (they hold KV blocks there)."""
+        if core_ids and self._dead is None:
             try:
-                await self._core.send(AbortRequests(request_ids=sent))
+                await self._core.send(AbortRequests(request_ids=core_ids))
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the engine core is gone: there is nothing left to abort
 
@@ -338,11 +341,6 @@ class AsyncEngine:
             raise EngineDeadError(str(self._dead))
         if not self._accepting:
             raise EngineDeadError("the engine is shutting down and accepts no new requests")
-
-    def _leave_waiting(self, core_ids: list[str]) -> None:
-        left = sum(1 for core_id in core_ids if self._waiting.pop(core_id, None) is not None)
-        if left:
-            self._gate.leave(left)
 
     # -- calls into the engine core and the workers -----------------------------------------------------
 
@@ -373,7 +371,8 @@ class AsyncEngine:
 
     # -- outputs ---------------------------------------------------------------------------------------
 
-    async def _handle_outputs(self) -> None:
+    async def _handle_outputs(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         while True:
             try:
                 message = await self._core.receive()
@@ -395,48 +394,30 @@ class AsyncEngine:
                 return
 
     async def _on_step(self, message: EngineCoreOutputs) -> None:
-        received = time.monotonic() if self._stat_loggers else 0.0
+        received = time.monotonic() if self.stat_logging.active else 0.0
         self.last_scheduler_stats = message.scheduler_stats
-        self._leave_waiting(message.admitted_request_ids)
-        processed = self.output_processor.process_outputs(message.outputs)
-        for output in processed.request_outputs:
-            collector = self._collectors.get(output.request_id)
-            if collector is not None:
-                collector.put(output)
-            if output.finished:
-                self._collectors.pop(output.request_id, None)
-        for request_id, error in processed.failed_requests:  # a worker refused it: it alone fails
-            collector = self._collectors.pop(request_id, None)
-            if collector is not None:
-                collector.fail(error)
-        finished_core_ids = [o.request_id for o in message.outputs if o.finished]
-        self._leave_waiting(finished_core_ids + processed.core_requests_to_abort)
-        self._in_core.difference_update(finished_core_ids)
-        self._in_core.difference_update(processed.core_requests_to_abort)
-        if self._stat_loggers and self._dead is None:
-            # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
-            # before any consumer wakes up to its outputs, so a finished request is already counted.
-            iteration_stats = self._stats.step(
-                message.outputs, received, stopped_in_frontend=processed.core_requests_to_abort
-            )
-            await self._record_stats(message.scheduler_stats, iteration_stats)
-        if processed.core_requests_to_abort:
-            await self._core.send(AbortRequests(request_ids=processed.core_requests_to_abort))
+        to_abort = self._requests.on_step(message)
+        # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
+        # before any consumer wakes up to its outputs, so a finished request is already counted.
+        await self.stat_logging.record_step(message, received, to_abort)
+        if to_abort:
+            await self._core.send(AbortRequests(request_ids=to_abort))
 
-    def _die(self, error: EngineDeadError) -> None:
+    def _die(self, error: EngineDeadError) -> list[str]:
+        """The engine died: every request and call fails with `error`. The engine-core ids that were
+        still in the engine core (to abort there, when the engine core itself is alive)."""
         if self._dead is None:
             self._dead = error
             logger.error("engine dead: %s", error)
-        self._fail_everything(self._dead)
+        self.stat_logging.stop()
+        in_core = self._requests.fail_all(self._dead)
+        self._fail_calls(self._dead)
+        self._died.set()
+        return in_core
 
-    def _fail_everything(self, error: EngineDeadError) -> None:
-        for collector in self._collectors.values():
-            collector.fail(error)
-        self._collectors.clear()
+    def _fail_calls(self, error: EngineDeadError) -> None:
         for reply in self._calls.values():
             reply.fail(error)
-        self._gate.fail(error)
-        self._stats.clear()
 
     # -- stat loggers ----------------------------------------------------------------------------------
 
@@ -456,60 +437,22 @@ class AsyncEngine:
 
     @property
     def stat_loggers(self) -> tuple[StatLoggerBase, ...]:
-        return self._stat_loggers
+        return self.stat_logging.loggers
 
     def _add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        self._stat_loggers = (*self._stat_loggers, stat_logger)
-        if not self._logging_stats and self._task_group is not None:
-            self._logging_stats = True
-            self._task_group.start_soon(self._log_stats_periodically)
+        self.stat_logging.add(stat_logger)
 
-    async def _record_stats(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
-        async with self._stats_lock:
-            for stat_logger in self._stat_loggers:
-                if self._dead is not None:
-                    return
-                try:
-                    result = call_record(stat_logger, scheduler_stats, iteration_stats)  # ours or vLLM's signature
-                    if inspect.isawaitable(result):
-                        await result
-                except Exception as exc:
-                    await self._stat_logger_failed(stat_logger, "record", exc)
-                    return
-
-    async def _log_stats_periodically(self) -> None:
-        """Every `stats_log_interval` seconds: report aborts an idle engine has not reported yet,
-        then call each logger's `log()`. Runs in the engine's task group, so it ends with the engine."""
-        while self._dead is None:
-            await anyio.sleep(self.config.stats_log_interval)
-            pending = self._stats.take_pending()
-            if pending is not None and self._dead is None:
-                await self._record_stats(self.last_scheduler_stats, pending)
-            for stat_logger in self._stat_loggers:
-                if self._dead is not None:
-                    return
-                try:
-                    result = stat_logger.log()
-                    if inspect.isawaitable(result):
-                        await result
-                except Exception as exc:
-                    await self._stat_logger_failed(stat_logger, "log", exc)
-                    return
-
-    async def _stat_logger_failed(self, stat_logger: StatLoggerBase, method: str, exc: Exception) -> None:
-        name = _qualified_name(type(stat_logger))
-        logger.error("stat logger %s raised in %s()", name, method, exc_info=exc)
-        error = EngineDeadError(f"stat logger {name} raised in {method}(): {type(exc).__name__}: {exc}")
-        error.__cause__ = exc
-        self._die(error)
+    async def _stat_logger_failed(self, error: EngineDeadError) -> None:
+        in_core = self._die(error)
         # Nobody waits for the requests in the engine core any more: free what they hold there.
-        in_core = list(self._in_core)
-        self._in_core.clear()
-        if in_core:
+        await self._send_aborts_while_dying(in_core)
+
+    async def _send_aborts_while_dying(self, core_ids: list[str]) -> None:
+        if core_ids:
             try:
-                await self._core.send(AbortRequests(request_ids=in_core))
+                await self._core.send(AbortRequests(request_ids=core_ids))
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the engine core is gone as well
 
@@ -521,28 +464,3 @@ def _text_to_tokenize(prompt: Any) -> str | None:
     if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
         return prompt["prompt"]
     return None
-
-
-def _qualified_name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-async def _logger_initialized(stat_logger: StatLoggerBase) -> None:
-    try:
-        await engine_initialized(stat_logger)
-    except Exception as exc:  # the plugin's own failure, at start-up: named
-        raise StartupError(f"stat logger plugin {_qualified_name(type(stat_logger))} raised in "
-                           f"log_engine_initialized(): {type(exc).__name__}: {exc}") from exc
-
-
-def _plugin_stat_loggers(classes: list[type], config: EngineConfig) -> list[StatLoggerBase]:
-    """One instance of each stat-logger plugin class, built as `cls(config)`."""
-    loggers = []
-    for cls in classes:
-        try:
-            loggers.append(build_stat_logger(cls, config))
-        except Exception as exc:
-            raise StartupError(
-                f"stat logger plugin {_qualified_name(cls)} raised when constructed: {type(exc).__name__}: {exc}"
-            ) from exc
-    return loggers

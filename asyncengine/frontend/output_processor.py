@@ -2,9 +2,9 @@
 
 It detokenizes incrementally, finds stop strings (then asks for the engine-core request to be
 aborted, since the core only knows token-level stops), gathers the `n` completions of a request, and
-emits either deltas (streaming) or one final output. A completion that failed in the engine (finish
-reason "error": a worker refused it) fails its whole request with a RequestError, and its other
-completions are aborted.
+emits either deltas (streaming) or one final output. It keeps no table of requests: each request's
+state (a RequestOutputState) lives in its RequestRecord (request_state.py), which calls `apply` for
+each engine-core output and `make_output` once per step.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ class OutputKind(enum.Enum):
 
 
 @dataclass
-class _Completion:
+class CompletionState:
+    """One completion of a request: its tokens and text so far, and how much of them was sent."""
+
     index: int
     core_request_id: str
     detokenizer: IncrementalDetokenizer | None
@@ -56,10 +58,12 @@ class _Completion:
 
 
 @dataclass
-class _RequestState:
+class RequestOutputState:
+    """What the output processor keeps for one request (its RequestRecord holds it)."""
+
     request: ProcessedRequest
     kind: OutputKind
-    completions: list[_Completion]
+    completions: list[CompletionState]
     num_cached_tokens: int = 0
 
     @property
@@ -67,23 +71,13 @@ class _RequestState:
         return all(c.finished for c in self.completions)
 
 
-@dataclass
-class ProcessedOutputs:
-    request_outputs: list[RequestOutput]
-    # Engine-core requests to abort because a stop string ended them in the frontend (or a sibling
-    # completion failed).
-    core_requests_to_abort: list[str]
-    # Requests that failed in the engine, with the error their consumer gets; they are forgotten here.
-    failed_requests: list[tuple[str, RequestError]] = field(default_factory=list)
-
-
 class OutputProcessor:
+    """Stateless but for the tokenizer: each request's state is a RequestOutputState, kept by its record."""
+
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
-        self._requests: dict[str, _RequestState] = {}
-        self._by_core_id: dict[str, tuple[_RequestState, _Completion]] = {}
 
-    def add_request(self, request: ProcessedRequest, kind: OutputKind) -> None:
+    def new_state(self, request: ProcessedRequest, kind: OutputKind) -> RequestOutputState:
         params = request.params
         completions = []
         for index, child in enumerate(request.children):
@@ -97,7 +91,7 @@ class OutputProcessor:
                     stop=params.stop,
                     include_stop_str_in_output=params.include_stop_str_in_output,
                 )
-            completion = _Completion(
+            completions.append(CompletionState(
                 index=index,
                 core_request_id=child.request_id,
                 detokenizer=detokenizer,
@@ -105,79 +99,33 @@ class OutputProcessor:
                 include_stop_str_in_output=params.include_stop_str_in_output,
                 logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None,
-            )
-            completions.append(completion)
-        state = _RequestState(request, kind, completions)
-        self._requests[request.request_id] = state
-        for completion in completions:
-            self._by_core_id[completion.core_request_id] = (state, completion)
+            ))
+        return RequestOutputState(request, kind, completions)
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
-
-    def has_request(self, request_id: str) -> bool:
-        return request_id in self._requests
-
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._requests)
-
-    def abort_request(self, request_id: str) -> tuple[list[str], RequestOutput | None]:
-        """Forget a request. Returns the engine-core ids of its unfinished completions (to abort there)
-        and its last output, where those completions end with finish_reason "abort"."""
-        state = self._requests.pop(request_id, None)
-        if state is None:
-            return [], None
-        unfinished = [c for c in state.completions if not c.finished]
+    def abort(self, state: RequestOutputState) -> RequestOutput | None:
+        """End the unfinished completions with finish_reason "abort"; the request's last output."""
         for completion in state.completions:
-            self._by_core_id.pop(completion.core_request_id, None)
-        for completion in unfinished:
-            if completion.detokenizer is not None:
-                completion.text += completion.detokenizer.flush()
-            completion.finish_reason = FinishReason.ABORT
-        return [c.core_request_id for c in unfinished], self._make_output(state)
+            if not completion.finished:
+                if completion.detokenizer is not None:
+                    completion.text += completion.detokenizer.flush()
+                completion.finish_reason = FinishReason.ABORT
+        return self.make_output(state)
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
-        to_abort: list[str] = []
-        touched: dict[str, _RequestState] = {}
-        failed: list[tuple[str, RequestError]] = []
-        for output in outputs:
-            entry = self._by_core_id.get(output.request_id)
-            if entry is None:
-                continue  # aborted in the frontend while the step ran
-            state, completion = entry
-            if output.finish_reason == FinishReason.ERROR:
-                request_id = state.request.request_id
-                siblings, _ = self.abort_request(request_id)
-                to_abort.extend(core_id for core_id in siblings if core_id != output.request_id)
-                touched.pop(request_id, None)
-                failed.append((request_id, RequestError(output.error or "the engine could not run this request",
-                                                        field=output.error_field)))
-                continue
-            state.num_cached_tokens = output.num_cached_tokens
-            if self._apply(completion, output):
-                to_abort.append(completion.core_request_id)
-            if completion.finished:
-                del self._by_core_id[completion.core_request_id]
-            touched[state.request.request_id] = state
-        request_outputs = []
-        for request_id, state in touched.items():
-            request_output = self._make_output(state)
-            if request_output is not None:
-                request_outputs.append(request_output)
-            if state.finished:
-                del self._requests[request_id]
-        return ProcessedOutputs(request_outputs, to_abort, failed)
+    @staticmethod
+    def error_of(output: EngineCoreOutput) -> RequestError:
+        """The error a request's consumer gets when one of its completions failed in the engine."""
+        return RequestError(output.error or "the engine could not run this request", field=output.error_field)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
-    def _apply(self, completion: _Completion, output: EngineCoreOutput) -> bool:
+    def apply(self, completion: CompletionState, output: EngineCoreOutput) -> bool:
         """Fold one step's tokens into `completion`. True when a stop string ended it here."""
         completion.token_ids.extend(output.new_token_ids)
         if output.new_logprobs is not None and completion.logprobs is not None:
             for token_ids, values in output.new_logprobs:
                 completion.logprobs.append(dict(zip(token_ids, values)))
-                completion.cumulative_logprob += values[0]
+                # (set to 0.0 with the logprobs list, when the request asked for logprobs)
+                completion.cumulative_logprob = (completion.cumulative_logprob or 0.0) + values[0]
         stopped_here = False
         detokenizer = completion.detokenizer
         if detokenizer is not None:
@@ -201,7 +149,7 @@ class OutputProcessor:
             completion.stop_reason = output.stop_reason
         return stopped_here
 
-    def _make_output(self, state: _RequestState) -> RequestOutput | None:
+    def make_output(self, state: RequestOutputState) -> RequestOutput | None:
         if state.kind is OutputKind.FINAL_ONLY:
             if not state.finished:
                 return None
@@ -219,7 +167,7 @@ class OutputProcessor:
         )
 
     @staticmethod
-    def _completion_output(completion: _Completion, *, full: bool) -> CompletionOutput:
+    def _completion_output(completion: CompletionState, *, full: bool) -> CompletionOutput:
         token_start = 0 if full else completion.sent_tokens
         text_start = 0 if full else completion.sent_text
         logprobs = None if completion.logprobs is None else completion.logprobs[token_start:]

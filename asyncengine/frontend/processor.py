@@ -27,6 +27,7 @@ from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
+from asyncengine.interfaces.logits import LogitsProcessor
 from asyncengine.worker.logits_processors import processor_name
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def child_request_id(request_id: str, index: int, n: int, submission: int) -> st
 
 class InputProcessor:
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, tokenizer: Any | None,
-                 logits_processors: Sequence[type] = ()) -> None:
+                 logits_processors: Sequence[type[LogitsProcessor]] = ()) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -250,19 +251,19 @@ class InputProcessor:
 
 
 def context_length_error(prompt_len: int, max_tokens: int | None, max_model_len: int) -> RequestError | None:
-    """The context-length rule, shared by the server (which checks it first, to answer with its own
-    code) and the InputProcessor: the prompt must leave room for one token, and an explicit
-    max_tokens must fit after the prompt."""
+    """The context-length rule: the prompt must leave room for one token, and an explicit max_tokens
+    must fit after the prompt. Its errors carry OpenAI's code for it, which the server answers with."""
     if prompt_len >= max_model_len:
         return RequestError(
             f"the prompt is {prompt_len} tokens long, but max_model_len is {max_model_len} and at least one token "
             "must be generated: shorten the prompt or raise max_model_len", field="prompt",
+            code="context_length_exceeded",
         )
     if max_tokens is not None and prompt_len + max_tokens > max_model_len:
         return RequestError(
             f"this model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len} and "
             f"max_tokens asks for {max_tokens} more: lower max_tokens (or leave it unset for all the room left) "
-            "or shorten the prompt", field="max_tokens",
+            "or shorten the prompt", field="max_tokens", code="context_length_exceeded",
         )
     return None
 

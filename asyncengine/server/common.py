@@ -56,17 +56,12 @@ def new_id(prefix: str, header_id: str | None) -> str:
     return f"{prefix}-{header_id or secrets.token_hex(12)}"
 
 
-def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
-                    prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams for `request`; a bad value is a 400 naming its field. The context-length rule is
-    the InputProcessor's (one rule for the server and the Python API), checked here first so that its
-    400 carries OpenAI's code for it."""
-    from asyncengine.frontend.processor import context_length_error
+def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """SamplingParams for `request`; a bad value is a 400 naming its field. The rules that need the
+    prompt (the context length among them) are the frontend's, checked when the engine takes the
+    request (`AsyncEngine.open_stream`)."""
     from asyncengine.structured_output.openai_fields import from_request
 
-    too_long = context_length_error(prompt_len, max_tokens, max_model_len)
-    if too_long is not None:
-        raise bad_request(too_long.message, param=too_long.field, code="context_length_exceeded")
     values: dict[str, Any] = {
         "n": request.n,
         "ignore_eos": request.ignore_eos,
@@ -95,11 +90,16 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         raise from_engine_error(error) from error
 
 
-async def tokenize_prompt(engine: Any, text: str, *, add_special_tokens: bool) -> list[int]:
-    """The token ids of a text prompt, tokenized off the event loop (the engine's tokenizer pool)."""
+def check_tokenizer(engine: Any) -> None:
+    """Text prompts need the tokenizer: without one (skip_tokenizer_init) a 400 saying to send token ids."""
     if engine.tokenizer is None:
         raise bad_request("text prompts need a tokenizer, but the server runs with skip_tokenizer_init: send "
                           "token ids", param="prompt", code="no_tokenizer")
+
+
+async def tokenize_prompt(engine: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    """The token ids of a text prompt, tokenized off the event loop (the engine's tokenizer pool)."""
+    check_tokenizer(engine)
     try:
         return await engine.tokenize(text, add_special_tokens=add_special_tokens)
     except RequestError as error:
@@ -187,7 +187,7 @@ def engine_errors_as_http() -> Iterator[None]:
         matched, _ = group.split((RequestError, EngineOverloadedError, EngineDeadError))
         if matched is None:
             raise
-        first = matched
+        first: BaseException = matched
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise from_engine_error(first) from group
@@ -195,21 +195,28 @@ def engine_errors_as_http() -> Iterator[None]:
         raise from_engine_error(error) from error
 
 
-async def final_outputs(engine: Any, submissions: list[Any]) -> list[RequestOutput | None]:
-    """Run every submitted request to its final output, concurrently, in a task group of its own; the
-    first engine error among them becomes an HTTP error (and cancels the rest)."""
-    from asyncengine.frontend.output_processor import OutputKind
+async def open_stream(engine: Any, *args: Any, **options: Any) -> AsyncGenerator[RequestOutput, None]:
+    """`engine.open_stream(...)` (render, tokenize, validate; the stream not started yet), with what the
+    engine refuses as an HTTP error."""
+    try:
+        return await engine.open_stream(*args, **options)
+    except (RequestError, EngineDeadError) as error:
+        raise from_engine_error(error) from error
 
-    finals: list[RequestOutput | None] = [None] * len(submissions)
+
+async def final_outputs(streams: list[AsyncGenerator[RequestOutput, None]]) -> list[RequestOutput | None]:
+    """Run every request (streams opened with `final_only`) to its final output, concurrently, in a task
+    group of its own; the first engine error among them becomes an HTTP error (and cancels the rest)."""
+    finals: list[RequestOutput | None] = [None] * len(streams)
 
     async def run(index: int) -> None:
         # aclosing: a cancelled `async for` leaves its generator open; closing it aborts the request now.
-        async with aclosing(engine.submit(submissions[index], OutputKind.FINAL_ONLY, nowait=True)) as outputs:
+        async with aclosing(streams[index]) as outputs:
             async for output in outputs:
                 finals[index] = output
 
     with engine_errors_as_http():
         async with anyio.create_task_group() as tg:
-            for index in range(len(submissions)):
+            for index in range(len(streams)):
                 tg.start_soon(run, index)
     return finals

@@ -72,7 +72,7 @@ def http_param(field: str | None) -> str | None:
     return field
 
 
-def from_engine_error(error: Exception) -> ApiError:
+def from_engine_error(error: BaseException) -> ApiError:
     """Engine errors a request can meet, as HTTP errors."""
     if isinstance(error, RequestError):
         param = http_param(error.field)
@@ -81,7 +81,7 @@ def from_engine_error(error: Exception) -> ApiError:
             message = "vllm_xargs" + message[len("extra_args"):]
         if error.source:  # a plugin refused the request: say which one, and which parameter
             message = f"{error.source} refused {param or 'the request'}: {message}"
-        return bad_request(message, param=param, code="invalid_value")
+        return bad_request(message, param=param, code=error.code or "invalid_value")
     if isinstance(error, EngineOverloadedError):
         return ApiError(503, str(error), type="service_unavailable", code="engine_overloaded",
                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -13,8 +13,8 @@ When the engine dies (its process killed, a worker failure), the requests in fli
 (the engine fails them), Hypercorn stops accepting connections, and once the last of those responses
 is out (or after `shutdown_grace_period`) serve returns EXIT_ENGINE_DEAD: a server whose engine is
 gone cannot recover, and a supervisor (systemd, Kubernetes) restarts a process that exits.
-`keep_serving_after_engine_death` keeps it up instead, answering 503. AsyncEngine has no event for
-its death, so a task looks at `dead_error` every DEATH_POLL_SECONDS.
+`keep_serving_after_engine_death` keeps it up instead, answering 503. The server learns of the
+death from `AsyncEngine.wait_dead()`, an event set when the engine dies.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from asyncengine.server.serving_io_processor import check_io_processor_name
 logger = logging.getLogger("asyncengine.server")
 
 FLUSH_SECONDS = 1.0
-DEATH_POLL_SECONDS = 0.2
 EXIT_OK, EXIT_ENGINE_DEAD = 0, 1
 
 
@@ -67,7 +66,7 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
             print(f"asyncengine: serving {engine.model_config.served_model_name} on {', '.join(binds)}", flush=True)
             task_status.started(binds)
             if not server_config.keep_serving_after_engine_death:
-                await _wait_for_engine_death(engine)
+                await engine.wait_dead()
                 exit_status = EXIT_ENGINE_DEAD
                 await _stop_after_engine_death(app, engine, stop, server_config.shutdown_grace_period,
                                                nursery.cancel_scope)
@@ -101,11 +100,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name: it may resolve to anything
         return False
-
-
-async def _wait_for_engine_death(engine: AsyncEngine) -> None:
-    while engine.dead_error is None:
-        await trio.sleep(DEATH_POLL_SECONDS)
 
 
 async def _stop_after_engine_death(app, engine: AsyncEngine, stop: trio.Event, grace_period: float,

@@ -22,14 +22,13 @@ import anyio
 import msgspec
 
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
-from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.outputs import CompletionOutput
 from asyncengine.server.common import (
-    SSE_DONE, ServingContext, TokenText, chat_prompt_text, check_model, check_supported, engine_errors_as_http,
-    first_then_rest, new_id, sampling_params, sse, sse_error, start_stream, tokenize_prompt, usage,
+    SSE_DONE, ServingContext, TokenText, check_model, check_supported, engine_errors_as_http, first_then_rest,
+    new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
-from asyncengine.server.errors import bad_request, from_engine_error
+from asyncengine.server.errors import bad_request
 from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
 from asyncengine.server.protocol import (
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
@@ -82,34 +81,33 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     tools_active = _tools_active(context, request)
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
-    text = await chat_prompt_text(
-        engine, message_dicts(request.messages), chat_template=context.chat_template,
-        add_generation_prompt=request.add_generation_prompt, continue_final_message=request.continue_final_message,
+    messages = message_dicts(request.messages)
+    chat_options = dict(
+        chat_template=context.chat_template, add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
         tools=[msgspec.to_builtins(tool) for tool in request.tools] if request.tools else None,
         template_kwargs=request.chat_template_kwargs,
     )
-    token_ids = await tokenize_prompt(engine, text, add_special_tokens=request.add_special_tokens)
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs, prompt_len=len(token_ids),
-                             max_model_len=context.max_model_len)
+    params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs)
     response_id = new_id("chatcmpl", header_id)
-    try:
-        processed = engine.process_request({"prompt": text, "prompt_token_ids": token_ids}, params,
-                                           header_id or response_id)
-    except (RequestError, EngineDeadError) as error:
-        raise from_engine_error(error) from error
+    # Rendered through the chat template and tokenized in the engine's tokenizer pool, then validated.
+    outputs = await open_stream(engine, None, params, header_id or response_id, messages=messages,
+                                chat_options=chat_options, add_special_tokens=bool(request.add_special_tokens),
+                                final_only=not request.stream, nowait=True)
     shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer))
     if request.stream:
-        outputs = engine.submit(processed, OutputKind.DELTA, nowait=True)
         scope.close_at_end(outputs)  # aborts the request however the response ends, even before the body starts
         first = await start_stream(outputs)
         return shaper.events(first_then_rest(first, outputs))
     final = None
     with engine_errors_as_http():
-        async with aclosing(engine.submit(processed, OutputKind.FINAL_ONLY, nowait=True)) as outputs:
+        async with aclosing(outputs):
             async for output in outputs:
                 final = output
+    if final is None:  # every request's stream ends with its final output
+        raise RuntimeError(f"{response_id}: the engine ended the request without a final output")
     choices = [shaper.choice(c) for c in final.outputs]
     completion_tokens = sum(len(c.token_ids) for c in final.outputs)
     return ChatCompletionResponse(id=response_id, created=shaper.created, model=context.model_name, choices=choices,
@@ -147,7 +145,7 @@ class _ChatShaper:
     def _parsers(self) -> tuple[Any, Any]:
         tokenizer = self.context.engine.tokenizer
         reasoning = self.context.reasoning_parser(tokenizer) if self.context.reasoning_parser else None
-        tools = self.context.tool_parser(tokenizer) if self.tools_active else None
+        tools = self.context.tool_parser(tokenizer) if self.tools_active and self.context.tool_parser else None
         return reasoning, tools
 
     # -- whole responses -------------------------------------------------------------------------------

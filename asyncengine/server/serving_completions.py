@@ -13,15 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
-from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
-    SSE_DONE, ServingContext, TokenText, check_model, check_supported, final_outputs, first_then_rest, new_id,
-    sampling_params, sse, sse_error, start_stream, tokenize_prompt, usage,
+    SSE_DONE, ServingContext, TokenText, check_model, check_supported, check_tokenizer, final_outputs,
+    first_then_rest, new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.errors import bad_request, from_engine_error
@@ -34,12 +33,13 @@ def prompts_of(request: CompletionRequest) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
+        # (cast: each all(...) has just checked the items' type)
         if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
+            return list(cast(list[str], prompt))
         if all(_is_token_id(t) for t in prompt):
-            return [list(prompt)]
+            return [list(cast(list[int], prompt))]
         if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
-            return [list(p) for p in prompt]
+            return [list(p) for p in cast(list[list[int]], prompt)]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of lists of token "
                       f"ids; got {type(prompt).__name__}" + (" (empty)" if prompt in ([], "") else ""),
                       param="prompt", code="invalid_value")
@@ -56,24 +56,19 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     engine = context.engine
     response_id = new_id("cmpl", header_id)
     tokenizer = engine.tokenizer
-    submissions = []
+    streams = []  # every prompt is validated before any runs
     for index, prompt in enumerate(prompts_of(request)):
         if isinstance(prompt, str):
-            engine_prompt = {"prompt": prompt, "prompt_token_ids": await tokenize_prompt(
-                engine, prompt, add_special_tokens=request.add_special_tokens)}
-        else:
-            engine_prompt = {"prompt_token_ids": prompt}
-        params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
-                                 prompt_len=len(engine_prompt["prompt_token_ids"]), max_model_len=context.max_model_len)
+            check_tokenizer(engine)
+        params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs)
         request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
-        try:
-            submissions.append(engine.process_request(engine_prompt, params, request_id))
-        except (RequestError, EngineDeadError) as error:
-            raise from_engine_error(error) from error
+        streams.append(await open_stream(engine, prompt, params, request_id,
+                                         add_special_tokens=request.add_special_tokens,
+                                         final_only=not request.stream, nowait=True))
     shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
     if request.stream:
-        return await _stream(engine, submissions, shaper, request, scope)
-    finals = await final_outputs(engine, submissions)
+        return await _stream(streams, shaper, request, scope)
+    finals = await final_outputs(streams)
     return shaper.response(finals)
 
 
@@ -129,17 +124,17 @@ class _Shaper:
                                   choices=[self.choice(prompt_index, c) for c in output.outputs])
 
 
-async def _stream(engine: Any, submissions: list, shaper: _Shaper, request: CompletionRequest,
+async def _stream(streams: list[AsyncGenerator[RequestOutput, None]], shaper: _Shaper, request: CompletionRequest,
                   scope: ResponseScope) -> AsyncIterator[bytes]:
     include_usage = request.stream_options is not None and request.stream_options.include_usage
-    if len(submissions) == 1:
-        outputs = engine.submit(submissions[0], OutputKind.DELTA, nowait=True)
+    if len(streams) == 1:
+        outputs = streams[0]
         scope.close_at_end(outputs)  # also when the body never starts
         first = await start_stream(outputs)  # errors before the first byte are HTTP errors
         tagged = _tag(0, first_then_rest(first, outputs))
     else:
-        tagged = await _fan_in(engine, submissions, scope)
-    return _events(tagged, shaper, include_usage, num_prompts=len(submissions))
+        tagged = await _fan_in(streams, scope)
+    return _events(tagged, shaper, include_usage, num_prompts=len(streams))
 
 
 async def _tag(prompt_index: int, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
@@ -173,22 +168,22 @@ async def _events(tagged: AsyncGenerator[tuple[int, RequestOutput], None], shape
             await tagged.aclose()  # the client left early: abort what still runs
 
 
-async def _fan_in(engine: Any, submissions: list,
+async def _fan_in(streams: list[AsyncGenerator[RequestOutput, None]],
                   scope: ResponseScope) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Several prompts' outputs through one channel, each fed by a task of the response's scope. The
     returned generator cancels them all when it is closed; the scope does when the response ends
     without it (the client left before the body started). Either way their requests are aborted."""
-    send, receive = anyio.create_memory_object_stream[tuple[int, Any]](len(submissions) * 4)
+    send, receive = anyio.create_memory_object_stream[tuple[int, Any]](len(streams) * 4)
     scope.close_at_end(receive)
-    scopes = [anyio.CancelScope() for _ in submissions]
-    started: list[anyio.Event] = [anyio.Event() for _ in submissions]
+    scopes = [anyio.CancelScope() for _ in streams]
+    started: list[anyio.Event] = [anyio.Event() for _ in streams]
     failures: list[BaseException] = []
 
     async def produce(index: int) -> None:
         with scopes[index]:
             try:
                 # aclosing: a cancelled `async for` would leave the generator, and its request, open.
-                async with aclosing(engine.submit(submissions[index], OutputKind.DELTA, nowait=True)) as outputs:
+                async with aclosing(streams[index]) as outputs:
                     async for output in outputs:
                         started[index].set()
                         await send.send((index, output))
@@ -200,15 +195,15 @@ async def _fan_in(engine: Any, submissions: list,
             finally:
                 started[index].set()
 
-    for index in range(len(submissions)):
+    for index in range(len(streams)):
         scope.start_soon(produce, index, name=f"completion prompt {index}")
     for event in started:  # every prompt admitted and produced its first output, or one failed
         await event.wait()
         if failures:
-            for scope in scopes:
-                scope.cancel()
+            for cancel_scope in scopes:
+                cancel_scope.cancel()
             raise from_engine_error(failures[0])
-    return _drain(receive, scopes, len(submissions))
+    return _drain(receive, scopes, len(streams))
 
 
 async def _drain(receive: Any, scopes: list[anyio.CancelScope], count: int) -> AsyncGenerator[tuple[int, RequestOutput], None]:

@@ -1,5 +1,5 @@
 """POST /v1/io_process: the IO processor chosen by `--io-processor-plugin NAME` (entry-point group
-`asyncengine.io_processor_plugins`, row E3 of the extension points).
+`asyncengine.io_processor_plugins`, one of the extension points).
 
 The request's `data` goes to the plugin's `pre_process`, which returns prompts; each prompt is
 generated through the engine with the request's sampling fields (concurrently, as /v1/completions
@@ -24,16 +24,15 @@ from typing import Any
 import anyio
 import msgspec
 
-from asyncengine.errors import ConfigError, EngineDeadError, RequestError, StartupError
-from asyncengine.frontend.io_processor import IOProcessor
+from asyncengine.errors import ConfigError, StartupError
+from asyncengine.interfaces.io_processor import IOProcessor
 from asyncengine.plugin_runtime import groups
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
 from asyncengine.server.common import (
-    final_outputs,
-    ServingContext, check_model, check_supported, new_id, sampling_params, usage,
+    ServingContext, check_model, check_supported, final_outputs, new_id, open_stream, sampling_params, usage,
 )
-from asyncengine.server.errors import ApiError, bad_request, from_engine_error
+from asyncengine.server.errors import ApiError, bad_request
 from asyncengine.server.protocol import IOProcessRequest, IOProcessResponse
 
 logger = logging.getLogger("asyncengine.server")
@@ -109,7 +108,7 @@ def select_io_processor(engine_config: Any, loaded: dict[str, type]) -> IOProces
 async def create_io_process(context: ServingContext, request: IOProcessRequest,
                             header_id: str | None) -> IOProcessResponse:
     setup: IOProcessorSetup = context.io_processor or IOProcessorSetup()
-    if setup.processor is None:
+    if setup.processor is None or setup.name is None:  # (a chosen processor always has its name)
         installed = ", ".join(setup.installed) or "none is installed"
         raise ApiError(400, f"this server has no IO processor: start it with {FLAG} NAME (installed IO "
                             f"processors: {installed})", code="io_processor_not_configured")
@@ -118,24 +117,20 @@ async def create_io_process(context: ServingContext, request: IOProcessRequest,
     engine = context.engine
     response_id = new_id("ioproc", header_id)
     prompts = _prompt_list(setup.name, await _call_plugin(setup, "pre_process", request))
-    submissions = []
+    streams = []  # every prompt is validated before any runs
     for index, prompt in enumerate(prompts):
-        engine_prompt = await _engine_prompt(context, request, setup.name, index, prompt)
+        engine_prompt = _engine_prompt(context, setup.name, index, prompt)
         try:
-            params = sampling_params(request, max_tokens=request.max_tokens, logprobs=None,
-                                     prompt_len=len(engine_prompt["prompt_token_ids"]),
-                                     max_model_len=context.max_model_len)
-            try:
-                submissions.append(engine.process_request(engine_prompt, params,
-                                                          f"{header_id or response_id}-{index}"))
-            except (RequestError, EngineDeadError) as error:
-                raise from_engine_error(error) from error
+            params = sampling_params(request, max_tokens=request.max_tokens, logprobs=None)
+            streams.append(await open_stream(engine, engine_prompt, params, f"{header_id or response_id}-{index}",
+                                             add_special_tokens=request.add_special_tokens, final_only=True,
+                                             nowait=True))
         except ApiError as error:
             if error.param is not None and error.param.startswith("prompt"):
                 # The user sent `data`, not this prompt: say which of the plugin's prompts it was.
                 error.message = f"prompt {index} that IO processor {setup.name!r} built: {error.message}"
             raise
-    finals = await final_outputs(engine, submissions)
+    finals = await final_outputs(streams)
     outputs = [output for output in finals if output is not None]  # every task ran to its final output or raised
     data = await _call_plugin(setup, "post_process", outputs)
     try:
@@ -197,23 +192,20 @@ def _prompt_list(name: str | None, value: Any) -> list[Any]:
                                                   "{'prompt_token_ids': [...]})")
 
 
-async def _engine_prompt(context: ServingContext, request: IOProcessRequest, name: str | None, index: int,
-                         prompt: Any) -> dict[str, Any]:
-    """One of the plugin's prompts as the engine takes it, with its token ids (the length checks need them),
-    tokenized in the engine's tokenizer pool."""
+def _engine_prompt(context: ServingContext, name: str | None, index: int, prompt: Any) -> str | list[int]:
+    """One of the plugin's prompts as the engine takes it: a text (tokenized by the engine, in its
+    tokenizer pool) or token ids."""
     if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
         prompt = prompt["prompt_token_ids"]
     elif isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
         prompt = prompt["prompt"]
     if isinstance(prompt, str):
-        tokenizer = context.engine.tokenizer
-        if tokenizer is None:
+        if context.engine.tokenizer is None:
             raise _plugin_error(name, "pre_process", 500, f"returned the text prompt {index}, but the server runs "
                                                           "with skip_tokenizer_init: return token ids")
-        return {"prompt": prompt, "prompt_token_ids": await context.engine.tokenize(
-            prompt, add_special_tokens=request.add_special_tokens)}
+        return prompt
     if isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
-        return {"prompt_token_ids": list(prompt)}
+        return list(prompt)
     raise _plugin_error(name, "pre_process", 500, f"returned {_short(prompt)} as prompt {index}: a prompt is a "
                                                   "string, a list of token ids, {'prompt': str} or "
                                                   "{'prompt_token_ids': [...]}")

@@ -41,11 +41,10 @@ XARGS = {"banned_token_ids": [1, 2], "label": "x", "scale": 0.5, "flag": True, "
 def test_every_generating_body_takes_vllm_xargs_into_extra_args(struct, base):
     request = decode(struct, {**base, "vllm_xargs": XARGS})
     assert request.vllm_xargs == XARGS
-    params = sampling_params(request, max_tokens=4, logprobs=None, prompt_len=3, max_model_len=64)
+    params = sampling_params(request, max_tokens=4, logprobs=None)
     assert params.extra_args == XARGS
     assert decode(struct, base).vllm_xargs is None
-    assert sampling_params(decode(struct, base), max_tokens=4, logprobs=None, prompt_len=3,
-                           max_model_len=64).extra_args is None
+    assert sampling_params(decode(struct, base), max_tokens=4, logprobs=None).extra_args is None
 
 
 @pytest.mark.parametrize("xargs", [{"deep": {"a": 1}}, {"none": None}, {"nested": [[1]]}, ["not", "a", "dict"]])
@@ -58,7 +57,7 @@ def test_values_outside_vllms_schema_are_a_400_naming_vllm_xargs(xargs):
 def test_a_value_msgpack_cannot_hold_is_a_400_naming_vllm_xargs():
     request = decode(CompletionRequest, {"prompt": "hi", "vllm_xargs": {"big": 2**70}})
     with pytest.raises(ApiError) as info:
-        sampling_params(request, max_tokens=4, logprobs=None, prompt_len=3, max_model_len=64)
+        sampling_params(request, max_tokens=4, logprobs=None)
     assert info.value.status == 400 and info.value.param == "vllm_xargs"
     assert info.value.message.startswith("vllm_xargs must hold only msgpack-encodable values")
 
@@ -137,19 +136,16 @@ class FakeEngine:
     def __init__(self):
         self.submitted = []
 
-    async def tokenize(self, text, add_special_tokens=True):
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    def process_request(self, prompt, params, request_id):
-        if not prompt["prompt_token_ids"]:
+    async def open_stream(self, prompt, params, request_id, *, add_special_tokens=True, final_only=False,
+                          nowait=False):
+        ids = self.tokenizer.encode(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
+        if not ids:
             raise RequestError("the prompt is empty", field="prompt")
         self.submitted.append((prompt, params.max_tokens, params.extra_args))
-        return request_id, prompt
+        return self._outputs(request_id, prompt if isinstance(prompt, str) else None, ids)
 
-    async def submit(self, submission, kind, nowait=False):
-        request_id, prompt = submission
-        ids = prompt["prompt_token_ids"]
-        yield RequestOutput(request_id=request_id, prompt=prompt.get("prompt"), prompt_token_ids=ids, finished=True,
+    async def _outputs(self, request_id, text, ids):
+        yield RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, finished=True,
                             outputs=[CompletionOutput(index=0, text="out", token_ids=ids[::-1], finish_reason="stop")])
 
 
@@ -289,7 +285,7 @@ def test_a_processors_refusal_names_the_processor_and_the_vllm_xargs_path():
                          generation_defaults={})
     processor = InputProcessor(EngineConfig(), config, None, [NeedsList])
     request = decode(CompletionRequest, {"prompt": [5, 6], "vllm_xargs": {"ids": "7"}})
-    params = sampling_params(request, max_tokens=4, logprobs=None, prompt_len=2, max_model_len=64)
+    params = sampling_params(request, max_tokens=4, logprobs=None)
     with pytest.raises(RequestError) as info:
         processor.process("r", {"prompt_token_ids": [5, 6]}, params)
     assert info.value.message == "ids must be a list"  # the processor's own words, for LLM users as they are
@@ -299,4 +295,4 @@ def test_a_processors_refusal_names_the_processor_and_the_vllm_xargs_path():
                              "ids must be a list")
     ok = decode(CompletionRequest, {"prompt": [5, 6], "vllm_xargs": {"ids": [7]}})
     assert processor.process("r2", {"prompt_token_ids": [5, 6]}, sampling_params(
-        ok, max_tokens=4, logprobs=None, prompt_len=2, max_model_len=64)).children
+        ok, max_tokens=4, logprobs=None)).children
