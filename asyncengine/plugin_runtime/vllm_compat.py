@@ -46,6 +46,7 @@ async def _load_general_plugins(plugins: str | None) -> list[str]:
     allow_list.check(installed)
     trace = StartupTrace("frontend")
     loader = PluginLoader(trace, timeout=60.0, lenient=False)
+    # Only the general plugins run here (vLLM's load_general_plugins): no platform and no config exist yet.
     state = PluginState(platform=None, allow_list=allow_list, config=None)  # type: ignore[arg-type]
     names = []
     async with trace.phase(g.PHASE_GENERAL):

@@ -19,7 +19,10 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 import anyio
+import trio
 from anyio.abc import TaskGroup
+from hypercorn.typing import ASGISendCallable
+from quart import Request
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 
@@ -77,6 +80,9 @@ class ResponseScopedConnection(TrioASGIHTTPConnection):
     """QuartTrio's HTTP connection, with the whole of handling a request (handler, then body) inside
     a ResponseScope. A client that leaves cancels this task, and with it the scope."""
 
-    async def handle_request(self, nursery: Any, request: Any, send: Any) -> None:  # type: ignore[override]
+    # QuartTrio's own override adds `nursery` to Quart's signature (and silences mypy's override error there too).
+    async def handle_request(  # type: ignore[override]
+        self, nursery: trio.Nursery, request: Request, send: ASGISendCallable
+    ) -> None:
         async with response_scope():
             await super().handle_request(nursery, request, send)
