@@ -6,6 +6,10 @@ Every error says what was wrong and what to do. The four public ones are re-expo
 
 from __future__ import annotations
 
+import os
+import sysconfig
+import traceback
+
 
 class AsyncEngineError(Exception):
     """Base class of every error asyncengine raises on purpose."""
@@ -30,7 +34,71 @@ class EngineOverloadedError(AsyncEngineError):
 
 
 class EngineDeadError(AsyncEngineError):
-    """The engine can no longer serve requests: a process died or the engine was shut down."""
+    """The engine can no longer serve requests: a process died or the engine was shut down.
+
+    When an exception killed it (a plugin's scheduler raising in `schedule()`, a worker's step), the
+    error carries what it was, across processes too: `cause_type` (its qualified class name,
+    `builtins.RuntimeError`), `cause_message` (its str()) and `culprit` (the code that raised it, the
+    process and the phase). str() contains the original `Type: message`. In the process that raised
+    it the original exception is also the `__cause__`.
+    """
+
+    def __init__(self, message: str, *, cause_type: str | None = None, cause_message: str | None = None,
+                 culprit: str | None = None) -> None:
+        super().__init__(message)
+        self.cause_type = cause_type
+        self.cause_message = cause_message
+        self.culprit = culprit
+
+    @classmethod
+    def from_exception(cls, where: str, exc: BaseException, *, process: str, phase: str) -> EngineDeadError:
+        """`where` failed with `exc`, in `process` during `phase`: the error naming all of them."""
+        code = raising_code(exc)
+        culprit = f"{code + ' in ' if code else ''}{process}, {phase}"
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        error = cls(f"{where} failed: {summary} (raised by {culprit})", cause_type=qualified_type_name(exc),
+                    cause_message=str(exc), culprit=culprit)
+        error.__cause__ = exc
+        return error
+
+    def again(self) -> EngineDeadError:
+        """A fresh error equal to this one, for each later caller (a raised error collects a traceback)."""
+        error = EngineDeadError(str(self), cause_type=self.cause_type, cause_message=self.cause_message,
+                                culprit=self.culprit)
+        error.__cause__ = self.__cause__
+        return error
+
+
+def qualified_type_name(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def raising_code(exc: BaseException) -> str | None:
+    """The code outside asyncengine that `exc` came from: the outermost function in its traceback
+    that is neither asyncengine's nor a library's it runs on (the standard library, torch, anyio,
+    trio, msgspec), as `module.Class.method` -- the plugin hook asyncengine called. None when
+    asyncengine's own code raised it."""
+    frame_traceback = exc.__traceback__
+    while frame_traceback is not None:
+        frame = frame_traceback.tb_frame
+        module = frame.f_globals.get("__name__", "")
+        filename = frame.f_code.co_filename
+        if (module.partition(".")[0] not in _NOT_PLUGIN_CODE and not filename.startswith(_OUR_FOLDER)
+                and not _in_the_standard_library(filename)):
+            return f"{module}.{frame.f_code.co_qualname}"
+        frame_traceback = frame_traceback.tb_next
+    return None
+
+
+_NOT_PLUGIN_CODE = {"asyncengine", "torch", "anyio", "trio", "msgspec", "outcome", "sniffio", "builtins"}
+_PATHS = sysconfig.get_paths()
+# By file as well as by module name: a role's process runs its module as __main__.
+_OUR_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _in_the_standard_library(filename: str) -> bool:
+    # site-packages may lie inside the standard library's folder (an interpreter without a venv)
+    return filename.startswith(_PATHS["stdlib"]) and not filename.startswith((_PATHS["purelib"], _PATHS["platlib"]))
 
 
 class StartupError(AsyncEngineError):

@@ -11,7 +11,6 @@ method name (`call`, on every rank). When a worker dies or raises, the executor 
 
 from __future__ import annotations
 
-import traceback
 from collections import deque
 from typing import Any
 
@@ -54,13 +53,6 @@ _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 
 
 # The interface (the Executor ABC) is in the floor, asyncengine.interfaces.executor; imported above.
-
-
-def _describe_exception(where: str, exc: BaseException) -> EngineDeadError:
-    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    error = EngineDeadError(f"{where} failed: {summary}")
-    error.__cause__ = exc
-    return error
 
 
 class UniExecutor(Executor):
@@ -138,7 +130,8 @@ class _StepReply(Reply):
         try:
             return await self._inner.wait()
         except Exception as exc:  # a step failed: the engine is dead, and says why
-            error = _describe_exception(self._executor.where, exc)
+            error = EngineDeadError.from_exception(self._executor.where, exc, process=self._executor.where,
+                                                   phase="execute_model")
             self._executor._die(error)
             raise (self._executor.failure or error) from exc  # the first failure recorded
 
@@ -190,7 +183,9 @@ class MultiprocExecutor(Executor):
                 if isinstance(message, StepResult):
                     reply = self._pending_steps[rank].popleft()
                     if message.error is not None:
-                        reply.fail(self._fail_all(EngineDeadError(f"{self._rank_name(rank)} failed: {message.error}")))
+                        reply.fail(self._fail_all(EngineDeadError(
+                            f"{self._rank_name(rank)} failed: {message.error}", cause_type=message.error_type,
+                            cause_message=message.error_message, culprit=message.culprit)))
                     else:
                         reply.set(message.output)
                 elif isinstance(message, WorkerCallResult):

@@ -82,6 +82,8 @@ class EngineCoreLoop:
         self._wakeup = anyio.Event()
         self._num_steps = 0
         self._trace: list[StepRecord] | None = None
+        self._phase = "step loop"  # what the step loop is doing, for the culprit of an exception
+        self.death: EngineDeadError | None = None
 
     async def serve(self, inbox: AsyncIterator[Any]) -> None:
         """Run until `Shutdown`, the end of `inbox`, or a dead executor (reported with EngineCoreDead)."""
@@ -90,18 +92,22 @@ class EngineCoreLoop:
             try:
                 await self._step_loop()
             except EngineDeadError as dead:
-                await self._report_death(str(dead))
-            except Exception as exc:  # a bug in the core itself: every caller learns it, with the culprit
+                await self._report_death(dead)
+            except Exception as exc:  # a plugin's scheduler, or a bug in the core: every caller learns it, named
                 logger.exception("the engine core's step loop failed")
-                await self._report_death(f"{self.process_name}'s step loop raised {type(exc).__name__}: {exc}")
+                await self._report_death(EngineDeadError.from_exception(
+                    f"{self.process_name}'s step loop", exc, process=self.process_name, phase=self._phase))
             finally:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.executor.shutdown()
 
-    async def _report_death(self, cause: str) -> None:
+    async def _report_death(self, dead: EngineDeadError) -> None:
+        # In this process the exception itself stays reachable (the in-process client chains it).
+        self.death = dead
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-            await self.send(EngineCoreDead(process=self.process_name, cause=cause))
+            await self.send(EngineCoreDead(process=self.process_name, cause=str(dead), cause_type=dead.cause_type,
+                                           cause_message=dead.cause_message, culprit=dead.culprit))
 
     # -- incoming messages -----------------------------------------------------------------------------
 
@@ -110,7 +116,8 @@ class EngineCoreLoop:
             await self._handle_inbox(inbox, tg)
         except Exception as exc:  # a message the core cannot take is a bug: every caller learns it, named
             logger.exception("the engine core failed handling a message")
-            await self._report_death(f"{self.process_name} failed handling a message: {type(exc).__name__}: {exc}")
+            await self._report_death(EngineDeadError.from_exception(
+                self.process_name, exc, process=self.process_name, phase="handling a message from the frontend"))
         tg.cancel_scope.cancel()  # the frontend is done (or gone, or we died): stop stepping
 
     async def _handle_inbox(self, inbox: AsyncIterator[Any], tg: anyio.abc.TaskGroup) -> None:
@@ -183,10 +190,12 @@ class EngineCoreLoop:
         while True:
             while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished():
                 started = time.monotonic()
+                self._phase = "step loop: scheduler.schedule()"
                 scheduler_output = self.scheduler.schedule()
                 scheduled = time.monotonic()
                 if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
                     break
+                self._phase = "step loop: executor.submit_step()"
                 reply = await self.executor.submit_step(scheduler_output)
                 in_flight.append(_InFlight(self._num_steps, scheduler_output, reply, started, scheduled))
                 self._num_steps += 1
@@ -202,6 +211,7 @@ class EngineCoreLoop:
             step = in_flight.popleft()
             runner_output = await step.reply.wait()
             update_start = time.monotonic()
+            self._phase = "step loop: scheduler.update_from_output()"
             outputs = self.scheduler.update_from_output(step.scheduler_output, runner_output)
             update_end = time.monotonic()
             if self._trace is not None:

@@ -176,8 +176,12 @@ class AsyncEngine:
         """`process_request`, with a text prompt tokenized in the tokenizer pool (off the event loop)."""
         request_id = self._new_request_id(request_id)
         text = _text_to_tokenize(prompt)
-        if text is None or self.tokenizer is None:  # token ids (or no tokenizer, which it says): nothing slow
+        if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
             return self.processor.process(request_id, prompt, params)
+        if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized
+            if params is None or not params.bad_words:
+                return self.processor.process(request_id, prompt, params)
+            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params)
         return await self.tokenizer_pool.run(self._process_text, request_id, text, params)
 
     def _process_text(self, request_id: str, text: str, params: SamplingParams | None) -> ProcessedRequest:
@@ -338,7 +342,7 @@ class AsyncEngine:
 
     def _check_accepting(self) -> None:
         if self._dead is not None:
-            raise EngineDeadError(str(self._dead))
+            raise self._dead.again()
         if not self._accepting:
             raise EngineDeadError("the engine is shutting down and accepts no new requests")
 
@@ -360,7 +364,7 @@ class AsyncEngine:
 
     async def _call_core(self, method: str, *args: Any) -> Any:
         if self._dead is not None:
-            raise EngineDeadError(str(self._dead))
+            raise self._dead.again()
         call_id = next(self._call_ids)
         reply = self._calls[call_id] = Reply()
         try:
@@ -390,7 +394,10 @@ class AsyncEngine:
                     else:
                         reply.set(message.result)
             elif isinstance(message, EngineCoreDead):
-                self._die(EngineDeadError(f"{message.process}: {message.cause}"))
+                dead = EngineDeadError(f"{message.process}: {message.cause}", cause_type=message.cause_type,
+                                       cause_message=message.cause_message, culprit=message.culprit)
+                dead.__cause__ = self._core.death_exception()  # the exception itself, when it was in this process
+                self._die(dead)
                 return
 
     async def _on_step(self, message: EngineCoreOutputs) -> None:
@@ -441,7 +448,7 @@ class AsyncEngine:
 
     def _add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
         if self._dead is not None:
-            raise EngineDeadError(str(self._dead))
+            raise self._dead.again()
         self.stat_logging.add(stat_logger)
 
     async def _stat_logger_failed(self, error: EngineDeadError) -> None:

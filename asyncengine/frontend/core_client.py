@@ -54,6 +54,11 @@ class CoreClient(ABC):
     async def close(self) -> None:
         """Ask the engine core to stop and wait for it (forcing it after a grace period)."""
 
+    def death_exception(self) -> BaseException | None:
+        """The exception that killed the engine core, when it ran in this process (else None: only
+        its type, message and culprit crossed, on EngineCoreDead)."""
+        return None
+
 
 class InProcessCoreClient(CoreClient):
     process_name = "the engine core (in-process)"
@@ -102,6 +107,10 @@ class InProcessCoreClient(CoreClient):
 
     async def death_cause(self) -> str:
         return f"{self.process_name} stopped"
+
+    def death_exception(self) -> BaseException | None:
+        death = self.loop.death
+        return death.__cause__ if death is not None and death.__cause__ is not None else death
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):

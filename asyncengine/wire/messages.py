@@ -105,6 +105,11 @@ class EngineCoreDead(Message):
 
     process: str
     cause: str
+    # What killed it, when an exception did (EngineDeadError's fields; never the pickled exception):
+    # its qualified type name, its str(), and the code/process/phase that raised it.
+    cause_type: str | None = None
+    cause_message: str | None = None
+    culprit: str | None = None
 
 
 # -- engine core -> worker ------------------------------------------------------------------------------
@@ -126,6 +131,9 @@ class WorkerCall(Message):
 class StepResult(Message):
     output: ModelRunnerOutput | None = None
     error: str | None = None
+    error_type: str | None = None  # the exception's qualified type name
+    error_message: str | None = None  # its str()
+    culprit: str | None = None  # the code that raised it, this process, the phase
 
 
 class WorkerCallResult(Message):

@@ -8,12 +8,20 @@ StartupParams, it runs only its plugin phases, says Ready and exits.
 
 from __future__ import annotations
 
+import os
 import traceback
 from typing import Any
 
 import anyio
 
-from asyncengine.errors import AsyncEngineError, WorkerError, error_field, error_type_name
+from asyncengine.errors import (
+    AsyncEngineError,
+    WorkerError,
+    error_field,
+    error_type_name,
+    qualified_type_name,
+    raising_code,
+)
 from asyncengine.plugin_runtime.groups import WORKER
 from asyncengine.plugin_runtime.phases import run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupTrace
@@ -111,7 +119,11 @@ async def _send_answers(frames: FrameStream, pending) -> None:
                 try:
                     output = await reply.wait()
                 except Exception as exc:  # the engine core names this rank and fails every request
-                    await frames.send(StepResult(error=_summary(exc)))
+                    culprit = raising_code(exc)
+                    where = f"worker process pid {os.getpid()}, execute_model"
+                    await frames.send(StepResult(error=_summary(exc), error_type=qualified_type_name(exc),
+                                                 error_message=str(exc),
+                                                 culprit=f"{culprit} in {where}" if culprit else where))
                     raise
                 await frames.send(StepResult(output=output))
             elif isinstance(message, WorkerCall):
