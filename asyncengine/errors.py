@@ -14,6 +14,12 @@ import traceback
 class AsyncEngineError(Exception):
     """Base class of every error asyncengine raises on purpose."""
 
+    # The offending parameter or option, for the errors that name one (RequestError, ConfigError).
+    field: str | None = None
+    # True once the message names the process (and start-up phase) it failed in: an enclosing start-up
+    # phase passes the error on unchanged (plugin_runtime/records.py).
+    names_its_process: bool = False
+
 
 class RequestError(AsyncEngineError, ValueError):
     """A request was invalid (the HTTP 400 family). `field` names the offending parameter; `source`, when
