@@ -401,12 +401,14 @@ class AsyncEngine:
                 return
 
     async def _on_step(self, message: EngineCoreOutputs) -> None:
-        received = time.monotonic() if self.stat_logging.active else 0.0
+        logging_stats = self.stat_logging.active  # without a stat logger, stats cost nothing
+        received = time.monotonic() if logging_stats else 0.0
         self.last_scheduler_stats = message.scheduler_stats
         to_abort = self._requests.on_step(message)
-        # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
-        # before any consumer wakes up to its outputs, so a finished request is already counted.
-        await self.stat_logging.record_step(message, received, to_abort)
+        if logging_stats:
+            # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
+            # before any consumer wakes up to its outputs, so a finished request is already counted.
+            await self.stat_logging.record_step(message, received, to_abort)
         if to_abort:
             await self._core.send(AbortRequests(request_ids=to_abort))
 
