@@ -37,7 +37,7 @@ class EngineCore:
         self.engine_config = engine_config
         self.model_config = model_config
         self.executor = executor
-        # `scheduler_cls` (C1) replaces the class only: async scheduling is the step loop's (loop.py), so
+        # `scheduler_cls` replaces the class only: async scheduling is the step loop's (loop.py), so
         # a subclass keeps it. The config-hooks phase of this process checked the class already.
         self.scheduler = scheduler_class(engine_config)(
             block_manager=BlockManager(num_blocks, engine_config.block_size, engine_config.enable_prefix_caching),
@@ -46,7 +46,7 @@ class EngineCore:
             max_model_len=model_config.max_model_len,
             enable_chunked_prefill=engine_config.enable_chunked_prefill,
         )
-        # Structured outputs: grammars are compiled and masks computed here (R10); backends load lazily.
+        # Structured outputs: grammars are compiled and masks computed here; backends load lazily.
         self.scheduler.structured_output = StructuredOutputManager(
             tokenizer_dir=model_config.tokenizer_dir, vocab_size=model_config.vocab_size,
             eos_token_ids=model_config.eos_token_ids,

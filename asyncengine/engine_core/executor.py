@@ -66,7 +66,7 @@ class UniExecutor(Executor):
         from asyncengine.worker.worker import build_worker
 
         # This process ran the worker role's plugin phases: its logits-processor classes are the worker's.
-        # The class is the one `worker_cls` names (C2), the built-in Worker by default.
+        # The class is the one `worker_cls` names, the built-in Worker by default.
         self.worker = build_worker(engine_config, model_config, platform, logits_processors=logits_processors)
         self.where = f"the worker (a thread of {owner})"
         self._thread = DedicatedThread("asyncengine-worker")
