@@ -47,6 +47,9 @@ _DEFAULTS: dict[str, Any] = {
     "include_stop_str_in_output": False,
     "extra_args": None,
     "structured_outputs": None,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
 }
 
 # Fields that a model's generation_config.json may supply, with the name it uses there.
@@ -88,6 +91,9 @@ class SamplingParams:
     include_stop_str_in_output: bool
     extra_args: dict[str, Any] | None
     structured_outputs: StructuredOutputsParams | None
+    logit_bias: dict[int, float] | None
+    allowed_token_ids: list[int] | None
+    bad_words: list[str] | None
     _explicit: frozenset[str]
 
     def __init__(
@@ -113,6 +119,9 @@ class SamplingParams:
         include_stop_str_in_output: bool = _UNSET,
         extra_args: dict[str, Any] | None = _UNSET,
         structured_outputs: StructuredOutputsParams | None = _UNSET,
+        logit_bias: dict[int, float] | dict[str, float] | None = _UNSET,
+        allowed_token_ids: list[int] | None = _UNSET,
+        bad_words: list[str] | None = _UNSET,
     ) -> None:
         given = dict(locals())
         explicit = set()
@@ -181,6 +190,9 @@ class SamplingParams:
             _check_int(self.logprobs, "logprobs", minimum=0)
         object.__setattr__(self, "extra_args", _normalize_extra_args(self.extra_args))
         object.__setattr__(self, "structured_outputs", _normalize_structured_outputs(self.structured_outputs))
+        object.__setattr__(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
+        object.__setattr__(self, "allowed_token_ids", _normalize_allowed_token_ids(self.allowed_token_ids))
+        object.__setattr__(self, "bad_words", _normalize_bad_words(self.bad_words))
 
     # -- derived views -----------------------------------------------------------------------------------
 
@@ -310,6 +322,69 @@ def _normalize_structured_outputs(value: Any) -> StructuredOutputsParams | None:
                            field="structured_outputs")
     value.to_spec()  # exactly one constraint, each of the right type
     return value
+
+
+# OpenAI's bounds for a logit bias. vLLM clamps a bias outside them; we refuse it, as OpenAI does.
+LOGIT_BIAS_MAX = 100.0
+
+
+def _normalize_logit_bias(value: Any) -> dict[int, float] | None:
+    """{token id: bias}: keys are ints, or strings of ints (JSON's object keys, as OpenAI sends them);
+    each bias a number in [-100, 100]. The vocabulary bound is the InputProcessor's (it knows the model)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(f"logit_bias must be an object mapping token ids to biases, got {type(value).__name__}",
+                           field="logit_bias")
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        token_id = _token_id_key(key)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+            raise RequestError(f"logit_bias[{key}] must be a number in [-100, 100], got {bias!r}",
+                               field="logit_bias")
+        if token_id in biases:
+            raise RequestError(f"logit_bias names token id {token_id} twice (as {key!r})", field="logit_bias")
+        biases[token_id] = float(bias)
+    return biases or None
+
+
+def _token_id_key(key: Any) -> int:
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        key = int(key)
+    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= INT64_MAX:
+        raise RequestError(f"logit_bias keys must be token ids (non-negative integers; strings of digits in JSON), "
+                           f"got {key!r}", field="logit_bias")
+    return key
+
+
+def _normalize_allowed_token_ids(value: Any) -> list[int] | None:
+    """A non-empty list of token ids (vLLM refuses an empty one too: nothing could be sampled)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise RequestError("allowed_token_ids must be a list of token ids", field="allowed_token_ids")
+    if not value:
+        raise RequestError("allowed_token_ids must not be empty: no token could be sampled (leave it unset to "
+                           "allow every token)", field="allowed_token_ids")
+    for token_id in value:
+        _check_int(token_id, "allowed_token_ids", minimum=0)
+    return list(dict.fromkeys(value))
+
+
+def _normalize_bad_words(value: Any) -> list[str] | None:
+    """Words that must not be generated (tokenized by the InputProcessor). A word of whitespace only
+    is refused: vLLM strips leading whitespace before tokenizing, which would leave nothing to ban."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(word, str) for word in value):
+        raise RequestError("bad_words must be a list of strings", field="bad_words")
+    for word in value:
+        if not word.strip():
+            raise RequestError(f"bad_words holds {word!r}: each bad word needs a character other than whitespace",
+                               field="bad_words")
+    return list(value) or None
 
 
 def _normalize_stop(stop: Any) -> list[str]:

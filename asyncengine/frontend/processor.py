@@ -108,6 +108,9 @@ class InputProcessor:
             logprobs=params.logprobs,
             extra_args=params.extra_args,
             structured_outputs=self._grammar_spec(params),
+            logit_bias=params.logit_bias,
+            allowed_token_ids=None if params.allowed_token_ids is None else tuple(params.allowed_token_ids),
+            bad_words_token_ids=self._bad_words_token_ids(params),
         )
         arrival = time.monotonic()
         submission = next(self._submissions)
@@ -204,8 +207,42 @@ class InputProcessor:
                 raise RequestError(
                     f"stop_token_ids has {token_id}, outside the vocabulary (0..{vocab - 1})", field="stop_token_ids"
                 )
+        for token_id in params.logit_bias or ():
+            if token_id >= vocab:
+                raise RequestError(f"logit_bias has token id {token_id}, outside the vocabulary (0..{vocab - 1})",
+                                   field="logit_bias")
+        for token_id in params.allowed_token_ids or ():
+            if token_id >= vocab:
+                raise RequestError(f"allowed_token_ids has {token_id}, outside the vocabulary (0..{vocab - 1})",
+                                   field="allowed_token_ids")
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer (the engine runs with skip_tokenizer_init)", field="stop")
+
+    def _bad_words_token_ids(self, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
+        """Each bad word as token sequences, as vLLM tokenizes them: the word (leading whitespace
+        stripped) alone, and with one leading space when that gives a different first token and as many
+        tokens (the word inside a text rather than at its start). Tokenizing runs where `process` runs:
+        in the tokenizer pool for requests that AsyncEngine takes (process_request_async)."""
+        if not params.bad_words:
+            return ()
+        if self.tokenizer is None:
+            raise RequestError("bad_words need a tokenizer (the engine runs with skip_tokenizer_init)",
+                               field="bad_words")
+        vocab = self.model_config.vocab_size
+        sequences: list[tuple[int, ...]] = []
+        for word in params.bad_words:
+            bare = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            if not bare:
+                raise RequestError(f"bad_words: {word!r} gives no tokens", field="bad_words")
+            for ids in (bare, spaced) if spaced and spaced[0] != bare[0] and len(spaced) == len(bare) else (bare,):
+                bad = next((t for t in ids if not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise RequestError(f"bad_words: {word!r} tokenizes to token id {bad}, outside the model's "
+                                       f"vocabulary (0..{vocab - 1})", field="bad_words")
+                if ids not in sequences:
+                    sequences.append(ids)
+        return tuple(sequences)
 
     def _grammar_spec(self, params: SamplingParams) -> GrammarSpec | None:
         """The request's constraint, checked by its backend (parsing only: no tokenizer, a few ms; the

@@ -81,6 +81,9 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         values["logprobs"] = logprobs
     if request.vllm_xargs is not None:
         values["extra_args"] = dict(request.vllm_xargs)
+    for name in ("logit_bias", "allowed_token_ids", "bad_words"):
+        if getattr(request, name) is not None:
+            values[name] = getattr(request, name)
     try:
         structured = from_request(request.response_format, request.structured_outputs)
         if structured is not None:

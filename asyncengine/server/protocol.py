@@ -1,7 +1,7 @@
 """The bodies of the OpenAI-compatible API as msgspec Structs.
 
 Requests forbid unknown fields: a parameter we do not know is a 400 naming it, never silently
-ignored. Parameters we know but do not implement (`echo`, `suffix`, `logit_bias`, ...) are declared so that a request that sets them gets a 400 saying so
+ignored. Parameters we know but do not implement (`echo`, `suffix`, ...) are declared so that a request that sets them gets a 400 saying so
 (see `unsupported()`).
 
 Bounds at the edge (docs/server.md, "Limits"): every integer a sampling field carries is an int64
@@ -97,8 +97,12 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # "json_schema") and vLLM's structured_outputs extra body (json, regex, choice, grammar, ...).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
-    # Known, not implemented: a request that sets them gets a 400 that says so.
+    # OpenAI's token id (a string, as JSON keys are) -> bias in [-100, 100]; vLLM's extra-body token
+    # filters (docs/sampling.md, "Logit bias, allowed tokens and bad words"). Checked by SamplingParams.
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[Count] | None = None
+    bad_words: list[str] | None = None
+    # Known, not implemented: a request that sets it gets a 400 that says so.
     best_of: Int64 | None = None
 
 
@@ -168,8 +172,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=
 
 def _unsupported_shared(request: SamplingFields) -> list[tuple[str, str]]:
     found = []
-    if request.logit_bias:
-        found.append(("logit_bias", "logit_bias is not supported"))
     if request.best_of is not None and request.best_of != request.n:
         found.append(("best_of", "best_of other than n is not supported"))
     return found

@@ -36,6 +36,11 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     # The constraint of SamplingParams.structured_outputs, resolved (the engine core compiles it and
     # computes the token masks; asyncengine/structured_output/).
     structured_outputs: GrammarSpec | None = None
+    # SamplingParams.logit_bias, allowed_token_ids and bad_words, checked against the vocabulary; the bad
+    # words as the token sequences the frontend's tokenizer gave (worker/logit_controls.py applies them).
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def is_greedy(self) -> bool:

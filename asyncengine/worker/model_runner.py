@@ -40,6 +40,7 @@ from asyncengine.plugin_runtime.records import StartupRecord, current_process_ro
 from asyncengine import parallel_state as parallel
 from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
+from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
 from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions
@@ -68,6 +69,8 @@ class RequestState:
     # (BatchUpdate.added) and read it as it grows, as vLLM's are.
     output_token_ids: list[int] = field(default_factory=list)
     row: int = -1  # this request's row of the persistent block tables (input_batch.BlockTableRows)
+    # logit_bias, allowed_token_ids, bad_words as device tensors, built once when it joins (None without any).
+    logit_controls: RequestLogitControls | None = None
 
 
 class ModelRunner:
@@ -265,6 +268,7 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 sampling=new.sampling,
                 output_token_ids=list(new.output_token_ids),
+                logit_controls=RequestLogitControls.build(new.sampling, self.model_config.vocab_size, self.device),
             ))
         for cached in scheduler_output.cached_requests:
             if cached.request_id in self.failed_request_ids:
@@ -334,7 +338,8 @@ class ModelRunner:
         rows = []
         for request_id in inputs.sampling_request_ids:
             state = self.requests[request_id]
-            rows.append(SamplingRow(state.sampling, state.prompt_token_ids, state.output_token_ids))
+            rows.append(SamplingRow(state.sampling, state.prompt_token_ids, state.output_token_ids,
+                                    state.logit_controls))
         processors = self.logits_processors
         if processors is not None:
             # Every token sampled before this step is in each request's output list by now: steps

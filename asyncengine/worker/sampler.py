@@ -1,7 +1,8 @@
 """Sampler: from one row of logits per request to one token per request, with vLLM's semantics.
 
 Order of operations, per row: logprobs are taken from the raw logits (as vLLM's default
-`raw_logprobs`); then the logits processors that may change the argmax (vLLM's order); min_tokens
+`raw_logprobs`); then the request's logit controls (allowed_token_ids, bad_words, logit_bias:
+logit_controls.py); then the logits processors that may change the argmax (vLLM's order); min_tokens
 masks the stop tokens; penalties (repetition on prompt and output, frequency and presence on output);
 greedy rows take the argmax; for the others the batch is divided by temperature (greedy rows by 1),
 the argmax-invariant logits processors run (only when some row samples at random: they cannot change
@@ -33,6 +34,7 @@ import torch
 
 from asyncengine.models.layers.op_registry import call_op
 from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.worker.logit_controls import RequestLogitControls, apply_logit_controls
 from asyncengine.worker.logits_processors import LogitsProcessors
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 64-bit seed space
@@ -71,6 +73,7 @@ def check_sampling_options(options: SamplingOptions, vocab_size: int) -> None:
         value = getattr(options, name)
         if not (isinstance(value, (int, float)) and abs(value) <= _FLOAT32_MAX):  # NaN fails the comparison
             raise RequestSamplingError(f"{name}={value!r} is not a finite float32", name)
+    _check_logit_controls(options, vocab_size)
     ranges = {"temperature": options.temperature >= 0.0, "top_p": 0.0 < options.top_p <= 1.0,
               "min_p": 0.0 <= options.min_p <= 1.0, "repetition_penalty": options.repetition_penalty > 0.0,
               "top_k": options.top_k >= 0,
@@ -79,6 +82,28 @@ def check_sampling_options(options: SamplingOptions, vocab_size: int) -> None:
         if not ok:
             raise RequestSamplingError(f"{name}={getattr(options, name)!r} is outside the range the sampler takes",
                                        name)
+
+
+def _check_logit_controls(options: SamplingOptions, vocab_size: int) -> None:
+    """Every token id the logit controls index with is in the vocabulary; every bias a finite float32."""
+    def in_vocab(token_id: object) -> bool:
+        return isinstance(token_id, int) and 0 <= token_id < vocab_size
+
+    if options.logit_bias is not None:
+        for token_id, bias in options.logit_bias.items():
+            if not in_vocab(token_id):
+                raise RequestSamplingError(f"logit_bias names {token_id!r}, not a token id of the vocabulary",
+                                           "logit_bias")
+            if not (isinstance(bias, (int, float)) and abs(bias) <= _FLOAT32_MAX):
+                raise RequestSamplingError(f"logit_bias[{token_id}]={bias!r} is not a finite float32", "logit_bias")
+    if options.allowed_token_ids is not None:
+        if not options.allowed_token_ids or not all(in_vocab(t) for t in options.allowed_token_ids):
+            raise RequestSamplingError("allowed_token_ids must be a non-empty list of token ids of the vocabulary",
+                                       "allowed_token_ids")
+    for word in options.bad_words_token_ids:
+        if not word or not all(in_vocab(t) for t in word):
+            raise RequestSamplingError(f"bad_words holds the token sequence {list(word)!r}, not token ids of the "
+                                       "vocabulary", "bad_words")
 
 
 def _splitmix64(x: int) -> int:
@@ -106,6 +131,8 @@ class SamplingRow:
     options: SamplingOptions
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    # Built when the request joined the worker (RequestLogitControls.build); None without any.
+    logit_controls: RequestLogitControls | None = None
 
 
 @dataclass
@@ -150,6 +177,10 @@ class Sampler:
         raw_logprobs = (
             torch.log_softmax(logits.float(), dim=-1) if any(r.options.logprobs is not None for r in rows) else None
         )
+        if any(row.logit_controls is not None for row in rows):
+            logits = logits.float()
+            logits = apply_logit_controls(logits.clone() if logits is given else logits,
+                                          [row.logit_controls for row in rows], [row.output_token_ids for row in rows])
         if processors is not None and processors.non_argmax_invariant:
             # A processor may write in place: never into the caller's tensor.
             logits = logits.float()
