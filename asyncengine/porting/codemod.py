@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from asyncengine.porting import table
+from asyncengine.porting.bare_imports import ModuleUses, port_bare_import
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,16 @@ def port_python(text: str) -> FileResult:
             section, hint = table.unmapped_reason(what)
         unmapped.append(Unmapped(node.lineno, what, section, hint or ""))
 
+    uses: ModuleUses | None = None  # built at the first `import` statement
     in_fstring = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and _is_vllm(node.module):
             _port_import_from(node, replace, cannot)
         elif isinstance(node, ast.Import):
-            _port_import(node, replace, cannot)
+            if uses is None:
+                uses = ModuleUses(tree)
+            starts_line = not text[offsets.index(node.lineno, 0):offsets.index(node.lineno, node.col_offset)].strip()
+            _port_import(node, uses, starts_line, replace, cannot)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstring:
             _port_string(node, offsets, text, replace, cannot)
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "envs"
@@ -143,7 +148,7 @@ def _port_import_from(node: ast.ImportFrom, replace, cannot) -> None:
     replace(node, ("\n" + indent).join(statements))
 
 
-def _port_import(node: ast.Import, replace, cannot) -> None:
+def _port_import(node: ast.Import, uses: ModuleUses, statement_starts_line: bool, replace, cannot) -> None:
     vllm_aliases = [alias for alias in node.names if _is_vllm(alias.name)]
     if not vllm_aliases:
         return
@@ -153,13 +158,7 @@ def _port_import(node: ast.Import, replace, cannot) -> None:
         local = alias.asname
         replace(node, f"from {target_module} import {target_name if target_name == local else f'{target_name} as {local}'}")
         return
-    for alias in vllm_aliases:
-        if alias.name in table.MODULE_IMPORTS:
-            cannot(alias if hasattr(alias, "lineno") else node, f"import {alias.name}", "the-table-of-names",
-                   f"write `import {alias.name} as NAME` (or `from {table.MODULE_IMPORTS[alias.name][0]} import "
-                   f"{table.MODULE_IMPORTS[alias.name][1]}`) so that the tool can map it")
-        else:
-            cannot(node, f"import {alias.name}")
+    port_bare_import(node, uses, statement_starts_line, replace, cannot)
 
 
 def _port_string(node: ast.Constant, offsets: _Offsets, text: str, replace, cannot) -> None:

@@ -114,3 +114,84 @@ def test_the_docs_table_is_the_table_the_tool_applies_and_every_section_it_names
     named = {section for _, section, _ in table.UNMAPPED} | {"custom-ops", "environment-variables", "dependencies",
                                                                 "endpoint-plugins", "not-here-yet", "the-port-tool"}
     assert named <= slugs, named - slugs
+
+
+BARE_SOURCE = '''import os, vllm
+import vllm.envs
+import vllm.model_executor.models as models
+import vllm.v1.core.sched.scheduler as sched
+
+
+def used():  # é: columns are UTF-8 bytes
+    return (vllm.SamplingParams(max_tokens=2).max_tokens, vllm.envs.VLLM_USE_V1, models.ModelRegistry,
+            sched.Scheduler, os.sep)
+
+
+def unmapped():
+    return models.opt.OPTForCausalLM
+'''
+
+BARE_EXPECTED = '''import os
+import asyncengine.plugins_api
+
+import vllm.model_executor.models as models
+
+
+
+def used():  # é: columns are UTF-8 bytes
+    return (asyncengine.SamplingParams(max_tokens=2).max_tokens, asyncengine.plugins_api.envs.VLLM_USE_V1, asyncengine.plugins_api.ModelRegistry,
+            asyncengine.plugins_api.Scheduler, os.sep)
+
+
+def unmapped():
+    return models.opt.OPTForCausalLM
+'''
+
+
+def test_bare_imports_rewrite_the_mapped_attribute_chains_and_keep_the_import_for_the_rest():
+    result = port_python(BARE_SOURCE)
+    assert result.text == BARE_EXPECTED
+    assert [(r.line, r.old, r.new) for r in result.rewrites] == [
+        (1, "import os, vllm", "import os\nimport asyncengine.plugins_api"),
+        (2, "import vllm.envs", ""),  # its name's uses were rewritten at line 1's import of it
+        (4, "import vllm.v1.core.sched.scheduler as sched", ""),  # imported at line 1 already
+        (8, "vllm.SamplingParams", "asyncengine.SamplingParams"),
+        (8, "vllm.envs", "asyncengine.plugins_api.envs"),
+        (8, "models.ModelRegistry", "asyncengine.plugins_api.ModelRegistry"),
+        (9, "sched.Scheduler", "asyncengine.plugins_api.Scheduler"),
+    ]
+    # `models` keeps its import for the one use the table cannot map, listed with its line and section.
+    assert [(u.line, u.what, u.section) for u in result.unmapped] == [
+        (13, "vllm.model_executor.models.opt.OPTForCausalLM", "models")]
+    assert port_python(result.text).rewrites == []
+
+
+def test_a_bare_import_whose_uses_all_map_is_replaced_and_the_result_runs_without_vllm():
+    source = ("import vllm\nimport vllm.model_executor.models as models\n\n\n"
+              "def run():\n    if True: import vllm.envs as unused_alias  # noqa\n"
+              "    return vllm.SamplingParams(max_tokens=2).max_tokens, vllm.envs.VLLM_USE_V1, models.ModelRegistry\n")
+    result = port_python(source)
+    assert result.text == (
+        "import asyncengine.plugins_api\n\n\n\n"  # the second import's line stays, empty: later lines keep numbers
+        "def run():\n    if True: from asyncengine.plugins_api import envs as unused_alias  # noqa\n"
+        "    return asyncengine.SamplingParams(max_tokens=2).max_tokens, asyncengine.plugins_api.envs.VLLM_USE_V1, "
+        "asyncengine.plugins_api.ModelRegistry\n")
+    assert result.unmapped == []
+    namespace: dict = {}
+    exec(compile(result.text, "ported", "exec"), namespace)
+    from asyncengine import plugins_api
+
+    assert namespace["run"]() == (2, True, plugins_api.ModelRegistry)
+    flagged = port_python("import vllm\n\nbackend = vllm.envs.VLLM_ATTENTION_BACKEND\n")
+    assert [(u.line, u.what, u.section) for u in flagged.unmapped] == [
+        (3, "envs.VLLM_ATTENTION_BACKEND", "environment-variables")]
+
+
+def test_a_bare_import_with_no_mapped_use_is_left_as_it_was_and_listed():
+    source = "import vllm\n\nvllm.distributed.get_world_group()\nimport vllm.unused\n"
+    result = port_python(source)
+    assert result.text == source
+    assert [(u.line, u.what) for u in result.unmapped] == [(3, "vllm.distributed.get_world_group")]
+    unused = port_python("import vllm.spare as spare\n")
+    assert unused.text == "import vllm.spare as spare\n"
+    assert [u.what for u in unused.unmapped] == ["import vllm.spare"]
