@@ -97,9 +97,10 @@ def _check_logit_controls(options: SamplingOptions, vocab_size: int) -> None:
             if not (isinstance(bias, (int, float)) and abs(bias) <= _FLOAT32_MAX):
                 raise RequestSamplingError(f"logit_bias[{token_id}]={bias!r} is not a finite float32", "logit_bias")
     if options.allowed_token_ids is not None:
-        if not options.allowed_token_ids or not all(in_vocab(t) for t in options.allowed_token_ids):
-            raise RequestSamplingError("allowed_token_ids must be a non-empty list of token ids of the vocabulary",
-                                       "allowed_token_ids")
+        outside = [t for t in options.allowed_token_ids if not in_vocab(t)]
+        if not options.allowed_token_ids or outside:
+            raise RequestSamplingError(f"allowed_token_ids must be a non-empty list of token ids of the vocabulary "
+                                       f"(0..{vocab_size - 1}), has {outside[:5]!r}", "allowed_token_ids")
     for word in options.bad_words_token_ids:
         if not word or not all(in_vocab(t) for t in word):
             raise RequestSamplingError(f"bad_words holds the token sequence {list(word)!r}, not token ids of the "
