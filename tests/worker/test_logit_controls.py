@@ -255,3 +255,34 @@ def test_the_worker_refuses_ids_it_cannot_index_with(options, field):
     assert error.value.field == field
     check_sampling_options(SamplingOptions(logit_bias={996: 1.0}, allowed_token_ids=(0, 996),
                                            bad_words_token_ids=((3, 996),)), vocab_size=997)
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"logit_bias": {"5": 100.5}}, "logit_bias"),
+    ({"logit_bias": {"5": float("nan")}}, "logit_bias"),
+    ({"logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"logit_bias": {"-3": 1}}, "logit_bias"),
+    ({"logit_bias": {"1.5": 1}}, "logit_bias"),
+    ({"logit_bias": {"7": 1, 7: 2}}, "logit_bias"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"allowed_token_ids": [1, "2"]}, "allowed_token_ids"),
+    ({"allowed_token_ids": [True]}, "allowed_token_ids"),
+    ({"bad_words": ["ok", ""]}, "bad_words"),
+    ({"bad_words": ["\t "]}, "bad_words"),
+    ({"bad_words": [3]}, "bad_words"),
+])
+def test_sampling_params_refuse_bad_values_naming_the_field(fields, field):
+    from asyncengine import RequestError
+
+    with pytest.raises(RequestError) as error:
+        SamplingParams(**fields)
+    assert error.value.field == field
+
+
+def test_sampling_params_normalize_the_fields():
+    params = SamplingParams(logit_bias={"5": 100, 9: -100.0}, allowed_token_ids=[4, 4, 2], bad_words="word")
+    assert params.logit_bias == {5: 100.0, 9: -100.0}
+    assert params.allowed_token_ids == [4, 2] and params.bad_words == ["word"]
+    assert SamplingParams(logit_bias={}).logit_bias is None  # an empty bias changes nothing
+    assert params.clone(n=2).logit_bias == params.logit_bias
