@@ -1,12 +1,15 @@
 """Plugins in a real multiprocess server: an endpoint plugin (route and background task), a stat-logger
 plugin and two middlewares, from a distribution installed into a temporary target on PYTHONPATH. Each
 records the process id and role its code ran in: all must be the server's own process, the frontend.
-A plugin route that clashes with a built-in one fails start-up naming the route."""
+A plugin route that clashes with a built-in one fails start-up naming the route. A tool-parser plugin file
+and the think reasoning parser, in a server on the tiny Llama with a byte-level tokenizer: what the parsers
+do does not depend on what the model says."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import openai
 import pytest
 
 from support.server import ServerDidNotStart, start_server
+from support.tiny_tokenizer import save_tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -99,26 +103,37 @@ class AlwaysWeather(ToolParser):
 '''
 
 
-def test_a_tool_parser_plugin_file_and_the_think_reasoning_parser(default_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def chat_model(tiny_model, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-chat") / "llama"
+    shutil.copytree(tiny_model("llama").path, directory)  # a copy: the shared tiny model stays tokenizer-less
+    save_tiny_tokenizer(directory)
+    return directory
+
+
+CHAT_OPTIONS = ["--max-model-len", "512", "--kv-cache-memory-bytes", str(8 * 2**20)]
+
+
+def test_a_tool_parser_plugin_file_and_the_think_reasoning_parser(chat_model, tmp_path):
     plugin = tmp_path / "weather_parser.py"
     plugin.write_text(TOOL_PARSER_PLUGIN)
-    server = start_server([str(default_model_dir), "--tool-parser-plugin", str(plugin), "--tool-call-parser",
+    server = start_server([str(chat_model), *CHAT_OPTIONS, "--tool-parser-plugin", str(plugin), "--tool-call-parser",
                            "always_weather", "--enable-auto-tool-choice", "--reasoning-parser", "think"])
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     try:
         with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
-            response = client.chat.completions.create(model=str(default_model_dir), messages=messages, tools=tools,
+            response = client.chat.completions.create(model=str(chat_model), messages=messages, tools=tools,
                                                       max_tokens=8, temperature=0)
             choice = response.choices[0]
             assert choice.finish_reason == "tool_calls" or choice.finish_reason == "length"
             (call,) = choice.message.tool_calls
             assert call.function.name == "get_weather" and "said" in json.loads(call.function.arguments)
-            streamed = list(client.chat.completions.create(model=str(default_model_dir), messages=messages,
+            streamed = list(client.chat.completions.create(model=str(chat_model), messages=messages,
                                                            tools=tools, max_tokens=8, temperature=0, stream=True))
             calls = [c for chunk in streamed for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
             assert [c.function.name for c in calls] == ["get_weather"]  # sent at the end, when the parser held it
-            plain = client.chat.completions.create(model=str(default_model_dir), messages=messages, max_tokens=8,
+            plain = client.chat.completions.create(model=str(chat_model), messages=messages, max_tokens=8,
                                                    temperature=0)
             # No tools in the request: the tool parser stays out; the think parser finds no tags: all content.
             assert plain.choices[0].message.tool_calls == [] and plain.choices[0].message.content
@@ -126,10 +141,10 @@ def test_a_tool_parser_plugin_file_and_the_think_reasoning_parser(default_model_
         assert server.stop() == 0, server.stderr()[-3000:]
 
 
-def test_a_tool_parser_plugin_that_cannot_load_fails_start_up(default_model_dir, tmp_path):
+def test_a_tool_parser_plugin_that_cannot_load_fails_start_up(chat_model, tmp_path):
     missing = tmp_path / "nope.py"
     with pytest.raises(ServerDidNotStart) as failed:
-        start_server([str(default_model_dir), "--tool-parser-plugin", str(missing), "--tool-call-parser", "x"])
+        start_server([str(chat_model), *CHAT_OPTIONS, "--tool-parser-plugin", str(missing), "--tool-call-parser", "x"])
     assert failed.value.returncode == 1
     assert "--tool-parser-plugin" in failed.value.stderr and str(missing) in failed.value.stderr
     assert os.path.basename(str(missing)) in failed.value.stderr
