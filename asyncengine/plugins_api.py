@@ -28,7 +28,7 @@ from asyncengine.interfaces.io_processor import IOProcessor  # read in: frontend
 from asyncengine.outputs import CompletionOutput, RequestOutput  # what IOProcessor.post_process receives
 from asyncengine.server.protocol import IOProcessRequest  # read in: frontend (what IOProcessor.pre_process receives)
 from asyncengine.interfaces.stat_logger import StatLoggerBase  # read in: frontend
-from asyncengine.frontend.tokenizer import TokenizerRegistry  # read in: frontend (chosen by --tokenizer-mode)
+from asyncengine.interfaces.tokenizer import TokenizerRegistry  # read in: frontend (chosen by --tokenizer-mode)
 from asyncengine.interfaces.kv_connector import (  # the KV connector interface: scheduler side in the engine core,
     KVConnectorBase,  # worker side in each worker rank (docs/kv_connectors.md)
     KVConnectorContext,
@@ -59,14 +59,14 @@ from asyncengine.platforms.cuda import CudaPlatform
 from asyncengine.config.engine import EngineConfig  # what check_and_update_config receives
 from asyncengine.config.engine import EngineConfig as VllmConfig  # vLLM's name: sub-config views read through
 from asyncengine.plugin_runtime.vllm_compat import envs, load_general_plugins  # vLLM's helpers for plugin tests
-from asyncengine.plugin_runtime.additional_config import (  # read in: frontend (checks every key is claimed)
+from asyncengine.interfaces.additional_config import (  # read in: frontend (checks every key is claimed)
     AdditionalConfigRegistry,
 )
 from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
 from asyncengine.platforms.resolution import requested_device  # every process: a platform detector reads it
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.interfaces.registry import Registry, RegistrationError  # the registry type itself
-from asyncengine.server.parsers import (  # read in: frontend (the chat completions route)
+from asyncengine.interfaces.parsers import (  # read in: frontend (the chat completions route)
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
@@ -79,6 +79,7 @@ from asyncengine.server.parsers import (  # read in: frontend (the chat completi
     ToolParserManager,
     new_tool_call_id,
 )
+import asyncengine.server.parsers.loading  # installs the plugin loader that ToolParserManager.import_tool_parser uses
 from asyncengine.interfaces.structured_output import (  # read in: engine core (compiles, masks), frontend (validate)
     GrammarMatcher,
     StructuredOutputBackend,

@@ -83,11 +83,63 @@ def test_importing_the_floor_and_reading_its_names_loads_no_torch():
     ("asyncengine.registries", "all_registries"),
     ("asyncengine.plugins_api", "LogitsProcessor"),
     ("asyncengine.plugins_api", "CustomOp"),
+    ("asyncengine.server.parsers", "ToolParser"),
+    ("asyncengine.server.parsers", "ToolParserManager"),
+    ("asyncengine.server.parsers.tool_parsers", "ToolParserManager"),
+    ("asyncengine.server.parsers.reasoning_parsers", "ReasoningParser"),
+    ("asyncengine.server.parsers.reasoning_parsers", "ReasoningParserManager"),
+    ("asyncengine.server.parsers.types", "DeltaMessage"),
+    ("asyncengine.plugins_api", "ToolParserManager"),
+    ("asyncengine.frontend.tokenizer", "TokenizerRegistry"),
+    ("asyncengine.plugins_api", "TokenizerRegistry"),
+    ("asyncengine.plugin_runtime.additional_config", "AdditionalConfigRegistry"),
+    ("asyncengine.plugins_api", "AdditionalConfigRegistry"),
+    ("asyncengine.models.layers.op_registry", "OpProviderRegistry"),
 ])
 def test_the_old_path_gives_the_floors_object(old, name):
     import asyncengine.interfaces as floor
 
     assert getattr(importlib.import_module(old), name) is getattr(floor, name)
+
+
+def test_every_table_is_the_floors_and_asking_for_them_imports_nothing_above_it():
+    # A table named by "pkg.mod:attr" would be imported here, from a layer the import graph cannot see.
+    code = ("import sys\n"
+            "from asyncengine.interfaces.tables import all_registries\n"
+            "all_registries()\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('asyncengine.server', 'asyncengine.frontend', "
+            "'asyncengine.plugin_runtime', 'asyncengine.models', 'asyncengine.worker'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("table", "key", "old", "name"), [
+    ("ToolParserManager", "json_tags", "asyncengine.server.parsers.tool_parsers", "JsonTagsToolParser"),
+    ("ToolParserManager", "hermes", "asyncengine.server.parsers.tool_parsers", "JsonTagsToolParser"),
+    ("ReasoningParserManager", "think", "asyncengine.server.parsers.reasoning_parsers", "ThinkReasoningParser"),
+    ("TokenizerRegistry", "auto", "asyncengine.frontend.tokenizer", "HFAutoTokenizer"),
+])
+def test_a_built_in_entry_the_floor_names_by_path_is_the_higher_layers_class(table, key, old, name):
+    import asyncengine.interfaces as floor
+    from asyncengine.interfaces.imports import import_by_path
+
+    entry = getattr(floor, table).registered(key)
+    assert import_by_path(entry.implementation, what=key) is getattr(importlib.import_module(old), name)
+
+
+def test_the_built_in_op_providers_are_in_the_floors_table_and_get_their_options_above_it():
+    from asyncengine.interfaces.custom_op_registry import BUILT_IN_PROVIDERS, OpProviderRegistry
+    from asyncengine.models.layers import op_registry
+
+    assert set(BUILT_IN_PROVIDERS) <= set(OpProviderRegistry.keys())
+    ops = ("rms_norm", "rotary", "silu_and_mul", "sample")
+    op_registry.set_op_priority({op: [op_registry.NATIVE] for op in ops})  # no platform needed to order them
+    try:
+        for op in ops:  # the order reads each provider's options: a built-in without them fails here
+            assert op_registry.provider_order(op)[0][0] == op_registry.NATIVE
+    finally:
+        op_registry.set_op_priority(None)
 
 
 def test_the_built_in_worker_is_a_worker_base():

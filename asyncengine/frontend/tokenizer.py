@@ -1,7 +1,7 @@
 """Loading the tokenizer and rendering chat prompts.
 
-`tokenizer_mode` picks the tokenizer class from TokenizerRegistry (EXTENSION_POINTS.md, tokenizers): "auto" is
-transformers' AutoTokenizer; a plugin adds a mode with `TokenizerRegistry.register("mode", "pkg.mod:Class")`.
+`tokenizer_mode` picks the tokenizer class from TokenizerRegistry (EXTENSION_POINTS.md, tokenizers; the table
+is in the floor, asyncengine.interfaces.tokenizer): "auto" is transformers' AutoTokenizer; a plugin adds a mode with `TokenizerRegistry.register("mode", "pkg.mod:Class")`.
 Read in the frontend only (it tokenizes prompts and detokenizes outputs). The class is built as
 `Class.from_pretrained(path)`, as in vLLM; what the engine calls on it is in docs/plugins.md ("Tokenizers").
 """
@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from asyncengine.errors import ConfigError, ModelLoadError, RequestError
-from asyncengine.registries.base import BUILT_IN, Registry, describe, reads
+from asyncengine.interfaces.registry import describe, reads
 
-AUTO = "auto"
+# The table is in the floor (a plugin fills it in every process), with "auto" naming HFAutoTokenizer
+# below by path; imported here for the names code and plugins have used.
+from asyncengine.interfaces.tokenizer import AUTO, TokenizerRegistry
+
 # What the engine calls on every tokenizer; the rest (apply_chat_template, chat_template, eos_token_id) is optional.
 REQUIRED_METHODS = ("encode", "decode")
 
@@ -29,14 +32,6 @@ class HFAutoTokenizer:
 
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
-
-class _TokenizerRegistry(Registry):
-    def __init__(self) -> None:
-        super().__init__("tokenizers", "tokenizer mode")
-        self.register(AUTO, HFAutoTokenizer, owner=BUILT_IN)
-
-
-TokenizerRegistry = _TokenizerRegistry()
 
 
 @reads("tokenizers", "frontend")

@@ -19,6 +19,8 @@ One module per concern, each with its table where it has one:
 - model_loader, models: BaseModelLoader, LoadConfig, ModelLoaderRegistry; ModelRegistry
 - structured_output: StructuredOutputBackend, GrammarMatcher, StructuredOutputBackendRegistry
 - custom_op_registry, torch_bases: the custom-op tables; CustomOp
+- parsers: ToolParser, ReasoningParser, the shapes they return, ToolParserManager, ReasoningParserManager
+- tokenizer, additional_config: TokenizerRegistry (the tokenizer modes); AdditionalConfigRegistry
 - registry, tables, imports, roles: the Registry type, every table and who reads it, import_by_path, the role names
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 # asyncengine.config imports asyncengine.interfaces.registry, which runs this file first, and the
 # submodules import asyncengine.config back; the package itself stays empty until a name is read.
 _WHERE = {
+    "AdditionalConfigRegistry": "additional_config",
     "AttentionBackend": "attention", "AttentionBackendRegistry": "attention",
     "CustomOpRegistry": "custom_op_registry", "OpProviderRegistry": "custom_op_registry",
     "EndpointPlugin": "endpoint",
@@ -43,6 +46,10 @@ _WHERE = {
     "MovedRequest": "logits",
     "BaseModelLoader": "model_loader", "LoadConfig": "model_loader", "ModelLoaderRegistry": "model_loader",
     "ModelRegistry": "models",
+    "DeltaFunctionCall": "parsers", "DeltaMessage": "parsers", "DeltaToolCall": "parsers",
+    "ExtractedToolCalls": "parsers", "FunctionCall": "parsers", "ReasoningParser": "parsers",
+    "ReasoningParserManager": "parsers", "ToolCall": "parsers", "ToolParser": "parsers", "ToolParserManager": "parsers",
+    "new_tool_call_id": "parsers",
     "Platform": "platform", "PlatformEnum": "platform",
     "LinearMethod": "quantization", "QuantizationConfig": "quantization", "QuantizationRegistry": "quantization",
     "BUILT_IN": "registry", "Registry": "registry", "RegistrationError": "registry", "reads": "registry",
@@ -51,6 +58,7 @@ _WHERE = {
     "GrammarMatcher": "structured_output", "StructuredOutputBackend": "structured_output",
     "StructuredOutputBackendRegistry": "structured_output",
     "all_registries": "tables",
+    "TokenizerRegistry": "tokenizer",
     "WorkerBase": "worker",
     # An nn.Module: the one name whose module imports torch.
     "CustomOp": "torch_bases",
@@ -65,13 +73,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BUILT_IN", "ENGINE_CORE", "FRONTEND", "ROLES", "WORKER",
-    "AddedRequest", "AttentionBackend", "AttentionBackendRegistry", "BaseModelLoader", "BatchUpdate",
-    "ClassPathImportError", "CustomOp", "CustomOpRegistry", "EndpointPlugin", "Executor", "GrammarMatcher",
-    "IOProcessor", "KVConnectorBase", "KVConnectorContext", "KVConnectorFactory", "KVConnectorMetadata",
-    "KVConnectorRequest", "KVConnectorRole", "LinearMethod", "LoadConfig", "LogitsProcessor", "ModelLoaderRegistry",
-    "ModelRegistry", "MoveDirectionality", "MovedRequest", "OpProviderRegistry", "Platform", "PlatformEnum",
-    "QuantizationConfig", "QuantizationRegistry", "Registry", "RegistrationError", "StatLoggerBase",
-    "StructuredOutputBackend", "StructuredOutputBackendRegistry", "WorkerBase", "all_registries", "import_by_path",
-    "reads",
+    "BUILT_IN", "ENGINE_CORE", "FRONTEND", "ROLES", "WORKER", "AddedRequest", "AdditionalConfigRegistry",
+    "AttentionBackend", "AttentionBackendRegistry", "BaseModelLoader", "BatchUpdate", "ClassPathImportError",
+    "CustomOp", "CustomOpRegistry", "DeltaFunctionCall", "DeltaMessage", "DeltaToolCall", "EndpointPlugin",
+    "Executor", "ExtractedToolCalls", "FunctionCall", "GrammarMatcher", "IOProcessor", "KVConnectorBase",
+    "KVConnectorContext", "KVConnectorFactory", "KVConnectorMetadata", "KVConnectorRequest", "KVConnectorRole",
+    "LinearMethod", "LoadConfig", "LogitsProcessor", "ModelLoaderRegistry", "ModelRegistry", "MoveDirectionality",
+    "MovedRequest", "OpProviderRegistry", "Platform", "PlatformEnum", "QuantizationConfig", "QuantizationRegistry",
+    "ReasoningParser", "ReasoningParserManager", "RegistrationError", "Registry", "StatLoggerBase",
+    "StructuredOutputBackend", "StructuredOutputBackendRegistry", "TokenizerRegistry", "ToolCall", "ToolParser",
+    "ToolParserManager", "WorkerBase", "all_registries", "import_by_path", "new_tool_call_id", "reads",
 ]

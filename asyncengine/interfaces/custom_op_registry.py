@@ -3,8 +3,8 @@ replacements (`custom_ops`), and the op providers (`op_providers`, several imple
 
 Torch-free: the frontend builds its manifest from these registries, and a general plugin registers into
 them there too. The CustomOp class is in interfaces/torch_bases.py; the providers' per-call choice
-(priorities, `supported` predicates, `call_op`) is in asyncengine/models/layers/op_registry.py, which
-registers the built-in providers.
+(priorities, `supported` predicates, `call_op`) is in asyncengine/models/layers/op_registry.py; the
+built-in providers are registered here by path, so every process's table lists them.
 
 `custom_ops` holds in-tree op name -> class ("RMSNorm"), and `oot:<name>` -> the out-of-tree class that
 replaces it (`CustomOp.register_oot`). The built-in names are registered here as lazy paths, so every
@@ -23,6 +23,20 @@ CustomOpRegistry = Registry("custom_ops", "custom op")
 OpProviderRegistry = Registry("op_providers", "op provider")
 
 OOT_PREFIX = "oot:"
+
+# The built-in op providers ("<op>/<provider>"), by path: their code needs torch (and triton), and how
+# each is chosen per call (priority, `supported`, whether it runs here) is models/layers/op_registry.py's.
+# "native" is the torch reference; "triton" the kernels of ops/, tried first where a CUDA device is.
+BUILT_IN_PROVIDERS = {
+    "rms_norm/native": "asyncengine.models.layers.norm:rms_norm_native",
+    "rotary/native": "asyncengine.models.layers.rotary:rotary_native",
+    "silu_and_mul/native": "asyncengine.models.layers.activation:silu_and_mul_native",
+    "sample/native": "asyncengine.worker.sample_op:sample_native",
+    "rms_norm/triton": "asyncengine.ops.triton_norm:rms_norm_triton",
+    "rotary/triton": "asyncengine.ops.triton_rotary:rotary_triton",
+    "silu_and_mul/triton": "asyncengine.ops.triton_activation:silu_and_mul_triton",
+    "sample/triton": "asyncengine.ops.triton_sampling:sample_triton",
+}
 
 # The in-tree ops, by path: importing them needs torch.
 IN_TREE_OPS = {
@@ -70,7 +84,9 @@ def oot_replacement(name: str) -> type | None:
 
 for _name, _path in IN_TREE_OPS.items():
     CustomOpRegistry.register(_name, _path, owner=BUILT_IN)
+for _key, _path in BUILT_IN_PROVIDERS.items():
+    OpProviderRegistry.register(_key, _path, owner=BUILT_IN)
 
 
-__all__ = ["IN_TREE_OPS", "OOT_PREFIX", "CustomOpRegistry", "OpProviderRegistry", "in_tree_op_names",
-           "oot_replacement", "register_custom_op", "register_oot_op"]
+__all__ = ["BUILT_IN_PROVIDERS", "IN_TREE_OPS", "OOT_PREFIX", "CustomOpRegistry", "OpProviderRegistry",
+           "in_tree_op_names", "oot_replacement", "register_custom_op", "register_oot_op"]

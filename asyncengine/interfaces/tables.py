@@ -4,40 +4,42 @@ The manifest check compares, in each child process, the registries its role read
 a key the frontend has and the child lacks fails start-up there, naming it. `plugins map` and the
 start-up timeline draw from the same table.
 
-Most tables live in this package, next to the interface their entries implement. The others carry
-behaviour of the layer that owns them (the op providers' per-call choice, the parsers' plugin files,
-the tokenizer modes, the additional_config validators) and stay there: they are named here by path
-and imported when the table is asked for, as a lazy registry entry is.
+Every table lives in this package, next to the interface its entries implement. Where an entry's code
+belongs to a higher layer (the built-in parsers, the "auto" tokenizer mode, the op providers and the
+in-tree custom ops), the floor registers it by "pkg.mod:attr" path, imported when first used; the
+behaviour that reads the table (the op providers' per-call choice, the parsers' plugin files, the
+tokenizer loading, the additional_config check) stays in that layer.
 """
 
 from __future__ import annotations
 
-from asyncengine.errors import StartupError
+from asyncengine.interfaces.additional_config import AdditionalConfigRegistry
 from asyncengine.interfaces.attention import AttentionBackendRegistry
-from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
 from asyncengine.interfaces.kv_connector import KVConnectorFactory
 from asyncengine.interfaces.model_loader import ModelLoaderRegistry
 from asyncengine.interfaces.models import ModelRegistry
+from asyncengine.interfaces.parsers import ReasoningParserManager, ToolParserManager
 from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.interfaces.registry import Registry
 from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
 from asyncengine.interfaces.structured_output import StructuredOutputBackendRegistry
+from asyncengine.interfaces.tokenizer import TokenizerRegistry
 
-# Registry (or the "pkg.mod:attr" of one kept above the floor) -> the roles that read it, in the order
-# the manifest and the map list them.
-_TABLES: tuple[tuple[Registry | str, frozenset[str]], ...] = (
+# Registry -> the roles that read it, in the order the manifest and the map list them.
+_TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
     (ModelRegistry, frozenset({FRONTEND, WORKER})),
     # The worker builds with it; the frontend checks the --load-format name before anything starts.
     (ModelLoaderRegistry, frozenset({FRONTEND, WORKER})),
-    ("asyncengine.server.parsers.tool_parsers:ToolParserManager", frozenset({FRONTEND})),
-    ("asyncengine.server.parsers.reasoning_parsers:ReasoningParserManager", frozenset({FRONTEND})),
+    (ToolParserManager, frozenset({FRONTEND})),
+    (ReasoningParserManager, frozenset({FRONTEND})),
     # --tokenizer-mode: the frontend tokenizes prompts and detokenizes outputs; no other process does.
-    ("asyncengine.frontend.tokenizer:TokenizerRegistry", frozenset({FRONTEND})),
+    (TokenizerRegistry, frozenset({FRONTEND})),
     # additional_config keys: the frontend checks each key is claimed before anything is spawned.
-    ("asyncengine.plugin_runtime.additional_config:AdditionalConfigRegistry", frozenset({FRONTEND})),
+    (AdditionalConfigRegistry, frozenset({FRONTEND})),
     # The worker builds the model's custom ops (and their out-of-tree replacements) and runs their providers.
-    ("asyncengine.models.layers.op_registry:CustomOpRegistry", frozenset({WORKER})),
-    ("asyncengine.models.layers.op_registry:OpProviderRegistry", frozenset({WORKER})),
+    (CustomOpRegistry, frozenset({WORKER})),
+    (OpProviderRegistry, frozenset({WORKER})),
     # The worker builds each layer's backend with it (the platform or attention_backend names one).
     (AttentionBackendRegistry, frozenset({WORKER})),
     # The worker builds the linear layers with it; the frontend checks the `quantization` name first.
@@ -49,22 +51,9 @@ _TABLES: tuple[tuple[Registry | str, frozenset[str]], ...] = (
 )
 
 
-def _registry(table: Registry | str) -> Registry:
-    if isinstance(table, Registry):
-        return table
-    registry = import_by_path(table, what="a registry of asyncengine's", error=StartupError)
-    if not isinstance(registry, Registry):
-        raise StartupError(f"{table} is {registry!r}, not a Registry: asyncengine/interfaces/tables.py names it")
-    return registry
-
-
 def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
     """Registry name -> (registry, the roles that read it)."""
-    registries = {}
-    for table, roles in _TABLES:
-        registry = _registry(table)
-        registries[registry.name] = (registry, roles)
-    return registries
+    return {registry.name: (registry, roles) for registry, roles in _TABLES}
 
 
 # The modules whose functions read a registry or a config hook (marked with `reads`): imported to draw

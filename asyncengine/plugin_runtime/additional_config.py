@@ -14,30 +14,15 @@ dict in the config, so a plugin reads its own key from `config.additional_config
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from asyncengine.errors import ConfigError
+
+# The table (and `claim`) is in the floor, asyncengine.interfaces.additional_config; imported here for
+# the name code and plugins have used.
+from asyncengine.interfaces.additional_config import AdditionalConfigRegistry
+from asyncengine.interfaces.registry import describe, reads
 from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
-from asyncengine.registries.base import Registry, RegistrationError, describe, reads
-
-
-def _accept_any(value: Any) -> None:
-    """The default validator: any value."""
-
-
-class _AdditionalConfigRegistry(Registry):
-    def __init__(self) -> None:
-        super().__init__("additional_config", "additional_config key")
-
-    def claim(self, key: str, validator: Callable[[Any], Any] | None = None, *, override: bool = False) -> None:
-        """Claim `additional_config[key]`; `validator(value)` raises to refuse a value (None: any value)."""
-        if validator is not None and not callable(validator):
-            raise RegistrationError(f"additional_config key {key!r}: the validator must be callable, got {validator!r}")
-        self.register(key, validator or _accept_any, override=override)
-
-
-AdditionalConfigRegistry = _AdditionalConfigRegistry()
 
 
 @reads("additional_config", "frontend")

@@ -30,6 +30,7 @@ from asyncengine.models.registry import import_by_path
 # The tables and the custom-op (class) half are in the floor, asyncengine.interfaces.custom_op_registry;
 # imported here for the names code and plugins have used.
 from asyncengine.interfaces.custom_op_registry import (
+    BUILT_IN_PROVIDERS,
     OOT_PREFIX,
     CustomOpRegistry,
     OpProviderRegistry,
@@ -38,27 +39,15 @@ from asyncengine.interfaces.custom_op_registry import (
     register_custom_op,
     register_oot_op,
 )
-from asyncengine.interfaces.registry import BUILT_IN, RegistrationError, describe, reads
+from asyncengine.interfaces.registry import RegistrationError, describe, reads
 
 NATIVE = "native"
 
-# The in-tree ops' torch implementations (provider "native"), by path: importing them needs torch.
-_NATIVE_PROVIDERS = {
-    "rms_norm": "asyncengine.models.layers.norm:rms_norm_native",
-    "rotary": "asyncengine.models.layers.rotary:rotary_native",
-    "silu_and_mul": "asyncengine.models.layers.activation:silu_and_mul_native",
-    "sample": "asyncengine.worker.sample_op:sample_native",
-}
-
-# The Triton kernels of ops/ (provider "triton"), tried before native where a CUDA device and triton
-# are present; elsewhere left out (see `_Options.available`), so CPU runs are as without them.
+# The built-in providers: "native" (the in-tree ops' torch implementations) and "triton" (the Triton
+# kernels of ops/, tried before native where a CUDA device and triton are present; elsewhere left out,
+# see `_Options.available`, so CPU runs are as without them). The floor's table names them by path
+# (BUILT_IN_PROVIDERS); their options are set at the end of this module.
 TRITON = "triton"
-_TRITON_PROVIDERS = {
-    "rms_norm": "asyncengine.ops.triton_norm:rms_norm_triton",
-    "rotary": "asyncengine.ops.triton_rotary:rotary_triton",
-    "silu_and_mul": "asyncengine.ops.triton_activation:silu_and_mul_triton",
-    "sample": "asyncengine.ops.triton_sampling:sample_triton",
-}
 _TRITON_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
 _triton_runs_here: bool | None = None
 
@@ -274,8 +263,11 @@ def _choices() -> list[tuple[str, str]]:
     return choices
 
 
-for _op, _path in _NATIVE_PROVIDERS.items():
-    _register_provider(_op, NATIVE, _path, _Options(None, 0), owner=BUILT_IN)
-for _op, _path in _TRITON_PROVIDERS.items():
-    _register_provider(_op, TRITON, _path, _Options(_TRITON_SUPPORTED.get(_op, on_cuda), 10, triton_runs_here),
-                       owner=BUILT_IN)
+# The built-in providers are in the floor's table already (by path); here they get their options (the
+# predicates and the availability check are this module's).
+for _key in BUILT_IN_PROVIDERS:
+    _op, _, _provider = _key.partition("/")
+    if _provider == TRITON:
+        _options[_key] = _Options(_TRITON_SUPPORTED.get(_op, on_cuda), 10, triton_runs_here)
+    else:
+        _options[_key] = _Options(None, 0)

@@ -1,6 +1,8 @@
-"""What the tool-call and reasoning parser registries share: registration by decorator, lookup by
-name, and loading a parser plugin given on the command line (`--tool-parser-plugin`,
-`--reasoning-parser-plugin`).
+"""Loading a parser plugin given on the command line (`--tool-parser-plugin`, `--reasoning-parser-plugin`).
+
+The parser tables (registration by decorator, lookup by name) are in the floor,
+asyncengine.interfaces.parsers; their `import_tool_parser` / `import_reasoning_parser` call the loader
+this module installs there when it is imported (the server's parsers import it).
 
 A plugin value is either the path of a .py file or an importable module name; importing it runs its
 `register_module` decorators. Every way that can fail is a StartupError naming the option and the
@@ -21,116 +23,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from asyncengine.errors import ConfigError, StartupError
-from asyncengine.interfaces.imports import import_by_path
-from asyncengine.registries.base import Registry, RegistrationError, current_registrant
-
-
-class ParserRegistry(Registry):
-    """A registry of parser classes, all subclasses of `base`, with vLLM's `register_module` shape.
-
-    `field` is the configuration field that selects a parser (named by lookup errors) and
-    `plugin_option` the command-line option that loads plugins (named by plugin errors).
-    """
-
-    def __init__(self, name: str, what: str, *, base: type, field: str, option: str, plugin_option: str) -> None:
-        super().__init__(name, what)
-        self.base = base
-        self.field = field
-        self.option = option
-        self.plugin_option = plugin_option
-
-    def register_module(
-        self, name: str | list[str] | type | None = None, force: bool = False, module: type | str | None = None
-    ) -> Any:
-        """Register a parser class under `name` (a name, a list of aliases, or None for the class name).
-
-        As a decorator: `@Manager.register_module("mine")` (a bare `@Manager.register_module` works
-        too). As a call: `Manager.register_module("mine", module=MyParser)`, or lazily with
-        `module="package.module:MyParser"`, imported when first looked up. `force=True` replaces a
-        parser registered under the same name by someone else; without it that is a RegistrationError
-        naming both owners.
-        """
-        if isinstance(name, type) and module is None:  # the bare decorator: the class came in as `name`
-            name, module = None, name
-        names = self._names(name)  # checked now, so a bad name fails at the decorator, not at lookup
-        if module is not None:
-            self._register_all(names, module, force)
-            return module
-
-        def decorator(cls: type) -> type:
-            self._register_all(names, cls, force)
-            return cls
-
-        return decorator
-
-    def resolve(self, name: str) -> type:
-        """The parser class registered under `name`; ConfigError (naming the known ones) if none is."""
-        entry = self.get(name) if isinstance(name, str) else None
-        if entry is None:
-            known = ", ".join(repr(key) for key in self.keys()) or "(none registered)"
-            raise ConfigError(
-                f"unknown {self.what} {name!r}; known: {known}. Pass one of these to {self.option}, or load "
-                f"a plugin that registers it with {self.plugin_option}",
-                field=self.field,
-            )
-        implementation = entry.implementation
-        if isinstance(implementation, str):
-            owner = entry.owner
-
-            def refused(message: str) -> ConfigError:  # a configuration problem, naming who registered it
-                return ConfigError(f"{message} (registered by {owner})", field=self.field)
-
-            implementation = import_by_path(implementation, what=f"{self.what} {name!r}", error=refused)
-        if not (isinstance(implementation, type) and issubclass(implementation, self.base)):
-            raise ConfigError(
-                f"{self.what} {name!r} (registered by {entry.owner}) is {implementation!r}, not a subclass of "
-                f"{self.base.__name__}; register a {self.base.__name__} subclass under that name",
-                field=self.field,
-            )
-        return implementation
-
-    def import_plugin(self, plugin: str) -> ModuleType:
-        """Load a parser plugin (a .py path or a module name); its decorators register its parsers."""
-        return import_plugin(plugin, option=self.plugin_option)
-
-    # -- internals ---------------------------------------------------------------------------------
-
-    def _names(self, name: Any) -> list[str] | None:
-        if name is None:
-            return None  # the class name, known once the class is
-        names = [name] if isinstance(name, str) else name
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-            raise RegistrationError(
-                f"a {self.what} name must be a non-empty string or a non-empty list of them, got {name!r}"
-            )
-        return names
-
-    def _register_all(self, names: list[str] | None, module: Any, force: bool) -> None:
-        if isinstance(module, str):
-            if not re.fullmatch(r"[\w.]+:[\w.]+", module):
-                raise RegistrationError(
-                    f"a {self.what} given by path must look like 'package.module:Class', got {module!r}"
-                )
-            if names is None:
-                names = [module.rpartition(":")[2]]
-        elif not (isinstance(module, type) and issubclass(module, self.base)):
-            raise RegistrationError(
-                f"a {self.what} must be a subclass of {self.base.__name__} (or a 'package.module:Class' "
-                f"string), got {module!r}"
-            )
-        elif names is None:
-            names = [module.__name__]
-        for key in names:
-            try:
-                self.register(key, module, override=force)
-            except RegistrationError as exc:
-                # The base registry's advice names its own keyword; ours is `force`.
-                message = str(exc)
-                advice = "pass override=True to replace it"
-                if message.endswith(advice):
-                    message = message[: -len(advice)] + "pass force=True to register_module to replace it"
-                raise RegistrationError(message, field=exc.field) from None
+from asyncengine.errors import StartupError
+from asyncengine.interfaces.parsers import ParserRegistry, set_plugin_loader
+from asyncengine.interfaces.registry import current_registrant
 
 
 def import_plugin(value: Any, *, option: str) -> ModuleType:
@@ -210,3 +105,8 @@ def _run_import(
         ) from exc
     finally:
         current_registrant.reset(token)
+
+
+set_plugin_loader(import_plugin)
+
+__all__ = ["ParserRegistry", "import_plugin"]  # ParserRegistry: the floor's, for the name code has used

@@ -3,8 +3,8 @@
 
 `ReasoningParserManager` maps a name (`--reasoning-parser NAME`) to a ReasoningParser class; plugins
 add to it with `@ReasoningParserManager.register_module("name")`, loaded with
-`--reasoning-parser-plugin`. The route makes one parser instance per request, so a parser may keep
-streaming state on itself.
+`--reasoning-parser-plugin`. Both are in the floor (asyncengine.interfaces.parsers); this module holds
+the built-in parser, which the floor's table names by path.
 
 Built in: `think`, for models that reason inside `<think>...</think>` (DeepSeek-R1, Qwen3, QwQ, ...).
 """
@@ -13,44 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.registries.base import BUILT_IN
-from asyncengine.server.parsers.loading import ParserRegistry
+# The base class and the table are in the floor (a plugin subclasses and fills them); imported here
+# for the names code and plugins have used.
+from asyncengine.interfaces.parsers import DeltaMessage, ReasoningParser, ReasoningParserManager
 from asyncengine.server.parsers.tool_parsers import partial_tag_length
-from asyncengine.server.parsers.types import DeltaMessage
-
-
-class ReasoningParser:
-    """Base class of reasoning parsers. `tokenizer` may be None (a parser that needs one says so)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
-        """(reasoning, content) of a complete output; None for a part that is absent or empty."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning")
-
-    def extract_reasoning_streaming(
-        self, previous_text: str, current_text: str, delta_text: str, request: Any
-    ) -> DeltaMessage | None:
-        """What to send for the newest delta; None means nothing yet (text is being held back)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning_streaming")
-
-
-class _ReasoningParserRegistry(ParserRegistry):
-    def __init__(self) -> None:
-        super().__init__(
-            "reasoning_parsers", "reasoning parser", base=ReasoningParser, field="reasoning_parser",
-            option="--reasoning-parser", plugin_option="--reasoning-parser-plugin",
-        )
-
-    def get_reasoning_parser(self, name: str) -> type[ReasoningParser]:
-        return self.resolve(name)
-
-    def import_reasoning_parser(self, plugin: str) -> Any:
-        return self.import_plugin(plugin)
-
-
-ReasoningParserManager = _ReasoningParserRegistry()
 
 
 # -- think ----------------------------------------------------------------------------------------
@@ -127,6 +93,3 @@ class ThinkReasoningParser(ReasoningParser):
         if not reasoning_text and not content_text:
             return None
         return DeltaMessage(reasoning_content=reasoning_text or None, content=content_text or None)
-
-
-ReasoningParserManager.register("think", ThinkReasoningParser, owner=BUILT_IN)

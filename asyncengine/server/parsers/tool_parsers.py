@@ -1,8 +1,9 @@
 """Tool-call parsers: turn a model's text into OpenAI tool calls, whole or while it streams.
 
 `ToolParserManager` maps a name (`--tool-call-parser NAME`) to a ToolParser class; plugins add to it
-with `@ToolParserManager.register_module("name")`, loaded with `--tool-parser-plugin`. The route
-makes one parser instance per request, so a parser may keep streaming state on itself.
+with `@ToolParserManager.register_module("name")`, loaded with `--tool-parser-plugin`. Both, and the
+shapes a parser returns, are in the floor (asyncengine.interfaces.parsers); this module holds the
+built-in parsers, which the floor's table names by path.
 
 Built in: `json_tags` (alias `hermes`), for models that write
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen 2.5/3 and many others).
@@ -13,55 +14,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asyncengine.registries.base import BUILT_IN
-from asyncengine.server.parsers.loading import ParserRegistry
-from asyncengine.server.parsers.types import (
+# The base class, the table and the shapes are in the floor (a plugin subclasses and fills them);
+# imported here for the names code and plugins have used. Importing loading installs the plugin loader.
+from asyncengine.interfaces.parsers import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
     ExtractedToolCalls,
     FunctionCall,
     ToolCall,
+    ToolParser,
+    ToolParserManager,
     new_tool_call_id,
 )
-
-
-class ToolParser:
-    """Base class of tool-call parsers. `tokenizer` may be None (a parser that needs one says so)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def adjust_request(self, request: Any) -> Any:
-        """Change the request before generation (say, to keep special tokens); the default keeps it."""
-        return request
-
-    def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCalls:
-        """The tool calls in a complete output, and the content outside them."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement extract_tool_calls")
-
-    def extract_tool_calls_streaming(
-        self, previous_text: str, current_text: str, delta_text: str, request: Any
-    ) -> DeltaMessage | None:
-        """What to send for the newest delta; None means nothing yet (text is being held back)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement extract_tool_calls_streaming")
-
-
-class _ToolParserRegistry(ParserRegistry):
-    def __init__(self) -> None:
-        super().__init__(
-            "tool_parsers", "tool parser", base=ToolParser, field="tool_call_parser",
-            option="--tool-call-parser", plugin_option="--tool-parser-plugin",
-        )
-
-    def get_tool_parser(self, name: str) -> type[ToolParser]:
-        return self.resolve(name)
-
-    def import_tool_parser(self, plugin: str) -> Any:
-        return self.import_plugin(plugin)
-
-
-ToolParserManager = _ToolParserRegistry()
+import asyncengine.server.parsers.loading  # installs the floor's parser plugin loader
 
 
 # -- json_tags ------------------------------------------------------------------------------------
@@ -233,7 +199,3 @@ class JsonTagsToolParser(ToolParser):
             index=index, id=new_tool_call_id(), type="function",
             function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
         )
-
-
-for _name in ("json_tags", "hermes"):
-    ToolParserManager.register(_name, JsonTagsToolParser, owner=BUILT_IN)

@@ -1,0 +1,290 @@
+"""Tool-call and reasoning parsers (EXTENSION_POINTS.md, parsers): the classes a parser plugin subclasses,
+the shapes they hand back to the chat completions route, and the two tables of them.
+
+`ToolParserManager` maps a name (`--tool-call-parser NAME`) to a ToolParser class, `ReasoningParserManager`
+one (`--reasoning-parser NAME`) to a ReasoningParser class; plugins add to them with
+`@ToolParserManager.register_module("name")` (vLLM's shape). The built-in parsers (json_tags, alias
+hermes; think) are registered here by path, so every process knows their names; their code, and the
+loading of a parser plugin file given on the command line (`--tool-parser-plugin`,
+`--reasoning-parser-plugin`), are the server's (asyncengine/server/parsers/), which passes its loader
+in here when it is imported.
+
+The shapes mirror OpenAI's chat API, so the route can put them into responses unchanged. Stream deltas
+omit unset fields: a chunk carries only what changed, which is what OpenAI's clients expect.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import msgspec
+
+from asyncengine.errors import ConfigError, StartupError
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError
+
+# -- what parsers hand back -------------------------------------------------------------------------------
+
+
+def new_tool_call_id() -> str:
+    """A fresh tool call id in OpenAI's shape: "call_" and 24 random hex characters."""
+    return "call_" + secrets.token_hex(12)
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # a JSON string, as OpenAI's API has it (clients json.loads it themselves)
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    # No omit_defaults: OpenAI's clients expect "type" in every complete tool call.
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    index: int  # which tool call of this choice the delta belongs to: 0, 1, ...
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunctionCall | None = None
+
+
+class DeltaMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ExtractedToolCalls(msgspec.Struct, kw_only=True):
+    tools_called: bool
+    tool_calls: list[ToolCall]
+    content: str | None  # the text outside the tool calls; None when there is none
+
+
+# -- the classes plugins subclass -------------------------------------------------------------------------
+
+
+class ToolParser:
+    """Base class of tool-call parsers. `tokenizer` may be None (a parser that needs one says so).
+
+    The route makes one parser instance per request, so a parser may keep streaming state on itself.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def adjust_request(self, request: Any) -> Any:
+        """Change the request before generation (say, to keep special tokens); the default keeps it."""
+        return request
+
+    def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCalls:
+        """The tool calls in a complete output, and the content outside them."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_tool_calls")
+
+    def extract_tool_calls_streaming(
+        self, previous_text: str, current_text: str, delta_text: str, request: Any
+    ) -> DeltaMessage | None:
+        """What to send for the newest delta; None means nothing yet (text is being held back)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_tool_calls_streaming")
+
+
+class ReasoningParser:
+    """Base class of reasoning parsers. `tokenizer` may be None (a parser that needs one says so).
+
+    The route makes one parser instance per request, so a parser may keep streaming state on itself.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a complete output; None for a part that is absent or empty."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning")
+
+    def extract_reasoning_streaming(
+        self, previous_text: str, current_text: str, delta_text: str, request: Any
+    ) -> DeltaMessage | None:
+        """What to send for the newest delta; None means nothing yet (text is being held back)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning_streaming")
+
+
+# -- the tables -------------------------------------------------------------------------------------------
+
+# Loads a parser plugin given to an option: (value, option) -> the imported module. The server's
+# (asyncengine.server.parsers.loading.import_plugin), set when that module is imported.
+PluginLoader = Callable[..., ModuleType]
+_plugin_loader: PluginLoader | None = None
+
+
+def set_plugin_loader(loader: PluginLoader) -> None:
+    """Install the function that imports a parser plugin (the server does, when its parsers load)."""
+    global _plugin_loader
+    _plugin_loader = loader
+
+
+class ParserRegistry(Registry):
+    """A registry of parser classes, all subclasses of `base`, with vLLM's `register_module` shape.
+
+    `field` is the configuration field that selects a parser (named by lookup errors) and
+    `plugin_option` the command-line option that loads plugins (named by plugin errors).
+    """
+
+    def __init__(self, name: str, what: str, *, base: type, field: str, option: str, plugin_option: str) -> None:
+        super().__init__(name, what)
+        self.base = base
+        self.field = field
+        self.option = option
+        self.plugin_option = plugin_option
+
+    def register_module(
+        self, name: str | list[str] | type | None = None, force: bool = False, module: type | str | None = None
+    ) -> Any:
+        """Register a parser class under `name` (a name, a list of aliases, or None for the class name).
+
+        As a decorator: `@Manager.register_module("mine")` (a bare `@Manager.register_module` works
+        too). As a call: `Manager.register_module("mine", module=MyParser)`, or lazily with
+        `module="package.module:MyParser"`, imported when first looked up. `force=True` replaces a
+        parser registered under the same name by someone else; without it that is a RegistrationError
+        naming both owners.
+        """
+        if isinstance(name, type) and module is None:  # the bare decorator: the class came in as `name`
+            name, module = None, name
+        names = self._names(name)  # checked now, so a bad name fails at the decorator, not at lookup
+        if module is not None:
+            self._register_all(names, module, force)
+            return module
+
+        def decorator(cls: type) -> type:
+            self._register_all(names, cls, force)
+            return cls
+
+        return decorator
+
+    def resolve(self, name: str) -> type:
+        """The parser class registered under `name`; ConfigError (naming the known ones) if none is."""
+        entry = self.get(name) if isinstance(name, str) else None
+        if entry is None:
+            known = ", ".join(repr(key) for key in self.keys()) or "(none registered)"
+            raise ConfigError(
+                f"unknown {self.what} {name!r}; known: {known}. Pass one of these to {self.option}, or load "
+                f"a plugin that registers it with {self.plugin_option}",
+                field=self.field,
+            )
+        implementation = entry.implementation
+        if isinstance(implementation, str):
+            owner = entry.owner
+
+            def refused(message: str) -> ConfigError:  # a configuration problem, naming who registered it
+                return ConfigError(f"{message} (registered by {owner})", field=self.field)
+
+            implementation = import_by_path(implementation, what=f"{self.what} {name!r}", error=refused)
+        if not (isinstance(implementation, type) and issubclass(implementation, self.base)):
+            raise ConfigError(
+                f"{self.what} {name!r} (registered by {entry.owner}) is {implementation!r}, not a subclass of "
+                f"{self.base.__name__}; register a {self.base.__name__} subclass under that name",
+                field=self.field,
+            )
+        return implementation
+
+    def import_plugin(self, plugin: str) -> ModuleType:
+        """Load a parser plugin (a .py path or a module name); its decorators register its parsers."""
+        if _plugin_loader is None:
+            raise StartupError(
+                f"{self.plugin_option} {plugin!r}: parser plugins are loaded by the server's parsers, which are "
+                "not imported in this process; import asyncengine.server.parsers first"
+            )
+        return _plugin_loader(plugin, option=self.plugin_option)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _names(self, name: Any) -> list[str] | None:
+        if name is None:
+            return None  # the class name, known once the class is
+        names = [name] if isinstance(name, str) else name
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise RegistrationError(
+                f"a {self.what} name must be a non-empty string or a non-empty list of them, got {name!r}"
+            )
+        return names
+
+    def _register_all(self, names: list[str] | None, module: Any, force: bool) -> None:
+        if isinstance(module, str):
+            if not re.fullmatch(r"[\w.]+:[\w.]+", module):
+                raise RegistrationError(
+                    f"a {self.what} given by path must look like 'package.module:Class', got {module!r}"
+                )
+            if names is None:
+                names = [module.rpartition(":")[2]]
+        elif not (isinstance(module, type) and issubclass(module, self.base)):
+            raise RegistrationError(
+                f"a {self.what} must be a subclass of {self.base.__name__} (or a 'package.module:Class' "
+                f"string), got {module!r}"
+            )
+        elif names is None:
+            names = [module.__name__]
+        for key in names:
+            try:
+                self.register(key, module, override=force)
+            except RegistrationError as exc:
+                # The base registry's advice names its own keyword; ours is `force`.
+                message = str(exc)
+                advice = "pass override=True to replace it"
+                if message.endswith(advice):
+                    message = message[: -len(advice)] + "pass force=True to register_module to replace it"
+                raise RegistrationError(message, field=exc.field) from None
+
+
+class _ToolParserRegistry(ParserRegistry):
+    def __init__(self) -> None:
+        super().__init__(
+            "tool_parsers", "tool parser", base=ToolParser, field="tool_call_parser",
+            option="--tool-call-parser", plugin_option="--tool-parser-plugin",
+        )
+
+    def get_tool_parser(self, name: str) -> type[ToolParser]:
+        return self.resolve(name)
+
+    def import_tool_parser(self, plugin: str) -> Any:
+        return self.import_plugin(plugin)
+
+
+class _ReasoningParserRegistry(ParserRegistry):
+    def __init__(self) -> None:
+        super().__init__(
+            "reasoning_parsers", "reasoning parser", base=ReasoningParser, field="reasoning_parser",
+            option="--reasoning-parser", plugin_option="--reasoning-parser-plugin",
+        )
+
+    def get_reasoning_parser(self, name: str) -> type[ReasoningParser]:
+        return self.resolve(name)
+
+    def import_reasoning_parser(self, plugin: str) -> Any:
+        return self.import_plugin(plugin)
+
+
+ToolParserManager = _ToolParserRegistry()
+ReasoningParserManager = _ReasoningParserRegistry()
+
+# The built-in parsers, by path: their code is the server's.
+for _name in ("json_tags", "hermes"):
+    ToolParserManager.register(_name, "asyncengine.server.parsers.tool_parsers:JsonTagsToolParser", owner=BUILT_IN)
+ReasoningParserManager.register("think", "asyncengine.server.parsers.reasoning_parsers:ThinkReasoningParser",
+                                owner=BUILT_IN)
+
+
+__all__ = [
+    "DeltaFunctionCall", "DeltaMessage", "DeltaToolCall", "ExtractedToolCalls", "FunctionCall", "ParserRegistry",
+    "ReasoningParser", "ReasoningParserManager", "ToolCall", "ToolParser", "ToolParserManager", "new_tool_call_id",
+    "set_plugin_loader",
+]
