@@ -142,6 +142,23 @@ def test_the_built_in_op_providers_are_in_the_floors_table_and_get_their_options
         op_registry.set_op_priority(None)
 
 
+def test_a_parser_plugin_is_loaded_through_the_servers_loader_and_without_it_the_error_says_so():
+    # In a fresh process the floor alone has no loader: the error names the option and what to import.
+    code = ("from asyncengine.errors import StartupError\n"
+            "from asyncengine.interfaces.parsers import ToolParserManager\n"
+            "try:\n"
+            "    ToolParserManager.import_tool_parser('json')\n"
+            "except StartupError as exc:\n"
+            "    print(exc)\n"
+            "import asyncengine.server.parsers\n"
+            "print(ToolParserManager.import_tool_parser('json').__name__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    refused, loaded = result.stdout.strip().splitlines()
+    assert refused.startswith("--tool-parser-plugin 'json': ") and "import asyncengine.server.parsers" in refused
+    assert loaded == "json"  # once the server's parsers are imported, the same call loads the module
+
+
 def test_the_built_in_worker_is_a_worker_base():
     from asyncengine.interfaces import WorkerBase
     from asyncengine.worker.worker import Worker
