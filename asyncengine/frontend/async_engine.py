@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -255,8 +255,10 @@ class AsyncEngine:
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield what is new for this request until it finishes (the last output has `finished`)."""
         processed = await self.process_request_async(prompt, params, request_id)
-        async for output in self.submit(processed, OutputKind.DELTA, nowait=nowait):
-            yield output
+        # Closed here when this generator is closed (an abort), not left to the garbage collector.
+        async with aclosing(self.submit(processed, OutputKind.DELTA, nowait=nowait)) as outputs:
+            async for output in outputs:
+                yield output
 
     async def open_stream(
         self,

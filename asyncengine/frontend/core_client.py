@@ -96,7 +96,8 @@ class InProcessCoreClient(CoreClient):
         try:
             await self.loop.serve(self._core_inbox)
         finally:
-            self._core_outbox.close()
+            self._core_inbox.close()
+            self._core_outbox.close()  # a consumer waiting in receive() gets EndOfStream
             self._stopped.set()
 
     async def send(self, message: Any) -> None:
@@ -117,6 +118,7 @@ class InProcessCoreClient(CoreClient):
             self._to_core.close()  # the loop sees the end of its inbox and stops
             with anyio.move_on_after(30.0):
                 await self._stopped.wait()
+            self._from_core.close()  # every stream end closed by its owner: none is left to the collector
 
 
 class ProcessCoreClient(CoreClient):
