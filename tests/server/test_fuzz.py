@@ -1,11 +1,9 @@
-"""Property-based fuzzing of the server's API (issue 13, acceptance 2), in-process: the app of `asyncengine
-serve` and an AsyncEngine, through Quart's test client (tests/support/in_process_server.py), as the server's
-own logic (validation, error shapes, routing) needs no process or socket of its own.
+"""Property-based fuzzing of a real `asyncengine serve` (issue 13, acceptance 2).
 
 Request bodies are drawn by hypothesis from the JSON schemas of the server's own `GET /openapi.json`
 (tests/support/schema_fuzz.py: mostly valid bodies with fields at their extremes, wrong types, deep
 nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/completions and
-/v1/chat/completions (streamed and not), /tokenize and /detokenize. The engine runs a tiny
+/v1/chat/completions (streamed and not), /tokenize and /detokenize. The server runs a tiny
 random-weight model with a byte-level tokenizer and a 64-token context, so that what a valid request
 generates is short. The cases go two at a time, concurrently, each pair followed by a normal request.
 Properties, for every case:
@@ -24,10 +22,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import http.client
 import json
 import re
 import shutil
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,17 +36,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from asyncengine.server.config import ServerConfig
-from support.in_process_server import in_process_server
 from support.schema_fuzz import DANGEROUS_INTS, SchemaStrategies, encode_body
+from support.server import metric, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
 
 API_KEY = "fuzz-key"
 CASES = 320
 MAX_MODEL_LEN = 64
-ENGINE_OPTIONS = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 4, "max_waiting_requests": 16,
-                  "kv_cache_memory_bytes": 4 * 2**20, "served_model_name": "tiny"}
+SERVER_OPTIONS = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--max-waiting-requests", "16",
+                  "--kv-cache-memory-bytes", str(4 * 2**20), "--api-key", API_KEY, "--served-model-name", "tiny"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
           "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
@@ -60,8 +59,9 @@ def fuzz_server(tiny_model, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("fuzz") / "llama"
     shutil.copytree(tiny_model("llama").path, model_dir)  # a copy: the shared tiny model stays tokenizer-less
     save_tiny_tokenizer(model_dir)
-    with in_process_server({"model": str(model_dir), **ENGINE_OPTIONS}, ServerConfig(api_key=API_KEY)) as server:
-        yield server
+    server = start_server([str(model_dir), *SERVER_OPTIONS])
+    yield server
+    assert server.stop() == 0, server.stderr()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +75,15 @@ def document(fuzz_server) -> dict[str, Any]:
 
 
 def send(server, method: str, path: str, body: bytes | None = None) -> tuple[int, str, bytes]:
-    """(status, content type, body) of one request."""
-    status, headers, answer = server.request(method, path, body, HEADERS)
-    return status, headers.get("content-type", ""), answer
-
-
-def metric(server, name: str) -> float:
-    """The value of `asyncengine:<name>` on /metrics (the first series of that name)."""
-    status, _, text = send(server, "GET", "/metrics")
-    assert status == 200, text[:300]
-    match = re.search(rf"^asyncengine:{name}\{{[^}}]*\}} (\S+)$", text.decode(), re.MULTILINE)
-    assert match, f"asyncengine:{name} is not on /metrics"
-    return float(match.group(1))
+    """(status, content type, body) of one request on its own connection."""
+    url = urllib.parse.urlsplit(server.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    try:
+        connection.request(method, path, body=body, headers=HEADERS)
+        response = connection.getresponse()
+        return response.status, response.getheader("Content-Type", ""), response.read()
+    finally:
+        connection.close()
 
 
 # -- cases --------------------------------------------------------------------------------------------
