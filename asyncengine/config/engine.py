@@ -72,6 +72,10 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     # --attention-backend; None: the platform's get_attn_backend_cls chooses. Read in the worker.
     attention_backend: str | None = None
     tensor_parallel_size: int = 1
+    # Layers split over this many stages (one process per stage and tensor-parallel rank: docs/distributed.md).
+    pipeline_parallel_size: int = 1
+    # Engine cores, each with its own workers and KV cache, behind one frontend (frontend/dp_router.py).
+    data_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     in_process: bool = True
     async_scheduling: bool = True
@@ -117,7 +121,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
 
     def _check_ranges(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size",
-                    "max_n")
+                    "pipeline_parallel_size", "data_parallel_size", "max_n")
         for name in positive:
             if getattr(self, name) < 1 and not (name == "max_logprobs" and self.max_logprobs == 0):
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", field=name)

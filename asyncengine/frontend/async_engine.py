@@ -43,7 +43,8 @@ from anyio.lowlevel import current_token
 from asyncengine.config.engine import EngineConfig, config_from_dict
 from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, RequestError, rebuild_error
-from asyncengine.frontend.core_client import CoreClient, start_core_client
+from asyncengine.frontend.core_client import CoreClient
+from asyncengine.frontend.dp_router import EngineLost, start_client
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.request_state import RequestTable
@@ -115,7 +116,7 @@ class AsyncEngine:
             with single_exceptions():
                 async with anyio.create_task_group() as tg:
                     async with trace.phase("engine core"):
-                        core = await tg.start(start_core_client(config), config, setup, plugins, trace)
+                        core = await tg.start(start_client(config), config, setup, plugins, trace)
                     async with trace.phase("ready"):
                         engine = cls(config, setup, core, plugins, trace.records)
                         await tg.start(engine.stat_logging.run)
@@ -395,6 +396,8 @@ class AsyncEngine:
                         reply.fail(rebuild_error(message.error_type, message.error, message.error_field))
                     else:
                         reply.set(message.result)
+            elif isinstance(message, EngineLost):  # one data-parallel engine core of several (dp_router.py)
+                self._requests.fail_core_requests(message.core_request_ids, message.error)
             elif isinstance(message, EngineCoreDead):
                 dead = EngineDeadError(f"{message.process}: {message.cause}", cause_type=message.cause_type,
                                        cause_message=message.cause_message, culprit=message.culprit)

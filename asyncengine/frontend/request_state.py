@@ -201,6 +201,18 @@ class RequestTable:
             self.gate.leave(released)
         return to_abort
 
+    def fail_core_requests(self, core_ids: Iterable[str], error: BaseException) -> None:
+        """One data-parallel engine core died while others serve: the requests it held (by these
+        engine-core ids; all completions of a request go to one engine core) fail with `error`."""
+        records = {entry[0].request_id: entry[0] for core_id in core_ids
+                   if (entry := self._by_core_id.get(core_id)) is not None}
+        for record in records.values():
+            unfinished = [c.core_request_id for c in record.outputs.completions if not c.finished]
+            self._end(record, RequestPhase.FAILED)
+            if self._stats_enabled():
+                self._stats.abort(unfinished, time.monotonic())
+            record.mailbox.fail(error)
+
     def fail_all(self, error: BaseException) -> list[str]:
         """The engine died (or shut down): every request fails with `error`, and nothing may wait at the
         gate any more. Returns the engine-core ids that were still in the engine core."""

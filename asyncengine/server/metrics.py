@@ -17,6 +17,7 @@ scrape, so an idle engine shows zero running requests instead of the last busy s
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -68,30 +69,43 @@ class PrometheusStatLogger(StatLoggerBase):
         def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Any:
             return Histogram(name, documentation, labels, buckets=buckets, registry=self.registry).labels(model_name)
 
-        self.num_requests_running = gauge(
-            "asyncengine:num_requests_running", "Requests the scheduler is running (in the batch)."
-        )
-        self.num_requests_waiting = gauge(
-            "asyncengine:num_requests_waiting", "Requests waiting in the scheduler for a place in the batch."
-        )
-        self.kv_cache_usage_perc = gauge(
-            "asyncengine:kv_cache_usage_perc", "Fraction of KV-cache blocks in use: 0 is empty, 1 is full."
-        )
+        # With data parallelism the scheduler's figures are each engine core's, under an `engine` label
+        # (vLLM's); the frontend's (tokens, latencies, finished requests) stay one series for the server.
+        num_engines = getattr(engine_config, "data_parallel_size", 1) if engine_config is not None else 1
+        self._per_engine = num_engines > 1
+        self._engine_series: dict[int, _SchedulerSeries] = {}
+        scheduler_labels = labels + (["engine"] if self._per_engine else [])
+        self._scheduler_families = {
+            "running": Gauge("asyncengine:num_requests_running", "Requests the scheduler is running (in the batch).",
+                             scheduler_labels, registry=self.registry),
+            "waiting": Gauge("asyncengine:num_requests_waiting",
+                             "Requests waiting in the scheduler for a place in the batch.", scheduler_labels,
+                             registry=self.registry),
+            "kv": Gauge("asyncengine:kv_cache_usage_perc", "Fraction of KV-cache blocks in use: 0 is empty, 1 is full.",
+                        scheduler_labels, registry=self.registry),
+            # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector. The
+            # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
+            "num_prompt_tokens_computed": Counter(
+                "asyncengine:prompt_tokens_computed",
+                "Prompt tokens computed in prefill steps (a preempted request's recomputation counts again).",
+                scheduler_labels, registry=self.registry),
+            "num_kv_connector_loaded_tokens": Counter(
+                "asyncengine:kv_connector_loaded_tokens",
+                "Prompt tokens whose KV a KV connector supplied, so that no prefill computed them.",
+                scheduler_labels, registry=self.registry),
+        }
+        for index in range(num_engines):
+            self._series(index)  # every engine's series from the start: zeros rather than missing series
+        first = self._engine_series[0]
+        self.num_requests_running = first.running
+        self.num_requests_waiting = first.waiting
+        self.kv_cache_usage_perc = first.kv
         self.prompt_tokens = counter(
             "asyncengine:prompt_tokens_total", "Prompt tokens of requests whose prefill completed."
         )
         self.generation_tokens = counter("asyncengine:generation_tokens_total", "Generated tokens.")
-        # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector. The
-        # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
-        self.prompt_tokens_computed = counter(
-            "asyncengine:prompt_tokens_computed_total",
-            "Prompt tokens computed in prefill steps (a preempted request's recomputation counts again).",
-        )
-        self.kv_connector_loaded_tokens = counter(
-            "asyncengine:kv_connector_loaded_tokens_total",
-            "Prompt tokens whose KV a KV connector supplied, so that no prefill computed them.",
-        )
-        self._scheduler_totals = {"num_prompt_tokens_computed": 0, "num_kv_connector_loaded_tokens": 0}
+        self.prompt_tokens_computed = first.counters["num_prompt_tokens_computed"]
+        self.kv_connector_loaded_tokens = first.counters["num_kv_connector_loaded_tokens"]
         request_success = Counter(
             "asyncengine:request_success",
             "Requests (completions, one per n) that finished, by finish reason.",
@@ -134,23 +148,53 @@ class PrometheusStatLogger(StatLoggerBase):
             self.e2e_request_latency.observe(finished.e2e_latency)
 
     def update_scheduler_stats(self, stats: SchedulerStats) -> None:
-        """Set the gauges from fresh scheduler stats (the server calls it right before each scrape)."""
-        self.num_requests_running.set(stats.num_running_reqs)
-        self.num_requests_waiting.set(stats.num_waiting_reqs)
-        self.kv_cache_usage_perc.set(stats.kv_cache_usage)
+        """Set the gauges from fresh scheduler stats (the server calls it right before each scrape). With
+        data parallelism: one engine core's (`stats.engine_index`), or the sum with each one's in `engines`."""
+        if self._per_engine and stats.engines is not None:
+            for engine_stats in stats.engines:
+                self.update_scheduler_stats(engine_stats)
+            return
+        series = self._series(stats.engine_index if self._per_engine else 0)
+        series.running.set(stats.num_running_reqs)
+        series.waiting.set(stats.num_waiting_reqs)
+        series.kv.set(stats.kv_cache_usage)
         # Counters from the scheduler's totals: each stats object may be seen more than once (a step's,
         # then a scrape's), so add what grew since the last one.
-        for name, counter in (("num_prompt_tokens_computed", self.prompt_tokens_computed),
-                              ("num_kv_connector_loaded_tokens", self.kv_connector_loaded_tokens)):
+        for name, counter in series.counters.items():
             total = getattr(stats, name)
-            if total > self._scheduler_totals[name]:
-                counter.inc(total - self._scheduler_totals[name])
-                self._scheduler_totals[name] = total
+            if total > series.totals[name]:
+                counter.inc(total - series.totals[name])
+                series.totals[name] = total
+
+    def _series(self, engine_index: int) -> _SchedulerSeries:
+        series = self._engine_series.get(engine_index)
+        if series is None:
+            values = [self.model_name] + ([str(engine_index)] if self._per_engine else [])
+            families = self._scheduler_families
+            series = self._engine_series[engine_index] = _SchedulerSeries(
+                running=families["running"].labels(*values), waiting=families["waiting"].labels(*values),
+                kv=families["kv"].labels(*values),
+                counters={name: families[name].labels(*values)
+                          for name in ("num_prompt_tokens_computed", "num_kv_connector_loaded_tokens")},
+            )
+        return series
 
     def render(self) -> tuple[bytes, str]:
         """The body and content type of a /metrics response (the text format, version 0.0.4: every
         Prometheus version reads it, and our metric names need none of the newer format's escaping)."""
         return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+
+
+@dataclass
+class _SchedulerSeries:
+    """One engine core's scheduler metrics (the only ones without data parallelism)."""
+
+    running: Any
+    waiting: Any
+    kv: Any
+    counters: dict[str, Any]
+    totals: dict[str, int] = field(default_factory=lambda: {"num_prompt_tokens_computed": 0,
+                                                            "num_kv_connector_loaded_tokens": 0})
 
 
 def _served_model_name(engine_config: Any) -> str:

@@ -99,6 +99,10 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # recomputation counts again), and prompt tokens whose KV a KV connector supplied instead.
     num_prompt_tokens_computed: int = 0
     num_kv_connector_loaded_tokens: int = 0
+    # With data parallelism (frontend/dp_router.py): the engine core these stats are of, and in the
+    # frontend's sum over engine cores (get_scheduler_stats) each one's own, for /metrics' engine label.
+    engine_index: int = 0
+    engines: list[SchedulerStats] | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True, tag=True):
