@@ -56,10 +56,12 @@ def new_id(prefix: str, header_id: str | None) -> str:
     return f"{prefix}-{header_id or secrets.token_hex(12)}"
 
 
-def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
+                    structured_outputs: Any = None) -> SamplingParams:
     """SamplingParams for `request`; a bad value is a 400 naming its field. The rules that need the
     prompt (the context length among them) are the frontend's, checked when the engine takes the
-    request (`AsyncEngine.open_stream`)."""
+    request (`AsyncEngine.open_stream`). `structured_outputs`: a constraint the route chose itself
+    (a forced tool call), in place of the request's response_format and structured_outputs."""
     from asyncengine.structured_output.openai_fields import from_request
 
     values: dict[str, Any] = {
@@ -85,7 +87,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         if getattr(request, name) is not None:
             values[name] = getattr(request, name)
     try:
-        structured = from_request(request.response_format, request.structured_outputs)
+        structured = structured_outputs or from_request(request.response_format, request.structured_outputs)
         if structured is not None:
             values["structured_outputs"] = structured
         return SamplingParams(**values)

@@ -28,7 +28,8 @@ from asyncengine.server.common import (
     new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
-from asyncengine.server.errors import bad_request
+from asyncengine.server.tool_choice import ForcedTools, forced_tools
+from asyncengine.server.errors import ApiError, bad_request
 from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
 from asyncengine.server.protocol import (
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
@@ -59,17 +60,17 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return result
 
 
-def _tools_active(context: ServingContext, request: ChatCompletionRequest) -> bool:
-    choice = request.tool_choice
-    if choice not in (None, "auto", "none"):
-        raise bad_request(f"tool_choice {choice!r} is not supported: only 'auto' and 'none' (forcing a tool needs "
-                          "structured output, which does not exist yet)", param="tool_choice",
-                          code="unsupported_parameter")
-    if not request.tools or choice == "none":
+def _tools_active(context: ServingContext, request: ChatCompletionRequest, forced: ForcedTools | None) -> bool:
+    """Whether the output is parsed for tool calls: forced ones (tool_choice.py) always, 'auto' ones with
+    the server's tool parser."""
+    if forced is not None:
+        return True
+    if not request.tools or request.tool_choice == "none":
         return False
     if not (context.enable_auto_tool_choice and context.tool_parser is not None):
         raise bad_request("tools with tool_choice 'auto' need the server started with --enable-auto-tool-choice "
-                          "and --tool-call-parser NAME", param="tools", code="unsupported_parameter")
+                          "and --tool-call-parser NAME (or tool_choice 'required' or a named function, which "
+                          "need neither)", param="tools", code="unsupported_parameter")
     return True
 
 
@@ -78,7 +79,8 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     check_model(context, request.model)
     check_supported(request)
     engine = context.engine
-    tools_active = _tools_active(context, request)
+    forced = forced_tools(request)  # a 400 naming tool_choice when it is malformed
+    tools_active = _tools_active(context, request, forced)
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(request.messages)
@@ -90,13 +92,19 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     )
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs)
+    params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs,
+                             structured_outputs=forced.structured_outputs if forced else None)
     response_id = new_id("chatcmpl", header_id)
     # Rendered through the chat template and tokenized in the engine's tokenizer pool, then validated.
-    outputs = await open_stream(engine, None, params, header_id or response_id, messages=messages,
-                                chat_options=chat_options, add_special_tokens=bool(request.add_special_tokens),
-                                final_only=not request.stream, nowait=True)
-    shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer))
+    try:
+        outputs = await open_stream(engine, None, params, header_id or response_id, messages=messages,
+                                    chat_options=chat_options, add_special_tokens=bool(request.add_special_tokens),
+                                    final_only=not request.stream, nowait=True)
+    except ApiError as error:
+        if forced is not None and error.param == "structured_outputs.json":  # the schema came from the tools
+            raise bad_request(f"{forced.param}: {error.message}", param=forced.param, code=error.code) from error
+        raise
+    shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer), forced)
     if request.stream:
         scope.close_at_end(outputs)  # aborts the request however the response ends, even before the body starts
         first = await start_stream(outputs)
@@ -132,8 +140,9 @@ class _ChoiceState:
 
 class _ChatShaper:
     def __init__(self, context: ServingContext, request: ChatCompletionRequest, response_id: str, tools_active: bool,
-                 token_text: TokenText) -> None:
+                 token_text: TokenText, forced: ForcedTools | None = None) -> None:
         self.context = context
+        self.forced = forced
         self.request = request
         self.id = response_id
         self.created = int(time.time())
@@ -145,6 +154,8 @@ class _ChatShaper:
     def _parsers(self) -> tuple[Any, Any]:
         tokenizer = self.context.engine.tokenizer
         reasoning = self.context.reasoning_parser(tokenizer) if self.context.reasoning_parser else None
+        if self.forced is not None:
+            return reasoning, self.forced.parser()
         tools = self.context.tool_parser(tokenizer) if self.tools_active and self.context.tool_parser else None
         return reasoning, tools
 

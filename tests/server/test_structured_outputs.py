@@ -59,3 +59,59 @@ def test_a_refused_grammar_is_a_400_naming_the_field_and_the_backend(client, bod
                                        extra_body=body)
     error = refused.value.body
     assert error["param"] == param and f"backend {backend!r}" in error["message"], error
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet", "pst"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+SCHEMA_OF = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def test_a_named_tool_choice_forces_that_call_through_its_parameter_schema(client):
+    completion = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=96,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    choice = completion.choices[0]
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMA_OF["get_time"])
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+
+
+def test_tool_choice_required_streams_calls_of_the_given_tools(client):
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=ASK_WEATHER, tools=TOOLS, temperature=0,
+                                            max_tokens=160, tool_choice="required", stream=True)
+    calls: dict[int, dict] = {}
+    finish, content = None, ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = call["id"] or delta.id
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+    assert calls and finish == "tool_calls" and content == "", (calls, finish, content)
+    for call in calls.values():
+        assert call["id"].startswith("call_") and call["name"] in SCHEMA_OF, call
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMA_OF[call["name"]])
+
+
+@pytest.mark.parametrize("tools, tool_choice, param, words", [
+    (TOOLS, {"type": "function", "function": {"name": "get_stock"}}, "tool_choice", "not among"),
+    ([], "required", "tool_choice", "needs tools"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}}}],
+     {"type": "function", "function": {"name": "f"}}, "tools[0].function.parameters", "backend 'xgrammar'"),
+])
+def test_a_bad_forced_tool_call_is_a_400_naming_the_field(client, tools, tool_choice, param, words):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL_NAME, messages=ASK_WEATHER, tools=tools or openai.NOT_GIVEN,
+                                       tool_choice=tool_choice, max_tokens=8)
+    error = refused.value.body
+    assert error["param"] == param and words in error["message"], error
