@@ -1,7 +1,8 @@
-"""Applying token bitmasks to logits in the worker: one vectorised torch operation per step.
+"""Applying token bitmasks to logits in the worker: one vectorised operation per step.
 
 The engine core sends the masks of the constrained rows as packed int32 words (backend.py's
-layout); here they are unpacked to booleans and the disallowed logits set to -inf, all rows at once.
+layout). On CUDA one Triton kernel (triton_bitmask.py) unpacks them in registers and writes -inf
+where a token is refused; elsewhere torch unpacks them to booleans and masks all rows at once.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ def apply_bitmask(logits: torch.Tensor, words: bytes, num_words: int, pairs: lis
     packed = np.frombuffer(words, dtype=np.int32).reshape(-1, num_words)
     mask_rows = [mask_row for mask_row, _ in pairs]
     mask_words = torch.from_numpy(packed[mask_rows]).to(logits.device, non_blocking=True)
-    allowed = unpack_bitmask(mask_words, logits.shape[-1])
     index = torch.tensor([row for _, row in pairs], dtype=torch.long, device=logits.device)
+    if logits.is_cuda and logits.stride(-1) == 1:
+        from asyncengine.structured_output.triton_bitmask import apply_bitmask_triton  # Triton only where it runs
+
+        return apply_bitmask_triton(logits, mask_words, index)
+    allowed = unpack_bitmask(mask_words, logits.shape[-1])
     selected = logits.index_select(0, index)
     logits.index_copy_(0, index, selected.masked_fill(~allowed, float("-inf")))
     return logits
