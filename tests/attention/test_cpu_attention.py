@@ -64,6 +64,20 @@ def test_kernel_matches_the_torch_reference(dtype, case):
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_peaked_softmax_matches_the_reference(dtype):
+    """Queries 40x larger: scores spread over hundreds, so most exponentials underflow to zero and a few
+    dominate (the kernel's own vector exp, and its 16-key tree of sums, against torch's)."""
+    query_lens, seq_lens = [1] * 5, [16, 48, 160, 333, 17]
+    query, key_cache, value_cache, tables = make_batch(dtype, 9, 3, 64, query_lens, seq_lens, seed=3)
+    query = (query.float() * 40).to(dtype)
+    plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
+    reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, 64**-0.5)
+    ours = paged_attention(query, key_cache, value_cache, plan, 64**-0.5, decode=decode_in_place)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+
+
 def test_the_backend_uses_the_kernel_for_decodes_and_agrees_with_the_reference(monkeypatch):
     """Through TorchPagedBackend (store, then attend): the kernel runs, once per layer call, and the
     result equals the reference path's."""
