@@ -72,6 +72,10 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     # --attention-backend; None: the platform's get_attn_backend_cls chooses. Read in the worker.
     attention_backend: str | None = None
     tensor_parallel_size: int = 1
+    # Threads of the model's CPU ops per worker; None: the process's CPUs shared among the workers. Given
+    # and below the CPUs available, the model's threads are pinned and other threads kept off their cores
+    # (worker/cpu_threads.py, docs/performance.md). Read in the worker.
+    cpu_threads: int | None = None
     # Layers split over this many stages (one process per stage and tensor-parallel rank: docs/distributed.md).
     pipeline_parallel_size: int = 1
     # Engine cores, each with its own workers and KV cache, behind one frontend (frontend/dp_router.py).
@@ -125,7 +129,8 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         for name in positive:
             if getattr(self, name) < 1 and not (name == "max_logprobs" and self.max_logprobs == 0):
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}", field=name)
-        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes", "num_gpu_blocks_override"):
+        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes", "num_gpu_blocks_override",
+                     "cpu_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be at least 1 when given, got {value}", field=name)

@@ -27,6 +27,7 @@ from asyncengine.interfaces.worker import WorkerBase
 from asyncengine.registries.base import reads
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine import parallel_state as parallel
+from asyncengine.worker import cpu_threads
 from asyncengine.worker.extension import build_extension
 from asyncengine.worker.model_runner import ModelRunner
 
@@ -66,6 +67,7 @@ class Worker(WorkerBase):
             raise StartupError(f"platform {platform.__qualname__} has no device_type (cpu, cuda, ...): set it")
         self.device = torch.device(device_type if device_type == "cpu" or world_size == 1 else f"{device_type}:{rank}")
         self.model_runner: ModelRunner | None = None  # built by init_device
+        self._cpu_threads: cpu_threads.AppliedThreads | None = None  # set by init_device on CPU
         self.extension = None
         # The logits-processor classes of this process's plugin phases (entry points and the
         # `logits_processors` option); the model runner builds them with the model.
@@ -73,9 +75,12 @@ class Worker(WorkerBase):
 
     def init_device(self) -> None:
         self.platform.set_device(self.device)
-        if self.device.type == "cpu" and self.world_size > 1:
-            # Ranks share the machine's cores: without this each would start one thread per core.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+        if self.device.type == "cpu":
+            # How many threads the model uses, pinned when `cpu_threads` leaves CPUs spare (cpu_threads.py);
+            # ranks share the machine's cores: without this each would start one thread per core.
+            self._cpu_threads = cpu_threads.apply(cpu_threads.plan_threads(
+                self.engine_config.cpu_threads, self.rank, self.world_size, cpu_threads.available_cpus(),
+                torch.get_num_threads()))
         parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend)
         self.platform.seed_everything(self.engine_config.seed)
         self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device, self.platform,
@@ -114,6 +119,9 @@ class Worker(WorkerBase):
 
     def shutdown(self) -> None:
         parallel.destroy()
+        if self._cpu_threads is not None:
+            cpu_threads.restore(self._cpu_threads)
+            self._cpu_threads = None
 
     # -- for collective_rpc ----------------------------------------------------------------------------
 
@@ -129,6 +137,7 @@ class Worker(WorkerBase):
             "architecture": self.model_config.architectures[0],
             "model_class": f"{type(model).__module__}:{type(model).__qualname__}" if model else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
+            "cpu_threads": cpu_threads.report(self._cpu_threads),  # on CPU: threads and CPUs of this thread
         }
 
 
