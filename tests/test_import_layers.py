@@ -53,6 +53,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.outputs",
             "asyncengine.sampling_params",
             "asyncengine.structured_output_spec",
+            # Pooling's params, runner and pooler choice, built-in poolers (torch only) and outputs.
+            "asyncengine.pooling",
         ),
     ),
     # The platform phase is the plugin runtime's first: the built-in platforms (cpu, cuda) are chosen among the

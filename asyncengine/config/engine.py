@@ -17,6 +17,7 @@ from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
 from asyncengine.config.structured_outputs import configured_backend_name
+from asyncengine.pooling.config import check_pooler_config, check_runner
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it.
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"
@@ -35,6 +36,12 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
 
     # Model and tokenizer
     model: str | None = None
+    # vLLM's --runner: "generate", "pooling" (embeddings, classification, scoring: docs/pooling.md) or "auto"
+    # (pooling for an architecture without a language-model head). With no model, pooling serves all-MiniLM-L6-v2.
+    runner: str = "auto"
+    # vLLM's --pooler-config ({"pooling_type": "MEAN" | "CLS" | "LAST" | "ALL" | a registered pooler,
+    # "normalize": bool}), over what the model's files say. Read in the frontend, built in the worker.
+    pooler_config: dict[str, Any] | None = None
     tokenizer: str | None = None
     # A TokenizerRegistry key ("auto": transformers' AutoTokenizer); plugins add modes. Read in the frontend.
     tokenizer_mode: str = "auto"
@@ -122,6 +129,8 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
         configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
+        check_runner(self.runner)
+        check_pooler_config(self.pooler_config)
 
     def _check_ranges(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size",

@@ -16,6 +16,7 @@ import msgspec
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
+from asyncengine.pooling.config import PoolerConfig, apply_pooling
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     eos_token_ids: list[int]
     generation_defaults: dict[str, Any]
     hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
+    # "generate" or "pooling" (EngineConfig.runner resolved against the architecture), and a pooling
+    # model's pooler (asyncengine/pooling/config.py).
+    runner: str = "generate"
+    pooler: PoolerConfig | None = None
 
     def load_hf_config(self) -> Any:
         """The model's config as attributes (`config.hidden_size`), for building the model."""
@@ -84,7 +89,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     if generation_config.get("do_sample") is False:
         defaults["temperature"] = 0.0
 
-    return ModelConfig(
+    model_config = ModelConfig(
         model_dir=str(model_dir),
         tokenizer_dir=None if config.skip_tokenizer_init else str(tokenizer_path(config, model_dir)),
         served_model_name=config.served_model_name or config.model or DEFAULT_MODEL_NAME,
@@ -97,6 +102,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
         generation_defaults=defaults,
         hf_overrides=dict(config.hf_overrides),
     )
+    return apply_pooling(config, model_config, architectures)
 
 
 def complete_hf_config(model_dir: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -179,12 +179,13 @@ class Scheduler:
             if limit <= 0:
                 deferred.append(self.waiting.popleft())
                 continue
-            cached_blocks = self.block_manager.find_cached_prefix(seq)
+            # A pooling request needs every prompt token's hidden state: no prefix cache, no chunks.
+            cached_blocks = self.block_manager.find_cached_prefix(seq) if seq.pooling is None else []
             num_cached = len(cached_blocks) * self.block_manager.block_size
             num_external = self._external_tokens(seq, num_cached) if self.kv_connector is not None else 0
             num_new = seq.num_tokens - num_cached - num_external
             if num_new > limit:
-                if not self.enable_chunked_prefill:
+                if not self.enable_chunked_prefill or seq.pooling is not None:
                     if limit < budget:  # its share, not the step, is what it lacks
                         deferred.append(self.waiting.popleft())
                         continue
@@ -224,7 +225,7 @@ class Scheduler:
             if views is not None:
                 views.append(self._connector_view(seq, num_computed=start, num_scheduled=num_tokens))
             seq.num_computed_tokens += num_tokens
-            if seq.num_computed_tokens == seq.num_tokens_with_pending:
+            if seq.num_computed_tokens == seq.num_tokens_with_pending and seq.pooling is None:
                 seq.num_pending_tokens += 1
                 sampling_ids.append(request_id)
         forget, self._forget = self._forget, []
@@ -269,6 +270,14 @@ class Scheduler:
                 # A sequence preempted while this step ran sits in the waiting queue.
                 (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
                 self._finish(seq, finish_reason, stop_reason)
+        for request_id, pooled in zip(runner_output.pooled_request_ids, runner_output.pooled):
+            seq = self.sequences.get(request_id)
+            if seq is None:
+                continue  # aborted while the step ran
+            (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
+            self._finish(seq, FinishReason.STOP)  # a pooling request ends with its prefill: its blocks are free
+            outputs.append(EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason=FinishReason.STOP,
+                                            pooled=pooled))
         for failure in runner_output.failed_requests:
             seq = self.sequences.get(failure.request_id)
             if seq is None:
@@ -403,6 +412,7 @@ class Scheduler:
             sampling=seq.sampling,
             block_ids=list(seq.block_ids),
             num_computed_tokens=seq.num_computed_tokens,
+            pooling=seq.pooling,
         )
 
 

@@ -47,6 +47,8 @@ class Sequence:
         self.num_preemptions = 0
         self._block_size = block_size
         self._block_hashes: list[bytes] = []
+        # A pooling request (PoolingOptions): scheduled whole, finished by its pooled output after its prefill.
+        self.pooling = request.pooling
 
     @property
     def num_tokens(self) -> int:

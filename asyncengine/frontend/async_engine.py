@@ -46,6 +46,7 @@ from asyncengine.errors import EngineDeadError, RequestError, rebuild_error
 from asyncengine.frontend.core_client import CoreClient
 from asyncengine.frontend.dp_router import EngineLost, start_client
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
+from asyncengine.frontend.pooling import PoolingEngine
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.request_state import RequestTable
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
@@ -66,7 +67,7 @@ from asyncengine.wire.messages import AbortRequests, AddRequests, EngineCoreDead
 logger = logging.getLogger(__name__)
 
 
-class AsyncEngine:
+class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/pooling.py)
     def __init__(self, config: EngineConfig, setup: FrontendSetup, core: CoreClient, plugins: PluginState,
                  startup_records: list[StartupRecord]) -> None:
         self.config = config
@@ -163,6 +164,7 @@ class AsyncEngine:
         with anyio.CancelScope(shield=True):
             await self._core.close()
         self._requests.fail_all(EngineDeadError("the engine was shut down"))
+        self.pooling_requests.fail_all(EngineDeadError("the engine was shut down"))
         self._fail_calls(EngineDeadError("the engine was shut down"))
 
     # -- requests --------------------------------------------------------------------------------------
@@ -409,6 +411,7 @@ class AsyncEngine:
         logging_stats = self.stat_logging.active  # without a stat logger, stats cost nothing
         received = time.monotonic() if logging_stats else 0.0
         self.last_scheduler_stats = message.scheduler_stats
+        self.pooling_requests.on_step(message.outputs)
         to_abort = self._requests.on_step(message)
         if logging_stats:
             # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
@@ -424,6 +427,7 @@ class AsyncEngine:
             self._dead = error
             logger.error("engine dead: %s", error)
         self.stat_logging.stop()
+        self.pooling_requests.fail_all(self._dead)
         in_core = self._requests.fail_all(self._dead)
         self._fail_calls(self._dead)
         self._died.set()

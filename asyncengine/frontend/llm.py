@@ -20,6 +20,7 @@ from asyncengine.config.engine import config_from_dict
 from asyncengine.errors import RequestError
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.frontend.output_processor import OutputKind
+from asyncengine.frontend.llm_pooling import LLMPooling
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import SchedulerStats
@@ -28,7 +29,7 @@ from asyncengine.wire.engine_core import SchedulerStats
 PROGRESS_BAR_MIN_PROMPTS = 32
 
 
-class LLM:
+class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_pooling.py)
     """`LLM(model=None, **engine_options)`; `model=None` is the default model (SmolLM2-135M-Instruct)."""
 
     def __init__(self, model: str | None = None, **config: Any) -> None:

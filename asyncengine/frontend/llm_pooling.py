@@ -146,5 +146,6 @@ async def score_pairs(engine: AsyncEngine, data_1: Any, data_2: Any, pooling_par
         a, b = embedded[index], embedded[len(first) + index]
         value = float(torch.nn.functional.cosine_similarity(a.outputs.data.flatten(), b.outputs.data.flatten(), dim=0))
         a.outputs.data = torch.tensor([value])
+        a.prompt_token_ids = a.prompt_token_ids + b.prompt_token_ids  # (the usage counts both texts)
         scores.append(ScoringRequestOutput.from_base(a))
     return scores

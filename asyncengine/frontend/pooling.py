@@ -156,6 +156,8 @@ class PoolingEngine:
         self.check_pooling_task(task)
         model_config = self.model_config
         pooler = model_config.pooler
+        if pooler is None:  # (check_pooling_task refused it)
+            raise RequestError("this model cannot pool", field="model")
         if params.dimensions is not None:
             if not pooler.matryoshka:
                 raise RequestError(f"dimensions is set, but {model_config.served_model_name} is not a Matryoshka "

@@ -4,6 +4,7 @@ description. It runs in a thread: it reads files and may convert a GGUF model.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.loader.model_source import resolve_model_dir
 from asyncengine.loader.registry import ModelLoaderRegistry
 from asyncengine.models.layers.quantization import QuantizationRegistry
+from asyncengine.pooling.default_model import default_pooling_model_dir, wants_default_pooling_model
 from asyncengine.registries.base import describe, reads
 
 
@@ -37,7 +39,10 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     quantization = None if config.quantization is None else QuantizationRegistry.config_class(config.quantization)
     if not config.skip_tokenizer_init:  # so is the tokenizer mode: an unknown one lists the known ones
         tokenizer_class(config.tokenizer_mode)
-    model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
+    if wants_default_pooling_model(config.model, config.runner):  # all-MiniLM-L6-v2, from its package
+        model_dir = default_pooling_model_dir(Path(config.download_dir) if config.download_dir else None)
+    else:
+        model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
     tokenizer = (None if config.skip_tokenizer_init
                  else load_tokenizer(tokenizer_path(config, model_dir), config.tokenizer_mode))
     chat_template = read_chat_template(config.chat_template)

@@ -53,6 +53,11 @@ class BaseModelLoader:
         from asyncengine.interfaces.torch_bases import build_on_device  # torch, when a model is built
 
         _, model_cls = ModelRegistry.resolve(model_config.architectures, self.load_config.model_class_overrides)
+        if model_config.runner == "pooling" and not getattr(model_cls, "is_pooling_model", False):
+            # A generation model run as an embedder (--runner pooling): the same layers, no LM head.
+            adapt = import_by_path("asyncengine.models.pooling_adapters:as_pooling_model", what="pooling adapter",
+                                   error=ModelLoadError)
+            model_cls = adapt(model_cls)
         hf_config = model_config.load_hf_config()
         quant_config = None
         if self.load_config.quantization is not None:

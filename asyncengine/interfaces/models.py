@@ -21,6 +21,14 @@ class _ModelRegistry(Registry):
             "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
             "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
             "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
+            # Pooling models (docs/pooling.md): BERT-family encoders and classifiers on BERT and decoder bases.
+            "BertModel": "asyncengine.models.bert:BertModel",
+            "BertForSequenceClassification": "asyncengine.models.bert:BertForSequenceClassification",
+            "XLMRobertaModel": "asyncengine.models.bert:XLMRobertaModel",
+            "XLMRobertaForSequenceClassification": "asyncengine.models.bert:XLMRobertaForSequenceClassification",
+            "LlamaForSequenceClassification": "asyncengine.models.pooling_adapters:LlamaForSequenceClassification",
+            "Qwen2ForSequenceClassification": "asyncengine.models.pooling_adapters:Qwen2ForSequenceClassification",
+            "Qwen3ForSequenceClassification": "asyncengine.models.pooling_adapters:Qwen3ForSequenceClassification",
         }.items():
             self.register(architecture, path, owner=BUILT_IN)
 

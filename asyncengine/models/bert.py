@@ -11,7 +11,7 @@ a `bert.` or `roberta.` prefix under a classifier), so the modules here carry th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from asyncengine.interfaces.pooler import Pooler
 from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine import parallel_state as parallel
 
-_ACTIVATIONS = {"gelu": functional.gelu, "relu": functional.relu,
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": functional.gelu, "relu": functional.relu,
                 "gelu_new": lambda x: functional.gelu(x, approximate="tanh"),
                 "gelu_pytorch_tanh": lambda x: functional.gelu(x, approximate="tanh")}
 
@@ -233,7 +233,7 @@ class BertClassifierHead(Pooler):
 class RobertaClassifierHead(Pooler):
     """RobertaClassificationHead: the first token through dense, tanh, then out_proj."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: "_RobertaClassifier") -> None:
         super().__init__()
         self.module = module
 

@@ -31,7 +31,7 @@ def _with_model_prefix(weights: Iterable[tuple[str, torch.Tensor]], keep: tuple[
 
 
 @cache
-def as_pooling_model(cls: type) -> type:
+def as_pooling_model(cls: Any) -> Any:
     """`cls` (a causal LM with `model`, `lm_head`, `load_weights`) without its head, as a pooling model."""
 
     def __init__(self: Any, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
@@ -67,8 +67,8 @@ def _num_labels(config: Any) -> int:
     return len(labels) if isinstance(labels, dict) and labels else int(getattr(config, "num_labels", 2) or 2)
 
 
-def sequence_classifier(cls: type) -> type:
-    base = as_pooling_model(cls)
+def sequence_classifier(cls: Any) -> Any:
+    base: Any = as_pooling_model(cls)
 
     def __init__(self: Any, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         base.__init__(self, config, dtype=dtype, max_position=max_position)

@@ -40,15 +40,15 @@ class PoolingStep:
         """For the start-up report: the pooler and what chose it."""
         return f"{self.name}, chosen by {self.config.source}; normalize={self.config.normalize}"
 
-    def run(self, hidden: torch.Tensor, spans: list[tuple[str, int, int]],
-            options: dict[str, PoolingOptions]) -> list[PooledTensor]:
-        """`spans`: (request id, first row, end row) of each pooling request in `hidden`, in batch order."""
+    def run(self, hidden: torch.Tensor, spans: list[tuple[str, int, int]], states: dict[str, Any]) -> list[PooledTensor]:
+        """`spans`: (request id, first row, end row) of each pooling request in `hidden`, in batch order;
+        `states`: the model runner's requests by id (each pooling one has its `pooling` options)."""
         if len(spans) == 1 or all(spans[i][2] == spans[i + 1][1] for i in range(len(spans) - 1)):
             rows = hidden[spans[0][1]:spans[-1][2]]  # adjacent: one slice, no copy
         else:
             rows = torch.cat([hidden[start:end] for _, start, end in spans])
         pooled = self.pooler.pool(rows, [end - start for _, start, end in spans])
-        return [self._finish(value, options[request_id]) for (request_id, _, _), value in zip(spans, pooled)]
+        return [self._finish(value, states[request_id].pooling) for (request_id, _, _), value in zip(spans, pooled)]
 
     @staticmethod
     def _finish(value: torch.Tensor, options: PoolingOptions) -> PooledTensor:

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.plugin_runtime.records import StartupRecord
-from asyncengine.server import protocol
+from asyncengine.server import protocol, protocol_pooling
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"
@@ -89,6 +89,20 @@ CONTRACTS: dict[str, Contract] = {
     "metrics": Contract("Prometheus metrics", response_media="text/plain; version=0.0.4"),
     "version": Contract("The asyncengine version", response=VersionResponse),
     "openapi": Contract("This document: the server's contract, OpenAPI 3.1", response=dict[str, Any]),
+    # Pooling models (docs/pooling.md; server/serving_pooling.py).
+    "embeddings": Contract("Embeddings (OpenAI's /v1/embeddings)", request=protocol_pooling.EmbeddingRequest,
+                           response=protocol_pooling.EmbeddingResponse),
+    "pooling": Contract("The pooler's output, or an IO processor's response over pooled outputs",
+                        request=protocol_pooling.PoolingRequest,
+                        response=protocol_pooling.PoolingResponse | protocol_pooling.PoolingIOResponse),
+    "classify": Contract("Class probabilities of a classification model", request=protocol_pooling.ClassificationRequest,
+                         response=protocol_pooling.ClassificationResponse),
+    "score": Contract("Scores of text pairs (a cross-encoder, or the cosine of two embeddings)",
+                      request=protocol_pooling.ScoreRequest, response=protocol_pooling.ScoreResponse),
+    "rerank": Contract("Documents ranked against a query (Jina's and Cohere's shape)",
+                       request=protocol_pooling.RerankRequest, response=protocol_pooling.RerankResponse),
+    "v1_rerank": Contract("Documents ranked against a query (as /rerank)", request=protocol_pooling.RerankRequest,
+                          response=protocol_pooling.RerankResponse),
 }
 
 

@@ -23,6 +23,7 @@ from asyncengine.server.serving_chat import create_chat_completion, message_dict
 from asyncengine.server.serving_completions import create_completion
 from asyncengine.server.response_scope import current_response_scope
 from asyncengine.server.serving_io_processor import create_io_process
+from asyncengine.server.serving_pooling import POOLING_ROUTES, pooling_views
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
 _BUILTIN: list[tuple[str, str, str]] = [
@@ -37,6 +38,7 @@ _BUILTIN: list[tuple[str, str, str]] = [
     ("/metrics", "GET", "metrics"),
     ("/version", "GET", "version"),
     ("/openapi.json", "GET", "openapi"),
+    *POOLING_ROUTES,  # /v1/embeddings, /pooling, /classify, /score, /rerank, /v1/rerank (serving_pooling.py)
 ]
 
 
@@ -148,6 +150,7 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     views = {"models": models, "completions": completions, "chat_completions": chat_completions,
              "io_process": io_process, "startup": startup, "tokenize": tokenize, "detokenize": detokenize,
              "health": health, "metrics": metrics_route, "version": version, "openapi": openapi}
+    views.update(pooling_views(context, decode_body, json_response))
     for rule, method, name in served:
         app.add_url_rule(rule, name, views[name], methods=[method])
 

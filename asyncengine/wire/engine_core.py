@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.structured_output_spec import GrammarSpec
+from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +60,8 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     # For the `n` completions of one request (n > 1): an id they share, unique per submission. While
     # other requests wait, the scheduler bounds the share of a step that one parent's completions take.
     parent_id: str | None = None
+    # A pooling request (docs/pooling.md): it finishes after its prefill with a pooled output, samples nothing.
+    pooling: PoolingOptions | None = None
 
 
 class FinishReason:
@@ -82,6 +85,8 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True):
     # With finish_reason "error": what went wrong for this request, and the request field to blame.
     error: str | None = None
     error_field: str | None = None
+    # A pooling request's output (it finishes in the same step, with finish_reason "stop").
+    pooled: PooledTensor | None = None
 
     @property
     def finished(self) -> bool:

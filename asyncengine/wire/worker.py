@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
 
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -19,6 +20,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingOptions
     block_ids: list[int]
     num_computed_tokens: int
+    pooling: PoolingOptions | None = None  # a pooling request: pooled after its prefill, never sampled
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,3 +102,6 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     timings: StepTimings | None = None
     # Requests failed this step instead of running (the scheduler finishes them with "error").
     failed_requests: list[FailedRequest] = msgspec.field(default_factory=list)
+    # Pooling requests whose prompt this step finished, in batch order, and their outputs.
+    pooled_request_ids: list[str] = msgspec.field(default_factory=list)
+    pooled: list[PooledTensor] = msgspec.field(default_factory=list)

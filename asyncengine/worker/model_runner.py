@@ -37,6 +37,8 @@ from asyncengine.kv_transfer.factory import connector_record, context_for, creat
 from asyncengine.loader.model_loader import load_model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
+from asyncengine.wire.pooling import PoolingOptions
 from asyncengine import parallel_state as parallel
 from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
@@ -71,6 +73,7 @@ class RequestState:
     row: int = -1  # this request's row of the persistent block tables (input_batch.BlockTableRows)
     # logit_bias, allowed_token_ids, bad_words as device tensors, built once when it joins (None without any).
     logit_controls: RequestLogitControls | None = None
+    pooling: PoolingOptions | None = None  # a pooling request: pooled after its prompt (pooling/step.py)
 
 
 class ModelRunner:
@@ -102,6 +105,7 @@ class ModelRunner:
         self.block_rows = BlockTableRows(-(-model_config.max_model_len // self.block_size))
         self.staging = StagingBuffers(device, self.pin_memory)
         self.decode_graphs: DecodeGraphs | None = None  # captured after the KV cache, where the platform allows
+        self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -124,6 +128,8 @@ class ModelRunner:
         self.startup_records.append(StartupRecord(
             pid=os.getpid(), role=current_process_role(), phase="load model", plugin="attention backend",
             reason=choice.summary(), start=started, duration=time.time() - started))
+        self.pooling_step = build_pooling_step(self.model, self.model_config, self.startup_records,
+                                               current_process_role())
         self.logits_processors = LogitsProcessors.build(
             self.logits_processor_classes, self.engine_config, self.device, self.pin_memory
         )
@@ -147,6 +153,8 @@ class ModelRunner:
         config = self.engine_config
         if config.num_gpu_blocks_override is not None:
             return config.num_gpu_blocks_override
+        if not self.attention_layers:  # an encoder keeps no KV cache: block ids without memory
+            return encoder_num_blocks(config, self.model_config)
         per_block = self.kv_cache_bytes_per_block()
         if config.kv_cache_memory_bytes is not None:
             budget = config.kv_cache_memory_bytes
@@ -206,6 +214,7 @@ class ModelRunner:
         stay out of graphs), and only over attention backends that say they are safe to capture."""
         return (self.device.type == "cuda" and not self.engine_config.enforce_eager
                 and self.engine_config.tensor_parallel_size == 1
+                and self.model_config.runner != "pooling"  # a pooling model never decodes
                 and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
 
     def enable_decode_graphs(self, *, capture: bool) -> None:
@@ -267,6 +276,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 sampling=new.sampling,
+                pooling=new.pooling,
                 output_token_ids=list(new.output_token_ids),
                 logit_controls=RequestLogitControls.build(new.sampling, self.model_config.vocab_size, self.device),
             ))
@@ -330,8 +340,8 @@ class ModelRunner:
         if self.kv_connector is not None and connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
         if not inputs.sampling_request_ids:
-            return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph),
-                                     failed_requests=failed)
+            return self._with_pooled(hidden, inputs, ModelRunnerOutput(
+                timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if scheduler_output.grammar_bitmask is not None:
             logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, scheduler_output.grammar_bitmask)
@@ -350,10 +360,17 @@ class ModelRunner:
             state = self.requests[request_id]
             state.token_ids.append(token_id)
             state.output_token_ids.append(token_id)
-        return ModelRunnerOutput(
+        return self._with_pooled(hidden, inputs, ModelRunnerOutput(
             request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs,
             timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed,
-        )
+        ))
+
+    def _with_pooled(self, hidden: torch.Tensor, inputs: "_StepInputs", output: ModelRunnerOutput) -> ModelRunnerOutput:
+        """The step's pooling requests whose prompt it finished get their pooled outputs (pooling/step.py)."""
+        if inputs.pooling_spans and self.pooling_step is not None:
+            output.pooled_request_ids = [request_id for request_id, _, _ in inputs.pooling_spans]
+            output.pooled = self.pooling_step.run(hidden, inputs.pooling_spans, self.requests)
+        return output
 
     @staticmethod
     def _apply_grammar_bitmask(logits: torch.Tensor, sampling_ids: list[str], bitmask: GrammarBitmask) -> torch.Tensor:
@@ -400,6 +417,7 @@ class ModelRunner:
         seq_lens: list[int] = []
         logits_indices: list[int] = []
         sampling_ids: list[str] = []
+        pooling_spans: list[tuple[str, int, int]] = []
         offset = 0
         for index, (request_id, num_tokens) in enumerate(scheduled.items()):
             state = self.requests[request_id]
@@ -414,7 +432,9 @@ class ModelRunner:
             query_lens.append(num_tokens)
             seq_lens.append(end)
             offset += num_tokens
-            if end == len(state.token_ids):
+            if end == len(state.token_ids) and state.pooling is not None:
+                pooling_spans.append((request_id, offset - num_tokens, offset))  # pooled, never sampled
+            elif end == len(state.token_ids):
                 logits_indices.append(offset - 1)
                 sampling_ids.append(request_id)
         batch_update = None
@@ -452,8 +472,11 @@ class ModelRunner:
             ),
             logits_indices=staging.to_device("logits_indices", len(logits_indices)),
             sampling_request_ids=sampling_ids,
+            pooling_spans=pooling_spans,
             batch_update=batch_update,
         )
+        if pooling_spans:  # a cross-encoder's pair: BERT's segment ids on the metadata (pooling/step.py)
+            set_token_type_ids(inputs.metadata, pooling_spans, self.requests, total, self.device)
         staging.end_step()
         return inputs
 
@@ -478,3 +501,5 @@ class _StepInputs:
     logits_indices: torch.Tensor
     sampling_request_ids: list[str]
     batch_update: BatchUpdate | None = None  # for the logits processors; None without any, or no change
+    # Pooling requests whose prompt ends this step: (request id, first row, end row) in the hidden states.
+    pooling_spans: list[tuple[str, int, int]] = field(default_factory=list)

@@ -1,0 +1,156 @@
+"""The bodies of the pooling routes as msgspec Structs, in vLLM's shapes (and OpenAI's for /v1/embeddings,
+Jina's and Cohere's for /rerank). Requests forbid unknown fields, as the rest of the API does.
+
+`input` takes what OpenAI's embeddings API takes: a string, a list of strings, a list of token ids, or a list
+of lists of token ids (typed two lists deep at most, so a deeper nesting stops msgspec at once).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+# (msgspec takes one array type per union: the list's items say which shape it is, checked in serving_pooling.)
+EmbeddingInput = str | list[str | int | list[int]]
+
+
+class _PoolingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    truncate_prompt_tokens: int | None = None
+    add_special_tokens: bool = True
+    user: str | None = None  # OpenAI's end-user id: accepted, used for nothing (as OpenAI's own server may)
+
+
+class EmbeddingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    normalize: bool | None = None
+
+
+class PoolingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
+    """POST /pooling: the pooler's raw output per input (`task` "encode"), or, with an IO processor chosen by
+    --io-processor-plugin, `data` for the plugin (vLLM's shape)."""
+
+    input: EmbeddingInput | None = None
+    data: Any = None
+    task: Literal["encode", "embed", "classify"] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    normalize: bool | None = None
+
+
+class ClassificationRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
+    input: EmbeddingInput
+
+
+class ScoreRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
+    text_1: str | list[str]
+    text_2: str | list[str]
+
+
+class RerankRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    return_documents: bool = True
+
+
+class PoolingUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingData(msgspec.Struct, kw_only=True):
+    index: int
+    embedding: list[float] | str  # str: base64 of the float32 little-endian values
+    object: str = "embedding"
+
+
+class EmbeddingResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: PoolingUsage
+    object: str = "list"
+
+
+class PoolingData(msgspec.Struct, kw_only=True):
+    index: int
+    data: Any  # the pooled tensor as nested lists of floats, or base64 of its float32 values
+    object: str = "pooling"
+
+
+class PoolingResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="list"):
+    # (tagged by `object`, as it is written anyway, so that the route's two answers make one schema)
+    id: str
+    created: int
+    model: str
+    data: list[PoolingData]
+    usage: PoolingUsage
+
+
+class PoolingIOResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="io_process"):
+    """POST /pooling with an IO processor: what its post_process made of the pooled outputs."""
+
+    id: str
+    created: int
+    model: str
+    plugin: str
+    data: Any
+    usage: PoolingUsage
+
+
+class ClassificationData(msgspec.Struct, kw_only=True):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+    object: str = "classification"
+
+
+class ClassificationResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: PoolingUsage
+    object: str = "list"
+
+
+class ScoreData(msgspec.Struct, kw_only=True):
+    index: int
+    score: float
+    object: str = "score"
+
+
+class ScoreResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: PoolingUsage
+    object: str = "list"
+
+
+class RerankDocument(msgspec.Struct, kw_only=True):
+    text: str
+
+
+class RerankResult(msgspec.Struct, kw_only=True):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(msgspec.Struct, kw_only=True):
+    total_tokens: int
+
+
+class RerankResponse(msgspec.Struct, kw_only=True):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage

@@ -1,0 +1,179 @@
+"""The pooling routes: POST /v1/embeddings (OpenAI's shape, float or base64), /pooling (the pooler's raw output,
+or an IO processor's response over pooled outputs), /classify, /score, /rerank and /v1/rerank (Jina's and
+Cohere's shape). Each input is checked and tokenized before any runs, then all run concurrently
+(frontend/llm_pooling.py: `pool_many`, `score_pairs`); what the engine refuses is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import numpy as np
+from quart import Response, g
+
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.frontend.llm_pooling import pool_many, score_pairs
+from asyncengine.pooling.outputs import PoolingRequestOutput
+from asyncengine.pooling.params import PoolingParams
+from asyncengine.server.common import ServingContext, check_model, new_id
+from asyncengine.server.errors import ApiError, bad_request, from_engine_error
+from asyncengine.server.protocol_pooling import (
+    ClassificationData, ClassificationRequest, ClassificationResponse, EmbeddingData, EmbeddingRequest,
+    EmbeddingResponse, PoolingData, PoolingIOResponse, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument,
+    RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest, ScoreResponse,
+)
+from asyncengine.server.serving_io_processor import IOProcessorSetup, _call_plugin, _engine_prompt, _prompt_list
+
+# (rule, method, view name) of each pooling route, served next to the other built-in routes (routes.py).
+POOLING_ROUTES: list[tuple[str, str, str]] = [
+    ("/v1/embeddings", "POST", "embeddings"),
+    ("/pooling", "POST", "pooling"),
+    ("/classify", "POST", "classify"),
+    ("/score", "POST", "score"),
+    ("/rerank", "POST", "rerank"),
+    ("/v1/rerank", "POST", "v1_rerank"),
+]
+
+
+def input_prompts(value: Any, field: str = "input") -> list[str | list[int]]:
+    """OpenAI's `input`: a string, a list of strings, a list of token ids or a list of lists of them."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise bad_request(f"{field} is empty: send a string, a list of strings or token ids", param=field,
+                          code="invalid_value")
+    if all(isinstance(item, int) for item in value):
+        return [list(value)]
+    if all(isinstance(item, str) for item in value) or all(isinstance(item, list) for item in value):
+        return list(value)
+    raise bad_request(f"{field} mixes strings, token ids and lists: send one shape", param=field,
+                      code="invalid_value")
+
+
+def _usage(outputs: list[PoolingRequestOutput]) -> PoolingUsage:
+    tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    return PoolingUsage(prompt_tokens=tokens, total_tokens=tokens)
+
+
+def _encoded(output: PoolingRequestOutput, encoding_format: str) -> Any:
+    data = output.outputs.data
+    if encoding_format == "base64":  # float32 little-endian, as OpenAI's clients decode it
+        return base64.b64encode(np.ascontiguousarray(data.numpy(), dtype="<f4").tobytes()).decode("ascii")
+    return data.tolist()
+
+
+def _params(request: Any, **fields: Any) -> PoolingParams:
+    try:
+        return PoolingParams(truncate_prompt_tokens=request.truncate_prompt_tokens, **fields)
+    except RequestError as error:
+        raise from_engine_error(error) from error
+
+
+async def _run(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except (RequestError, EngineOverloadedError, EngineDeadError) as error:
+        raise from_engine_error(error) from error
+
+
+def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitable[Any]],
+                  json_response: Callable[[Any], Response]) -> dict[str, Callable[[], Coroutine[Any, Any, Response]]]:
+    """The views of POOLING_ROUTES, by view name (routes.py registers them)."""
+    engine = context.engine
+    model_name = context.model_name
+
+    async def pool_inputs(request: Any, params: PoolingParams, task: str) -> list[PoolingRequestOutput]:
+        prompts = input_prompts(request.input)
+        pairs = [(prompt, None) for prompt in prompts]
+        return await _run(pool_many(engine, pairs, [params] * len(pairs), task, field="input"))
+
+    async def embeddings() -> Response:
+        request = await decode_body(EmbeddingRequest)
+        check_model(context, request.model)
+        params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
+        outputs = await pool_inputs(request, params, "embed")
+        data = [EmbeddingData(index=i, embedding=_encoded(o, request.encoding_format)) for i, o in enumerate(outputs)]
+        return json_response(EmbeddingResponse(id=new_id("embd", g.request_id), created=int(time.time()),
+                                               model=model_name, data=data, usage=_usage(outputs)))
+
+    async def pooling() -> Response:
+        request = await decode_body(PoolingRequest)
+        check_model(context, request.model)
+        if request.data is not None:
+            return json_response(await _pool_with_io_processor(context, request))
+        if request.input is None:
+            raise bad_request("send `input` (or `data`, for the IO processor --io-processor-plugin names)",
+                              param="input", code="missing_parameter")
+        params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
+        outputs = await pool_inputs(request, params, request.task or "encode")
+        data = [PoolingData(index=i, data=_encoded(o, request.encoding_format)) for i, o in enumerate(outputs)]
+        return json_response(PoolingResponse(id=new_id("pool", g.request_id), created=int(time.time()),
+                                             model=model_name, data=data, usage=_usage(outputs)))
+
+    async def classify() -> Response:
+        request = await decode_body(ClassificationRequest)
+        check_model(context, request.model)
+        outputs = await pool_inputs(request, _params(request), "classify")
+        labels = engine.model_config.hf_config.get("id2label") or {}
+        data = []
+        for index, output in enumerate(outputs):
+            probs = output.outputs.data.flatten().tolist()
+            best = max(range(len(probs)), key=probs.__getitem__)
+            data.append(ClassificationData(index=index, label=labels.get(str(best), labels.get(best)), probs=probs,
+                                           num_classes=len(probs)))
+        return json_response(ClassificationResponse(id=new_id("classify", g.request_id), created=int(time.time()),
+                                                    model=model_name, data=data, usage=_usage(outputs)))
+
+    async def score() -> Response:
+        request = await decode_body(ScoreRequest)
+        check_model(context, request.model)
+        results = await _run(score_pairs(engine, request.text_1, request.text_2, _params(request), None))
+        tokens = sum(len(r.prompt_token_ids) for r in results)
+        data = [ScoreData(index=i, score=r.outputs.score) for i, r in enumerate(results)]
+        return json_response(ScoreResponse(id=new_id("score", g.request_id), created=int(time.time()),
+                                           model=model_name, data=data,
+                                           usage=PoolingUsage(prompt_tokens=tokens, total_tokens=tokens)))
+
+    async def rerank() -> Response:
+        request = await decode_body(RerankRequest)
+        check_model(context, request.model)
+        if not request.documents:
+            raise bad_request("documents is empty: send at least one document", param="documents",
+                              code="invalid_value")
+        if request.top_n is not None and request.top_n < 1:
+            raise bad_request(f"top_n must be at least 1, got {request.top_n}", param="top_n", code="invalid_value")
+        results = await _run(score_pairs(engine, request.query, request.documents, _params(request), None,
+                                         field_1="query", field_2="documents"))
+        ranked = sorted(range(len(results)), key=lambda i: -results[i].outputs.score)[: request.top_n]
+        items = [RerankResult(index=i, relevance_score=results[i].outputs.score,
+                              document=RerankDocument(text=request.documents[i]) if request.return_documents else None)
+                 for i in ranked]
+        tokens = sum(len(r.prompt_token_ids) for r in results)
+        return json_response(RerankResponse(id=new_id("rerank", g.request_id), model=model_name, results=items,
+                                            usage=RerankUsage(total_tokens=tokens)))
+
+    return {"embeddings": embeddings, "pooling": pooling, "classify": classify, "score": score, "rerank": rerank,
+            "v1_rerank": rerank}
+
+
+async def _pool_with_io_processor(context: ServingContext, request: PoolingRequest) -> PoolingIOResponse:
+    """vLLM's IO processors on /pooling: `pre_process(request)` makes the prompts, each is pooled, and
+    `post_process(outputs)` (the PoolingRequestOutputs in prompt order) makes the response's `data`."""
+    setup: IOProcessorSetup = context.io_processor or IOProcessorSetup()
+    if setup.processor is None or setup.name is None:
+        installed = ", ".join(setup.installed) or "none is installed"
+        raise ApiError(400, f"`data` is for an IO processor, and this server has none: start it with "
+                            f"--io-processor-plugin NAME (installed IO processors: {installed})",
+                       param="data", code="io_processor_not_configured")
+    engine = context.engine
+    prompts = _prompt_list(setup.name, await _call_plugin(setup, "pre_process", request))
+    engine_prompts = [_engine_prompt(context, setup.name, i, prompt) for i, prompt in enumerate(prompts)]
+    params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
+    task = request.task or engine.pooling_task_default()
+    outputs = await _run(pool_many(engine, [(p, None) for p in engine_prompts], [params] * len(engine_prompts), task))
+    data = await _call_plugin(setup, "post_process", outputs)
+    return PoolingIOResponse(id=new_id("pool", g.request_id), created=int(time.time()), model=context.model_name,
+                             plugin=setup.name, data=data, usage=_usage(outputs))
