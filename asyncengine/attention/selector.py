@@ -4,6 +4,7 @@ The `attention_backend` option names one for every layer, when set (as vLLM's --
 otherwise the platform's `get_attn_backend_cls(head_dim, dtype, block_size)` chooses, asked once per
 distinct layer shape. Its answer is a registry name (or a "pkg.mod:Class" path, as vLLM's platforms
 answer) and resolves through the registry, so an unknown name fails start-up, listing the known ones.
+vLLM's descriptor form (get_impl_cls, no forward) resolves to its implementation class there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from asyncengine.attention.backend import AttentionBackend
 from asyncengine.attention.registry import AttentionBackendRegistry
+from asyncengine.interfaces.attention import build_backend
 from asyncengine.errors import StartupError
 from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
 from asyncengine.plugin_runtime.contracts import check_backend_class
@@ -74,5 +76,6 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
             owners[name] = f"registered by {entry.owner}" if entry else "a class path"
             check_backend_class(name, classes[name], f"{owners[name]}, chosen by {chosen_by}")  # forward, not at step 1
         names.append(name)
-        backends.append(classes[name](layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale))
+        # Ours take (num_heads, num_kv_heads, head_dim, scale); a vLLM descriptor's implementation, vLLM's keywords.
+        backends.append(build_backend(classes[name], layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale))
     return BackendChoice(names, backends, chosen_by, owners)

@@ -20,12 +20,13 @@ sequence's context. No torch import here: `asyncengine.plugins_api` exports this
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from asyncengine.config.class_paths import is_class_path
-from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.errors import ConfigError, ModelLoadError, StartupError
 from asyncengine.interfaces.imports import import_by_path
-from asyncengine.interfaces.registry import BUILT_IN, Registry
+from asyncengine.interfaces.registry import BUILT_IN, Registry, describe
 
 
 class AttentionBackend:
@@ -87,6 +88,8 @@ class _AttentionBackendRegistry(Registry):
                 "worker processes have it too)", field=field)
         if isinstance(backend, str):
             backend = import_by_path(backend, what=f"attention backend {name!r}", error=ModelLoadError)
+        if is_descriptor(backend):  # vLLM's form: the implementation is get_impl_cls()'s answer
+            return descriptor_implementation(name, backend, f"{origin}{', chosen by ' + chosen_by if by else ''}")
         if not (isinstance(backend, type) and issubclass(backend, AttentionBackend)):
             raise ConfigError(f"attention backend {name!r}{by} is {backend!r} ({origin}), not an "
                               "AttentionBackend subclass", field=field)
@@ -96,4 +99,73 @@ class _AttentionBackendRegistry(Registry):
 AttentionBackendRegistry = _AttentionBackendRegistry()
 
 
-__all__ = ["TORCH_PAGED", "TRITON_PAGED", "AttentionBackend", "AttentionBackendRegistry"]
+# -- vLLM's descriptor form -------------------------------------------------------------------------------
+# vLLM's backend is a descriptor class: get_name(), get_impl_cls() (the implementation, with forward),
+# get_builder_cls() (its metadata builder), get_kv_cache_shape(...). Here the model runner owns the KV cache
+# layout and builds the metadata, so only get_impl_cls is asked: its class is the implementation, built as
+# ours are (or with vLLM's constructor keywords) and given our forward's arguments.
+
+# vLLM's AttentionImpl constructor, by keyword: what each of our four arguments is called there.
+_VLLM_INIT_NAMES = {"num_heads": "num_heads", "head_size": "head_dim", "scale": "scale", "num_kv_heads": "num_kv_heads"}
+# Its other parameters, given their meaning here when the implementation declares them without a default.
+_VLLM_INIT_DEFAULTS: dict[str, Any] = {"alibi_slopes": None, "sliding_window": None, "kv_cache_dtype": "auto",
+                       "logits_soft_cap": None, "attn_type": "decoder", "kv_sharing_target_layer_name": None}
+
+
+def is_descriptor(backend: Any) -> bool:
+    """vLLM's form: a class with get_impl_cls and no forward of its own."""
+    if not (isinstance(backend, type) and callable(getattr(backend, "get_impl_cls", None))):
+        return False
+    forward = getattr(backend, "forward", None)
+    return forward is None or forward is AttentionBackend.forward
+
+
+def descriptor_implementation(name: str, descriptor: type, origin: str) -> Any:
+    """The implementation class vLLM's descriptor names; a StartupError saying what to change when it
+    cannot serve as ours (no forward, or vLLM's forward(layer, ..., attn_metadata))."""
+    who = f"attention backend {name!r} ({describe(descriptor)}, {origin}) is vLLM's descriptor form"
+    static = inspect.getattr_static(descriptor, "get_impl_cls")
+    try:  # vLLM's is a staticmethod; its older examples use an instance method on a default-built descriptor
+        on: Any = descriptor if isinstance(static, (staticmethod, classmethod)) else descriptor()
+        implementation = on.get_impl_cls()
+    except Exception as exc:  # the plugin's own failure, named
+        raise StartupError(f"{who}; its get_impl_cls() raised {type(exc).__name__}: {exc}") from exc
+    told = f"{who}; get_impl_cls() returned {describe(implementation) if isinstance(implementation, type) else repr(implementation)}"
+    if not isinstance(implementation, type):
+        raise StartupError(f"{told}, not a class (docs/porting.md#attention-backends)")
+    forward = getattr(implementation, "forward", None)
+    if not callable(forward) or forward is AttentionBackend.forward:
+        raise StartupError(f"{told}, which defines no forward(query, key, value, kv_cache, metadata) "
+                           "(docs/porting.md#attention-backends)")
+    parameters = list(inspect.signature(forward).parameters)
+    if parameters[1:3] == ["layer", "query"] or "attn_metadata" in parameters:
+        raise StartupError(f"{told}, whose forward is vLLM's ({', '.join(parameters[1:])}): here it is "
+                           "forward(query, key, value, kv_cache, metadata), kv_cache being (key_cache, value_cache), "
+                           "each [num_kv_heads, num_blocks, block_size, head_dim], and metadata our AttentionMetadata "
+                           "(docs/porting.md#attention-backends)")
+    try:
+        inspect.signature(forward).bind(None, None, None, None, None, None)
+    except TypeError as exc:
+        raise StartupError(f"{told}, whose forward cannot be called as forward(query, key, value, kv_cache, "
+                           f"metadata): {exc} (docs/porting.md#attention-backends)") from exc
+    return implementation
+
+
+def build_backend(backend: type, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> Any:
+    """One layer's backend instance: `backend(num_heads, num_kv_heads, head_dim, scale)`, ours, or by
+    vLLM's keywords (`num_heads, head_size, scale, num_kv_heads, ...`) when its constructor names head_size."""
+    try:
+        parameters = dict(inspect.signature(backend).parameters)
+    except (TypeError, ValueError):  # a constructor Python cannot inspect: ours, positionally
+        parameters = {}
+    if "head_size" not in parameters:
+        return backend(num_heads, num_kv_heads, head_dim, scale)
+    ours = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "scale": scale}
+    keywords = {vllm_name: ours[our_name] for vllm_name, our_name in _VLLM_INIT_NAMES.items() if vllm_name in parameters}
+    keywords.update({name: value for name, value in _VLLM_INIT_DEFAULTS.items()
+                     if name in parameters and parameters[name].default is inspect.Parameter.empty})
+    return backend(**keywords)
+
+
+__all__ = ["TORCH_PAGED", "TRITON_PAGED", "AttentionBackend", "AttentionBackendRegistry", "build_backend",
+           "is_descriptor"]

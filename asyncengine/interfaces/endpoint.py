@@ -1,9 +1,20 @@
 """EndpointPlugin: the interface of endpoint plugins (entry-point group asyncengine.endpoint_plugins).
 
 Read in the frontend, and opt-in: an endpoint plugin loads only when the allow-list names it, since
-it adds network routes. `attach(app)` adds its routes to the HTTP app; `serve(engine_client,
-task_status)` runs background work in the server's task group (call `task_status.started()` once
-ready). A route that clashes with a built-in route is an error unless `override` is true.
+it adds network routes. Two forms are served:
+
+- ours: `attach(app)` adds Quart routes to the HTTP app; `serve(engine_client, task_status)` runs
+  background work in the server's task group (call `task_status.started()` once ready);
+- vLLM's (`vllm.endpoint_plugins`): `attach_router(app)` adds routes to a FastAPI app, and
+  `init_state(engine_client, state, args)` (optional, may be async) fills that app's `state` before the
+  server takes requests. The server gives each such plugin a FastAPI app of its own and serves it as
+  a mounted ASGI application on the paths it declared (asyncengine/server/fastapi_endpoints.py); it
+  needs the package `fastapi`, and without it start-up fails naming the plugin and the package.
+
+Either form may say `required_tasks` (vLLM's: a tuple of task names, or None for any): when none of
+them is a task this server serves (`served_tasks`), start-up fails naming the plugin, where vLLM
+leaves the plugin out silently. A route that clashes with a built-in route is an error unless
+`override` is true.
 """
 
 from __future__ import annotations
@@ -12,13 +23,47 @@ from typing import Any
 
 import anyio
 
+# The tasks a generating server serves, by vLLM's names (vllm.tasks.SupportedTask).
+GENERATE_TASKS: tuple[str, ...] = ("generate",)
+# What a pooling runner serves, by the same names.
+POOLING_TASKS: tuple[str, ...] = ("embed", "classify", "score", "token_embed", "token_classify")
+
 
 class EndpointPlugin:
     name: str = ""
     override: bool = False
+    required_tasks: tuple[str, ...] | None = None
 
     def attach(self, app: Any) -> None:
         raise NotImplementedError
 
     async def serve(self, engine_client: Any, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+
+
+def is_router_form(plugin: Any) -> bool:
+    """vLLM's form: an `attach_router(app)` and no `attach(app)` of ours."""
+    if not callable(getattr(plugin, "attach_router", None)):
+        return False
+    attach = getattr(type(plugin), "attach", None)
+    return attach is None or attach is EndpointPlugin.attach
+
+
+def served_tasks(config: Any) -> tuple[str, ...]:
+    """The tasks (vLLM's names) a server on `config` serves: a pooling runner's, else generation."""
+    return POOLING_TASKS if getattr(config, "runner", None) == "pooling" else GENERATE_TASKS
+
+
+def required_tasks_problem(plugin: Any, config: Any) -> str | None:
+    """Why `plugin.required_tasks` refuses this server, or None when it may serve here."""
+    required = getattr(plugin, "required_tasks", None)
+    if required is None:
+        return None
+    if not isinstance(required, (tuple, list, set, frozenset)) or not all(isinstance(t, str) for t in required):
+        return f"required_tasks is {required!r}: give a tuple of task names (vLLM's), or None for any task"
+    served = served_tasks(config)
+    if set(required) & set(served):
+        return None
+    return (f"requires one of the tasks {', '.join(required) or '(none)'}, and this server serves "
+            f"{', '.join(served)}: leave the plugin out of the allow-list (--plugins), or serve a model for "
+            "one of those tasks")

@@ -11,6 +11,7 @@ get_attn_backend_cls, asked for a probe shape.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,6 @@ def _owner(cls: type, owners: dict[type, str]) -> str:
 def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: Any,
                              owners: dict[type, str] | None = None) -> None:
     """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each."""
-    from asyncengine.interfaces.endpoint import EndpointPlugin
     from asyncengine.interfaces.stat_logger import INIT_EXTRAS, RECORD_EXTRAS, StatLoggerBase, declared_extras
 
     owners = owners or {}
@@ -53,18 +53,38 @@ def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpo
                     "".join(f", {name}=..." for name in keywords) + ")"
                 raise StartupError(f"{who}: {what} cannot be called as the engine calls it, {called}: {exc}") from exc
     for endpoint in endpoints:
-        if type(endpoint).attach is EndpointPlugin.attach:
-            vllm_form = (" (it has attach_router: vLLM's FastAPI form; see docs/porting.md#endpoint-plugins)"
-                         if hasattr(endpoint, "attach_router") else "")
-            raise StartupError(f"endpoint plugin {endpoint.name!r} ({describe(type(endpoint))}) defines no "
-                               f"attach(app), which adds its routes{vllm_form}")
+        check_endpoint_plugin(endpoint, config, owners)
+
+
+def check_endpoint_plugin(endpoint: Any, config: Any, owners: dict[type, str] | None = None) -> None:
+    """An endpoint plugin adds routes (ours: attach(app); vLLM's: attach_router(app), which needs
+    fastapi), and its required_tasks are served here."""
+    from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form, required_tasks_problem
+
+    who = f"endpoint plugin {endpoint.name!r} ({_owner(type(endpoint), owners or {})})"
+    problem = required_tasks_problem(endpoint, config)
+    if problem:
+        raise StartupError(f"{who} {problem}")
+    if is_router_form(endpoint):
+        init_state = getattr(endpoint, "init_state", None)
+        if init_state is not None and not callable(init_state):
+            raise StartupError(f"{who}: init_state is {init_state!r}, not a method init_state(engine_client, "
+                               "state, args)")
+        try:  # vLLM's form is a FastAPI router, served as an ASGI app (imported by name: an optional package)
+            importlib.import_module("fastapi")
+        except ImportError as exc:
+            raise StartupError(f"{who} is vLLM's FastAPI form (attach_router): serving it needs the package "
+                               f"'fastapi', which cannot be imported here ({exc}): pip install fastapi, or "
+                               "port it to attach(app) (docs/porting.md#endpoint-plugins)") from exc
+    elif type(endpoint).attach is EndpointPlugin.attach:
+        raise StartupError(f"{who} defines no attach(app), which adds its routes (nor vLLM's attach_router(app))")
 
 
 def check_backend_class(name: str, backend: type[AttentionBackend], origin: str) -> None:
     """An attention backend must implement forward (the selector calls this for each backend it builds)."""
     from asyncengine.interfaces.attention import AttentionBackend
 
-    if backend.forward is AttentionBackend.forward:
+    if getattr(backend, "forward", AttentionBackend.forward) is AttentionBackend.forward:
         raise StartupError(f"attention backend {name!r} ({describe(backend)}, {origin}) defines no "
                            "forward(query, key, value, kv_cache, metadata): vLLM's backends are descriptor classes, "
                            "ours implement attention (docs/porting.md#attention-backends)")

@@ -174,7 +174,7 @@ async def _load_once(plugin: InstalledPlugin, phase: str, loader: PluginLoader, 
 
 def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: PluginLoader) -> None:
     """Check what a role-group plugin gave and keep it for the engine."""
-    from asyncengine.interfaces.endpoint import EndpointPlugin
+    from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form
     from asyncengine.interfaces.io_processor import IOProcessor
     from asyncengine.interfaces.logits import LogitsProcessor
     from asyncengine.interfaces.stat_logger import StatLoggerBase
@@ -193,14 +193,13 @@ def _keep(state: PluginState, plugin: InstalledPlugin, result: Any, loader: Plug
             return
         problem = f"names {result!r}, which is not a StatLoggerBase subclass"
     elif group is g.ENDPOINT:
-        if isinstance(result, EndpointPlugin) and result.name:
+        # Ours, or vLLM's form (attach_router: a FastAPI router, served by the server as an ASGI app).
+        if (isinstance(result, EndpointPlugin) or is_router_form(result)) and getattr(result, "name", None):
             state.endpoints.append(result)
+            state.owners[type(result)] = f"{describe(type(result))} ({plugin.label})"
             return
-        problem = f"returned {result!r}, which is not an EndpointPlugin with a name"
-        if hasattr(result, "attach_router"):  # vLLM's endpoint plugin: a FastAPI router
-            problem += (" (it has attach_router: vLLM's FastAPI form, which is not served here; subclass "
-                        "asyncengine.plugins_api.EndpointPlugin and add Quart routes in attach(app), "
-                        "docs/porting.md#endpoint-plugins)")
+        problem = (f"returned {result!r}, which is not an EndpointPlugin with a name (nor vLLM's form: "
+                   "a name and attach_router(app))")
     else:
         if _is_subclass(result, LogitsProcessor):
             state.logits_processors.append(result)

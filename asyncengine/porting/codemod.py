@@ -113,9 +113,11 @@ def port_python(text: str) -> FileResult:
             if any(keyword.arg == "is_multimodal" for keyword in node.keywords):
                 cannot(node, "register_model(..., is_multimodal=...)", "not-here-yet",
                        "multimodal models do not exist here yet")
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "attach_router":
-            cannot(node, "attach_router (a FastAPI router)", "endpoint-plugins",
-                   "an endpoint plugin here is an EndpointPlugin whose attach(app) adds Quart routes")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_vllm_attention_forward(node):
+            cannot(node, "forward(layer, query, key, value, kv_cache, attn_metadata, ...) (vLLM's AttentionImpl)",
+                   "attention-backends", "the implementation's forward here is forward(query, key, value, kv_cache, "
+                   "metadata): kv_cache is (key_cache, value_cache), each [num_kv_heads, num_blocks, block_size, "
+                   "head_dim], and metadata our AttentionMetadata; rewrite its kernel call for them")
 
     new_text, rewrites = text, []
     for start, end, new, line in sorted(edits, reverse=True):
@@ -123,6 +125,12 @@ def port_python(text: str) -> FileResult:
         new_text = new_text[:start] + new + new_text[end:]
     rewrites.reverse()
     return FileResult(new_text, rewrites, sorted(unmapped, key=lambda u: u.line))
+
+
+def _is_vllm_attention_forward(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """vLLM's AttentionImpl.forward(self, layer, query, key, value, kv_cache, attn_metadata, ...)."""
+    names = [argument.arg for argument in node.args.args]
+    return node.name == "forward" and names[1:3] == ["layer", "query"] and "attn_metadata" in names
 
 
 def _port_import_from(node: ast.ImportFrom, replace, cannot) -> None:

@@ -25,6 +25,7 @@ from asyncengine.server import access, routes
 from asyncengine.server.common import ServingContext
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
+from asyncengine.server.fastapi_endpoints import served_endpoint_plugins
 from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.server.response_scope import ResponseScopedConnection
 from asyncengine.server.serving_io_processor import select_io_processor
@@ -90,7 +91,9 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     engine_client.add_stat_logger(metrics)
     app.extensions["asyncengine"] = {"context": context, "metrics": metrics, "server_config": config}
 
-    endpoint_plugins = list(getattr(engine_client.plugins, "endpoints", []))
+    # vLLM's form (attach_router, a FastAPI router) is mounted as an ASGI app (fastapi_endpoints.py).
+    endpoint_plugins = served_endpoint_plugins(list(getattr(engine_client.plugins, "endpoints", [])),
+                                               engine_client, config)
     plugin_routes = _attach_endpoint_plugins(app, endpoint_plugins)
     routes.add_builtin_routes(app, context, metrics, skip=_overridden_builtins(plugin_routes))
     _add_hooks(app, config)
@@ -138,6 +141,8 @@ def _attach_endpoint_plugins(app: ApiApp, plugins: list[Any]) -> dict[tuple[str,
         before = len(_route_keys(app))
         try:
             plugin.attach(app)
+        except StartupError:
+            raise  # says what was wrong already, naming the plugin
         except Exception as exc:  # the plugin's own failure, named
             raise StartupError(f"endpoint plugin {plugin.name!r} failed in attach(app): "
                                f"{type(exc).__name__}: {exc}") from exc

@@ -10,7 +10,8 @@ processes of their own. It shows:
   no meaning here (compilation_config.custom_ops, scheduler_config.is_multi_step, speculative_config)
   is listed in the start-up report as ignored;
 - get_attn_backend_cls, an instance method with vLLM's parameters and no dist_backend set, was called
-  by keyword in the worker; `current_platform.device_name` (the object form) works in a general plugin;
+  by keyword in the worker, and its answer, a descriptor in vLLM's form, served through its
+  get_impl_cls() class, built with vLLM's constructor keywords; `current_platform.device_name` (the object form) works in a general plugin;
 - its rotary op, registered as vLLM's are (`@RotaryEmbedding.register_oot` on a subclass, under the
   in-tree op's name), ran its forward_oot, which calls the base's (`super().forward_oot()`).
 """
@@ -70,7 +71,9 @@ def test_the_ported_platform_runs(ported, tiny_model, tmp_path, in_process):
     records = [json.loads(line) for line in record_file.read_text().splitlines()]
     events = {r["event"] for r in records}
     assert {"general plugin", "check_and_update_config", "get_attn_backend_cls", "scheduled",
-            "rotary forward_oot"} <= events
+            "rotary forward_oot", "attention impl"} <= events
+    built = {(r["head_size"], r["kv_cache_dtype"]) for r in records if r["event"] == "attention impl"}
+    assert built == {(16, "auto")}  # get_impl_cls()'s class, built by vLLM's constructor keywords
     (checked,) = [r for r in records if r["event"] == "check_and_update_config"]
     assert checked["worker_cls"] == "asyncengine.worker.worker:Worker"
     assert checked["scheduler_cls"] == "vllm_shaped_platform.scheduler.CountingScheduler"

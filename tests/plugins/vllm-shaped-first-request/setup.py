@@ -12,6 +12,7 @@ setup(
             "router_only = vllm_shaped_first_request:make_router_only",
             # vLLM's own form: the entry point is the class, which need not subclass anything
             "fastapi_protocol = vllm_shaped_first_request:ProtocolEndpoint",
+            "no_routes = vllm_shaped_first_request:NoRoutes",
         ],
         "vllm.platform_plugins": ["descriptor_platform = vllm_shaped_first_request:descriptor_platform"],
         "vllm.general_plugins": ["cuda_only_op = vllm_shaped_first_request:register_cuda_only_op"],

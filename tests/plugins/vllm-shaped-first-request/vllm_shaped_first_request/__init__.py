@@ -1,4 +1,5 @@
-"""Four vLLM-shaped plugins, each missing what the engine calls at the first step or request."""
+"""vLLM-shaped plugins, each missing what the engine calls at the first step or request (the two FastAPI-form
+endpoint plugins miss only fastapi, which the processes that load them do not have)."""
 
 import os
 
@@ -26,6 +27,12 @@ class RouterOnly(EndpointPlugin):
 
 def make_router_only():
     return RouterOnly()
+
+
+class NoRoutes(EndpointPlugin):
+    """An endpoint plugin with a name and neither attach(app) nor vLLM's attach_router(app)."""
+
+    name = "no_routes"
 
 
 class ProtocolEndpoint:

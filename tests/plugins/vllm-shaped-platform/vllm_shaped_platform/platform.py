@@ -45,7 +45,7 @@ class ShapedPlatform(CpuPlatform):
                              use_mla, has_sink=False, use_sparse=False):
         note("get_attn_backend_cls", head_size=head_size, block_size=block_size, use_v1=use_v1, use_mla=use_mla,
              kv_cache_dtype=kv_cache_dtype)
-        return "TORCH_PAGED"
+        return "vllm_shaped_platform.attention.ShapedAttentionBackend"  # vLLM's descriptor form
 
     @classmethod
     def is_async_output_supported(cls, enforce_eager):
