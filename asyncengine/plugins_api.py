@@ -89,6 +89,11 @@ from asyncengine.interfaces.structured_output import (  # read in: engine core, 
 )
 from asyncengine.structured_output.registry import register_structured_output_backend
 from asyncengine.structured_output_spec import GrammarSpec  # what a backend compiles
+from asyncengine.interfaces.lora_resolver import (  # read in: frontend (an adapter name nobody knows yet)
+    LoRAResolver,
+    LoRAResolverRegistry,
+)
+from asyncengine.lora.request import LoRARequest  # what a LoRA resolver returns
 from asyncengine.interfaces.logits import LogitsProcessor  # read in: worker (build), frontend (validate)
 from asyncengine.interfaces.logits import (  # read in: worker (what update_state receives)
     AddedRequest,
@@ -203,6 +208,9 @@ __all__ = [
     "ReasoningParserManager",
     "ToolCall",
     "ToolParser",
+    "LoRARequest",
+    "LoRAResolver",
+    "LoRAResolverRegistry",
     "ToolParserManager",
     "GrammarMatcher",
     "GrammarSpec",

@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.structured_output_spec",
             # Pooling's params, runner and pooler choice, built-in poolers (torch only) and outputs.
             "asyncengine.pooling",
+            "asyncengine.lora.request",  # LoRARequest travels on the wire; the rest of lora/ sits with models
         ),
     ),
     # The platform phase is the plugin runtime's first: the built-in platforms (cpu, cuda) are chosen among the
@@ -68,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.loader",
             "asyncengine.kv_transfer",
             "asyncengine.structured_output",
+            "asyncengine.lora",
         ),
     ),
     # The roles, in the order one spawns the next: the engine core runs the worker (in a thread under `uni`), the

@@ -17,6 +17,7 @@ from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
 from asyncengine.config.structured_outputs import configured_backend_name
+from asyncengine.config.lora import check_lora_options
 from asyncengine.pooling.config import check_pooler_config, check_runner
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it.
@@ -110,6 +111,14 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     # platform's order (docs/custom_ops.md); the worker checks the names. Read in the worker.
     op_priority: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
+    # Multi-LoRA serving (config/lora.py, docs/lora.md): vLLM's options.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_modules: list[str | dict[str, Any]] | None = None
+    lora_resolver_dir: str | None = None
+
     # Plugins and start-up
     plugins: str | None = None  # the allow-list; None: ASYNCENGINE_PLUGINS, else every plugin but endpoints
     plugins_lenient: bool = False  # record a failed plugin and go on, instead of failing start-up
@@ -129,6 +138,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
         configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
+        check_lora_options(self)
         check_runner(self.runner)
         check_pooler_config(self.pooler_config)
 

@@ -52,6 +52,8 @@ class EngineCore:
             eos_token_ids=model_config.eos_token_ids,
             structured_outputs_config=engine_config.structured_outputs_config,
         )
+        # Multi-LoRA: a step never uses more adapters than each worker has slots.
+        self.scheduler.max_loras = engine_config.max_loras if engine_config.enable_lora else None
 
     @property
     def num_blocks(self) -> int:

@@ -83,6 +83,9 @@ class Scheduler:
         # Structured outputs (structured_output/manager.py), set by the engine core like kv_connector:
         # grammars and matchers of constrained requests, which wait here until theirs is compiled.
         self.structured_output = None
+        # Multi-LoRA: at most this many distinct adapters among the running sequences (the workers' slots),
+        # set by the engine core like kv_connector; None without LoRA.
+        self.max_loras: int | None = None
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -168,12 +171,18 @@ class Scheduler:
         # Admit waiting sequences, unless this step already had to preempt: admitting now would only
         # take blocks the preempted sequences need back.
         deferred: list[Sequence] = []  # past their request's share while others wait: they keep their place
+        active_loras = ({seq.lora_int_id for seq in self.running if seq.lora_int_id}
+                        if self.max_loras is not None else set())
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_this_step:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while a step computing it was in flight: resume once it is back
             if self.structured_output is not None and not self.structured_output.is_ready(seq.request_id):
                 deferred.append(self.waiting.popleft())  # its grammar is compiling: others go first
+                continue
+            if (self.max_loras is not None and seq.lora_int_id and seq.lora_int_id not in active_loras
+                    and len(active_loras) >= self.max_loras):
+                deferred.append(self.waiting.popleft())  # its adapter has no slot while max_loras others run
                 continue
             limit = budget if shares is None else min(budget, shares.admission_tokens_left(seq))
             if limit <= 0:
@@ -206,6 +215,8 @@ class Scheduler:
                 self.num_kv_connector_loaded_tokens += num_external
                 self.kv_connector.update_state_after_alloc(self._connector_view(seq, num_computed=num_cached),
                                                            num_external)
+            if seq.lora_int_id:
+                active_loras.add(seq.lora_int_id)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled[seq.request_id] = num_new
@@ -412,6 +423,7 @@ class Scheduler:
             sampling=seq.sampling,
             block_ids=list(seq.block_ids),
             num_computed_tokens=seq.num_computed_tokens,
+            lora_request=seq.lora_request,
             pooling=seq.pooling,
         )
 

@@ -49,6 +49,11 @@ class Sequence:
         self._block_hashes: list[bytes] = []
         # A pooling request (PoolingOptions): scheduled whole, finished by its pooled output after its prefill.
         self.pooling = request.pooling
+        # The LoRA adapter (None: the base model). The same tokens under another adapter have other keys
+        # and values, so the adapter's id roots the chain of block hashes: prefix hits stay per adapter.
+        self.lora_request = request.lora_request
+        self.lora_int_id = request.lora_request.lora_int_id if request.lora_request is not None else 0
+        self._root_hash = None if self.lora_int_id == 0 else b"lora:%d" % self.lora_int_id
 
     @property
     def num_tokens(self) -> int:

@@ -55,6 +55,7 @@ from asyncengine.frontend.stat_logging import StatLogging, logger_initialized
 from asyncengine.frontend.stat_logging import plugin_stat_loggers as _plugin_stat_loggers  # (tests build plugins)
 from asyncengine.frontend.tokenizer import decode_ids, encode_text, render_chat
 from asyncengine.frontend.tokenizer_pool import TokenizerPool
+from asyncengine.lora.request import LoRARequest
 from asyncengine.outputs import RequestOutput
 from asyncengine.plugin_runtime.phases import PluginState, run_plugin_phases
 from asyncengine.plugin_runtime.placement import frontend_roles
@@ -79,6 +80,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         self.tokenizer = setup.tokenizer
         self.chat_template = setup.chat_template
         self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors)
+        self.lora_adapters = self.processor.lora  # adapters by name, and the resolvers (frontend/lora.py)
+        self.startup_report.append(self.lora_adapters.startup_record("frontend"))
         # Tokenizing and chat rendering run here, off the event loop (tokenizer_pool.py).
         self.tokenizer_pool = TokenizerPool()
         self._core = core
@@ -169,28 +172,32 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
 
     # -- requests --------------------------------------------------------------------------------------
 
-    def process_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> ProcessedRequest:
+    def process_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None,
+                        lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """Validate and tokenize a request without queueing it (RequestError when it is bad). This tokenizes
         in the calling thread: on the event loop, use `await process_request_async(...)`."""
-        return self.processor.process(self._new_request_id(request_id), prompt, params)
+        return self.processor.process(self._new_request_id(request_id), prompt, params, lora_request)
 
     async def process_request_async(self, prompt: Any, params: SamplingParams | None = None,
-                                    request_id: str | None = None) -> ProcessedRequest:
+                                    request_id: str | None = None,
+                                    lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """`process_request`, with a text prompt tokenized in the tokenizer pool (off the event loop)."""
         request_id = self._new_request_id(request_id)
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
-            return self.processor.process(request_id, prompt, params)
+            return self.processor.process(request_id, prompt, params, lora_request)
         if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized
             if params is None or not params.bad_words:
-                return self.processor.process(request_id, prompt, params)
-            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params)
-        return await self.tokenizer_pool.run(self._process_text, request_id, text, params)
+                return self.processor.process(request_id, prompt, params, lora_request)
+            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request)
+        return await self.tokenizer_pool.run(self._process_text, request_id, text, params, lora_request)
 
-    def _process_text(self, request_id: str, text: str, params: SamplingParams | None) -> ProcessedRequest:
+    def _process_text(self, request_id: str, text: str, params: SamplingParams | None,
+                      lora_request: LoRARequest | None = None) -> ProcessedRequest:
         # In a pool thread. The checks of the ids run here too: they are as long as the prompt.
         token_ids = encode_text(self.tokenizer, text, add_special_tokens=True)
-        return self.processor.process(request_id, {"prompt": text, "prompt_token_ids": token_ids}, params)
+        return self.processor.process(request_id, {"prompt": text, "prompt_token_ids": token_ids}, params,
+                                      lora_request)
 
     def _new_request_id(self, request_id: str | None) -> str:
         self._check_accepting()
@@ -255,9 +262,11 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         request_id: str | None = None,
         *,
         nowait: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Yield what is new for this request until it finishes (the last output has `finished`)."""
-        processed = await self.process_request_async(prompt, params, request_id)
+        """Yield what is new for this request until it finishes (the last output has `finished`);
+        `lora_request`: the LoRA adapter to run it with (docs/lora.md), None for the base model."""
+        processed = await self.process_request_async(prompt, params, request_id, lora_request)
         # Closed here when this generator is closed (an abort), not left to the garbage collector.
         async with aclosing(self.submit(processed, OutputKind.DELTA, nowait=nowait)) as outputs:
             async for output in outputs:
@@ -274,6 +283,7 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         add_special_tokens: bool | None = None,
         final_only: bool = False,
         nowait: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The one hand-over of a request from the server: a text prompt, a list of token ids, a prompt
         dict as `generate` takes it, or a conversation (`messages`, rendered through the chat template
@@ -291,11 +301,12 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
                 add_special_tokens = False  # the template writes any BOS token itself
         if isinstance(prompt, str):
             token_ids = await self.tokenize(prompt, add_special_tokens=add_special_tokens is not False)
-            processed = self.process_request({"prompt": prompt, "prompt_token_ids": token_ids}, params, request_id)
+            processed = self.process_request({"prompt": prompt, "prompt_token_ids": token_ids}, params, request_id,
+                                             lora_request)
         elif isinstance(prompt, list):
-            processed = self.process_request({"prompt_token_ids": prompt}, params, request_id)
+            processed = self.process_request({"prompt_token_ids": prompt}, params, request_id, lora_request)
         else:
-            processed = await self.process_request_async(prompt, params, request_id)
+            processed = await self.process_request_async(prompt, params, request_id, lora_request)
         return self.submit(processed, OutputKind.FINAL_ONLY if final_only else OutputKind.DELTA, nowait=nowait)
 
     async def submit(

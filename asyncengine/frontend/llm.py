@@ -21,6 +21,7 @@ from asyncengine.errors import RequestError
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.frontend.llm_pooling import LLMPooling
+from asyncengine.lora.request import LoRARequest
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import SchedulerStats
@@ -74,15 +75,17 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for one prompt or a list of them; outputs come back in input order.
 
         `sampling_params` is one SamplingParams for all prompts or a list with one per prompt.
-        A prompt is a string or `{"prompt_token_ids": [...]}`.
+        A prompt is a string or `{"prompt_token_ids": [...]}`. `lora_request`: one LoRARequest for all
+        prompts, or a list with one (or None, the base model) per prompt (docs/lora.md).
         """
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
-        return self._run(prompt_list, params_list, use_tqdm)
+        return self._run(prompt_list, params_list, use_tqdm, self._loras_per_prompt(lora_request, len(prompt_list)))
 
     def chat(
         self,
@@ -121,9 +124,20 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
             )
         return params_list
 
-    def _run(self, prompts: list[Any], params_list: list[SamplingParams | None], use_tqdm: bool | None) -> list[RequestOutput]:
+    @staticmethod
+    def _loras_per_prompt(lora_request: Any, count: int) -> list[LoRARequest | None]:
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            return [lora_request] * count
+        loras = list(lora_request)
+        if len(loras) != count:
+            raise RequestError(f"got {len(loras)} LoRA requests for {count} prompts; pass one, or one per prompt",
+                               field="lora_request")
+        return loras
+
+    def _run(self, prompts: list[Any], params_list: list[SamplingParams | None], use_tqdm: bool | None,
+             loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         # Validate every prompt before any is queued, so a bad one leaves nothing half-started.
-        processed = self._portal.call(self._process_all, prompts, params_list)
+        processed = self._portal.call(self._process_all, prompts, params_list, loras or [None] * len(prompts))
         show_bar = use_tqdm if use_tqdm is not None else len(prompts) >= PROGRESS_BAR_MIN_PROMPTS
         bar = None
         if show_bar:
@@ -139,9 +153,11 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
     async def _chat_prompts(self, conversations: list[Any], render_options: dict[str, Any]) -> list[dict[str, Any]]:
         return [await self.engine.chat_prompt(conversation, **render_options) for conversation in conversations]
 
-    async def _process_all(self, prompts: list[Any], params_list: list[SamplingParams | None]) -> list[Any]:
+    async def _process_all(self, prompts: list[Any], params_list: list[SamplingParams | None],
+                           loras: list[LoRARequest | None]) -> list[Any]:
         # In the engine's tokenizer pool, one after another: the event loop goes on running the engine.
-        return [await self.engine.process_request_async(p, params) for p, params in zip(prompts, params_list)]
+        return [await self.engine.process_request_async(p, params, lora_request=lora)
+                for p, params, lora in zip(prompts, params_list, loras)]
 
     async def _collect(self, processed: list, bar: Any) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(processed)

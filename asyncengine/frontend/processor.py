@@ -22,6 +22,8 @@ import msgspec
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
+from asyncengine.frontend.lora import LoRAAdapters
+from asyncengine.lora.request import LoRARequest
 from asyncengine.sampling_params import INT64_MIN, SamplingParams
 from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
@@ -65,11 +67,16 @@ class InputProcessor:
         self.structured_outputs_backend = configured_backend_name(engine_config.structured_outputs_config)
         backend_class_for_request(self.structured_outputs_backend, per_request=False)
         self._checked_grammars: dict[str, None] = {}
+        # The adapters known by name, and the check of a request's adapter (frontend/lora.py).
+        self.lora = LoRAAdapters(engine_config)
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams().with_defaults(self.model_config.generation_defaults)
 
-    def process(self, request_id: str, prompt: Any, params: SamplingParams | None) -> ProcessedRequest:
+    def process(self, request_id: str, prompt: Any, params: SamplingParams | None,
+                lora_request: LoRARequest | None = None) -> ProcessedRequest:
+        if lora_request is not None:
+            self.lora.check(lora_request)
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -127,6 +134,7 @@ class InputProcessor:
                     sampling=child_options,
                     arrival_time=arrival,
                     parent_id=f"{submission}:{request_id}" if params.n > 1 else None,
+                    lora_request=lora_request,
                 )
             )
         return ProcessedRequest(request_id, prompt_text, token_ids, params, children)

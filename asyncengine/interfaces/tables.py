@@ -17,6 +17,7 @@ from asyncengine.interfaces.additional_config import AdditionalConfigRegistry
 from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
 from asyncengine.interfaces.kv_connector import KVConnectorFactory
+from asyncengine.interfaces.lora_resolver import LoRAResolverRegistry
 from asyncengine.interfaces.model_loader import ModelLoaderRegistry
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.interfaces.parsers import ReasoningParserManager, ToolParserManager
@@ -48,6 +49,8 @@ _TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
     (KVConnectorFactory, frozenset({ENGINE_CORE, WORKER})),
     # The engine core compiles grammars and computes masks with it; the frontend checks each grammar first.
     (StructuredOutputBackendRegistry, frozenset({FRONTEND, ENGINE_CORE})),
+    # A request naming an unknown adapter asks the resolvers, in the frontend only (frontend/lora.py).
+    (LoRAResolverRegistry, frozenset({FRONTEND})),
 )
 
 
@@ -67,6 +70,7 @@ READER_MODULES = (
     "asyncengine.worker.extension",
     "asyncengine.worker.worker",
     "asyncengine.frontend.startup",
+    "asyncengine.frontend.lora",
     "asyncengine.frontend.tokenizer",
     "asyncengine.loader.model_loader",
     "asyncengine.interfaces.model_loader",

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from asyncengine.lora.request import LoRARequest
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
@@ -60,6 +61,9 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     # For the `n` completions of one request (n > 1): an id they share, unique per submission. While
     # other requests wait, the scheduler bounds the share of a step that one parent's completions take.
     parent_id: str | None = None
+    # The LoRA adapter this request runs with (None: the base model); its id keys scheduling, the prefix
+    # cache and the workers' adapter slots.
+    lora_request: LoRARequest | None = None
     # A pooling request (docs/pooling.md): it finishes after its prefill with a pooled output, samples nothing.
     pooling: PoolingOptions | None = None
 

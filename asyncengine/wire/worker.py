@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from asyncengine.lora.request import LoRARequest
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
@@ -21,6 +22,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     block_ids: list[int]
     num_computed_tokens: int
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prefill, never sampled
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,6 +35,9 @@ from asyncengine.errors import StartupError
 from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.loader.model_loader import load_model
+from asyncengine.lora.peft import LoRAAdapterError
+from asyncengine.lora.pool import LoRAPool
+from asyncengine.lora.request import LoRARequest
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
 from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
@@ -73,6 +76,7 @@ class RequestState:
     row: int = -1  # this request's row of the persistent block tables (input_batch.BlockTableRows)
     # logit_bias, allowed_token_ids, bad_words as device tensors, built once when it joins (None without any).
     logit_controls: RequestLogitControls | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (lora/pool.py), None: the base model
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prompt (pooling/step.py)
 
 
@@ -106,6 +110,7 @@ class ModelRunner:
         self.staging = StagingBuffers(device, self.pin_memory)
         self.decode_graphs: DecodeGraphs | None = None  # captured after the KV cache, where the platform allows
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
+        self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -119,6 +124,12 @@ class ModelRunner:
             quantization=self.engine_config.quantization,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
+            config = self.engine_config
+            self.lora = LoRAPool.wrap(self.model, hidden_size=int(self.model_config.hf_config["hidden_size"]),
+                                      max_loras=config.max_loras, max_rank=config.max_lora_rank,
+                                      max_cpu_loras=config.max_cpu_loras or config.max_loras, device=self.device,
+                                      dtype=self.dtype)
         started = time.time()
         choice = select_attention_backends(self.platform, self.attention_layers, self.dtype, self.block_size,
                                            self.engine_config.attention_backend)
@@ -214,6 +225,7 @@ class ModelRunner:
         stay out of graphs), and only over attention backends that say they are safe to capture."""
         return (self.device.type == "cuda" and not self.engine_config.enforce_eager
                 and self.engine_config.tensor_parallel_size == 1
+                and self.lora is None  # the adapters' per-step assignment is not in the captured buffers
                 and self.model_config.runner != "pooling"  # a pooling model never decodes
                 and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
 
@@ -279,6 +291,7 @@ class ModelRunner:
                 pooling=new.pooling,
                 output_token_ids=list(new.output_token_ids),
                 logit_controls=RequestLogitControls.build(new.sampling, self.model_config.vocab_size, self.device),
+                lora_request=new.lora_request,
             ))
         for cached in scheduler_output.cached_requests:
             if cached.request_id in self.failed_request_ids:
@@ -296,9 +309,16 @@ class ModelRunner:
             check_sampling_options(new.sampling, self.model_config.vocab_size)
             if self.logits_processors is not None:
                 self.logits_processors.check_request(new.sampling)
+            if new.lora_request is not None:
+                if self.lora is None:
+                    return FailedRequest(request_id=new.request_id, field="lora_request",
+                                         message="this engine was started without enable_lora: it serves no adapters")
+                self.lora.add(new.lora_request)  # read and checked now: a bad adapter fails only this request
         except RequestSamplingError as exc:
             return FailedRequest(request_id=new.request_id, field=exc.field,
                                  message=f"the worker cannot sample this request: {exc}")
+        except LoRAAdapterError as exc:
+            return FailedRequest(request_id=new.request_id, field="lora_request", message=str(exc))
         except LogitsProcessorRequestError as exc:
             if not isinstance(exc.error, ValueError):  # a refusal is a ValueError; anything else may be a bug
                 logger.warning("%s (request %s)", exc, new.request_id, exc_info=exc.error)
@@ -332,6 +352,12 @@ class ModelRunner:
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
         if graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+        elif self.lora is not None:
+            self.lora.begin_step((self.requests[rid].lora_request, n) for rid, n in scheduled.items())
+            try:
+                hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
+            finally:
+                self.lora.end_step()
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata)
         if events is not None:

@@ -140,6 +140,11 @@ class Worker(WorkerBase):
             "cpu_threads": cpu_threads.report(self._cpu_threads),  # on CPU: threads and CPUs of this thread
         }
 
+    def lora_info(self) -> dict | None:
+        """The LoRA pool of this rank (slots, CPU cache, pool bytes: lora/pool.py), None without enable_lora."""
+        lora = self.model_runner.lora if self.model_runner else None
+        return lora.info() if lora is not None else None
+
 
 @reads("hook:worker_cls", "worker")
 def build_worker(engine_config: EngineConfig, model_config: ModelConfig, platform: type[Platform],

@@ -1,0 +1,164 @@
+"""The frontend's adapters: which LoRARequest a name means, and the checks a request's adapter gets.
+
+Names come from `lora_modules` (at start-up), from runtime loads (POST /v1/load_lora_adapter), and
+from the LoRA resolvers (a name nobody knows yet: the built-in filesystem resolver, then the
+registered ones, EXTENSION_POINTS.md R11). Each name gets an id of its own, never reused (an unloaded
+adapter's id stays retired: the prefix cache keys blocks by it, and workers cache weights under it).
+
+A `LoRARequest` given directly (`LLM.generate(..., lora_request=...)`) keeps the caller's id; one id
+must keep naming one directory, which `check` holds to.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+from asyncengine.config.engine import EngineConfig
+from asyncengine.config.lora import parse_lora_modules
+from asyncengine.errors import AsyncEngineError, RequestError
+from asyncengine.interfaces.lora_resolver import LoRAResolverRegistry
+from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.registry import reads
+from asyncengine.lora.filesystem_resolver import FilesystemResolver, configured_resolver_dir
+from asyncengine.lora.peft import LoRAAdapterError, read_adapter_config
+from asyncengine.lora.request import LoRARequest
+from asyncengine.wire.startup import StartupRecord
+
+# Ids the frontend hands out start here, far from the small ids callers of LLM.generate pick by hand.
+_FIRST_ASSIGNED_ID = 1_000_001
+
+
+class LoRAResolverFailed(AsyncEngineError):
+    """A LoRA resolver raised while looking up an adapter: that request fails, naming the resolver."""
+
+    def __init__(self, resolver: str, lora_name: str, error: BaseException) -> None:
+        super().__init__(f"LoRA resolver {resolver!r} failed while looking up adapter {lora_name!r}: "
+                         f"{type(error).__name__}: {error}")
+        self.resolver = resolver
+        self.lora_name = lora_name
+
+
+class LoRAAdapters:
+    def __init__(self, config: EngineConfig) -> None:
+        self.enabled = config.enable_lora
+        self.max_rank = config.max_lora_rank
+        self._ids = itertools.count(_FIRST_ASSIGNED_ID)
+        self._by_name: dict[str, LoRARequest] = {}
+        self._path_of_id: dict[int, str] = {}
+        for module in parse_lora_modules(config.lora_modules):
+            self._by_name[module.name] = self._named(module.name, module.path, module.base_model_name)
+        resolver_dir = configured_resolver_dir(config.lora_resolver_dir) if self.enabled else None
+        self.filesystem_resolver = FilesystemResolver(resolver_dir) if resolver_dir else None
+
+    # -- names -------------------------------------------------------------------------------------------
+
+    def get(self, name: str) -> LoRARequest | None:
+        return self._by_name.get(name)
+
+    def adapters(self) -> list[LoRARequest]:
+        return list(self._by_name.values())
+
+    def load(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
+        """Add adapter `name` (checked now); RequestError when the name is taken or the adapter refused."""
+        self._require_enabled()
+        if name in self._by_name:
+            raise RequestError(f"the LoRA adapter {name!r} is already loaded; unload it first", field="lora_name",
+                               code="lora_already_loaded")
+        lora = self._named(name, path, base_model_name)
+        self.check(lora)
+        self._by_name[name] = lora
+        return lora
+
+    def unload(self, name: str) -> LoRARequest | None:
+        """Forget adapter `name` (requests running with it finish); None when no adapter has that name."""
+        return self._by_name.pop(name, None)
+
+    def _named(self, name: str, path: str, base_model_name: str | None) -> LoRARequest:
+        lora_id = next(self._ids)
+        try:
+            return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=os.path.abspath(path),
+                               base_model_name=base_model_name)
+        except ValueError as exc:
+            raise RequestError(str(exc), field="lora_name") from exc
+
+    @reads("lora_resolvers", "frontend")
+    async def resolve(self, base_model_name: str, name: str) -> LoRARequest | None:
+        """The adapter called `name`: known, or found by a resolver now (and kept); None if nobody has it."""
+        known = self._by_name.get(name)
+        if known is not None or not self.enabled:
+            return known
+        resolvers: list[tuple[str, Any]] = []
+        if self.filesystem_resolver is not None:
+            resolvers.append(("filesystem (built-in)", self.filesystem_resolver))
+        resolvers += [(key, _resolver_object(key)) for key in LoRAResolverRegistry.keys()]
+        for resolver_name, resolver in resolvers:
+            try:
+                found = await resolver.resolve_lora(base_model_name, name)
+            except Exception as exc:  # the resolver's own failure: this request fails, naming it
+                raise LoRAResolverFailed(resolver_name, name, exc) from exc
+            if found is None:
+                continue
+            if not isinstance(found, LoRARequest):
+                raise LoRAResolverFailed(resolver_name, name, TypeError(
+                    f"resolve_lora returned {type(found).__name__}, not a LoRARequest or None"))
+            known = self._by_name.get(name)  # another request may have resolved it meanwhile
+            if known is not None:
+                return known
+            lora = self._named(name, found.lora_path, found.base_model_name or base_model_name)
+            try:
+                self.check(lora)
+            except RequestError as exc:
+                raise RequestError(f"LoRA resolver {resolver_name!r} found {name!r}, but: {exc.message}",
+                                   field=exc.field, source=resolver_name) from exc
+            self._by_name[name] = lora
+            return lora
+        return None
+
+    # -- checks ------------------------------------------------------------------------------------------
+
+    def check(self, lora: Any) -> None:
+        """A request's adapter, before it is queued: RequestError (field lora_request, or the config key)."""
+        self._require_enabled()
+        if not isinstance(lora, LoRARequest):
+            raise RequestError(f"lora_request must be a LoRARequest, got {type(lora).__name__}", field="lora_request")
+        path = self._path_of_id.get(lora.lora_int_id)
+        if path is not None and path != lora.lora_path:
+            raise RequestError(f"lora_int_id {lora.lora_int_id} already names the adapter at {path}; give "
+                               f"{lora.lora_name!r} ({lora.lora_path}) an id of its own", field="lora_request")
+        if path is None:
+            try:
+                read_adapter_config(lora.lora_path, max_rank=self.max_rank, name=lora.lora_name)
+            except LoRAAdapterError as exc:
+                raise RequestError(str(exc), field=f"lora_request.{exc.field}") from exc
+            self._path_of_id[lora.lora_int_id] = lora.lora_path
+
+    def _require_enabled(self) -> None:
+        if not self.enabled:
+            raise RequestError("this engine was started without enable_lora (--enable-lora): it serves no LoRA "
+                               "adapters", field="lora_request")
+
+    # -- the start-up report -----------------------------------------------------------------------------
+
+    def startup_record(self, role: str) -> StartupRecord:
+        resolvers = ([f"filesystem (built-in: {self.filesystem_resolver.directory})"] if self.filesystem_resolver
+                     else []) + [f"{key} (by {LoRAResolverRegistry.registered(key).owner})"
+                                 for key in LoRAResolverRegistry.keys()]
+        adapters = ", ".join(f"{lora.lora_name}={lora.lora_path}" for lora in self._by_name.values())
+        if not self.enabled:
+            return StartupRecord(pid=os.getpid(), role=role, phase="ready", plugin="lora", outcome="skipped",
+                                 reason="enable_lora is off", start=time.time())
+        return StartupRecord(pid=os.getpid(), role=role, phase="ready", plugin="lora", start=time.time(),
+                             reason=f"adapters: {adapters or 'none'}; resolvers: {', '.join(resolvers) or 'none'}")
+
+
+def _resolver_object(key: str) -> Any:
+    implementation = LoRAResolverRegistry.registered(key).implementation
+    if isinstance(implementation, str):  # registered by "pkg.mod:attr" path: imported when first asked
+        implementation = import_by_path(implementation, what=f"LoRA resolver {key!r}")
+    return implementation
+
+
+__all__ = ["LoRAAdapters", "LoRAResolverFailed"]

@@ -1,0 +1,148 @@
+"""Reading one adapter in PEFT's format: `adapter_config.json` and `adapter_model.safetensors`.
+
+What we serve: LoRA (`peft_type` "LORA") on the attention and MLP projections (q/k/v/o, gate/up/down;
+our checkpoints fuse q/k/v and gate/up, the adapter's matrices are placed per projection, see
+lora/layers.py), rank at most `max_lora_rank`, scaled by `lora_alpha / r`, or `lora_alpha / sqrt(r)`
+with `use_rslora`. What we refuse, naming the field: `modules_to_save` (whole trained copies of layers),
+extra vocabulary (trained embeddings or an LM head: `new_embeddings.safetensors`,
+`trainable_token_indices`, embedding targets), DoRA, per-module rank or alpha patterns, LoRA biases,
+`fan_in_fan_out`, and weights only in pickle form (`adapter_model.bin`).
+
+The config is checked in the frontend (a bad adapter is a 400 before the request is queued) and again
+in the worker, which reads the tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# Checkpoint projection names an adapter may target (transformers' names, before our fusing).
+SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_VOCAB_MODULES = ("embed_tokens", "lm_head", "wte", "word_embeddings")
+_TENSOR_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
+
+
+class LoRAAdapterError(ValueError):
+    """An adapter we cannot serve; `field` names what is wrong (an adapter_config.json key, or lora_path)."""
+
+    def __init__(self, message: str, *, field: str = "lora_path") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    rank: int
+    alpha: float
+    use_rslora: bool
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / math.sqrt(self.rank) if self.use_rslora else self.alpha / self.rank
+
+
+def read_adapter_config(path: str, *, max_rank: int, name: str = "") -> AdapterConfig:
+    """The checked config of the adapter in directory `path`; LoRAAdapterError naming the field if refused."""
+    label = f"LoRA adapter {name!r} ({path})" if name else f"LoRA adapter {path}"
+    if not os.path.isdir(path):
+        raise LoRAAdapterError(f"{label}: lora_path is not a directory; give a local directory holding "
+                               f"{CONFIG_FILE} and {WEIGHTS_FILE}")
+    config_path = os.path.join(path, CONFIG_FILE)
+    try:
+        with open(config_path, encoding="utf-8") as file:
+            raw: Any = json.load(file)
+    except FileNotFoundError:
+        raise LoRAAdapterError(f"{label}: no {CONFIG_FILE}; is this a PEFT adapter directory?") from None
+    except (OSError, ValueError) as exc:
+        raise LoRAAdapterError(f"{label}: {CONFIG_FILE} cannot be read as JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise LoRAAdapterError(f"{label}: {CONFIG_FILE} must hold a JSON object")
+    if not os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
+        extra = " (adapter_model.bin is a pickle, which we do not load: save with safe_serialization)" if (
+            os.path.isfile(os.path.join(path, "adapter_model.bin"))) else ""
+        raise LoRAAdapterError(f"{label}: no {WEIGHTS_FILE}{extra}")
+    _refuse_unsupported(raw, path, label)
+    rank = raw.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise LoRAAdapterError(f"{label}: r must be a positive int, got {rank!r}", field="r")
+    if rank > max_rank:
+        raise LoRAAdapterError(f"{label}: its rank r={rank} exceeds max_lora_rank={max_rank}; start the engine "
+                               f"with --max-lora-rank {rank} (or more)", field="r")
+    alpha = raw.get("lora_alpha", 8)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise LoRAAdapterError(f"{label}: lora_alpha must be a number, got {alpha!r}", field="lora_alpha")
+    return AdapterConfig(rank=rank, alpha=float(alpha), use_rslora=bool(raw.get("use_rslora", False)))
+
+
+def _refuse_unsupported(raw: dict[str, Any], path: str, label: str) -> None:
+    peft_type = raw.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise LoRAAdapterError(f"{label}: peft_type is {peft_type!r}; only LoRA adapters (LORA) are served",
+                               field="peft_type")
+    if raw.get("modules_to_save"):
+        raise LoRAAdapterError(f"{label}: modules_to_save={raw['modules_to_save']!r} is not supported (whole "
+                               "trained copies of layers); only LoRA matrices are served", field="modules_to_save")
+    if raw.get("trainable_token_indices") or os.path.isfile(os.path.join(path, "new_embeddings.safetensors")):
+        field = "trainable_token_indices" if raw.get("trainable_token_indices") else "new_embeddings"
+        raise LoRAAdapterError(f"{label}: adapters with extra vocabulary ({field}) are not supported",
+                               field=field)
+    targets = raw.get("target_modules")
+    names = [targets] if isinstance(targets, str) else list(targets or [])
+    for target in names:
+        if any(vocab in str(target) for vocab in _VOCAB_MODULES):
+            raise LoRAAdapterError(f"{label}: target_modules includes {target!r}: LoRA on the embeddings or the LM "
+                                   "head (extra vocabulary) is not supported", field="target_modules")
+    if raw.get("use_dora"):
+        raise LoRAAdapterError(f"{label}: use_dora is set; DoRA adapters are not supported", field="use_dora")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if raw.get(key):
+            raise LoRAAdapterError(f"{label}: {key} is not supported (one rank and alpha for every module)",
+                                   field=key)
+    if raw.get("bias", "none") != "none":
+        raise LoRAAdapterError(f"{label}: bias={raw['bias']!r} is not supported; only bias='none'", field="bias")
+    if raw.get("fan_in_fan_out"):
+        raise LoRAAdapterError(f"{label}: fan_in_fan_out is not supported (Conv1D-style weights)",
+                               field="fan_in_fan_out")
+
+
+# (layer index, checkpoint projection name) -> (A [r, in], B [out, r]), as the file holds them.
+AdapterWeights = dict[tuple[int, str], tuple[Any, Any]]
+
+
+def read_adapter_weights(path: str, *, name: str = "") -> AdapterWeights:
+    """The LoRA matrices of every targeted projection (CPU tensors); LoRAAdapterError for anything else."""
+    from safetensors.torch import load_file
+
+    label = f"LoRA adapter {name!r} ({path})" if name else f"LoRA adapter {path}"
+    tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
+    halves: dict[tuple[int, str], dict[str, Any]] = {}
+    for tensor_name, tensor in tensors.items():
+        match = _TENSOR_NAME.search(tensor_name)
+        if match is None:
+            raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} holds {tensor_name!r}, which is not a LoRA matrix of "
+                                   f"an attention or MLP projection ({', '.join(SUPPORTED_MODULES)})",
+                                   field="target_modules")
+        layer, module, half = int(match.group(1)), match.group(2), match.group(3)
+        if module not in SUPPORTED_MODULES:
+            raise LoRAAdapterError(f"{label}: it targets {module!r}; supported target modules are "
+                                   f"{', '.join(SUPPORTED_MODULES)}", field="target_modules")
+        halves.setdefault((layer, module), {})[half] = tensor
+    weights: AdapterWeights = {}
+    for key, pair in halves.items():
+        if set(pair) != {"A", "B"}:
+            raise LoRAAdapterError(f"{label}: layer {key[0]} {key[1]} has lora_{''.join(pair)} without its pair")
+        weights[key] = (pair["A"], pair["B"])
+    if not weights:
+        raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} holds no LoRA matrices")
+    return weights
+
+
+__all__ = ["AdapterConfig", "AdapterWeights", "LoRAAdapterError", "SUPPORTED_MODULES", "read_adapter_config",
+           "read_adapter_weights"]

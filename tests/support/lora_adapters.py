@@ -1,0 +1,42 @@
+"""Random PEFT LoRA adapters on the tiny models (tests/support/tiny_models.py), and transformers+peft as
+their reference. `init_lora_weights=False` draws A and B at random (PEFT's default starts B at zero,
+which would make every adapter the base model)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Adapter:
+    name: str
+    path: Path
+    reference: Any  # transformers' model with the adapter applied (peft), float32, eval mode
+
+
+def make_adapter(peft: Any, base_path: Path, directory: Path, *, name: str, rank: int, targets: list[str],
+                 alpha: float = 16.0, use_rslora: bool = False, seed: int = 0, scale: float = 1.0) -> Adapter:
+    import transformers
+
+    torch.manual_seed(seed)
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32,
+                                                             attn_implementation="eager")
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, use_rslora=use_rslora,
+                             lora_dropout=0.0, init_lora_weights=False, bias="none")
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question (is_gradient_checkpointing)
+        warnings.simplefilter("ignore", FutureWarning)
+        model = peft.get_peft_model(base, config)
+    if scale != 1.0:
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if "lora_B" in param_name:
+                    param.mul_(scale)
+    model.eval()
+    model.save_pretrained(directory)
+    # transformers' own model with peft's LoRA layers in it: its forward takes the cache by its current name.
+    return Adapter(name, directory, model.base_model.model)
