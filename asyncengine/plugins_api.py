@@ -53,6 +53,13 @@ from asyncengine.interfaces.quantization import (  # read in: worker (build), fr
 )
 from asyncengine.models.layers.quantization import register_quantization_config
 from asyncengine.interfaces.models import ModelRegistry  # read in: frontend (validate), worker (build)
+from asyncengine.interfaces.pooler import (  # read in: worker (a pooling model's pooler, by --pooler-config)
+    Pooler,
+    PoolerRegistry,
+    register_pooler,
+)
+from asyncengine.pooling.params import PoolingParams  # what a pooling request carries (LLM.embed, encode, ...)
+from asyncengine.pooling.outputs import PoolingRequestOutput  # what IOProcessor.post_process gets on /pooling
 from asyncengine.interfaces.platform import Platform, PlatformEnum  # read in: every process
 from asyncengine.platforms.cpu import CpuPlatform  # the built-in platforms, to subclass (vLLM's plugins do)
 from asyncengine.platforms.cuda import CudaPlatform
@@ -126,6 +133,12 @@ def __getattr__(name: str):
         from asyncengine.models.llama import LlamaForCausalLM
 
         return LlamaForCausalLM
+    # BertModel (read in: worker): the built-in encoder, to subclass for an out-of-tree embedding architecture
+    # (ModelRegistry.register_model; it says `is_pooling_model = True`). Imports torch too.
+    if name == "BertModel":
+        from asyncengine.models.bert import BertModel
+
+        return BertModel
     # Worker (read in: worker; `--worker-cls pkg.mod:Class` subclasses it). Imports torch too.
     if name == "Worker":
         from asyncengine.worker.worker import Worker
@@ -138,6 +151,11 @@ def __getattr__(name: str):
 # public methods collective_rpc reaches after the worker's own (docs/hooks.md).
 
 __all__ = [
+    "Pooler",
+    "PoolerRegistry",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "register_pooler",
     "AddedRequest",
     "AdditionalConfigRegistry",
     "CustomOp",

@@ -21,6 +21,7 @@ from asyncengine.interfaces.lora_resolver import LoRAResolverRegistry
 from asyncengine.interfaces.model_loader import ModelLoaderRegistry
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.interfaces.parsers import ReasoningParserManager, ToolParserManager
+from asyncengine.interfaces.pooler import PoolerRegistry
 from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.interfaces.registry import Registry
 from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
@@ -49,6 +50,8 @@ _TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
     (KVConnectorFactory, frozenset({ENGINE_CORE, WORKER})),
     # The engine core compiles grammars and computes masks with it; the frontend checks each grammar first.
     (StructuredOutputBackendRegistry, frozenset({FRONTEND, ENGINE_CORE})),
+    # The worker builds a pooling model's pooler with it (--pooler-config names one; docs/pooling.md).
+    (PoolerRegistry, frozenset({WORKER})),
     # A request naming an unknown adapter asks the resolvers, in the frontend only (frontend/lora.py).
     (LoRAResolverRegistry, frozenset({FRONTEND})),
 )
@@ -74,6 +77,7 @@ READER_MODULES = (
     "asyncengine.frontend.tokenizer",
     "asyncengine.loader.model_loader",
     "asyncengine.interfaces.model_loader",
+    "asyncengine.interfaces.pooler",
     "asyncengine.interfaces.custom_op_registry",
     "asyncengine.models.layers.op_registry",
     "asyncengine.server.app",
