@@ -208,10 +208,11 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
                 f"got {backend!r}",
                 field="distributed_executor_backend",
             )
-        if backend == "uni" and self.tensor_parallel_size > 1:
+        if backend == "uni" and self.world_size > 1:
             raise ConfigError(
-                f"tensor_parallel_size={self.tensor_parallel_size} needs one process per rank: use "
-                "distributed_executor_backend='mp' (the default when tensor_parallel_size > 1)",
+                f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
+                f"{self.pipeline_parallel_size} needs one process per rank: use distributed_executor_backend='mp' "
+                "(the default with more than one rank)",
                 field="distributed_executor_backend",
             )
         if self.worker_cls != "auto" and not is_class_path(self.worker_cls):
@@ -231,7 +232,12 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     @property
     def executor_backend(self) -> str:
         """`distributed_executor_backend`, defaulted: 'uni' for one rank, else 'mp' (or a 'pkg.mod:Class')."""
-        return self.distributed_executor_backend or ("uni" if self.tensor_parallel_size == 1 else "mp")
+        return self.distributed_executor_backend or ("uni" if self.world_size == 1 else "mp")
+
+    @property
+    def world_size(self) -> int:
+        """The workers of one engine core: tensor_parallel_size x pipeline_parallel_size ranks."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def effective_max_num_batched_tokens(self) -> int:

@@ -6,7 +6,8 @@ vLLM groups its options in sub-configs (`vllm_config.parallel_config.worker_cls`
 one of our fields reads and writes that field; a name that has no meaning here is accepted (a write is
 kept in the view, a read of a name never written gives None) and noted, and the platform phase lists
 each note in the start-up report as "ignored", so nothing a plugin set vanishes unseen. Names that
-mean one fixed thing here (`pipeline_parallel_size` is 1) read that value and refuse another.
+mean one derived thing here (`world_size` is tensor_parallel_size x pipeline_parallel_size) read that
+value and refuse another.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
     },
     "parallel_config": {
         "tensor_parallel_size": "tensor_parallel_size",
+        "pipeline_parallel_size": "pipeline_parallel_size", "data_parallel_size": "data_parallel_size",
         "distributed_executor_backend": "distributed_executor_backend",
         "worker_cls": "worker_cls", "worker_extension_cls": "worker_extension_cls",
         "scheduler_cls": "scheduler_cls",  # older vLLM platforms set it here
@@ -47,7 +49,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
 
 # section -> vLLM attribute -> the one value it has here
 FIXED: dict[str, dict[str, Any]] = {
-    "parallel_config": {"pipeline_parallel_size": 1, "data_parallel_size": 1},
+    "parallel_config": {},
 }
 
 # vLLM's other top-level sub-configs: none is used here, each reads None (and is noted).
@@ -92,7 +94,7 @@ class SubConfigView:
         if name in FIELD_MAPS[section]:
             return getattr(self._config, FIELD_MAPS[section][name])
         if name == "world_size" and section == "parallel_config":
-            return self._config.tensor_parallel_size
+            return self._config.world_size
         if name in FIXED.get(section, {}):
             return FIXED[section][name]
         if name in self._kept:
@@ -113,7 +115,7 @@ class SubConfigView:
             current = getattr(self, name)
             if value != current:
                 raise ConfigError(f"{section}.{name} = {value!r}: asyncengine has {current} here and no other "
-                                  "value (world_size is tensor_parallel_size)", field=name)
+                                  "value (world_size is tensor_parallel_size x pipeline_parallel_size)", field=name)
             return
         self._kept[name] = value
         _note(f"{section}.{name} = {value!r} was set: it has no meaning in asyncengine and is ignored")

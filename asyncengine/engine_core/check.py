@@ -23,7 +23,7 @@ async def check_workers(engine_config: EngineConfig, trace: StartupTrace, fronte
     if worker_in_engine_core(engine_config):
         async with trace.phase("start workers"):
             return  # this process played the worker role: its phases are in `trace` already
-    world_size = engine_config.tensor_parallel_size
+    world_size = engine_config.world_size
     workers = WorkerProcesses()
     try:
         async with trace.phase("start workers"):

@@ -238,7 +238,8 @@ class MultiprocExecutor(Executor):
             await self._send(rank, frames, message)
         if self.world_size == 1:
             return replies[0]
-        return _AllRanks(replies)
+        # With pipeline stages the last one samples: its first rank's output has the logprobs.
+        return _AllRanks(replies, self.world_size - self.engine_config.tensor_parallel_size)
 
     async def call(self, method: str, *args: Any) -> list[Any]:
         if self.failure is not None:
@@ -277,15 +278,17 @@ class MultiprocExecutor(Executor):
 
 
 class _AllRanks(Reply):
-    """Rank 0's output once every rank has finished the step (a failure on any rank fails it)."""
+    """Rank `output_rank`'s output (0, or the last pipeline stage's first) once every rank has finished
+    the step (a failure on any rank fails it)."""
 
-    def __init__(self, replies: list[Reply]) -> None:
+    def __init__(self, replies: list[Reply], output_rank: int = 0) -> None:
         super().__init__()
         self._replies = replies
+        self._output_rank = output_rank
 
     async def wait(self) -> ModelRunnerOutput:
         results = [await reply.wait() for reply in self._replies]
-        return results[0]
+        return results[self._output_rank]
 
 
 def _name_the_worker(where: str, exc: Exception) -> Exception:

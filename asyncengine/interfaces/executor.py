@@ -36,7 +36,7 @@ class Executor(ABC):
         self.engine_config = engine_config
         self.model_config = model_config
         self.platform = platform
-        self.world_size = engine_config.tensor_parallel_size
+        self.world_size = engine_config.world_size  # tensor_parallel_size x pipeline_parallel_size ranks
         self.failure: EngineDeadError | None = None
 
     @abstractmethod

@@ -5,6 +5,9 @@ attention layer reads keys and values from cache pages (asyncengine/models/layer
 Checkpoint names follow transformers; q/k/v and gate/up are fused into one matrix each on load.
 With tensor parallelism each rank holds whole KV-head groups (`partition_heads`), a slice of the MLP
 and of the vocabulary; every layer class loads its own part of each checkpoint tensor (`load`).
+With pipeline parallelism each stage holds its range of decoder layers (the embedding on the first, the
+final norm and the head on the last; `PPMissingLayer` keeps the others' places, so checkpoint names stay
+as they are), receives the previous stage's hidden states and residual and sends its own on.
 """
 
 from __future__ import annotations
@@ -152,27 +155,46 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class PPMissingLayer(nn.Identity):
+    """The place of a layer another pipeline stage holds: no parameters, never called."""
+
+
 class LlamaModel(nn.Module):
     layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.hidden_size, self.dtype = config.hidden_size, dtype
+        first, last = parallel.is_first_stage(), parallel.is_last_stage()
+        self.start_layer, self.end_layer = parallel.stage_layers(config.num_hidden_layers)
+        self.embed_tokens: nn.Module = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+                                        if first else PPMissingLayer())
         # One rotary table; its cos/sin are looked up once per step and passed to every layer.
         self.rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
-        layers = [self.layer_cls(config, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        for layer in layers:
+        layers: list[nn.Module] = []
+        for index in range(config.num_hidden_layers):
+            if not self.start_layer <= index < self.end_layer:
+                layers.append(PPMissingLayer())
+                continue
+            layer = self.layer_cls(config, dtype=dtype)
             # Shared, not copied: one table, and one op a plugin may replace (CustomOp "RotaryEmbedding").
             layer.self_attn.rotary_emb = self.rotary
+            layers.append(layer)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.norm: nn.Module = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype) if last else PPMissingLayer()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        if parallel.is_first_stage():
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:  # the previous stage's hidden states and residual, one row per token of this step
+            shape = (input_ids.shape[0], self.hidden_size)
+            hidden, residual = parallel.receive_from_previous_stage([shape, shape], self.dtype, input_ids.device)
         cos_sin = self.rotary.lookup(positions, hidden.dtype)
-        residual = None
-        for layer in self.layers:
+        for layer in self.layers[self.start_layer:self.end_layer]:
             hidden, residual = layer(hidden, residual, cos_sin, metadata)
+        if not parallel.is_last_stage():
+            parallel.send_to_next_stage([hidden, residual])
+            return hidden  # not final: the last stage computes the logits
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -185,8 +207,13 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = self.model_cls(config, dtype=dtype, max_position=max_position)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
-        if self.tie_word_embeddings:
+        first, last = parallel.is_first_stage(), parallel.is_last_stage()
+        self.lm_head: nn.Module = (ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+                                   if last else PPMissingLayer())
+        # Tied on one stage; a last stage without the embedding loads its head from the embedding's tensor.
+        self.shares_embedding = self.tie_word_embeddings and first and last
+        self.head_from_embedding = self.tie_word_embeddings and last and not first
+        if self.shares_embedding:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
@@ -207,6 +234,10 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue  # a tied checkpoint may still store the copy
+            if self.head_from_embedding and name == "model.embed_tokens.weight":
+                name = "lm_head.weight"
+            elif self._on_another_stage(name):
+                continue
             target_name, shard = _fused_target(name)
             param = params.get(target_name)
             if param is None:
@@ -232,7 +263,7 @@ class LlamaForCausalLM(nn.Module):
         """(parameter, shard) pairs a checkpoint must provide; shard None for unfused parameters."""
         required: set[tuple[str, int | None]] = set()
         for name in params:
-            if self.tie_word_embeddings and name == "lm_head.weight":
+            if self.shares_embedding and name == "lm_head.weight":
                 continue
             module_name, leaf = name.rsplit(".", 1)
             module = self.get_submodule(module_name)
@@ -243,6 +274,20 @@ class LlamaForCausalLM(nn.Module):
             else:
                 required.add((name, None))
         return required
+
+    def _on_another_stage(self, name: str) -> bool:
+        """A checkpoint tensor that another pipeline stage loads (never with a single stage)."""
+        if parallel.pipeline_size() == 1:
+            return False
+        model = self.model
+        if name.startswith("model.layers."):
+            index = int(name.split(".", 3)[2])
+            return not model.start_layer <= index < model.end_layer
+        if name.startswith("model.embed_tokens."):
+            return not parallel.is_first_stage()
+        if name.startswith(("model.norm.", "lm_head.")):
+            return not parallel.is_last_stage()
+        return False
 
 
 def _some(names: list[str], limit: int = 8) -> str:

@@ -47,6 +47,7 @@ from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
+from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens
 from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.structured_output.bitmask import apply_bitmask
@@ -225,6 +226,7 @@ class ModelRunner:
         stay out of graphs), and only over attention backends that say they are safe to capture."""
         return (self.device.type == "cuda" and not self.engine_config.enforce_eager
                 and self.engine_config.tensor_parallel_size == 1
+                and self.engine_config.pipeline_parallel_size == 1
                 and self.lora is None  # the adapters' per-step assignment is not in the captured buffers
                 and self.model_config.runner != "pooling"  # a pooling model never decodes
                 and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
@@ -365,6 +367,14 @@ class ModelRunner:
         forwarded = time.perf_counter()
         if self.kv_connector is not None and connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
+        if not parallel.is_last_stage():  # pipeline parallelism: the last stage samples (worker/pipeline.py)
+            token_ids = receive_sampled_tokens(len(inputs.sampling_request_ids), self.device)
+            for request_id, token_id in zip(inputs.sampling_request_ids, token_ids):
+                self.requests[request_id].token_ids.append(token_id)
+                self.requests[request_id].output_token_ids.append(token_id)
+            return ModelRunnerOutput(request_ids=inputs.sampling_request_ids, sampled_token_ids=token_ids,
+                                     timings=self._timings(started, prepared, forwarded, events, use_graph),
+                                     failed_requests=failed)
         if not inputs.sampling_request_ids:
             return self._with_pooled(hidden, inputs, ModelRunnerOutput(
                 timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
@@ -382,6 +392,7 @@ class ModelRunner:
             # run one after another on this thread, whatever the engine core scheduled ahead.
             processors.update_state(inputs.batch_update)
         sampled = self.sampler(logits, rows, processors)
+        share_sampled_tokens(sampled.token_ids, self.device)
         for request_id, token_id in zip(inputs.sampling_request_ids, sampled.token_ids):
             state = self.requests[request_id]
             state.token_ids.append(token_id)

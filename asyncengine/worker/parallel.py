@@ -9,10 +9,15 @@ from asyncengine.parallel_state import (
     all_reduce,
     destroy,
     initialize,
+    is_first_stage,
+    is_last_stage,
+    pipeline_rank,
+    pipeline_size,
     rank,
     split_evenly,
+    stage_layers,
     world_size,
 )
 
-__all__ = ["ParallelState", "all_gather_last_dim", "all_reduce", "destroy", "initialize", "rank", "split_evenly",
-           "world_size"]
+__all__ = ["ParallelState", "all_gather_last_dim", "all_reduce", "destroy", "initialize", "is_first_stage",
+           "is_last_stage", "pipeline_rank", "pipeline_size", "rank", "split_evenly", "stage_layers", "world_size"]

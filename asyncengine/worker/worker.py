@@ -81,7 +81,8 @@ class Worker(WorkerBase):
             self._cpu_threads = cpu_threads.apply(cpu_threads.plan_threads(
                 self.engine_config.cpu_threads, self.rank, self.world_size, cpu_threads.available_cpus(),
                 torch.get_num_threads()))
-        parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend)
+        parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend,
+                            pipeline_parallel_size=self.engine_config.pipeline_parallel_size)
         self.platform.seed_everything(self.engine_config.seed)
         self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device, self.platform,
                                         self._logits_processors)

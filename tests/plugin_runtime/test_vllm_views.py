@@ -30,8 +30,10 @@ def test_views_read_and_write_through_and_note_what_has_no_meaning():
     assert notes == ["compilation_config.custom_ops = ['all'] was set: it has no meaning in asyncengine and is ignored",
                      "model_config.hf_config_path was read: it has no meaning in asyncengine, so it reads None",
                      "lora_config was read: asyncengine has none, so it reads None"]
-    with pytest.raises(ConfigError, match="parallel_config.pipeline_parallel_size = 2: asyncengine has 1"):
-        config.parallel_config.pipeline_parallel_size = 2
+    config.parallel_config.pipeline_parallel_size = 2
+    assert config.pipeline_parallel_size == 2 and config.parallel_config.world_size == 4
+    with pytest.raises(ConfigError, match="parallel_config.world_size = 3: asyncengine has 4"):
+        config.parallel_config.world_size = 3
     with pytest.raises(AttributeError, match="has no attribute 'not_a_vllm_name'"):
         config.not_a_vllm_name  # noqa: B018  (only vLLM's section names read None)
 

@@ -1,0 +1,29 @@
+"""Pipeline parallelism in the model runner: the last stage samples, and every stage learns the tokens.
+
+Each stage keeps the same request states (the scheduler output reaches every rank), and the next step's
+inputs are built from them: the first stage embeds the sampled tokens, the others need their count for
+positions and KV slots. So after the last stage samples, its first rank broadcasts the step's token ids
+to every rank (one small int64 tensor per step that samples), and a stage that did not sample appends
+them as if it had. The activations themselves travel inside the model's forward (models/llama.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncengine import parallel_state as parallel
+
+
+def share_sampled_tokens(token_ids: list[int], device: torch.device) -> None:
+    """On the last stage: the tokens it sampled this step, to every other stage."""
+    if parallel.pipeline_size() > 1 and token_ids:
+        parallel.broadcast_from_last_stage(torch.tensor(token_ids, dtype=torch.int64, device=device))
+
+
+def receive_sampled_tokens(count: int, device: torch.device) -> list[int]:
+    """On any stage but the last: the `count` tokens the last stage sampled this step."""
+    if count == 0:
+        return []
+    tokens = torch.empty(count, dtype=torch.int64, device=device)
+    parallel.broadcast_from_last_stage(tokens)
+    return tokens.tolist()
