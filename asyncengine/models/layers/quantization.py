@@ -3,7 +3,8 @@
 floor, asyncengine.interfaces.quantization; here are the torch methods the linear layers run.
 
 Embeddings, the lm_head and the norms are never quantized. The built-in "int8" (weight-only,
-per-output-channel) is in the table by its path here, as a plugin may register one; a plugin uses
+per-output-channel) and "int8_dynamic" (the same weights, activations quantized per row at each call, an
+int8 matmul) are in the table by their paths here, as a plugin may register one; a plugin uses
 `@register_quantization_config("name")`. Registering imports nothing and resolves no platform.
 
 This module does not import torch at import time (plugins_api imports it).
@@ -75,7 +76,9 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 class Int8LinearMethod(LinearMethod):
     """`layer.weight` int8 (out, in) and `layer.weight_scale` float32 (out,), both Parameters without
     grad (so they count in parameter bytes). Quantized from the checkpoint's float rows as they load;
-    forward dequantizes the weight to the activation dtype on each call (no int8 matmul on CPU)."""
+    forward dequantizes the weight to the activation dtype on each call, except for a few bfloat16 rows on
+    CPU, which torch's packed int8 kernel multiplies directly (`INT8PACK_MAX_ROWS`). It saves memory, not
+    time: `int8_dynamic` is the faster one."""
 
     computed_parameters = ("weight_scale",)
 
@@ -94,7 +97,26 @@ class Int8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias=None):
         import torch.nn.functional as F
 
+        if _int8pack_pays(x, layer.weight):
+            import torch
+
+            y = torch._weight_int8pack_mm(x, layer.weight, layer.weight_scale.to(x.dtype))
+            return y if bias is None else y + bias
         return F.linear(x, dequantize_int8(layer.weight, layer.weight_scale, x.dtype), bias)
+
+
+# Rows up to which torch's packed int8 CPU kernel beats dequantizing the weight (bfloat16 activations):
+# measured on the 2-core machine (one thread, the default model's four layer shapes, bench/RESULTS.md):
+# 1 row 0.41 against 3.8 ms, 8 rows 1.3 against 4.1 ms; equal at 32. In float32 torch's kernel is a slow
+# reference loop (8 rows: 38 ms), so float32 keeps the dequantizing path.
+INT8PACK_MAX_ROWS = 16
+
+
+def _int8pack_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    import torch
+
+    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= INT8PACK_MAX_ROWS
+            and weight.dtype == torch.int8 and weight.is_contiguous())
 
 
 class Int8Config(QuantizationConfig):
@@ -106,6 +128,58 @@ class Int8Config(QuantizationConfig):
 
     def get_quant_method(self, layer, prefix):
         return Int8LinearMethod()
+
+
+# -- int8 weights and activations (built in) ------------------------------------------------------------
+
+
+def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of `x` symmetric to int8 (its own float32 scale, so a row's result does not depend on the
+    other rows of the batch): (int8 rows, scale `[rows, 1]`)."""
+    import torch
+
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    return torch.round(xf / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
+def int8_dynamic_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What `Int8DynamicLinearMethod` computes, in float64 (exact: the int8 products and their sums fit a
+    float64's 53 bits): `x` quantized per row, times the int8 weight, scaled back."""
+    import torch
+
+    xq, x_scale = quantize_rows_int8(x)
+    accumulated = xq.to(torch.float64) @ q.to(torch.float64).t()
+    return (accumulated * (x_scale.to(torch.float64) * scale.to(torch.float64))).to(x.dtype)
+
+
+class Int8DynamicLinearMethod(Int8LinearMethod):
+    """int8 weights as `Int8LinearMethod` holds them (one scale per output row), and activations quantized
+    to int8 per row at each call: the matmul runs on int8 with int32 sums (`torch._int_mm`, oneDNN's
+    VNNI/AMX-int8 kernels on a CPU that has them), then one multiply by both scales. Faster than float32
+    (the linear layers at 1-32 rows: 1.6-2.2x on the 2-core machine, bench/RESULTS.md), at the accuracy
+    bench/RESULTS.md states (activations lose more than the weights do: about 7 bits per row)."""
+
+    def apply(self, layer, x, bias=None):
+        import torch
+
+        rows = x.reshape(-1, x.shape[-1])
+        xq, x_scale = quantize_rows_int8(rows)
+        # torch._int_mm: int8 [m, k] @ int8 [k, n] -> int32; the weight's transpose is a view.
+        y = (torch._int_mm(xq, layer.weight.t()) * (x_scale * layer.weight_scale)).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        return y if bias is None else y + bias
+
+
+class Int8DynamicConfig(QuantizationConfig):
+    """int8 weights and per-row int8 activations for every ColumnParallelLinear / RowParallelLinear."""
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "int8_dynamic"
+
+    def get_quant_method(self, layer, prefix):
+        return Int8DynamicLinearMethod()
 
 
 # -- the registry --------------------------------------------------------------------------------------
@@ -130,6 +204,7 @@ def linear_method_for(layer: Any, prefix: str = "") -> LinearMethod:
     return method if method is not None else UnquantizedLinearMethod()
 
 
-__all__ = ["Int8Config", "Int8LinearMethod", "LinearMethod", "QuantizationConfig", "QuantizationRegistry",
-           "UnquantizedLinearMethod", "building_with", "dequantize_int8", "linear_method_for",
-           "process_weights_after_loading", "quantize_int8", "register_quantization_config"]
+__all__ = ["Int8Config", "Int8DynamicConfig", "Int8DynamicLinearMethod", "Int8LinearMethod", "LinearMethod",
+           "QuantizationConfig", "QuantizationRegistry", "UnquantizedLinearMethod", "building_with", "dequantize_int8", "linear_method_for",
+           "int8_dynamic_reference", "process_weights_after_loading", "quantize_int8", "quantize_rows_int8",
+           "register_quantization_config"]
