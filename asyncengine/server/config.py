@@ -33,6 +33,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     keep_serving_after_engine_death: bool = False
     # Origins (scheme://host[:port]) browsers may call the API from, or "*"; none: no CORS headers.
     allowed_origins: list[str] = msgspec.field(default_factory=list)
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (server/serving_lora.py); also enabled by the
+    # environment variable ASYNCENGINE_ALLOW_RUNTIME_LORA_UPDATING=1, as vLLM's.
+    enable_runtime_lora_updates: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

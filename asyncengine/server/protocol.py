@@ -315,6 +315,7 @@ class ModelCard(msgspec.Struct, kw_only=True):
     object: str = "model"
     owned_by: str = "asyncengine"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model (server/serving_lora.py)
 
 
 class ModelList(msgspec.Struct, kw_only=True):

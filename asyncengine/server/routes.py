@@ -23,6 +23,7 @@ from asyncengine.server.serving_chat import create_chat_completion, message_dict
 from asyncengine.server.serving_completions import create_completion
 from asyncengine.server.response_scope import current_response_scope
 from asyncengine.server.serving_io_processor import create_io_process
+from asyncengine.server.serving_lora import add_lora_routes, model_cards, runtime_updates_enabled
 from asyncengine.server.serving_pooling import POOLING_ROUTES, pooling_views
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
@@ -77,7 +78,7 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     async def models() -> Response:
         card = ModelCard(id=context.model_name, created=created, max_model_len=context.max_model_len,
                          root=engine.config.model)
-        return json_response(ModelList(data=[card]))
+        return json_response(ModelList(data=[card, *model_cards(context, created)]))
 
     async def completions() -> Response:
         body = await decode_body(CompletionRequest)
@@ -153,6 +154,9 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     views.update(pooling_views(context, decode_body, json_response))
     for rule, method, name in served:
         app.add_url_rule(rule, name, views[name], methods=[method])
+    server_config = app.extensions.get("asyncengine", {}).get("server_config")
+    if runtime_updates_enabled(server_config) and getattr(engine, "lora_adapters", None) is not None:
+        add_lora_routes(app, context, decode_body)
 
 
 def _document(app: Any, served: list[tuple[str, str, str]]) -> dict[str, Any]:

@@ -24,10 +24,11 @@ import msgspec
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
 from asyncengine.outputs import CompletionOutput
 from asyncengine.server.common import (
-    SSE_DONE, ServingContext, TokenText, check_model, check_supported, engine_errors_as_http, first_then_rest,
+    SSE_DONE, ServingContext, TokenText, check_supported, engine_errors_as_http, first_then_rest,
     new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
+from asyncengine.server.serving_lora import resolve_model
 from asyncengine.server.tool_choice import ForcedTools, forced_tools
 from asyncengine.server.errors import ApiError, bad_request
 from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
@@ -76,7 +77,7 @@ def _tools_active(context: ServingContext, request: ChatCompletionRequest, force
 
 async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
                                  scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
-    check_model(context, request.model)
+    lora_request = await resolve_model(context, request.model)
     check_supported(request)
     engine = context.engine
     forced = forced_tools(request)  # a 400 naming tool_choice when it is malformed
@@ -99,7 +100,8 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     try:
         outputs = await open_stream(engine, None, params, header_id or response_id, messages=messages,
                                     chat_options=chat_options, add_special_tokens=bool(request.add_special_tokens),
-                                    final_only=not request.stream, nowait=True)
+                                    final_only=not request.stream, nowait=True,
+                                    **({"lora_request": lora_request} if lora_request else {}))
     except ApiError as error:
         if forced is not None and error.param == "structured_outputs.json":  # the schema came from the tools
             raise bad_request(f"{forced.param}: {error.message}", param=forced.param, code=error.code) from error

@@ -19,10 +19,11 @@ import anyio
 
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
-    SSE_DONE, ServingContext, TokenText, check_model, check_supported, check_tokenizer, final_outputs,
+    SSE_DONE, ServingContext, TokenText, check_supported, check_tokenizer, final_outputs,
     first_then_rest, new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
+from asyncengine.server.serving_lora import resolve_model
 from asyncengine.server.errors import bad_request, from_engine_error
 from asyncengine.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
@@ -51,7 +52,7 @@ def _is_token_id(value: Any) -> bool:
 
 async def create_completion(context: ServingContext, request: CompletionRequest, header_id: str | None,
                             scope: ResponseScope) -> CompletionResponse | AsyncIterator[bytes]:
-    check_model(context, request.model)
+    lora_request = await resolve_model(context, request.model)
     check_supported(request)
     engine = context.engine
     response_id = new_id("cmpl", header_id)
@@ -64,7 +65,8 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
         request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
         streams.append(await open_stream(engine, prompt, params, request_id,
                                          add_special_tokens=request.add_special_tokens,
-                                         final_only=not request.stream, nowait=True))
+                                         final_only=not request.stream, nowait=True,
+                                         **({"lora_request": lora_request} if lora_request else {})))
     shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
     if request.stream:
         return await _stream(streams, shaper, request, scope)

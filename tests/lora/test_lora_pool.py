@@ -1,0 +1,127 @@
+"""The adapter pool and the checks, on one in-process engine (tiny Llama): 50 adapters through 4 slots leave the
+pool at the size max_loras says and every KV block free; refused adapters fail naming the field. Adapters are
+written directly in PEFT's file format here (random matrices): the parity module proves the format is peft's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from asyncengine import RequestError, SamplingParams
+from asyncengine.lora.request import LoRARequest
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_LORAS, MAX_RANK = 4, 8
+# The tiny Llama (tests/support/tiny_models.py): hidden 96, 6 heads of 16 with 2 KV heads, MLP 160, 2 layers.
+SHAPES = {"q_proj": (96, 96), "k_proj": (96, 32), "v_proj": (96, 32), "o_proj": (96, 96),
+          "gate_proj": (96, 160), "up_proj": (96, 160), "down_proj": (160, 96)}
+
+
+def write_adapter(directory: Path, *, rank: int = 4, seed: int = 0, targets=("q_proj", "v_proj"),
+                  shapes=SHAPES, **config) -> Path:
+    directory.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for target in targets:
+            in_features, out_features = shapes[target]
+            part = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            prefix = f"base_model.model.model.layers.{layer}.{part}.{target}"
+            tensors[f"{prefix}.lora_A.weight"] = 0.3 * torch.randn(rank, in_features, generator=generator)
+            tensors[f"{prefix}.lora_B.weight"] = 0.3 * torch.randn(out_features, rank, generator=generator)
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": 8, "target_modules": list(targets), "bias": "none",
+         **config}))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model):
+    from asyncengine import LLM
+
+    made = LLM(str(tiny_model("llama").path), skip_tokenizer_init=True, dtype="float32", enable_lora=True,
+               max_loras=MAX_LORAS, max_lora_rank=MAX_RANK, max_model_len=64, num_gpu_blocks_override=32)
+    yield made
+    made.close()
+
+
+PARAMS = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+PROMPT = {"prompt_token_ids": [5, 6, 7, 8, 9]}
+
+
+def _slot_bytes() -> int:
+    """One slot of every wrapped layer, float32: A is [S*R, in], B [S*R, out], S projections fused."""
+    fused = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+             "down": ("down_proj",)}
+    per_layer = 0
+    for projections in fused.values():
+        width = len(projections) * MAX_RANK
+        in_features = SHAPES[projections[0]][0]
+        out_features = sum(SHAPES[p][1] for p in projections)
+        per_layer += width * (in_features + out_features)
+    return 2 * per_layer * 4
+
+
+def test_fifty_adapters_through_four_slots_leave_nothing_behind(llm, tmp_path):
+    before = llm.collective_rpc("lora_info")[0]
+    assert before["pool_bytes"] == MAX_LORAS * _slot_bytes()
+    loras = [LoRARequest(f"many-{i}", 100 + i, str(write_adapter(tmp_path / f"a{i}", seed=i))) for i in range(50)]
+    outputs = llm.generate([PROMPT] * 50, PARAMS, lora_request=loras)
+    assert all(len(out.outputs[0].token_ids) == 3 for out in outputs)
+    assert len({tuple(out.outputs[0].token_ids) for out in outputs}) > 10  # the adapters did apply
+    after = llm.collective_rpc("lora_info")[0]
+    assert after["pool_bytes"] == before["pool_bytes"] == MAX_LORAS * _slot_bytes()
+    assert after["slot_loads"] - before["slot_loads"] == 50
+    assert len(after["cpu_cache"]) <= MAX_LORAS  # max_cpu_loras defaults to max_loras
+    stats = llm.get_scheduler_stats()
+    assert stats.kv_cache_usage == 0.0 and stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
+
+
+def test_an_adapter_with_modules_to_save_is_refused_naming_the_field(llm, tmp_path):
+    path = write_adapter(tmp_path / "mts", modules_to_save=["lm_head"])
+    with pytest.raises(RequestError, match="modules_to_save") as caught:
+        llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("mts", 900, str(path)))
+    assert caught.value.field == "lora_request.modules_to_save"
+
+
+def test_a_rank_above_max_lora_rank_is_refused_naming_both(llm, tmp_path):
+    path = write_adapter(tmp_path / "big", rank=MAX_RANK * 2)
+    with pytest.raises(RequestError, match=r"r=16 exceeds max_lora_rank=8"):
+        llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("big", 901, str(path)))
+
+
+def test_extra_vocabulary_is_refused(llm, tmp_path):
+    path = write_adapter(tmp_path / "vocab")
+    save_file({"x": torch.zeros(1)}, str(path / "new_embeddings.safetensors"))
+    with pytest.raises(RequestError, match="extra vocabulary"):
+        llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("vocab", 902, str(path)))
+
+
+def test_an_adapter_for_another_base_model_fails_only_its_request(llm, tmp_path):
+    wrong = dict(SHAPES, q_proj=(64, 64))
+    path = write_adapter(tmp_path / "other-base", shapes=wrong)
+    with pytest.raises(RequestError, match="do not fit this model"):
+        llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("other-base", 903, str(path)))
+    assert llm.generate(PROMPT, PARAMS)[0].outputs[0].token_ids  # the engine goes on
+
+
+def test_one_id_for_two_directories_is_refused(llm, tmp_path):
+    first = write_adapter(tmp_path / "one", seed=1)
+    second = write_adapter(tmp_path / "two", seed=2)
+    llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("one", 904, str(first)))
+    with pytest.raises(RequestError, match="lora_int_id 904 already names"):
+        llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("two", 904, str(second)))
+
+
+def test_lora_requests_need_enable_lora(tiny_model, make_llm, tmp_path):
+    path = write_adapter(tmp_path / "off")
+    plain = make_llm(str(tiny_model("llama").path), skip_tokenizer_init=True, max_model_len=64,
+                     num_gpu_blocks_override=8)
+    with pytest.raises(RequestError, match="enable_lora"):
+        plain.generate(PROMPT, PARAMS, lora_request=LoRARequest("off", 1, str(path)))

@@ -1,0 +1,141 @@
+"""LoRA over HTTP with the official client, on one real server for the module (the tiny Llama with the byte
+tokenizer): the adapter chosen by `model`, /v1/models listing adapters under their base, concurrent streams
+of two adapters and the base model, runtime load and unload behind --enable-runtime-lora-updates and the
+API key, the built-in filesystem resolver and a resolver plugin distribution supplying adapters on first
+use, a raising resolver failing only that request (naming it), and an unknown name a 404 naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from support.lora_adapters import make_adapter
+from support.server import start_server
+from support.tiny_tokenizer import save_tiny_tokenizer
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.extension_point("R11")]
+
+KEY = "lora-key"
+BASE = "tiny-base"
+PROMPT = "The adapters"
+EXTRA = {"ignore_eos": True}
+
+
+def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, peft, tmp_path_factory, plugin_target):
+    tiny = tiny_model("llama")
+    root = tmp_path_factory.mktemp("lora-server")
+    model_dir = root / "model"
+    shutil.copytree(tiny.path, model_dir)
+    save_tiny_tokenizer(model_dir)
+    make = lambda directory, name, seed, targets: make_adapter(  # noqa: E731
+        peft, tiny.path, directory / name, name=name, rank=4, targets=targets, seed=seed)
+    started = root / "started"
+    resolver_dir = root / "resolver-dir"
+    plugin_dir = root / "plugin-dir"
+    runtime_dir = root / "runtime"
+    make(started, "a1", 11, ["q_proj", "v_proj", "down_proj"])
+    make(runtime_dir, "a2", 12, ["k_proj", "o_proj", "gate_proj", "up_proj"])
+    make(resolver_dir, "fs-adapter", 13, ["q_proj", "k_proj"])
+    make(plugin_dir, "plugin-adapter", 14, ["v_proj", "up_proj"])
+    running = start_server(
+        [str(model_dir), "--served-model-name", BASE, "--api-key", KEY, "--dtype", "float32", "--enable-lora",
+         "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules", f"a1={started / 'a1'}",
+         "--lora-resolver-dir", str(resolver_dir), "--enable-runtime-lora-updates", "--max-model-len", "256",
+         "--kv-cache-memory-bytes", str(16 * 2**20)],
+        env={**{k: v for k, v in os.environ.items() if k not in ("ASYNCENGINE_PLUGINS", "PYTHONPATH")},
+             "PYTHONPATH": str(plugin_target("ae-plugin-lora-resolver")), "AE_TEST_LORA_DIR": str(plugin_dir)})
+    yield running, runtime_dir
+    assert running.stop() == 0, running.stderr()[-3000:]
+
+
+@pytest.fixture
+def client(server):
+    running, _ = server
+    with openai.OpenAI(base_url=f"{running.url}/v1", api_key=KEY, max_retries=0, timeout=120) as made:
+        yield made
+
+
+def _complete(client, model: str) -> str:
+    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0, extra_body=EXTRA)
+    return out.choices[0].text
+
+
+def test_models_lists_adapters_with_their_base_as_parent(client):
+    cards = {card.id: card for card in client.models.list().data}
+    assert BASE in cards and "a1" in cards
+    assert cards["a1"].parent == BASE
+
+
+def test_two_adapters_and_the_base_stream_concurrently(server, client):
+    running, runtime_dir = server
+    status, text = _post(f"{running.url}/v1/load_lora_adapter",
+                         {"lora_name": "a2", "lora_path": str(runtime_dir / "a2")})
+    assert status == 200, text
+    alone = {model: _complete(client, model) for model in (BASE, "a1", "a2")}
+    assert len(set(alone.values())) == 3, f"adapters and base must differ: {alone}"
+    streamed: dict[str, str] = {}
+
+    def stream(model: str) -> None:
+        parts = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                          extra_body=EXTRA)
+        streamed[model] = "".join(chunk.choices[0].text for chunk in parts if chunk.choices)
+
+    threads = [threading.Thread(target=stream, args=(model,)) for model in (BASE, "a1", "a2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert streamed == alone
+    # Unloaded: the name is gone (a 404 naming it), and so is its card.
+    status, text = _post(f"{running.url}/v1/unload_lora_adapter", {"lora_name": "a2"})
+    assert status == 200, text
+    with pytest.raises(openai.NotFoundError, match="a2"):
+        _complete(client, "a2")
+    assert "a2" not in {card.id for card in client.models.list().data}
+
+
+def test_runtime_updates_need_the_api_key(server):
+    running, runtime_dir = server
+    status, _ = _post(f"{running.url}/v1/load_lora_adapter", {"lora_name": "a3", "lora_path": str(runtime_dir / "a2")},
+                      key=None)
+    assert status == 401
+
+
+def test_resolvers_supply_adapters_on_first_use(client):
+    base = _complete(client, BASE)
+    from_dir = _complete(client, "fs-adapter")  # the built-in filesystem resolver (--lora-resolver-dir)
+    from_plugin = _complete(client, "plugin-adapter")  # the plugin distribution's resolver
+    assert len({base, from_dir, from_plugin}) == 3
+    cards = {card.id for card in client.models.list().data}
+    assert {"fs-adapter", "plugin-adapter"} <= cards
+
+
+def test_a_raising_resolver_fails_that_request_naming_it(client):
+    with pytest.raises(openai.InternalServerError, match="explosive"):
+        _complete(client, "explode-now")
+    assert _complete(client, BASE)  # the server goes on
+
+
+def test_an_adapter_nobody_has_is_a_404_naming_the_model(client):
+    with pytest.raises(openai.NotFoundError, match="no-such-adapter") as caught:
+        client.chat.completions.create(model="no-such-adapter", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2)
+    assert caught.value.body["code"] == "model_not_found"
