@@ -65,7 +65,12 @@ from asyncengine.platforms.cpu import CpuPlatform  # the built-in platforms, to 
 from asyncengine.platforms.cuda import CudaPlatform
 from asyncengine.config.engine import EngineConfig  # what check_and_update_config receives
 from asyncengine.config.engine import EngineConfig as VllmConfig  # vLLM's name: sub-config views read through
-from asyncengine.plugin_runtime.vllm_compat import envs, load_general_plugins  # vLLM's helpers for plugin tests
+from asyncengine.plugin_runtime.vllm_compat import (  # vLLM's helpers for plugin tests
+    envs,
+    load_endpoint_plugins,
+    load_general_plugins,
+    load_stat_logger_plugin_factories,
+)
 from asyncengine.interfaces.additional_config import (  # read in: frontend (checks every key is claimed)
     AdditionalConfigRegistry,
 )
@@ -195,7 +200,9 @@ __all__ = [
     "EngineConfig",
     "VllmConfig",
     "envs",
+    "load_endpoint_plugins",
     "load_general_plugins",
+    "load_stat_logger_plugin_factories",
     "Registry",
     "RegistrationError",
     "RequestError",

@@ -73,7 +73,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     if architectures is not None and not any(architectures.is_supported(a) or a in config.model_class_overrides
                                              for a in names):
         raise UnsupportedArchitectureError(
-            f"model architecture(s) {', '.join(names)} of {model_dir} not supported; "
+            f"model architecture(s) {', '.join(names)} of {model_dir} are not supported for now; "
             f"supported: {', '.join(architectures.get_supported_archs())}"
         )
 

@@ -19,6 +19,7 @@ leaves the plugin out silently. A route that clashes with a built-in route is an
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import anyio
@@ -29,7 +30,10 @@ GENERATE_TASKS: tuple[str, ...] = ("generate",)
 POOLING_TASKS: tuple[str, ...] = ("embed", "classify", "score", "token_embed", "token_classify")
 
 
-class EndpointPlugin:
+class EndpointPlugin(abc.ABC):
+    """Subclass it (ours: attach), or write vLLM's form as a plain class: isinstance() is true for an
+    object with `attach_router` too, as for vLLM's runtime-checkable protocol of that name."""
+
     name: str = ""
     override: bool = False
     required_tasks: tuple[str, ...] | None = None
@@ -39,6 +43,12 @@ class EndpointPlugin:
 
     async def serve(self, engine_client: Any, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+
+    @classmethod
+    def __subclasshook__(cls, candidate: type) -> Any:
+        if cls is EndpointPlugin and callable(getattr(candidate, "attach_router", None)):
+            return True  # vLLM's form
+        return NotImplemented
 
 
 def is_router_form(plugin: Any) -> bool:

@@ -56,7 +56,7 @@ class _ModelRegistry(Registry):
                 entry = import_by_path(entry, what=f"model class for {architecture}", error=ModelLoadError)
             return architecture, entry
         raise UnsupportedArchitectureError(
-            f"model architecture(s) {', '.join(architectures) or '(none given)'} not supported; "
+            f"model architecture(s) {', '.join(architectures) or '(none given)'} are not supported for now; "
             f"supported: {', '.join(self.get_supported_archs())}"
         )
 

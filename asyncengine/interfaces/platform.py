@@ -102,6 +102,16 @@ class Platform:
     def is_out_of_tree(cls) -> bool:
         return cls._enum == PlatformEnum.OOT
 
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        """vLLM's name of the device; here the platform's device_name."""
+        return str(cls.device_name)
+
+    @classmethod
+    def is_async_output_supported(cls, enforce_eager: bool | None) -> bool:
+        """vLLM v0's question; async output processing belongs to the engine loop here, never to the platform."""
+        return False
+
     # -- device ----------------------------------------------------------------------------------------
 
     @classmethod

@@ -7,6 +7,7 @@ setup(
     version="0.1",
     packages=["vllm_shaped_stat_logger"],
     entry_points={
-        "vllm.stat_logger_plugins": ["vllm_shaped_stats = vllm_shaped_stat_logger:CountingStatLogger"],
+        "vllm.stat_logger_plugins": ["vllm_shaped_stats = vllm_shaped_stat_logger:CountingStatLogger",
+                                     "vllm_shaped_minimal = vllm_shaped_stat_logger:MinimalStatLogger"],
     },
 )
