@@ -65,3 +65,20 @@ def test_mixed_batch_matches_transformers_peft(setup, make_llm):
     # Adapters differ from the base model and from each other (else the comparison would prove little).
     first = {index: out.outputs[0].token_ids for (prompt, index), out in zip(jobs, outputs) if prompt == prompts[0]}
     assert len({tuple(tokens) for tokens in first.values()}) == len(first)
+
+
+@pytest.mark.parametrize("setup", ["llama"], indirect=True)
+def test_tensor_parallel_shards_the_adapters_like_their_layers(setup, make_llm):
+    """TP=2 (a worker process per rank): B split with a column-parallel layer's rows, A with a row-parallel
+    layer's columns, the row-parallel deltas summed in the layer's own all-reduce; the same tokens as peft."""
+    tiny, adapters = setup
+    prompt = _prompts(tiny.vocab_size)[0]
+    loras = [None] + [LoRARequest(a.name, index + 1, str(a.path)) for index, a in enumerate(adapters)]
+    llm = make_llm(str(tiny.path), skip_tokenizer_init=True, dtype="float32", enable_lora=True, max_loras=4,
+                   max_lora_rank=8, max_model_len=64, num_gpu_blocks_override=32, tensor_parallel_size=2)
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": prompt}] * len(loras), params, lora_request=loras)
+    for lora, output in zip(loras, outputs):
+        model = tiny.hf_model if lora is None else adapters[lora.lora_int_id - 1].reference
+        compare_greedy(output.outputs[0].token_ids, None, hf_greedy(model, prompt, NUM_TOKENS))
+    assert [info["pool_bytes"] > 0 for info in llm.collective_rpc("lora_info")] == [True, True]
