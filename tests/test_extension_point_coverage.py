@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = (
-    [f"E{n}" for n in range(1, 7)] + [f"R{n}" for n in range(1, 11)] + [f"C{n}" for n in range(1, 10)]
+    [f"E{n}" for n in range(1, 7)] + [f"R{n}" for n in range(1, 11)] + ["R12"] + [f"C{n}" for n in range(1, 10)]
     + ["P", "X"] + [f"G{n}" for n in range(1, 6)]
 )
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.interfaces.imports import import_by_path
 
 RUNNERS = ("auto", "generate", "pooling")
 POOLER_CONFIG_KEYS = ("pooling_type", "normalize")
@@ -172,12 +173,18 @@ def apply_pooling(config: Any, model_config: Any, architectures: Any = None) -> 
     names = list(model_config.architectures)
     registered = None
     lookup = getattr(architectures, "get", None)
-    if lookup is not None:
+    if lookup is not None and config.runner == "auto":
         for name in names:
             entry = lookup(name)
-            if entry is not None and not isinstance(entry.implementation, str):
-                registered = entry.implementation
-                break
+            if entry is None:
+                continue
+            registered = entry.implementation
+            if isinstance(registered, str):
+                if registered.startswith("asyncengine."):  # ours: the name says which runner
+                    registered = None
+                else:  # a plugin's class, by path: only it knows whether it pools (`is_pooling_model`)
+                    registered = import_by_path(registered, what=f"model class for {name}", error=ModelLoadError)
+            break
     runner = resolve_runner(config.runner, names, registered)
     if runner != "pooling":
         if config.pooler_config is not None:
