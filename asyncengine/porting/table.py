@@ -91,9 +91,11 @@ UNMAPPED = [
     ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul and "
      "RotaryEmbedding are exported"),
     ("vllm.attention", "attention-backends",
-     "vLLM's attention backends are descriptor classes; ours is the implementation"),
+     "vLLM's backends, selector and metadata are not here; a descriptor subclassing AttentionBackend is "
+     "accepted, and the class its get_impl_cls() returns implements forward(query, key, value, kv_cache, metadata)"),
     ("vllm.v1.attention", "attention-backends",
-     "vLLM's attention backends are descriptor classes; ours is the implementation"),
+     "vLLM's backends, selector and metadata are not here; a descriptor subclassing AttentionBackend is "
+     "accepted, and the class its get_impl_cls() returns implements forward(query, key, value, kv_cache, metadata)"),
     ("vllm.model_executor.models", "models", "asyncengine has no such model class"),
     ("vllm.model_executor.sampling_metadata", "models", "models here compute logits without sampling metadata"),
     ("vllm.inputs", "not-here-yet", "multimodal input registries do not exist here yet"),
