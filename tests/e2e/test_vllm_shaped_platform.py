@@ -13,7 +13,8 @@ processes of their own. It shows:
   by keyword in the worker, and its answer, a descriptor in vLLM's form, served through its
   get_impl_cls() class, built with vLLM's constructor keywords; `current_platform.device_name` (the object form) works in a general plugin;
 - its rotary op, registered as vLLM's are (`@RotaryEmbedding.register_oot` on a subclass, under the
-  in-tree op's name), ran its forward_oot, which calls the base's (`super().forward_oot()`).
+  in-tree op's name), declaring vLLM's constructor, was built by the model with vLLM's arguments and ran
+  its forward_oot, which calls the base's (`super().forward_oot()`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def test_the_ported_platform_runs(ported, tiny_model, tmp_path, in_process):
     events = {r["event"] for r in records}
     assert {"general plugin", "check_and_update_config", "get_attn_backend_cls", "scheduled",
             "rotary forward_oot", "attention impl"} <= events
+    rotary = {(r["head_size"], r["rotary_dim"], r["is_neox_style"]) for r in records if r["event"] == "rotary built"}
+    assert rotary == {(16, 16, True)}  # the model's call reached vLLM's constructor with vLLM's arguments
     built = {(r["head_size"], r["kv_cache_dtype"]) for r in records if r["event"] == "attention impl"}
     assert built == {(16, "auto")}  # get_impl_cls()'s class, built by vLLM's constructor keywords
     (checked,) = [r for r in records if r["event"] == "check_and_update_config"]
