@@ -130,7 +130,8 @@ def descriptor_implementation(name: str, descriptor: type, origin: str) -> Any:
         implementation = on.get_impl_cls()
     except Exception as exc:  # the plugin's own failure, named
         raise StartupError(f"{who}; its get_impl_cls() raised {type(exc).__name__}: {exc}") from exc
-    told = f"{who}; get_impl_cls() returned {describe(implementation) if isinstance(implementation, type) else repr(implementation)}"
+    returned = describe(implementation) if isinstance(implementation, type) else repr(implementation)
+    told = f"{who}; get_impl_cls() returned {returned}"
     if not isinstance(implementation, type):
         raise StartupError(f"{told}, not a class (docs/porting.md#attention-backends)")
     forward = getattr(implementation, "forward", None)
@@ -161,7 +162,8 @@ def build_backend(backend: type, num_heads: int, num_kv_heads: int, head_dim: in
     if "head_size" not in parameters:
         return backend(num_heads, num_kv_heads, head_dim, scale)
     ours = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "scale": scale}
-    keywords = {vllm_name: ours[our_name] for vllm_name, our_name in _VLLM_INIT_NAMES.items() if vllm_name in parameters}
+    keywords = {vllm_name: ours[our_name] for vllm_name, our_name in _VLLM_INIT_NAMES.items()
+                if vllm_name in parameters}
     keywords.update({name: value for name, value in _VLLM_INIT_DEFAULTS.items()
                      if name in parameters and parameters[name].default is inspect.Parameter.empty})
     return backend(**keywords)
