@@ -65,10 +65,19 @@ def random_model_dir(shape: dict, num_layers: int | None) -> str:
     return str(directory)
 
 
+def load_average() -> str:
+    """The 1-minute load average (figures from a loaded machine must say so: bench/RESULTS.md)."""
+    try:
+        return open("/proc/loadavg").read().split()[0]
+    except OSError:
+        return "unknown"
+
+
 def run_asyncengine(args, model: str | None, prompts, max_tokens, load_format: str) -> tuple[float, int]:
     from asyncengine import LLM, SamplingParams
 
-    options = dict(load_format=load_format, skip_tokenizer_init=True, dtype=args.dtype, device=args.device)
+    options = dict(load_format=load_format, skip_tokenizer_init=True, dtype=args.dtype, device=args.device,
+                   quantization=args.quantization, cpu_threads=args.cpu_threads)
     if args.max_num_seqs:
         options["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens:
@@ -137,6 +146,8 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--compare", choices=["hf"], help="also run transformers in the same process")
     parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--quantization", help="a quantization method (int8, int8_dynamic, ...)")
+    parser.add_argument("--cpu-threads", type=int, help="the engine's cpu_threads (default: the CPUs available)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
@@ -155,7 +166,8 @@ def main() -> int:
 
     import torch
 
-    threads = torch.get_num_threads()
+    threads = args.cpu_threads or torch.get_num_threads()
+    load_before = load_average()
     elapsed, generated = run_asyncengine(args, model, prompts, max_tokens, load_format)
     if generated != expected:
         print(f"error: generated {generated} tokens, expected {expected} (the sum of max_tokens)", file=sys.stderr)
@@ -179,7 +191,8 @@ def main() -> int:
             f" | transformers generate (batches of {args.hf_batch_size}) {hf_generated / hf_elapsed:.1f} tok/s "
             f"({hf_elapsed:.1f} s) | ratio {ratio:.2f}x"
         )
-    line += f" | {threads} threads"
+    line += f" | {threads} threads | load average {load_before} before, {load_average()} after"
+    result["load_average"] = [load_before, load_average()]
     print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
