@@ -1,0 +1,153 @@
+"""Pooling requests in the engine (issue 18): prefill-only in the scheduler (scheduled whole, no prefix cache,
+finished by their pooled output with their blocks freed), batched with generation in one engine, and
+AsyncEngine.encode on trio and asyncio (cancelling it aborts the request); the pooler choice from
+sentence-transformers' files."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+import torch
+
+from asyncengine.engine_core.block_manager import BlockManager
+from asyncengine.engine_core.scheduler import Scheduler
+from asyncengine.errors import ModelLoadError
+from asyncengine.pooling.config import resolve_pooler_config
+from asyncengine.wire.engine_core import EngineCoreRequest, FinishReason, SamplingOptions
+from asyncengine.wire.pooling import PooledTensor, PoolingOptions
+from asyncengine.wire.worker import ModelRunnerOutput
+
+POOLING = PoolingOptions(task="embed")
+VECTOR = PooledTensor(data=b"\0" * 16, shape=[4])
+
+
+def _scheduler(budget: int = 64, num_blocks: int = 32) -> Scheduler:
+    return Scheduler(block_manager=BlockManager(num_blocks, 16, enable_prefix_caching=True), max_num_seqs=8,
+                     max_num_batched_tokens=budget, max_model_len=256)
+
+
+def _request(request_id: str, tokens: list[int], pooling: PoolingOptions | None = POOLING) -> EngineCoreRequest:
+    return EngineCoreRequest(request_id=request_id, prompt_token_ids=tokens,
+                             sampling=SamplingOptions(max_tokens=4), pooling=pooling)
+
+
+def test_a_pooling_request_is_prefill_only_and_frees_its_blocks_with_its_output():
+    scheduler = _scheduler()
+    free = scheduler.block_manager.num_free_blocks
+    scheduler.add_request(_request("gen", list(range(1, 11)), pooling=None))
+    scheduler.add_request(_request("pool", list(range(1, 41))))
+    step = scheduler.schedule()
+    assert step.num_scheduled_tokens == {"gen": 10, "pool": 40}
+    assert [r.pooling for r in step.new_requests] == [None, POOLING]
+    # Async scheduling: the next step is made before this one's output; the pooling request is not in it.
+    ahead = scheduler.schedule()
+    assert ahead.num_scheduled_tokens == {"gen": 1}
+    outputs = scheduler.update_from_output(step, ModelRunnerOutput(
+        request_ids=["gen"], sampled_token_ids=[7], pooled_request_ids=["pool"], pooled=[VECTOR])).outputs
+    pooled = next(o for o in outputs if o.request_id == "pool")
+    assert pooled.finish_reason == FinishReason.STOP and pooled.pooled == VECTOR and pooled.new_token_ids == []
+    assert "pool" not in scheduler.sequences and "gen" in scheduler.sequences
+    assert scheduler.block_manager.num_free_blocks == free - 1  # only the generation's block is still held
+    assert "pool" in scheduler.schedule().finished_request_ids  # the worker forgets it
+
+
+def test_a_pooling_request_is_never_chunked_nor_served_from_the_prefix_cache():
+    scheduler = _scheduler(budget=32)
+    scheduler.add_request(_request("gen", list(range(1, 33)), pooling=None))
+    scheduler.add_request(_request("long", list(range(1, 41))))  # 40 tokens: more than the 32 left this step
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {"gen": 32}  # a generation prompt would be chunked; this one waits
+    scheduler.update_from_output(first, ModelRunnerOutput(request_ids=["gen"], sampled_token_ids=[5]))
+    scheduler.abort_requests(["gen"])  # its two full blocks stay in the prefix cache
+    scheduler = _scheduler(budget=64)
+    scheduler.add_request(_request("gen", list(range(1, 33)), pooling=None))
+    step = scheduler.schedule()
+    scheduler.update_from_output(step, ModelRunnerOutput(request_ids=["gen"], sampled_token_ids=[5]))
+    scheduler.abort_requests(["gen"])
+    scheduler.add_request(_request("same-prefix", list(range(1, 41))))
+    step = scheduler.schedule()
+    assert step.num_scheduled_tokens == {"same-prefix": 40}  # every token computed: none from the cache
+    assert step.new_requests[0].num_computed_tokens == 0
+
+
+def _write_st_files(directory, modules, pooling):
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+
+
+ST_MODULES = [{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+              {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+
+
+def test_the_pooler_comes_from_sentence_transformers_files_then_the_option(tmp_path):
+    _write_st_files(tmp_path, ST_MODULES, {"pooling_mode_lasttoken": True})
+    chosen = resolve_pooler_config(None, tmp_path, {"model_type": "qwen3"}, ["Qwen3ForCausalLM"])
+    assert (chosen.pooling_type, chosen.normalize) == ("LAST", False)  # no Normalize module
+    chosen = resolve_pooler_config({"pooling_type": "MEAN", "normalize": True}, tmp_path, {}, ["Qwen3ForCausalLM"])
+    assert (chosen.pooling_type, chosen.normalize, chosen.source) == ("MEAN", True, "--pooler-config")
+
+
+def test_sentence_transformers_modules_we_do_not_run_are_refused(tmp_path):
+    _write_st_files(tmp_path, [*ST_MODULES, {"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}],
+                    {"pooling_mode_mean_tokens": True})
+    with pytest.raises(ModelLoadError, match="sentence_transformers.models.Dense, which asyncengine does not run"):
+        resolve_pooler_config(None, tmp_path, {"model_type": "bert"}, ["BertModel"])
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    from support.tiny_models import build_tiny_model
+
+    return build_tiny_model("qwen3", tmp_path_factory.mktemp("tiny-qwen3-pooling"))
+
+
+def test_a_generation_engine_embeds_while_it_generates(qwen3):
+    from asyncengine import LLM, SamplingParams
+
+    with LLM(str(qwen3.path), dtype="float32", skip_tokenizer_init=True, max_model_len=128) as llm:
+        assert llm.engine.model_config.runner == "generate"
+
+        async def both():
+            params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+            results: dict[str, object] = {"tokens": []}
+
+            async def generate():
+                async for out in llm.engine.generate({"prompt_token_ids": [5, 6, 7]}, params):
+                    results["tokens"] += out.outputs[0].token_ids  # (each output carries what is new)
+
+            async def embed():
+                await anyio.sleep(0.05)  # while the generation decodes
+                results["vector"] = await llm.engine.pool({"prompt_token_ids": [9, 10, 11, 12]})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(generate)
+                tg.start_soon(embed)
+            return results
+
+        results = llm._portal.call(both)
+    assert len(results["tokens"]) == 24
+    with torch.no_grad():
+        hidden = qwen3.hf_model.model(torch.tensor([[9, 10, 11, 12]])).last_hidden_state[0, -1]
+    assert (results["vector"].outputs.data - torch.nn.functional.normalize(hidden, dim=-1)).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_async_engine_encode_on_both_backends_and_cancelling_aborts(qwen3, backend):
+    from asyncengine import AsyncEngine
+
+    async def main():
+        async with AsyncEngine.start(model=str(qwen3.path), runner="pooling", dtype="float32",
+                                     skip_tokenizer_init=True, max_model_len=128) as engine:
+            outputs = [out async for out in engine.encode([5, 6, 7, 8], request_id="mine")]
+            assert len(outputs) == 1 and outputs[0].request_id == "mine" and outputs[0].finished
+            assert outputs[0].outputs.data.shape == (64,)
+            with anyio.move_on_after(0):  # cancelled at once: nothing is left behind
+                await engine.pool([5, 6, 7, 8])
+            assert len(engine.pooling_requests) == 0
+            stats = await engine.get_scheduler_stats()
+            assert stats.num_running_reqs == stats.num_waiting_reqs == 0
+
+    anyio.run(main, backend=backend)
