@@ -2,7 +2,8 @@
 
 Default: the CPUs this process may run on (its affinity mask, which a container or `taskset` may
 narrow below the machine's count), shared evenly among the workers of the engine, and at most torch's
-own default (its count of physical cores); nothing pinned. A worker sets torch's intra-op thread count
+count (its default is the physical cores; OMP_NUM_THREADS or torch.set_num_threads may have lowered it);
+nothing pinned. A worker sets torch's intra-op thread count
 on its own thread (the OpenMP threads torch starts from that thread serve the model, and the C decode
 kernel reads the same count).
 
@@ -43,7 +44,7 @@ class ThreadPlan:
 
     def describe(self) -> str:
         if self.model_cpus is None:
-            return f"{self.threads} model threads, not pinned (no CPU left over for other work)"
+            return f"{self.threads} model threads, not pinned"
         return (f"{self.threads} model threads pinned to CPUs {_ranges(self.model_cpus)}; the process's other "
                 f"threads on CPUs {_ranges(self.other_cpus or ())}")
 
@@ -55,8 +56,8 @@ def plan_threads(cpu_threads: int | None, rank: int, world_size: int, cpus: list
         raise ConfigError(f"cpu_threads must be at least 1 when given, got {cpu_threads}", field="cpu_threads")
     share = max(1, len(cpus) // max(1, world_size))
     if cpu_threads is None:
-        # The default pins nothing: torch's own count (physical cores) where it is lower, as on a CPU
-        # with two hardware threads per core, whose siblings share one core's units.
+        # The default pins nothing, and keeps torch's count where it is lower: physical cores on a CPU
+        # with two hardware threads per core (siblings share one core's units), or what the user set.
         return ThreadPlan(min(share, torch_default_threads), None, None)
     threads = cpu_threads
     used = threads * world_size
