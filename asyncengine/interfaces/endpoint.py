@@ -12,8 +12,9 @@ it adds network routes. Two forms are served:
   needs the package `fastapi`, and without it start-up fails naming the plugin and the package.
 
 Either form may say `required_tasks` (vLLM's: a tuple of task names, or None for any): when none of
-them is a task this server serves (`served_tasks`), start-up fails naming the plugin, where vLLM
-leaves the plugin out silently. A route that clashes with a built-in route is an error unless
+them is a task this server serves (`served_tasks`: by the runner, checked with the other contracts
+when it is given, and by the server once `auto` has resolved), start-up fails naming the plugin,
+where vLLM leaves the plugin out silently. A route that clashes with a built-in route is an error unless
 `override` is true.
 """
 
@@ -59,20 +60,26 @@ def is_router_form(plugin: Any) -> bool:
     return attach is None or attach is EndpointPlugin.attach
 
 
-def served_tasks(config: Any) -> tuple[str, ...]:
-    """The tasks (vLLM's names) a server on `config` serves: a pooling runner's, else generation."""
-    return POOLING_TASKS if getattr(config, "runner", None) == "pooling" else GENERATE_TASKS
+def served_tasks(runner: str | None) -> tuple[str, ...] | None:
+    """The tasks (vLLM's names) a server with this runner serves; None while it is "auto" (the model
+    decides, once its architecture is known)."""
+    if runner == "pooling":
+        return POOLING_TASKS
+    if runner == "generate":
+        return GENERATE_TASKS
+    return None
 
 
-def required_tasks_problem(plugin: Any, config: Any) -> str | None:
-    """Why `plugin.required_tasks` refuses this server, or None when it may serve here."""
+def required_tasks_problem(plugin: Any, runner: str | None) -> str | None:
+    """Why `plugin.required_tasks` refuses a server with this runner ("generate", "pooling"; "auto"
+    checks only the value's shape), or None when it may serve there."""
     required = getattr(plugin, "required_tasks", None)
     if required is None:
         return None
     if not isinstance(required, (tuple, list, set, frozenset)) or not all(isinstance(t, str) for t in required):
         return f"required_tasks is {required!r}: give a tuple of task names (vLLM's), or None for any task"
-    served = served_tasks(config)
-    if set(required) & set(served):
+    served = served_tasks(runner)
+    if served is None or set(required) & set(served):
         return None
     return (f"requires one of the tasks {', '.join(required) or '(none)'}, and this server serves "
             f"{', '.join(served)}: leave the plugin out of the allow-list (--plugins), or serve a model for "

@@ -62,7 +62,7 @@ def check_endpoint_plugin(endpoint: Any, config: Any, owners: dict[type, str] | 
     from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form, required_tasks_problem
 
     who = f"endpoint plugin {endpoint.name!r} ({_owner(type(endpoint), owners or {})})"
-    problem = required_tasks_problem(endpoint, config)
+    problem = required_tasks_problem(endpoint, getattr(config, "runner", None))
     if problem:
         raise StartupError(f"{who} {problem}")
     if is_router_form(endpoint):

@@ -31,7 +31,8 @@ from quart import Response, request
 from werkzeug.datastructures import Headers
 
 from asyncengine.errors import StartupError
-from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form
+from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form, required_tasks_problem
+from asyncengine.interfaces.registry import describe
 from asyncengine.server.response_scope import current_response_scope
 
 logger = logging.getLogger("asyncengine.server")
@@ -44,7 +45,13 @@ _MOUNTED_REST = "asyncengine_mounted_path"
 
 
 def served_endpoint_plugins(plugins: list[Any], engine_client: Any, server_config: Any) -> list[Any]:
-    """The endpoint plugins as the app attaches them: ours as they are, vLLM's wrapped in RouterEndpoint."""
+    """The endpoint plugins as the app attaches them: ours as they are, vLLM's wrapped in RouterEndpoint.
+    A plugin whose required_tasks the model (its runner resolved now) does not serve is a StartupError."""
+    runner = getattr(getattr(engine_client, "model_config", None), "runner", None)
+    for plugin in plugins:
+        problem = required_tasks_problem(plugin, runner)
+        if problem:
+            raise StartupError(f"endpoint plugin {plugin.name!r} ({describe(type(plugin))}) {problem}")
     if not any(is_router_form(plugin) for plugin in plugins):
         return list(plugins)
     args = options_namespace(engine_client, server_config)
