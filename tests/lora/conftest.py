@@ -3,23 +3,11 @@ sys.path, never into .venv) on the tiny random models, saved once per test modul
 
 from __future__ import annotations
 
-import importlib
-import subprocess
-import sys
-
 import pytest
 
-PEFT_VERSION = "0.21.2"
+from support.lora_adapters import peft_module
 
 
 @pytest.fixture(scope="session")
 def peft(tmp_path_factory):
-    try:
-        return importlib.import_module("peft")
-    except ImportError:
-        pass
-    target = tmp_path_factory.mktemp("peft-target")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    f"peft=={PEFT_VERSION}"], check=True, capture_output=True, text=True, timeout=300)
-    sys.path.insert(0, str(target))
-    return importlib.import_module("peft")
+    return peft_module(tmp_path_factory)

@@ -4,12 +4,32 @@ which would make every adapter the base model)."""
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+
+PEFT_VERSION = "0.21.2"
+
+
+def peft_module(tmp_path_factory: Any) -> Any:
+    """The `peft` package: importable already, else installed (no dependencies) into a temporary target put on
+    sys.path, never into .venv."""
+    try:
+        return importlib.import_module("peft")
+    except ImportError:
+        pass
+    target = tmp_path_factory.mktemp("peft-target")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                    f"peft=={PEFT_VERSION}"], check=True, capture_output=True, text=True, timeout=300)
+    sys.path.insert(0, str(target))
+    return importlib.import_module("peft")
 
 
 @dataclass

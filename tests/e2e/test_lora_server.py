@@ -16,11 +16,11 @@ import urllib.request
 import openai
 import pytest
 
-from support.lora_adapters import make_adapter
+from support.lora_adapters import make_adapter, peft_module
 from support.server import start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.extension_point("R11")]
+pytestmark = pytest.mark.timeout(300)
 
 KEY = "lora-key"
 BASE = "tiny-base"
@@ -36,6 +36,11 @@ def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+@pytest.fixture(scope="module")
+def peft(tmp_path_factory):
+    return peft_module(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +124,7 @@ def test_runtime_updates_need_the_api_key(server):
     assert status == 401
 
 
+@pytest.mark.extension_point("R11")
 def test_resolvers_supply_adapters_on_first_use(client):
     base = _complete(client, BASE)
     from_dir = _complete(client, "fs-adapter")  # the built-in filesystem resolver (--lora-resolver-dir)
@@ -128,12 +134,14 @@ def test_resolvers_supply_adapters_on_first_use(client):
     assert {"fs-adapter", "plugin-adapter"} <= cards
 
 
+@pytest.mark.extension_point("R11")
 def test_a_raising_resolver_fails_that_request_naming_it(client):
     with pytest.raises(openai.InternalServerError, match="explosive"):
         _complete(client, "explode-now")
     assert _complete(client, BASE)  # the server goes on
 
 
+@pytest.mark.extension_point("R11")
 def test_an_adapter_nobody_has_is_a_404_naming_the_model(client):
     with pytest.raises(openai.NotFoundError, match="no-such-adapter") as caught:
         client.chat.completions.create(model="no-such-adapter", messages=[{"role": "user", "content": "hi"}],
