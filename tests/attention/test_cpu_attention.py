@@ -22,10 +22,10 @@ pytestmark = pytest.mark.skipif(not cpu_attention.available(torch.float32),
 BLOCK_SIZE = 16
 
 
-def make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens, seed=0):
+def make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens, seed=0, block_size=BLOCK_SIZE):
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
-    blocks_needed = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    blocks_needed = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_needed) + 5
     order = list(range(num_blocks))
     rng.shuffle(order)
@@ -35,7 +35,7 @@ def make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens, s
         row = order[used : used + count]
         used += count
         tables.append(row + [0] * (width - count))  # stale columns past the context: never read
-    cache_shape = (num_kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    cache_shape = (num_kv_heads, num_blocks, block_size, head_dim)
     key_cache = torch.randn(cache_shape, generator=generator).to(dtype)
     value_cache = torch.randn(cache_shape, generator=generator).to(dtype)
     query = torch.randn(sum(query_lens), num_heads, head_dim, generator=generator).to(dtype)
@@ -76,6 +76,18 @@ def test_peaked_softmax_matches_the_reference(dtype):
     ours = paged_attention(query, key_cache, value_cache, plan, 64**-0.5, decode=decode_in_place)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_other_block_sizes_match_the_reference(block_size):
+    """Blocks of 8 (shorter than the kernel's 16-key chunks) and of 32 (two chunks per block)."""
+    query_lens, seq_lens = [1] * 4, [7, 40, 64, 97]
+    query, key_cache, value_cache, tables = make_batch(torch.float32, 9, 3, 64, query_lens, seq_lens, seed=4,
+                                                       block_size=block_size)
+    plan = plan_attention(query_lens, seq_lens, tables, block_size)
+    reference = paged_attention(query, key_cache, value_cache, plan, 0.125)
+    ours = paged_attention(query, key_cache, value_cache, plan, 0.125, decode=decode_in_place)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
 def test_the_backend_uses_the_kernel_for_decodes_and_agrees_with_the_reference(monkeypatch):
