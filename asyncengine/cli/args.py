@@ -48,9 +48,11 @@ def _json_value(field: str):
     return parse
 
 
-def _list_value(text: str) -> list[str]:
+def _list_value(text: str) -> list[Any]:
     if text.startswith("["):
         return json.loads(text)
+    if text.startswith("{"):  # one JSON object (vLLM's `--lora-modules '{"name": ..., "path": ...}'`)
+        return [json.loads(text)]
     return [item.strip() for item in text.split(",") if item.strip()]
 
 

@@ -33,14 +33,15 @@ def parse_lora_modules(value: list[Any] | None) -> list[LoRAModule]:
                                   field="lora_modules")
             modules.append(LoRAModule(name.strip(), path.strip()))
         elif isinstance(item, dict):
-            name, path = item.get("name"), item.get("path")
+            given_name, given_path = item.get("name"), item.get("path")
             unknown = sorted(set(item) - {"name", "path", "base_model_name"})
-            if not isinstance(name, str) or not name or not isinstance(path, str) or not path or unknown:
+            if (not isinstance(given_name, str) or not given_name or not isinstance(given_path, str) or not given_path
+                    or unknown):
                 raise ConfigError(f"lora_modules: {item!r} needs string 'name' and 'path' (and optionally "
                                   f"'base_model_name'){'; unknown keys: ' + ', '.join(unknown) if unknown else ''}",
                                   field="lora_modules")
             base = item.get("base_model_name")
-            modules.append(LoRAModule(name, path, base if isinstance(base, str) else None))
+            modules.append(LoRAModule(given_name, given_path, base if isinstance(base, str) else None))
         else:
             raise ConfigError(f"lora_modules: {item!r} is neither name=path nor a JSON object", field="lora_modules")
     names = [module.name for module in modules]
