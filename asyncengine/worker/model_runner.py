@@ -191,6 +191,8 @@ class ModelRunner:
         num_blocks = -(-num_tokens // self.block_size)
         self._allocate_kv_cache(num_blocks)
         state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions())
+        if self.model_config.runner == "pooling":  # a pooling model has no LM head: it profiles its pooler
+            state.pooling = PoolingOptions(task="encode")
         self._add_request("__profile__", state)
         # The profile's dummy request is nobody's: logits processors never see it.
         processors, self.logits_processors = self.logits_processors, None

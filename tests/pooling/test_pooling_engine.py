@@ -151,3 +151,28 @@ def test_async_engine_encode_on_both_backends_and_cancelling_aborts(qwen3, backe
             assert stats.num_running_reqs == stats.num_waiting_reqs == 0
 
     anyio.run(main, backend=backend)
+
+
+def test_a_decoder_run_as_a_pooling_model_profiles_its_pooler_not_an_lm_head(qwen3, monkeypatch):
+    """The device KV budget (CUDA) profiles a peak-sized forward pass: for a pooling model it must end in the
+    pooler, since the LM head is gone (as_pooling_model), instead of failing start-up."""
+    from pathlib import Path
+
+    from asyncengine.config.engine import EngineConfig
+    from asyncengine.config.model import build_model_config
+    from asyncengine.models.layers import op_registry
+    from asyncengine.platforms import resolution
+    from asyncengine.platforms.cpu import CpuPlatform
+    from asyncengine.plugin_runtime.records import StartupTrace
+    from asyncengine.worker.model_runner import ModelRunner
+
+    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    monkeypatch.setattr(op_registry, "_chains", {})
+    config = EngineConfig(model=str(qwen3.path), runner="pooling", skip_tokenizer_init=True, max_model_len=64,
+                          plugins="")
+    model_config = build_model_config(config, model_dir=Path(qwen3.path), default_dtype="float32", tokenizer=None)
+    StartupTrace("frontend")
+    runner = ModelRunner(config, model_config, torch.device("cpu"), CpuPlatform)
+    runner.load_model()
+    runner._profile_forward(48)  # raised "runs as a pooling model: it samples nothing" before
+    assert runner.requests == {} and runner.kv_caches == []
