@@ -67,6 +67,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"greedy parity with transformers: {PARITY_RECORD['sequences']} sequences, "
             f"{PARITY_RECORD['tokens']} tokens compared, {PARITY_RECORD['ties']} ties (top-2 gap < 1e-4)"
         )
+    for line in workers_docs_summary():
+        terminalreporter.write_line(line)
     for path in KEPT_SERVER_LOGS:
         terminalreporter.write_line(f"server logs kept (a test failed while the server ran): {path}")
 
@@ -85,6 +87,47 @@ def pytest_runtest_logreport(report) -> None:
         server.note_test_failure()
     if report.when == "teardown":
         KEPT_SERVER_LOGS.extend(server.remove_logs_of_exited_servers())
+
+
+# --- the run's reports under pytest-xdist ----------------------------------------------------------
+# `make test` runs the suite in two worker processes (pytest-xdist, a whole module per worker, so module
+# fixtures stay shared). The reports above and the docs pages' counts (tests/docs/doc_blocks.py) are
+# gathered in each worker: a worker hands them over when it finishes, and the controller, which prints the
+# summary, adds them up.
+DOCS_DIR = Path(__file__).resolve().parent / "docs"
+WORKERS_DOCS_COUNTS: dict[str, list[int]] = {}
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is None:
+        return  # not an xdist worker
+    doc_blocks = sys.modules.get("doc_blocks")  # imported by tests/docs when this worker ran any of them
+    workeroutput["parity_record"] = dict(PARITY_RECORD)
+    workeroutput["kept_server_logs"] = [str(path) for path in KEPT_SERVER_LOGS]
+    workeroutput["docs_counts"] = {page: list(c) for page, c in (doc_blocks.COUNTS if doc_blocks else {}).items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    output = getattr(node, "workeroutput", {})
+    for key, value in output.get("parity_record", {}).items():
+        PARITY_RECORD[key] += value
+    KEPT_SERVER_LOGS.extend(Path(path) for path in output.get("kept_server_logs", []))
+    for page, counts in output.get("docs_counts", {}).items():
+        previous = WORKERS_DOCS_COUNTS.get(page, [0, 0, 0])
+        WORKERS_DOCS_COUNTS[page] = [a + b for a, b in zip(previous, counts)]
+
+
+def workers_docs_summary() -> list[str]:
+    """The docs pages' summary from the workers' counts (empty in a run without workers: tests/docs prints it)."""
+    if not WORKERS_DOCS_COUNTS:
+        return []
+    sys.path.insert(0, str(DOCS_DIR))
+    import doc_blocks
+
+    doc_blocks.COUNTS.update({page: tuple(counts) for page, counts in WORKERS_DOCS_COUNTS.items()})
+    return doc_blocks.summary_lines()
 
 
 # --- hf_default_model --------------------------------------------------------------------------
