@@ -18,8 +18,8 @@ matmuls do, and the result rounded to nearest-even).
 On AVX-512 the kernel sums 16 keys' dot products at once by a tree of shuffles, prefetches each next
 block, and takes the softmax's exponentials 16 at a time with its own polynomial (about 1 ulp; gcc calls
 glibc's vector expf only under -ffast-math, and the scalar one was most of the kernel's arithmetic):
-W3's per-layer decode shape (32 sequences, 12k tokens), one thread, went from 2.2 to 1.4 ms in float32
-and from 1.8 to 1.0 ms in bfloat16 (bench/RESULTS.md).
+W3's per-layer decode shape (32 sequences, 12k tokens), one thread, about 2x faster than without them
+in float32 and bfloat16 (bench/RESULTS.md).
 """
 
 from __future__ import annotations
