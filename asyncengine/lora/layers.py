@@ -10,7 +10,8 @@ One step's batch: `LoRAStep` says which slots are active (`slots`, k of them) an
 token uses (`onehot`, `[tokens, k]`, a zero row for the base model). A layer then computes, for the
 whole batch at once, `h = x @ A_active^T` (`[tokens, k*S*R]`), zeroes the columns of the adapters a
 token does not use, and expands `h @ B_active`: two matrix products per layer whatever the mix of
-adapters, never a pass per adapter. A step without adapters skips it all.
+adapters, never a pass per adapter. A step without adapters skips it all. On CUDA the same two steps are
+the Triton kernels of ops/triton_lora.py (punica's shrink and expand), each token reading its own slot.
 
 Tensor parallelism: a column-parallel layer keeps the rows of B its base layer keeps (its output
 features), A whole; a row-parallel layer keeps the columns of A its base keeps (its input features), B
@@ -32,6 +33,7 @@ from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLi
 class LoRAStep:
     slots: torch.Tensor  # [k] slot indices of the adapters this step uses
     onehot: torch.Tensor  # [tokens, k], in the model's dtype: 1 where token t uses active adapter j
+    token_slots: torch.Tensor  # [tokens] the slot of each token's adapter, -1 for the base model (the kernels')
 
 
 class LoRAContext:
@@ -55,10 +57,20 @@ class _LoRALinear(nn.Module):
         self.lora_a = torch.zeros(max_loras, width, in_features, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, width, sum(out_sizes), dtype=dtype, device=device)
 
-    def delta(self, x: torch.Tensor) -> torch.Tensor | None:
+    def add_delta(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`y` plus this step's LoRA contribution for `x`: on CUDA by the Triton shrink and expand kernels
+        (ops/triton_lora.py, in place on `y`), elsewhere by the torch path below."""
         step = self.context.step
         if step is None:
-            return None
+            return y
+        if x.is_cuda:
+            from asyncengine.ops.triton_lora import lora_expand, lora_shrink
+
+            shrunk = lora_shrink(x, self.lora_a, step.token_slots)
+            return lora_expand(y.contiguous(), shrunk, self.lora_b, step.token_slots)
+        return y + self._delta(x, step)
+
+    def _delta(self, x: torch.Tensor, step: LoRAStep) -> torch.Tensor:
         a = self.lora_a.index_select(0, step.slots)
         b = self.lora_b.index_select(0, step.slots)
         num_active, width, in_features = a.shape
@@ -97,9 +109,7 @@ class ColumnParallelLoRA(_LoRALinear):
         super().__init__(base, context, in_features=base.in_features, out_sizes=list(base.output_sizes), **options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        delta = self.delta(x)
-        return y if delta is None else y + delta
+        return self.add_delta(self.base(x), x)
 
     def local_b(self, b: torch.Tensor, index: int) -> torch.Tensor:
         start, end = self.base.shard_rows[index]
@@ -118,11 +128,8 @@ class RowParallelLoRA(_LoRALinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
-        partial = base.quant_method.apply(base, x)
-        delta = self.delta(x)
-        if delta is not None:
-            partial = partial + delta  # summed over ranks with the base layer's partial sums
-        y = parallel.all_reduce(partial)
+        # The delta joins this rank's partial sum: the all-reduce sums the ranks' deltas with the base's.
+        y = parallel.all_reduce(self.add_delta(base.quant_method.apply(base, x), x))
         return y if base.bias is None else y + base.bias
 
     def local_a(self, a: torch.Tensor) -> torch.Tensor:

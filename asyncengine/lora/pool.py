@@ -153,13 +153,11 @@ class LoRAPool:
         lengths = np.fromiter((n for _, n in rows), dtype=np.int64, count=len(rows))
         columns = np.fromiter((-1 if lora is None else column_of[lora.lora_int_id] for lora, _ in rows),
                               dtype=np.int64, count=len(rows))
-        token_columns = np.repeat(columns, lengths)
-        onehot = np.zeros((len(token_columns), len(order)), dtype=np.float32)
-        used = token_columns >= 0
-        onehot[np.nonzero(used)[0], token_columns[used]] = 1.0
-        slots = torch.tensor([slot_of[adapter_id] for adapter_id in order], dtype=torch.int64)
-        self.context.step = LoRAStep(slots=slots.to(self.device),
-                                     onehot=torch.from_numpy(onehot).to(device=self.device, dtype=self.dtype))
+        slot_list = [slot_of[adapter_id] for adapter_id in order]
+        onehot, token_slots = step_assignment(columns, lengths, slot_list)
+        self.context.step = LoRAStep(slots=torch.tensor(slot_list, dtype=torch.int64).to(self.device),
+                                     onehot=torch.from_numpy(onehot).to(device=self.device, dtype=self.dtype),
+                                     token_slots=torch.from_numpy(token_slots).to(self.device))
 
     def end_step(self) -> None:
         self.context.step = None
@@ -196,4 +194,15 @@ class LoRAPool:
                 "slot_loads": self.num_slot_loads}
 
 
-__all__ = ["LoRAPool", "WRAPPED_LAYERS"]
+def step_assignment(columns: np.ndarray, lengths: np.ndarray, slot_list: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per token, from each request's active-adapter column (-1: the base model) and its number of tokens:
+    the one-hot `[tokens, k]` of the torch path, and the slot of each token (-1: base) of the kernels."""
+    token_columns = np.repeat(columns, lengths)
+    used = token_columns >= 0
+    onehot = np.zeros((len(token_columns), len(slot_list)), dtype=np.float32)
+    onehot[np.nonzero(used)[0], token_columns[used]] = 1.0
+    token_slots = np.where(used, np.asarray(slot_list, dtype=np.int64)[np.maximum(token_columns, 0)], -1)
+    return onehot, token_slots.astype(np.int64)
+
+
+__all__ = ["LoRAPool", "WRAPPED_LAYERS", "step_assignment"]

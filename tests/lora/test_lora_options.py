@@ -45,3 +45,14 @@ def test_bad_lora_options_name_the_field(flags, field):
     with pytest.raises(ConfigError) as caught:
         _config(*flags)
     assert caught.value.field == field
+
+
+def test_a_steps_assignment_gives_each_token_its_adapter():
+    import numpy as np
+
+    from asyncengine.lora.pool import step_assignment
+
+    # three requests: 2 tokens of active adapter 1 (in slot 3), 1 base token, 3 tokens of adapter 0 (slot 0)
+    onehot, token_slots = step_assignment(np.array([1, -1, 0]), np.array([2, 1, 3]), [0, 3])
+    assert token_slots.tolist() == [3, 3, -1, 0, 0, 0]
+    assert onehot.tolist() == [[0, 1], [0, 1], [0, 0], [1, 0], [1, 0], [1, 0]]
