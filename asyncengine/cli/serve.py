@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+import msgspec
 import trio
 
 from asyncengine.cli.args import add_engine_arguments, add_struct_arguments, engine_config_from_args, struct_values
+from asyncengine.config.structured_outputs import with_reasoning_parser
 from asyncengine.server.config import ServerConfig, server_config_from_dict
 
 
@@ -38,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
     values = {**SERVE_ENGINE_DEFAULTS, **vars(args)}
     engine_config = engine_config_from_args(argparse.Namespace(**values), model=args.model)
     server_config = server_config_from_dict(struct_values(args, ServerConfig))
+    # vLLM's: --reasoning-parser also tells the engine core where a constrained output's grammar starts; not
+    # one from a --reasoning-parser-plugin file, which only this process loads (docs/structured_outputs.md).
+    structured = with_reasoning_parser(engine_config.structured_outputs_config,
+                                       None if server_config.reasoning_parser_plugin else server_config.reasoning_parser)
+    if structured is not engine_config.structured_outputs_config:
+        engine_config = msgspec.structs.replace(engine_config, structured_outputs_config=structured)
     from asyncengine.server.run import serve
 
     return trio.run(serve, engine_config, server_config)  # 1 when the engine died (server/run.py)

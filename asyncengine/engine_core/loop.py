@@ -140,7 +140,8 @@ class EngineCoreLoop:
 
     async def _prepare_grammar(self, request: Any) -> None:
         try:
-            await self.scheduler.structured_output.prepare(request.request_id, request.sampling.structured_outputs)
+            await self.scheduler.structured_output.prepare(request.request_id, request.sampling.structured_outputs,
+                                                           request.prompt_token_ids)
         except GrammarError as refused:  # the request alone fails, naming the field and the backend
             output = self.scheduler.fail_request(request.request_id, refused.message, refused.field)
             if output is not None:

@@ -118,6 +118,13 @@ class ReasoningParser:
         """What to send for the newest delta; None means nothing yet (text is being held back)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement extract_reasoning_streaming")
 
+    def is_reasoning_end(self, token_ids: list[int]) -> bool:
+        """Whether the reasoning has ended in these token ids (the latest of a prompt or an output, the
+        newest last): the engine core asks it after each token of a constrained request, whose grammar
+        starts once this is true (docs/structured_outputs.md, "With reasoning")."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement is_reasoning_end, which structured "
+                                  "outputs need when structured_outputs_config names a reasoning parser")
+
 
 # -- the tables -------------------------------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ _TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
     # The worker builds with it; the frontend checks the --load-format name before anything starts.
     (ModelLoaderRegistry, frozenset({FRONTEND, WORKER})),
     (ToolParserManager, frozenset({FRONTEND})),
-    (ReasoningParserManager, frozenset({FRONTEND})),
+    # The frontend splits reasoning from content; the engine core starts a constraint after the reasoning.
+    (ReasoningParserManager, frozenset({FRONTEND, ENGINE_CORE})),
     # --tokenizer-mode: the frontend tokenizes prompts and detokenizes outputs; no other process does.
     (TokenizerRegistry, frozenset({FRONTEND})),
     # additional_config keys: the frontend checks each key is claimed before anything is spawned.
@@ -84,6 +85,7 @@ READER_MODULES = (
     "asyncengine.attention.selector",
     "asyncengine.kv_transfer.factory",
     "asyncengine.structured_output.registry",
+    "asyncengine.structured_output.reasoning",
 )
 
 

@@ -117,7 +117,7 @@ def complete_items(text: str) -> list[Any]:
     if position < 0:
         return []
     position += 1
-    items = []
+    items: list[Any] = []
     while True:
         while position < len(text) and text[position] in " \t\n\r,":
             position += 1

@@ -39,7 +39,12 @@ def apply_bitmask(logits: torch.Tensor, words: bytes, num_words: int, pairs: lis
         from asyncengine.structured_output.triton_bitmask import apply_bitmask_triton  # Triton only where it runs
 
         return apply_bitmask_triton(logits, mask_words, index)
-    allowed = unpack_bitmask(mask_words, logits.shape[-1])
-    selected = logits.index_select(0, index)
-    logits.index_copy_(0, index, selected.masked_fill(~allowed, float("-inf")))
+    return apply_bitmask_torch(logits, mask_words, index)
+
+
+def apply_bitmask_torch(logits: torch.Tensor, words: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Logits row rows[i] masked by words[i] ([n, num_words] int32), in place: the torch path, and the Triton
+    kernel's reference (apply_bitmask_triton takes the same arguments)."""
+    allowed = unpack_bitmask(words, logits.shape[-1])
+    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill(~allowed, float("-inf")))
     return logits

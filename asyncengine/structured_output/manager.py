@@ -10,6 +10,9 @@
 With async scheduling, a constrained request is not scheduled again while its previous token is in
 flight (Scheduler.schedule asks `is_ready`): its next mask depends on that token. Other requests keep
 the overlap; docs/structured_outputs.md says what that costs.
+
+With a reasoning parser configured (reasoning.py), a request is sampled without a mask until its
+reasoning ends, and its grammar starts with the next token.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ from typing import Any
 import anyio
 import numpy as np
 
+from asyncengine.config.structured_outputs import reasoning_settings
+from asyncengine.errors import ConfigError
+from asyncengine.interfaces.parsers import ReasoningParser
 from asyncengine.structured_output.backend import GrammarError, GrammarMatcher, StructuredOutputBackend, bitmask_words
+from asyncengine.structured_output.reasoning import ReasoningGate, reasoning_parser_class
 from asyncengine.structured_output.registry import backend_class, configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 
@@ -64,6 +71,16 @@ class StructuredOutputManager:
         self._pending: set[str] = set()  # requests whose grammar is not ready yet
         self._matchers: dict[str, GrammarMatcher] = {}
         self._lock = anyio.Lock()  # building a backend (tokenizer load) happens once
+        self.reasoning: ReasoningGate | None = None
+        parser_name, enable_in_reasoning = reasoning_settings(structured_outputs_config)
+        if parser_name is not None and not enable_in_reasoning:
+            parser_class = reasoning_parser_class(parser_name)  # an unknown name fails the engine's start
+            if parser_class.is_reasoning_end is ReasoningParser.is_reasoning_end:
+                raise ConfigError(f"reasoning parser {parser_name!r} ({parser_class.__qualname__}) does not implement "
+                                  "is_reasoning_end, so a constraint cannot start after its reasoning: implement it, "
+                                  'or set structured_outputs_config {"enable_in_reasoning": true}',
+                                  field="structured_outputs_config")
+            self.reasoning = ReasoningGate(parser_class)
 
     # -- compiling (a task of the step loop's task group, per request) ---------------------------------
 
@@ -71,7 +88,7 @@ class StructuredOutputManager:
         """The request is constrained: it waits until `prepare` has built its matcher."""
         self._pending.add(request_id)
 
-    async def prepare(self, request_id: str, spec: GrammarSpec) -> None:
+    async def prepare(self, request_id: str, spec: GrammarSpec, prompt_token_ids: list[int] | None = None) -> None:
         """Compile (or reuse) the grammar and build the request's matcher. GrammarError if refused."""
         name = spec.backend or self.default_backend
         try:
@@ -85,6 +102,8 @@ class StructuredOutputManager:
                 raise
             raise GrammarError(name, spec, str(exc)) from exc
         if request_id in self._pending:  # not aborted meanwhile
+            if self.reasoning is not None:
+                self.reasoning.start(request_id, self._tokenizer, list(prompt_token_ids or []))
             self._pending.discard(request_id)
             self._matchers[request_id] = matcher
             self.stats.backend_of[request_id] = name
@@ -149,7 +168,8 @@ class StructuredOutputManager:
 
     def bitmask(self, request_ids: list[str]) -> tuple[list[str], bytes] | None:
         """The masks of those of `request_ids` that are constrained, as (their ids, int32 words)."""
-        constrained = [rid for rid in request_ids if rid in self._matchers]
+        constrained = [rid for rid in request_ids if rid in self._matchers
+                       and not (self.reasoning is not None and self.reasoning.is_reasoning(rid))]
         if not constrained:
             return None
         started = time.perf_counter()
@@ -165,6 +185,9 @@ class StructuredOutputManager:
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return False
+        if self.reasoning is not None and self.reasoning.is_reasoning(request_id):
+            self.reasoning.advance(request_id, token_id)  # reasoning tokens are not the grammar's
+            return False
         if not matcher.accept_token(token_id):
             # Only a token the mask allowed reaches here, unless a later logits step undid the mask
             # (then the output may leave the grammar): say so once per request, and stop constraining.
@@ -178,3 +201,5 @@ class StructuredOutputManager:
         self._pending.discard(request_id)
         self._matchers.pop(request_id, None)
         self.stats.backend_of.pop(request_id, None)
+        if self.reasoning is not None:
+            self.reasoning.remove(request_id)

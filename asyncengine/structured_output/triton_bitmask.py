@@ -1,4 +1,5 @@
-"""Applying token bitmasks to logits as one Triton kernel (CUDA), with the torch reference beside it.
+"""Applying token bitmasks to logits as one Triton kernel (CUDA); its torch reference, what the CPU runs,
+is bitmask.py's `apply_bitmask_torch`.
 
 `apply_bitmask_triton(logits, words, rows)`: for each i, logits row `rows[i]` keeps the tokens whose
 bit is set in `words[i]` (backend.py's layout: bit `t % 32` of int32 word `t // 32`) and gets -inf
@@ -10,8 +11,8 @@ One program per (constrained row, block of columns): the mask is unpacked in reg
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]  # no stubs (asyncengine.ops is exempt in pyproject; this is not ops)
+import triton.language as tl  # type: ignore[import-untyped]
 
 BLOCK = 1024  # columns per program
 
@@ -47,11 +48,3 @@ def apply_bitmask_triton(logits: torch.Tensor, words: torch.Tensor, rows: torch.
             logits, words, rows, logits.stride(0), words.stride(0), vocab, words.shape[1], BLOCK=BLOCK)
     return logits
 
-
-def apply_bitmask_reference(logits: torch.Tensor, words: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The same in torch: what bitmask.py runs on CPU."""
-    from asyncengine.structured_output.bitmask import unpack_bitmask
-
-    allowed = unpack_bitmask(words, logits.shape[-1])
-    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill(~allowed, float("-inf")))
-    return logits

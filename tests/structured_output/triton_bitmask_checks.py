@@ -16,7 +16,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 import torch  # noqa: E402
 
-from asyncengine.structured_output.triton_bitmask import apply_bitmask_reference, apply_bitmask_triton  # noqa: E402
+from asyncengine.structured_output.bitmask import apply_bitmask_torch as apply_bitmask_reference  # noqa: E402
+from asyncengine.structured_output.triton_bitmask import apply_bitmask_triton  # noqa: E402
 
 generator = torch.Generator().manual_seed(0)
 

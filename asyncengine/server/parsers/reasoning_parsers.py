@@ -93,3 +93,11 @@ class ThinkReasoningParser(ReasoningParser):
         if not reasoning_text and not content_text:
             return None
         return DeltaMessage(reasoning_content=reasoning_text or None, content=content_text or None)
+
+    def is_reasoning_end(self, token_ids: list[int]) -> bool:
+        """`</think>` after the last `<think>` of these tokens' text. On text, not on one token id: in a model
+        without a `</think>` token the tag's tokens depend on what precedes it."""
+        if self.tokenizer is None:
+            raise ValueError("the think reasoning parser needs the tokenizer to find </think> in token ids")
+        text = self.tokenizer.decode(token_ids)
+        return text.rfind(THINK_END) > text.rfind(THINK_START)
