@@ -98,10 +98,8 @@ def test_sentence_transformers_modules_we_do_not_run_are_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    from support.tiny_models import build_tiny_model
-
-    return build_tiny_model("qwen3", tmp_path_factory.mktemp("tiny-qwen3-pooling"))
+def qwen3(tiny_model):
+    return tiny_model("qwen3")  # the session's (the parity tests use it too)
 
 
 def test_a_generation_engine_embeds_while_it_generates(qwen3):
