@@ -406,7 +406,11 @@ class ModelRunner:
 
     def _with_pooled(self, hidden: torch.Tensor, inputs: "_StepInputs", output: ModelRunnerOutput) -> ModelRunnerOutput:
         """The step's pooling requests whose prompt it finished get their pooled outputs (pooling/step.py)."""
-        if inputs.pooling_spans and self.pooling_step is not None:
+        if inputs.pooling_spans and self.pooling_step is None:  # (the frontend refuses these first)
+            output.failed_requests = [*output.failed_requests, *(
+                FailedRequest(request_id=rid, field="model", message="this model has no pooler: it cannot pool")
+                for rid, _, _ in inputs.pooling_spans)]
+        elif inputs.pooling_spans and self.pooling_step is not None:
             output.pooled_request_ids = [request_id for request_id, _, _ in inputs.pooling_spans]
             output.pooled = self.pooling_step.run(hidden, inputs.pooling_spans, self.requests)
         return output

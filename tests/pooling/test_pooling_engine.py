@@ -151,9 +151,7 @@ def test_async_engine_encode_on_both_backends_and_cancelling_aborts(qwen3, backe
     anyio.run(main, backend=backend)
 
 
-def test_a_decoder_run_as_a_pooling_model_profiles_its_pooler_not_an_lm_head(qwen3, monkeypatch):
-    """The device KV budget (CUDA) profiles a peak-sized forward pass: for a pooling model it must end in the
-    pooler, since the LM head is gone (as_pooling_model), instead of failing start-up."""
+def _runner(qwen3, monkeypatch, **options):
     from pathlib import Path
 
     from asyncengine.config.engine import EngineConfig
@@ -166,11 +164,30 @@ def test_a_decoder_run_as_a_pooling_model_profiles_its_pooler_not_an_lm_head(qwe
 
     monkeypatch.setattr(resolution, "_current", CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
-    config = EngineConfig(model=str(qwen3.path), runner="pooling", skip_tokenizer_init=True, max_model_len=64,
-                          plugins="")
+    config = EngineConfig(model=str(qwen3.path), skip_tokenizer_init=True, max_model_len=64, plugins="", **options)
     model_config = build_model_config(config, model_dir=Path(qwen3.path), default_dtype="float32", tokenizer=None)
     StartupTrace("frontend")
     runner = ModelRunner(config, model_config, torch.device("cpu"), CpuPlatform)
     runner.load_model()
+    return runner
+
+
+def test_a_decoder_run_as_a_pooling_model_profiles_its_pooler_not_an_lm_head(qwen3, monkeypatch):
+    """The device KV budget (CUDA) profiles a peak-sized forward pass: for a pooling model it must end in the
+    pooler, since the LM head is gone (as_pooling_model), instead of failing start-up."""
+    runner = _runner(qwen3, monkeypatch, runner="pooling")
     runner._profile_forward(48)  # raised "runs as a pooling model: it samples nothing" before
     assert runner.requests == {} and runner.kv_caches == []
+
+
+def test_a_worker_without_a_pooler_fails_a_pooling_request_instead_of_dropping_it(qwen3, monkeypatch):
+    from asyncengine.wire.worker import NewRequestData, SchedulerOutput
+
+    runner = _runner(qwen3, monkeypatch, num_gpu_blocks_override=8)
+    runner.initialize_kv_cache(runner.determine_num_blocks())
+    runner.pooling_step = None  # as for a model whose files ask for a pooling we do not do
+    new = NewRequestData(request_id="p", prompt_token_ids=[5, 6, 7], output_token_ids=[], sampling=SamplingOptions(),
+                         block_ids=[0], num_computed_tokens=0, pooling=POOLING)
+    output = runner.execute_model(SchedulerOutput(new_requests=[new], num_scheduled_tokens={"p": 3}))
+    assert [(f.request_id, f.field) for f in output.failed_requests] == [("p", "model")]
+    assert output.pooled_request_ids == []
