@@ -77,6 +77,10 @@ class InputProcessor:
                 lora_request: LoRARequest | None = None) -> ProcessedRequest:
         if lora_request is not None:
             self.lora.check(lora_request)
+        if self.model_config.runner == "pooling":  # no LM head to sample from (docs/pooling.md)
+            raise RequestError(f"{self.model_config.served_model_name} runs as a pooling model (--runner pooling): it "
+                               "embeds, classifies and scores (LLM.embed, /v1/embeddings, ...) but generates nothing",
+                               field="model")
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):

@@ -107,3 +107,14 @@ def test_bad_input_is_a_400_naming_the_field(server, body, param, words):
 def test_truncate_prompt_tokens_keeps_a_long_input(server):
     status, answer = post(server, "/v1/embeddings", {"input": "word " * 300, "truncate_prompt_tokens": 20})
     assert status == 200 and answer["usage"]["prompt_tokens"] == 20
+
+
+def test_a_pooling_model_refuses_to_generate_instead_of_dying(llm, server):
+    from asyncengine import RequestError
+
+    with pytest.raises(RequestError, match="runs as a pooling model") as caught:
+        llm.generate("Hello")
+    assert caught.value.field == "model"
+    assert llm.embed("still serving")[0].outputs.embedding  # the engine lives on
+    status, answer = post(server, "/v1/completions", {"prompt": "Hello"})
+    assert status == 400 and answer["error"]["param"] == "model", answer
