@@ -183,6 +183,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
                                     lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """`process_request`, with a text prompt tokenized in the tokenizer pool (off the event loop)."""
         request_id = self._new_request_id(request_id)
+        if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
+            await self.lora_adapters.check_off_loop(lora_request)
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
             return self.processor.process(request_id, prompt, params, lora_request)
@@ -293,6 +295,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         the returned stream is not queued until it is iterated (so that several requests can be
         validated before any runs). It yields deltas, or only the final output when `final_only`;
         closing it aborts the request."""
+        if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
+            await self.lora_adapters.check_off_loop(lora_request)
         if messages is not None:
             if prompt is not None:
                 raise TypeError("open_stream takes a prompt or messages, not both")

@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+import anyio
+
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.lora import parse_lora_modules
 from asyncengine.errors import AsyncEngineError, RequestError
@@ -109,7 +111,7 @@ class LoRAAdapters:
                 return known
             lora = self._named(name, found.lora_path, found.base_model_name or base_model_name)
             try:
-                self.check(lora)
+                await self.check_off_loop(lora)
             except RequestError as exc:
                 raise RequestError(f"LoRA resolver {resolver_name!r} found {name!r}, but: {exc.message}",
                                    field=exc.field, source=resolver_name) from exc
@@ -134,6 +136,13 @@ class LoRAAdapters:
             except LoRAAdapterError as exc:
                 raise RequestError(str(exc), field=f"lora_request.{exc.field}") from exc
             self._path_of_id[lora.lora_int_id] = lora.lora_path
+
+    async def check_off_loop(self, lora: Any) -> None:
+        """`check`, reading an adapter's config in a worker thread the first time (never on the event loop)."""
+        if isinstance(lora, LoRARequest) and self.enabled and lora.lora_int_id not in self._path_of_id:
+            await anyio.to_thread.run_sync(self.check, lora)
+        else:
+            self.check(lora)
 
     def _require_enabled(self) -> None:
         if not self.enabled:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import anyio
 import msgspec
 from quart import Response
 
@@ -84,8 +85,8 @@ def add_lora_routes(app: Any, context: ServingContext, decode_body: Any) -> None
 
     async def load_lora_adapter() -> Response:
         body = await decode_body(LoadLoRAAdapterRequest)
-        try:
-            adapters.load(body.lora_name, body.lora_path)
+        try:  # the adapter's config is read and checked in a worker thread, off the event loop
+            await anyio.to_thread.run_sync(adapters.load, body.lora_name, body.lora_path)
         except RequestError as error:
             raise from_engine_error(error) from error
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", status=200,

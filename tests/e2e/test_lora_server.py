@@ -147,3 +147,15 @@ def test_an_adapter_nobody_has_is_a_404_naming_the_model(client):
         client.chat.completions.create(model="no-such-adapter", messages=[{"role": "user", "content": "hi"}],
                                        max_tokens=2)
     assert caught.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.extension_point("R11")
+def test_the_startup_report_names_the_adapters_and_resolvers(server):
+    running, _ = server
+    request = urllib.request.Request(f"{running.url}/v1/startup", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        records = json.loads(response.read())
+    lora = [record for record in records if record.get("plugin") == "lora"]
+    assert len(lora) == 1 and lora[0]["outcome"] == "ok", lora
+    assert "a1=" in lora[0]["reason"] and "filesystem (built-in" in lora[0]["reason"]
+    assert "env_dir (by plugin 'ae_lora_resolver'" in lora[0]["reason"] and "explosive" in lora[0]["reason"]

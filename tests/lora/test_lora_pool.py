@@ -4,41 +4,18 @@ written directly in PEFT's file format here (random matrices): the parity module
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from asyncengine import RequestError, SamplingParams
 from asyncengine.lora.request import LoRARequest
+from support.lora_adapters import TINY_LLAMA_SHAPES as SHAPES
+from support.lora_adapters import write_adapter
 
 pytestmark = pytest.mark.timeout(300)
 
 MAX_LORAS, MAX_RANK = 4, 8
-# The tiny Llama (tests/support/tiny_models.py): hidden 96, 6 heads of 16 with 2 KV heads, MLP 160, 2 layers.
-SHAPES = {"q_proj": (96, 96), "k_proj": (96, 32), "v_proj": (96, 32), "o_proj": (96, 96),
-          "gate_proj": (96, 160), "up_proj": (96, 160), "down_proj": (160, 96)}
-
-
-def write_adapter(directory: Path, *, rank: int = 4, seed: int = 0, targets=("q_proj", "v_proj"),
-                  shapes=SHAPES, **config) -> Path:
-    directory.mkdir(parents=True)
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(2):
-        for target in targets:
-            in_features, out_features = shapes[target]
-            part = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{part}.{target}"
-            tensors[f"{prefix}.lora_A.weight"] = 0.3 * torch.randn(rank, in_features, generator=generator)
-            tensors[f"{prefix}.lora_B.weight"] = 0.3 * torch.randn(out_features, rank, generator=generator)
-    save_file(tensors, str(directory / "adapter_model.safetensors"))
-    (directory / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "lora_alpha": 8, "target_modules": list(targets), "bias": "none",
-         **config}))
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ which would make every adapter the base model)."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import warnings
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 
 PEFT_VERSION = "0.21.2"
@@ -60,3 +62,28 @@ def make_adapter(peft: Any, base_path: Path, directory: Path, *, name: str, rank
     model.save_pretrained(directory)
     # transformers' own model with peft's LoRA layers in it: its forward takes the cache by its current name.
     return Adapter(name, directory, model.base_model.model)
+
+
+# The tiny Llama (tests/support/tiny_models.py): hidden 96, 6 heads of 16 with 2 KV heads, MLP 160, 2 layers.
+TINY_LLAMA_SHAPES = {"q_proj": (96, 96), "k_proj": (96, 32), "v_proj": (96, 32), "o_proj": (96, 96),
+                     "gate_proj": (96, 160), "up_proj": (96, 160), "down_proj": (160, 96)}
+
+
+def write_adapter(directory: Path, *, rank: int = 4, seed: int = 0, targets=("q_proj", "v_proj"),
+                  shapes=TINY_LLAMA_SHAPES, **config: Any) -> Path:
+    """Random matrices in PEFT's file format (no peft needed): for tests of the pool and the checks."""
+    directory.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for target in targets:
+            in_features, out_features = shapes[target]
+            part = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            prefix = f"base_model.model.model.layers.{layer}.{part}.{target}"
+            tensors[f"{prefix}.lora_A.weight"] = 0.3 * torch.randn(rank, in_features, generator=generator)
+            tensors[f"{prefix}.lora_B.weight"] = 0.3 * torch.randn(out_features, rank, generator=generator)
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": 8, "target_modules": list(targets), "bias": "none",
+         **config}))
+    return directory
