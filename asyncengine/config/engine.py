@@ -201,10 +201,11 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
 
     def _check_placement(self) -> None:
         backend = self.distributed_executor_backend
-        if backend not in (None, "uni", "mp") and not is_class_path(backend):
+        if backend not in (None, "uni", "mp", "ray") and not is_class_path(backend):
             raise ConfigError(
                 f"distributed_executor_backend must be 'uni' (the worker in a thread of the engine-core "
-                f"process), 'mp' (one process per rank) or 'pkg.mod:Class' (an Executor subclass); "
+                f"process), 'mp' (one process per rank), 'ray' (one Ray actor per rank, placed by a Ray "
+                f"cluster) or 'pkg.mod:Class' (an Executor subclass); "
                 f"got {backend!r}",
                 field="distributed_executor_backend",
             )

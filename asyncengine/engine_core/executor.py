@@ -36,7 +36,6 @@ from asyncengine.registries.base import reads
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.reply import Reply
-from asyncengine.runtime.spawn import describe_exit
 from asyncengine.wire.framing import FrameStream, ProtocolError
 from asyncengine.wire.messages import (
     ExecuteModel,
@@ -50,6 +49,7 @@ from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker.extension import rpc_method
 
 _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+RAY_EXECUTOR = "asyncengine.engine_core.ray_executor:RayExecutor"
 
 
 # The interface (the Executor ABC) is in the floor, asyncengine.interfaces.executor; imported above.
@@ -141,7 +141,7 @@ class MultiprocExecutor(Executor):
 
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any) -> None:
         super().__init__(engine_config, model_config, platform)
-        self._workers = WorkerProcesses()
+        self._workers = self._new_workers()
         # Per rank, the replies still owed, in the order the work was sent.
         self._pending_steps: list[deque[Reply]] = [deque() for _ in range(self.world_size)]
         self._pending_calls: dict[int, list[Reply]] = {}
@@ -150,12 +150,11 @@ class MultiprocExecutor(Executor):
 
     async def serve(self, trace: StartupTrace, manifest: Any = None, *,
                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        distributed_init = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else None
-
-        def startup_params(rank: int) -> StartupParams:
+        def startup_params(rank: int) -> StartupParams:  # once every rank is started (and the rendezvous known)
             return StartupParams(
                 engine_config=self.engine_config, model_config=self.model_config, platform=current_platform_key(),
-                manifest=manifest, rank=rank, world_size=self.world_size, distributed_init_method=distributed_init,
+                manifest=manifest, rank=rank, world_size=self.world_size,
+                distributed_init_method=self._workers.rendezvous if self.world_size > 1 else None,
             )
 
         try:
@@ -172,6 +171,9 @@ class MultiprocExecutor(Executor):
                 await self.shutdown()
             raise
 
+    def _new_workers(self) -> WorkerProcesses:
+        return WorkerProcesses()
+
     def _rank_name(self, rank: int) -> str:
         return self._workers.rank_name(rank)
 
@@ -181,6 +183,8 @@ class MultiprocExecutor(Executor):
             while True:
                 message = await frames.receive()
                 if isinstance(message, StepResult):
+                    if not self._pending_steps[rank]:
+                        continue  # its reply was failed already: another rank died first (_fail_all)
                     reply = self._pending_steps[rank].popleft()
                     if message.error is not None:
                         reply.fail(self._fail_all(EngineDeadError(
@@ -213,7 +217,7 @@ class MultiprocExecutor(Executor):
         process = self._workers.processes[rank]
         with anyio.move_on_after(2.0):  # the connection usually closes a moment before the exit is seen
             await process.wait()
-        return self._fail_all(EngineDeadError(f"{self._rank_name(rank)} {describe_exit(process.returncode)}"))
+        return self._fail_all(EngineDeadError(f"{self._rank_name(rank)} {self._workers.describe_exit(rank)}"))
 
     def _fail_all(self, error: EngineDeadError) -> EngineDeadError:
         """Record `error` (unless a failure came first) and fail every reply owed with the recorded one."""
@@ -303,14 +307,6 @@ def _check_method_name(method: str) -> None:
                            field="method")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def round_trip(value: Any) -> Any:
     """What `value` becomes after crossing a process boundary: collective_rpc gives every executor's
     callers the same types (lists, dicts, numbers, strings), wherever the worker runs."""
@@ -327,6 +323,10 @@ def build_executor(engine_config: EngineConfig, model_config: ModelConfig, plugi
         cls = UniExecutor
     elif backend == "mp":
         cls = MultiprocExecutor
+    elif backend == "ray":  # by path: ray_executor.py subclasses MultiprocExecutor, and Ray is an optional extra
+        from asyncengine.interfaces.imports import import_by_path
+
+        cls = import_by_path(RAY_EXECUTOR, what="the Ray executor")
     else:  # "pkg.mod:Class", checked to be an Executor subclass
         from asyncengine.plugin_runtime.config_hooks import load_hook
 

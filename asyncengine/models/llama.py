@@ -193,7 +193,8 @@ class LlamaModel(nn.Module):
         for layer in self.layers[self.start_layer:self.end_layer]:
             hidden, residual = layer(hidden, residual, cos_sin, metadata)
         if not parallel.is_last_stage():
-            parallel.send_to_next_stage([hidden, residual])
+            sent_residual = residual if residual is not None else hidden  # (every stage holds a layer)
+            parallel.send_to_next_stage([hidden, sent_residual])
             return hidden  # not final: the last stage computes the logits
         hidden, _ = self.norm(hidden, residual)
         return hidden

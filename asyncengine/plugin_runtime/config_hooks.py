@@ -180,7 +180,7 @@ def _hooks(config: EngineConfig) -> Iterator[tuple[str, str, str]]:
             yield field, field, path
     for index, path in enumerate(config.logits_processors or ()):
         yield f"logits_processors[{index}]", "logits_processors", path
-    if config.executor_backend not in ("uni", "mp"):  # "pkg.mod:Executor": an executor class
+    if config.executor_backend not in ("uni", "mp", "ray"):  # "pkg.mod:Executor": an executor class
         yield "distributed_executor_backend", "distributed_executor_backend", config.executor_backend
     kv_transfer = config.kv_transfer
     if kv_transfer is not None and kv_transfer.kv_connector_module_path:

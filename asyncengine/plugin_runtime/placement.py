@@ -4,7 +4,8 @@ Two switches (ARCHITECTURE.md, "Processes and roles"):
 - `in_process`: the engine core runs in the frontend's event loop (embedding, tests), or in a process of
   its own (the default of `asyncengine serve`);
 - `distributed_executor_backend`: "uni" runs the worker on a thread of the engine core's process, "mp" one
-  process per rank; unset, "uni" for one rank and "mp" for more (EngineConfig.executor_backend). A
+  process per rank ("ray": the same processes, started on Ray's nodes); unset, "uni" for one rank and "mp"
+  for more (EngineConfig.executor_backend). A
   "pkg.mod:Executor" places its workers as its class says (`Executor.worker_placement`: UniExecutor's
   subclasses "uni", every other executor "mp").
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from asyncengine.config.engine import EngineConfig
 from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
 
-UNI, MP = "uni", "mp"
+UNI, MP, RAY = "uni", "mp", "ray"
 
 
 def worker_placement(config: EngineConfig) -> str:
@@ -29,6 +30,8 @@ def worker_placement(config: EngineConfig) -> str:
     backend = config.executor_backend
     if backend in (UNI, MP):
         return backend
+    if backend == RAY:  # worker processes too, started on the Ray nodes
+        return MP
     from asyncengine.plugin_runtime.config_hooks import load_hook
 
     # The same import and check as the config-hooks phase: a path that does not import, or names no

@@ -1,0 +1,238 @@
+"""The Ray executor on a local two-node Ray cluster (ray.cluster_utils.Cluster on this machine, one CPU per
+node, so a TP=2 engine has one rank on each).
+
+Ray is heavy and only these tests need it: the `ray` marker deselects them by default (pyproject's
+addopts); run them with
+
+    .venv/bin/python -m pytest -m ray tests/distributed/test_ray_executor.py
+
+They install ray into a target directory under pip's cache (never into .venv) once, and put it on the
+path of this process (after the virtualenv's packages) and of the Ray nodes. One cluster for the module:
+the head node has the test plugin distribution ae-plugin-general on its path, the second node does not.
+The first test needs no cluster: it checks that our actor calls take only str and bytes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from asyncengine import EngineDeadError, SamplingParams
+from support.hf_reference import compare_greedy, hf_greedy
+
+pytestmark = pytest.mark.ray
+
+RAY_VERSION = "2.60.0"
+OPTIONS = dict(skip_tokenizer_init=True, max_model_len=256, kv_cache_memory_bytes=8 * 2**20)
+NUM_TOKENS = 12
+
+
+# -- what crosses to Ray: str or bytes only (no cluster) ------------------------------------------------
+
+
+class RecordingMethod:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def remote(self, *args):
+        self.calls.append(args)
+        return "ref"
+
+
+def test_actor_calls_take_only_str_or_bytes():
+    from asyncengine.engine_core import ray_executor
+
+    method = RecordingMethod()
+    assert ray_executor.invoke(method, "tcp:127.0.0.1:5", b"frame") == "ref"
+    for bad in (3, {"rank": 0}, ["x"], None):
+        with pytest.raises(TypeError, match="only str or bytes travel through Ray"):
+            ray_executor.invoke(method, "ok", bad)
+    assert method.calls == [("tcp:127.0.0.1:5", b"frame")]
+    # Every actor method call in the module goes through invoke: the only other `.remote(` is the
+    # actor's construction, which takes no argument (its options are Ray's own scheduling values), and
+    # `ray.remote(RankActor)` makes the class an actor class.
+    source = inspect.getsource(ray_executor)
+    calls = [line.strip() for line in source.splitlines()
+             if ".remote(" in line and "ray.remote(" not in line and not line.strip().startswith('"""')]
+    assert calls == ["return method.remote(*args)", ").remote())"], calls
+    # And what the module hands to invoke: rank numbers as strings, the listener's address and secret.
+    assert "invoke(actor.launch, address, secret, str(rank))" in source
+
+
+# -- the cluster --------------------------------------------------------------------------------------
+
+
+def ray_target() -> Path:
+    """ray installed (once) into a target under pip's cache: never into .venv."""
+    cache = Path(subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True,
+                                check=True).stdout.strip())
+    target = cache / "asyncengine-test-targets" / f"ray-{RAY_VERSION}"
+    if not (target / "ray" / "__init__.py").is_file():
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial),
+                        f"ray=={RAY_VERSION}"], check=True, timeout=900)
+        partial.rename(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def cluster(plugin_target):
+    target = str(ray_target())
+    sys.path.append(target)  # after the virtualenv's own packages: ray's dependencies do not shadow them
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "ASYNCENGINE_RAY_PLACEMENT_STRATEGY",
+                                                     "ASYNCENGINE_RAY_PLACEMENT_TIMEOUT", "RAY_ADDRESS")}
+    import ray
+    from ray.cluster_utils import Cluster
+
+    base = [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    plugin = str(plugin_target("ae-plugin-general"))
+    os.environ["PYTHONPATH"] = os.pathsep.join([*base, target])
+    os.environ["ASYNCENGINE_RAY_PLACEMENT_STRATEGY"] = "STRICT_SPREAD"  # one rank per node
+    os.environ["ASYNCENGINE_RAY_PLACEMENT_TIMEOUT"] = "60"
+    # (Ray binds the machine's own address, not loopback: a driver given 127.0.0.1 looks for the node
+    # under the machine's address and never finds it. Nothing leaves the machine either way.)
+    node = dict(num_cpus=1, object_store_memory=80 * 2**20)
+    started = time.monotonic()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **node, "include_dashboard": False, "env_vars": {"PYTHONPATH": os.pathsep.join([*base, target, plugin])}})
+    without_plugin = cluster.add_node(**node, env_vars={"PYTHONPATH": os.pathsep.join([*base, target])})
+    cluster.wait_for_nodes(timeout=120)
+    ray.init(address=cluster.address, log_to_driver=False)
+    print(f"ray cluster of 2 nodes up in {time.monotonic() - started:.1f} s")
+    try:
+        yield cluster, without_plugin.node_id, plugin, target
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        sys.path.remove(target)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def all_released() -> None:
+    """No placement group left, and every CPU free again (no actor of ours holds one)."""
+    import ray
+
+    deadline = time.monotonic() + 30
+    while True:
+        groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+        cpus = ray.available_resources().get("CPU", 0)
+        if not groups and cpus == ray.cluster_resources().get("CPU"):
+            return
+        assert time.monotonic() < deadline, (groups, ray.available_resources())
+        time.sleep(0.2)
+
+
+def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity_record):
+    import ray
+
+    model = tiny_model("llama")
+    prompts = [[5, 6, 7], list(range(10, 50))]
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
+    llm = make_llm(str(model.path), tensor_parallel_size=2, distributed_executor_backend="ray", **OPTIONS)
+    groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
+    assert len(groups) == 1 and len(set(groups[0]["bundles_to_node_id"].values())) == 2, groups  # one per node
+    described = llm.collective_rpc("describe")
+    assert [d["rank"] for d in described] == [0, 1] and os.getpid() not in {d["pid"] for d in described}
+    outputs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    llm.close()
+    all_released()
+    for prompt, output in zip(prompts, outputs):
+        comparison = compare_greedy(output.token_ids, output.logprobs, hf_greedy(model.hf_model, prompt, NUM_TOKENS))
+        parity_record["sequences"] += 1
+        parity_record["tokens"] += comparison.num_compared
+        assert comparison.max_logprob_error < 1e-3, comparison
+    for pid in (d["pid"] for d in described):
+        assert not Path(f"/proc/{pid}").exists(), f"worker process {pid} outlived the engine"
+
+
+def test_killing_a_worker_actor_fails_every_caller_within_5_s(cluster, tiny_model):
+    import ray
+
+    from asyncengine import AsyncEngine
+
+    model = tiny_model("llama")
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+    async def main() -> tuple[list[float], list[str]]:
+        failed_after: list[float] = []
+        messages: list[str] = []
+        async with AsyncEngine.start(model=str(model.path), tensor_parallel_size=2,
+                                     distributed_executor_backend="ray", **OPTIONS) as engine:
+            running = anyio.Event()
+            killed_at = [0.0]
+
+            async def one(start: int) -> None:
+                try:
+                    async for _ in engine.generate({"prompt_token_ids": list(range(start, start + 8))}, params):
+                        running.set()
+                except EngineDeadError as error:
+                    failed_after.append(time.monotonic() - killed_at[0])
+                    messages.append(str(error))
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for index in range(4):
+                        tg.start_soon(one, 10 + index)
+                    await running.wait()
+                    names = [n for n in ray.util.list_named_actors() if n.endswith(":rank1")]
+                    assert len(names) == 1, ray.util.list_named_actors()
+                    killed_at[0] = time.monotonic()
+                    ray.kill(ray.get_actor(names[0]), no_restart=True)
+        return failed_after, messages
+
+    failed_after, messages = anyio.run(main, backend="trio")
+    assert len(failed_after) == 4, messages
+    assert max(failed_after) < 5.0, failed_after
+    assert all(re.search(r"worker rank 1 \(pid \d+ on Ray node [\d.]+ \w+\)", m) for m in messages), messages
+    all_released()
+
+
+SCRIPT = r"""
+import json, sys
+from asyncengine import LLM
+from asyncengine.errors import StartupError
+try:
+    LLM(sys.argv[1], tensor_parallel_size=2, distributed_executor_backend="ray", in_process=False,
+        skip_tokenizer_init=True,
+        max_model_len=256, kv_cache_memory_bytes=8 * 2**20).close()
+except StartupError as error:
+    print(json.dumps({"error": str(error)}))
+else:
+    print(json.dumps({"error": None}))
+"""
+
+
+def test_a_plugin_missing_on_one_node_fails_start_up_naming_it(cluster, tiny_model, tmp_path):
+    _, node_without_plugin, plugin, target = cluster
+    directory = tmp_path / "plugin-llama"
+    shutil.copytree(tiny_model("llama").path, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["architectures"] = ["PluginLlamaForCausalLM"]  # registered by ae-plugin-general
+    (directory / "config.json").write_text(json.dumps(config))
+    (tmp_path / "script.py").write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCENGINE_PLUGINS"}
+    env["PYTHONPATH"] = os.pathsep.join([plugin, os.environ["PYTHONPATH"]])  # the frontend has the plugin
+    env["RAY_ADDRESS"] = cluster[0].address
+    result = subprocess.run([sys.executable, str(tmp_path / "script.py"), str(directory)], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert error is not None, "start-up succeeded with the plugin missing on one node"
+    assert "'PluginLlamaForCausalLM' is missing from registry 'models'" in error, error
+    assert node_without_plugin in error, error
+    all_released()
