@@ -43,8 +43,8 @@ class ServingContext:
 
 def check_model(context: ServingContext, model: str | None) -> None:
     if model is not None and model != context.model_name:
-        raise ApiError(400, f"the model {model!r} does not exist; this server serves {context.model_name!r}",
-                       param="model", code="model_not_found")
+        raise ApiError(404, f"The model `{model}` does not exist; this server serves {context.model_name!r}",
+                       type="NotFoundError", param="model", code="model_not_found")
 
 
 def check_supported(request: Any) -> None:

@@ -12,6 +12,8 @@ instances of its own, since streaming parsers keep state.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -78,6 +80,8 @@ def _tools_active(context: ServingContext, request: ChatCompletionRequest, force
 async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
                                  scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
     lora_request = await resolve_model(context, request.model)
+    if lora_request is not None:  # the response names the adapter it ran, as vLLM's does
+        context = dataclasses.replace(context, model_name=lora_request.lora_name)
     check_supported(request)
     engine = context.engine
     forced = forced_tools(request)  # a 400 naming tool_choice when it is malformed

@@ -10,6 +10,8 @@ at whatever moment, they are cancelled and closed, which aborts the requests.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -53,6 +55,8 @@ def _is_token_id(value: Any) -> bool:
 async def create_completion(context: ServingContext, request: CompletionRequest, header_id: str | None,
                             scope: ResponseScope) -> CompletionResponse | AsyncIterator[bytes]:
     lora_request = await resolve_model(context, request.model)
+    if lora_request is not None:  # the response names the adapter it ran, as vLLM's does
+        context = dataclasses.replace(context, model_name=lora_request.lora_name)
     check_supported(request)
     engine = context.engine
     response_id = new_id("cmpl", header_id)

@@ -87,6 +87,10 @@ def test_models_lists_adapters_with_their_base_as_parent(client):
     cards = {card.id: card for card in client.models.list().data}
     assert BASE in cards and "a1" in cards
     assert cards["a1"].parent == BASE
+    # a response names the adapter that ran
+    assert client.completions.create(model="a1", prompt=PROMPT, max_tokens=2).model == "a1"
+    chat = client.chat.completions.create(model="a1", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert chat.model == "a1"
 
 
 def test_two_adapters_and_the_base_stream_concurrently(server, client):

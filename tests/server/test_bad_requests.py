@@ -70,6 +70,8 @@ CASES = [
     ("token id outside the vocabulary", "POST", "/v1/completions", completion(prompt=[1, 10**9]), None, 400,
      "prompt_token_ids", "outside the vocabulary"),
     ("unknown model", "POST", "/v1/completions", completion(model="gpt-4"), None, 404, "model", "does not exist"),
+    ("unknown model on /tokenize", "POST", "/tokenize", {"model": "gpt-4", "prompt": "hi"}, None, 404, "model",
+     "does not exist"),
     ("unknown parameter", "POST", "/v1/completions", completion(frobnicate=True), None, 400, "frobnicate",
      "unsupported parameter"),
     ("unsupported parameter: echo", "POST", "/v1/completions", completion(echo=True), None, 400, "echo",
