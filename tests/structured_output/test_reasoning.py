@@ -25,7 +25,8 @@ from asyncengine.structured_output.manager import StructuredOutputManager
 from asyncengine.structured_output.reasoning import ReasoningGate
 from support.tiny_tokenizer import save_tiny_tokenizer
 
-OPTIONS = dict(max_model_len=256, kv_cache_memory_bytes=8 * 2**20, plugins="")
+# A small KV cache: the engine core builds its blocks on the event loop (fewer blocks, a shorter step)
+OPTIONS = dict(max_model_len=256, kv_cache_memory_bytes=2**20, plugins="")
 REASONING_TOKENS = 5
 
 
