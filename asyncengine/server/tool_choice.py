@@ -10,7 +10,8 @@ and `ForcedToolParser` turns it into tool calls in OpenAI's shape. Neither needs
   to f's `parameters` schema (any object when it has none).
 - "required": the output is a JSON array of at least one `{"name": ..., "parameters": ...}`, each item
   one of the tools (its name as a one-value enum, its parameters schema); `$defs` of the tools'
-  schemas are lifted to the top, where their `#/$defs/...` references resolve.
+  schemas are lifted to the top, where their `#/$defs/...` references resolve. With
+  `parallel_tool_calls` false the array holds exactly one call.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def forced_tools(request: Any) -> ForcedTools | None:
                           "for structured output too (response_format or structured_outputs): send one",
                           param="tool_choice", code="invalid_value")
     if choice == "required":
-        return ForcedTools(None, _required_schema(tools), "tools")
+        return ForcedTools(None, _required_schema(tools, single=getattr(request, "parallel_tool_calls", None) is False),
+                           "tools")
     name = _named(choice)
     for index, tool in enumerate(tools):
         if tool.function.name == name:
@@ -88,7 +90,7 @@ def _shown(choice: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _required_schema(tools: list[Any]) -> dict[str, Any]:
+def _required_schema(tools: list[Any], *, single: bool) -> dict[str, Any]:
     defs: dict[str, Any] = {}
     variants = []
     for index, tool in enumerate(tools):
@@ -104,6 +106,8 @@ def _required_schema(tools: list[Any]) -> dict[str, Any]:
                                         "parameters": parameters},
                          "required": ["name", "parameters"], "additionalProperties": False})
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if single:
+        schema["maxItems"] = 1
     if defs:
         schema["$defs"] = defs
     return schema

@@ -27,7 +27,8 @@ NO_PARAMETERS = Tool(function=FunctionDefinition(name="ping"))
 
 def request(tool_choice, tools=(WEATHER, CLOCK), **fields):
     return SimpleNamespace(tool_choice=tool_choice, tools=list(tools), response_format=fields.get("response_format"),
-                           structured_outputs=fields.get("structured_outputs"))
+                           structured_outputs=fields.get("structured_outputs"),
+                           parallel_tool_calls=fields.get("parallel_tool_calls"))
 
 
 @pytest.mark.parametrize("choice", [None, "none", "auto"])
@@ -75,6 +76,15 @@ def test_required_allows_arrays_of_the_tools_calls_only():
                 [{"name": "get_weather", "parameters": {"city": "Oslo"}}], [{"name": "get_time"}]):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_required_without_parallel_tool_calls_allows_one_call_only():
+    call = {"name": "get_time", "parameters": {"zone": "utc"}}
+    jsonschema.validate([call, call], forced_tools(request("required", parallel_tool_calls=True)).schema)
+    single = forced_tools(request("required", parallel_tool_calls=False)).schema
+    jsonschema.validate([call], single)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([call, call], single)
 
 
 def test_required_refuses_tools_whose_defs_clash():
