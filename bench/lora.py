@@ -66,7 +66,9 @@ def run(model: str, prompts, max_tokens, options: dict, loras) -> tuple[float, i
         params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
         requests = [{"prompt_token_ids": p} for p in prompts]
         warm = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
-        llm.generate(requests[:2], [warm] * 2, lora_request=loras[:2] if loras else None)  # warm-up
+        # warm-up on prompts of its own: the workload's would sit in the prefix cache and skip their prefill
+        warm_up = [{"prompt_token_ids": [11 + i] * 40} for i in range(2)]
+        llm.generate(warm_up, [warm] * 2, lora_request=loras[:2] if loras else None)
         start = time.perf_counter()
         outputs = llm.generate(requests, params, use_tqdm=False, lora_request=loras)
         elapsed = time.perf_counter() - start
