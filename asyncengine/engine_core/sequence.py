@@ -84,7 +84,7 @@ class Sequence:
         num_full = len(self.token_ids) // size
         while len(self._block_hashes) < num_full:
             index = len(self._block_hashes)
-            parent = self._block_hashes[-1] if self._block_hashes else None
+            parent = self._block_hashes[-1] if self._block_hashes else self._root_hash
             self._block_hashes.append(hash_block(parent, self.token_ids[index * size : (index + 1) * size]))
         return self._block_hashes
 
