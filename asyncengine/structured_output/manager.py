@@ -25,7 +25,6 @@ import anyio
 import numpy as np
 
 from asyncengine.config.structured_outputs import reasoning_settings
-from asyncengine.errors import ConfigError
 from asyncengine.interfaces.parsers import ReasoningParser
 from asyncengine.structured_output.backend import GrammarError, GrammarMatcher, StructuredOutputBackend, bitmask_words
 from asyncengine.structured_output.reasoning import ReasoningGate, reasoning_parser_class
@@ -76,11 +75,14 @@ class StructuredOutputManager:
         if parser_name is not None and not enable_in_reasoning:
             parser_class = reasoning_parser_class(parser_name)  # an unknown name fails the engine's start
             if parser_class.is_reasoning_end is ReasoningParser.is_reasoning_end:
-                raise ConfigError(f"reasoning parser {parser_name!r} ({parser_class.__qualname__}) does not implement "
-                                  "is_reasoning_end, so a constraint cannot start after its reasoning: implement it, "
-                                  'or set structured_outputs_config {"enable_in_reasoning": true}',
-                                  field="structured_outputs_config")
-            self.reasoning = ReasoningGate(parser_class)
+                # Not an error: `serve --reasoning-parser` sets the parser for every server, and a parser
+                # plugin written before is_reasoning_end existed must keep serving. Its constraints then
+                # cover the reasoning too, as they did before, and the log says so once, naming the parser.
+                logger.warning("reasoning parser %r (%s) does not implement is_reasoning_end, so constraints cover "
+                               "the reasoning too (as with enable_in_reasoning): implement it to start them after "
+                               "the reasoning", parser_name, parser_class.__qualname__)
+            else:
+                self.reasoning = ReasoningGate(parser_class)
 
     # -- compiling (a task of the step loop's task group, per request) ---------------------------------
 

@@ -68,7 +68,7 @@ def test_the_option_takes_a_class_path_and_is_read_in_the_engine_core(executors)
     assert EngineConfig(distributed_executor_backend=f"{executors}:RecordingExecutor").executor_backend.endswith(
         ":RecordingExecutor")
     with pytest.raises(ConfigError, match="'uni' .*'mp' .*'pkg.mod:Class'"):
-        EngineConfig(distributed_executor_backend="ray")
+        EngineConfig(distributed_executor_backend="nccl")
     assert HOOK_READERS["distributed_executor_backend"] == ("engine core",)
     config = EngineConfig(distributed_executor_backend=f"{executors}:RecordingExecutor")
     assert ("distributed_executor_backend", f"{executors}:RecordingExecutor") in hooks_checked(config, {"frontend"})
