@@ -90,8 +90,10 @@ class LLMPooling:
 
 
 async def pool_many(engine: AsyncEngine, pairs: list[tuple[Any, Any]], params_list: list[PoolingParams | None],
-                    task: str, field: str = "prompt") -> list[PoolingRequestOutput]:
-    """Pool every (prompt, pair) with its params: all checked first, submitted shortest first, in input order."""
+                    task: str, field: str = "prompt", nowait: bool = False) -> list[PoolingRequestOutput]:
+    """Pool every (prompt, pair) with its params: all checked first, submitted shortest first, in input order.
+    Each waits for its place under max_waiting_requests, or with `nowait` (the server) raises EngineOverloadedError
+    when there is none (within an exception group, as any failure of one of them)."""
     prepared: list[PoolingPrompt] = []
     for index, ((prompt, pair), params) in enumerate(zip(pairs, params_list)):
         try:
@@ -103,10 +105,12 @@ async def pool_many(engine: AsyncEngine, pairs: list[tuple[Any, Any]], params_li
                 error.args = (f"prompt {index}: {error.message}",)
                 error.message = error.args[0]
             raise
+    if nowait:
+        engine.check_fits_the_queue(len(prepared), field)
     results: list[PoolingRequestOutput | None] = [None] * len(prepared)
 
     async def one(index: int) -> None:
-        results[index] = await engine.run_pooling(prepared[index])
+        results[index] = await engine.run_pooling(prepared[index], nowait=nowait)
 
     order = sorted(range(len(prepared)), key=lambda i: len(prepared[i].prompt_token_ids))
     async with anyio.create_task_group() as tg:
@@ -118,7 +122,7 @@ async def pool_many(engine: AsyncEngine, pairs: list[tuple[Any, Any]], params_li
 
 async def score_pairs(engine: AsyncEngine, data_1: Any, data_2: Any, pooling_params: PoolingParams | None,
                       truncate_prompt_tokens: int | None, field_1: str = "text_1",
-                      field_2: str = "text_2") -> list[ScoringRequestOutput]:
+                      field_2: str = "text_2", nowait: bool = False) -> list[ScoringRequestOutput]:
     first = [data_1] if isinstance(data_1, str) else list(data_1)
     second = [data_2] if isinstance(data_2, str) else list(data_2)
     if not first or not second:
@@ -134,11 +138,13 @@ async def score_pairs(engine: AsyncEngine, data_1: Any, data_2: Any, pooling_par
         params = PoolingParams(**{**vars(params), "truncate_prompt_tokens": truncate_prompt_tokens})
     pooler = engine.model_config.pooler
     if pooler is not None and pooler.is_classifier:  # a cross-encoder: each pair in one pass
-        outputs = await pool_many(engine, list(zip(first, second)), [params] * len(first), "score", field=field_1)
+        outputs = await pool_many(engine, list(zip(first, second)), [params] * len(first), "score", field=field_1,
+                                  nowait=nowait)
         return [ScoringRequestOutput.from_base(output) for output in outputs]
     # A bi-encoder: the cosine similarity of the two embeddings.
     texts = first + second
-    embedded = await pool_many(engine, [(t, None) for t in texts], [params] * len(texts), "embed", field=field_1)
+    embedded = await pool_many(engine, [(t, None) for t in texts], [params] * len(texts), "embed", field=field_1,
+                               nowait=nowait)
     import torch
 
     scores = []

@@ -6,6 +6,10 @@ that yields the one final PoolingRequestOutput) and `pool(...)`, its coroutine f
 engine-core request, tracked by the `PoolingTable` until its output (or error) arrives; cancelling the waiting
 task aborts it in the engine core, and the engine's death fails it.
 
+A pooling request takes a place under `max_waiting_requests` as a generation does (the same AdmissionGate,
+frontend/admission.py) and holds it until its output arrives (the step that first runs a pooling request also
+finishes it): it waits for room, or with `nowait` (the server) fails with EngineOverloadedError at once, a 503.
+
 Every check of a request raises RequestError naming the field (the server's 400): an empty prompt, a token id
 outside the vocabulary, a prompt longer than max_model_len without `truncate_prompt_tokens`, `dimensions` on a
 model that is not Matryoshka, a task the model cannot do.
@@ -22,8 +26,10 @@ import anyio
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
-from asyncengine.errors import EngineDeadError, RequestError
+from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.frontend.admission import AdmissionGate
 from asyncengine.frontend.core_client import CoreClient
+from asyncengine.frontend.request_state import RequestTable
 from asyncengine.frontend.tokenizer_pool import TokenizerPool
 from asyncengine.frontend.tokenizer import encode_text
 from asyncengine.pooling.outputs import PoolingOutput, PoolingRequestOutput, tensor_of
@@ -46,30 +52,52 @@ class PoolingPrompt:
 
 
 class _Pending:
-    __slots__ = ("done", "output", "error")
+    __slots__ = ("done", "output", "error", "holds_place")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.output: EngineCoreOutput | None = None
         self.error: BaseException | None = None
+        self.holds_place = True  # its place at the admission gate, until it is given back
 
 
 class PoolingTable:
-    """Pooling requests in the engine core, by engine-core id, until their one output arrives."""
+    """Pooling requests in the engine core, by engine-core id, until their one output arrives. Each holds one
+    place at `gate` (taken before `open`), given back when its output arrives or it is forgotten."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: AdmissionGate) -> None:
+        self.gate = gate
         self._pending: dict[str, _Pending] = {}
 
     def __len__(self) -> int:
         return len(self._pending)
 
+    async def take_place(self, *, nowait: bool) -> None:
+        """One place at the gate for a pooling request: wait for it, or with `nowait` raise
+        EngineOverloadedError when every place is taken (as a generation request does)."""
+        if not nowait:
+            await self.gate.enter(1)
+        elif not self.gate.try_enter(1):
+            raise EngineOverloadedError(
+                f"{self.gate.capacity} requests are already waiting (max_waiting_requests); retry later")
+
     def open(self, core_id: str) -> _Pending:
+        """Track a request that has taken its place (`take_place`): the table gives the place back."""
         pending = self._pending[core_id] = _Pending()
         return pending
 
+    def _give_back_place(self, pending: _Pending) -> None:
+        if pending.holds_place:
+            pending.holds_place = False
+            self.gate.leave(1)
+
     def forget(self, core_id: str) -> bool:
         """Stop tracking a request; True when it was still waiting (so the engine core still has it)."""
-        return self._pending.pop(core_id, None) is not None
+        pending = self._pending.pop(core_id, None)
+        if pending is None:
+            return False
+        self._give_back_place(pending)
+        return True
 
     def on_step(self, outputs: list[EngineCoreOutput]) -> None:
         if not self._pending:
@@ -79,6 +107,7 @@ class PoolingTable:
             if pending is None or not output.finished:
                 continue
             del self._pending[output.request_id]
+            self._give_back_place(pending)
             if output.finish_reason == FinishReason.ERROR:
                 pending.error = RequestError(output.error or "the engine could not pool this request",
                                              field=output.error_field)
@@ -107,6 +136,7 @@ class PoolingEngine:
     tokenizer: Any
     tokenizer_pool: TokenizerPool
     _core: CoreClient
+    _requests: RequestTable  # the generation requests: its admission gate bounds pooling requests too
 
     def _check_accepting(self) -> None:
         raise NotImplementedError
@@ -121,7 +151,7 @@ class PoolingEngine:
     @property
     def pooling_requests(self) -> PoolingTable:
         if self._pooling_table is None:
-            self._pooling_table = PoolingTable()
+            self._pooling_table = PoolingTable(self._requests.gate)
         return self._pooling_table
 
     # -- checking and tokenizing ------------------------------------------------------------------------
@@ -217,20 +247,32 @@ class PoolingEngine:
 
     # -- running ----------------------------------------------------------------------------------------
 
+    def check_fits_the_queue(self, count: int, field: str) -> None:
+        """`count` pooling requests sent at once without waiting (nowait) can never all get a place when they
+        outnumber max_waiting_requests: a RequestError naming `field` (as for generation's n)."""
+        capacity = self.config.max_waiting_requests
+        if count > capacity:
+            raise RequestError(f"{field} has {count} inputs, more than max_waiting_requests ({capacity}) can hold: "
+                               "send fewer per request", field=field)
+
     async def pool(self, prompt: Any, pooling_params: PoolingParams | None = None, request_id: str | None = None,
-                   *, task: str | None = None, pair: Any = None, field: str = "prompt") -> PoolingRequestOutput:
-        """One pooling request, checked, tokenized (in the tokenizer pool) and run; its pooled output."""
+                   *, task: str | None = None, pair: Any = None, field: str = "prompt",
+                   nowait: bool = False) -> PoolingRequestOutput:
+        """One pooling request, checked, tokenized (in the tokenizer pool) and run; its pooled output. It waits
+        for a place under max_waiting_requests, or with `nowait` raises EngineOverloadedError when there is none."""
         self._check_accepting()
         prepared = await self.tokenizer_pool.run(
             self.prepare_pooling, prompt, pooling_params, task=task, pair=pair, field=field)
-        return await self.run_pooling(prepared, request_id)
+        return await self.run_pooling(prepared, request_id, nowait=nowait)
 
-    async def run_pooling(self, prepared: PoolingPrompt, request_id: str | None = None) -> PoolingRequestOutput:
+    async def run_pooling(self, prepared: PoolingPrompt, request_id: str | None = None, *,
+                          nowait: bool = False) -> PoolingRequestOutput:
         number = next(self._pooling_ids)
         request_id = request_id if request_id is not None else f"pool-{number}"
         core_id = f"{number}:pool:{request_id}"
         table = self.pooling_requests
-        pending = table.open(core_id)
+        await table.take_place(nowait=nowait)
+        pending = table.open(core_id)  # (no checkpoint between: the place cannot be lost to a cancellation)
         request = EngineCoreRequest(request_id=core_id, prompt_token_ids=prepared.prompt_token_ids,
                                     sampling=_NO_SAMPLING, arrival_time=time.monotonic(), pooling=prepared.options)
         try:

@@ -1,7 +1,9 @@
 """The pooling routes: POST /v1/embeddings (OpenAI's shape, float or base64), /pooling (the pooler's raw output,
 or an IO processor's response over pooled outputs), /classify, /score, /rerank and /v1/rerank (Jina's and
 Cohere's shape). Each input is checked and tokenized before any runs, then all run concurrently
-(frontend/llm_pooling.py: `pool_many`, `score_pairs`); what the engine refuses is a 400 naming the field.
+(frontend/llm_pooling.py: `pool_many`, `score_pairs`); what the engine refuses is a 400 naming the field. Each
+input takes a place under max_waiting_requests without waiting for one: with none free the request is a 503
+`engine_overloaded` with Retry-After, as on the generation routes.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from typing import Any
 import numpy as np
 from quart import Response, g
 
-from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.errors import RequestError
 from asyncengine.frontend.llm_pooling import pool_many, score_pairs
 from asyncengine.pooling.outputs import PoolingRequestOutput
 from asyncengine.pooling.params import PoolingParams
-from asyncengine.server.common import ServingContext, check_model, new_id
+from asyncengine.server.common import ServingContext, check_model, engine_errors_as_http, new_id
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error
 from asyncengine.server.protocol_pooling import (
     ClassificationData, ClassificationRequest, ClassificationResponse, EmbeddingData, EmbeddingRequest,
@@ -73,10 +75,10 @@ def _params(request: Any, **fields: Any) -> PoolingParams:
 
 
 async def _run(call: Awaitable[Any]) -> Any:
-    try:
+    """Await the pooling of a request's inputs (a task group: its failures come as an exception group), with the
+    first engine error among them as an HTTP error (the generation routes' 400 and 503s)."""
+    with engine_errors_as_http():
         return await call
-    except (RequestError, EngineOverloadedError, EngineDeadError) as error:
-        raise from_engine_error(error) from error
 
 
 def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitable[Any]],
@@ -85,37 +87,43 @@ def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitab
     engine = context.engine
     model_name = context.model_name
 
+    async def body(struct: type) -> Any:
+        request = await decode_body(struct)
+        check_model(context, request.model)
+        return request
+
     async def pool_inputs(request: Any, params: PoolingParams, task: str) -> list[PoolingRequestOutput]:
         prompts = input_prompts(request.input)
         pairs = [(prompt, None) for prompt in prompts]
-        return await _run(pool_many(engine, pairs, [params] * len(pairs), task, field="input"))
+        return await _run(pool_many(engine, pairs, [params] * len(pairs), task, field="input", nowait=True))
+
+    async def encoded_inputs(request: EmbeddingRequest | PoolingRequest, task: str) -> tuple[list[Any], PoolingUsage]:
+        """Each input pooled and encoded as `encoding_format` says, in input order; and the usage."""
+        params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
+        outputs = await pool_inputs(request, params, task)
+        return [_encoded(output, request.encoding_format) for output in outputs], _usage(outputs)
 
     async def embeddings() -> Response:
-        request = await decode_body(EmbeddingRequest)
-        check_model(context, request.model)
-        params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
-        outputs = await pool_inputs(request, params, "embed")
-        data = [EmbeddingData(index=i, embedding=_encoded(o, request.encoding_format)) for i, o in enumerate(outputs)]
-        return json_response(EmbeddingResponse(id=new_id("embd", g.request_id), created=int(time.time()),
-                                               model=model_name, data=data, usage=_usage(outputs)))
+        request = await body(EmbeddingRequest)
+        values, usage = await encoded_inputs(request, "embed")
+        return json_response(EmbeddingResponse(
+            id=new_id("embd", g.request_id), created=int(time.time()), model=model_name, usage=usage,
+            data=[EmbeddingData(index=i, embedding=value) for i, value in enumerate(values)]))
 
     async def pooling() -> Response:
-        request = await decode_body(PoolingRequest)
-        check_model(context, request.model)
+        request = await body(PoolingRequest)
         if request.data is not None:
             return json_response(await _pool_with_io_processor(context, request))
         if request.input is None:
             raise bad_request("send `input` (or `data`, for the IO processor --io-processor-plugin names)",
                               param="input", code="missing_parameter")
-        params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
-        outputs = await pool_inputs(request, params, request.task or "encode")
-        data = [PoolingData(index=i, data=_encoded(o, request.encoding_format)) for i, o in enumerate(outputs)]
-        return json_response(PoolingResponse(id=new_id("pool", g.request_id), created=int(time.time()),
-                                             model=model_name, data=data, usage=_usage(outputs)))
+        values, usage = await encoded_inputs(request, request.task or "encode")
+        return json_response(PoolingResponse(
+            id=new_id("pool", g.request_id), created=int(time.time()), model=model_name, usage=usage,
+            data=[PoolingData(index=i, data=value) for i, value in enumerate(values)]))
 
     async def classify() -> Response:
-        request = await decode_body(ClassificationRequest)
-        check_model(context, request.model)
+        request = await body(ClassificationRequest)
         outputs = await pool_inputs(request, _params(request), "classify")
         labels = engine.model_config.hf_config.get("id2label") or {}
         data = []
@@ -128,9 +136,8 @@ def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitab
                                                     model=model_name, data=data, usage=_usage(outputs)))
 
     async def score() -> Response:
-        request = await decode_body(ScoreRequest)
-        check_model(context, request.model)
-        results = await _run(score_pairs(engine, request.text_1, request.text_2, _params(request), None))
+        request = await body(ScoreRequest)
+        results = await _run(score_pairs(engine, request.text_1, request.text_2, _params(request), None, nowait=True))
         tokens = sum(len(r.prompt_token_ids) for r in results)
         data = [ScoreData(index=i, score=r.outputs.score) for i, r in enumerate(results)]
         return json_response(ScoreResponse(id=new_id("score", g.request_id), created=int(time.time()),
@@ -138,15 +145,14 @@ def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitab
                                            usage=PoolingUsage(prompt_tokens=tokens, total_tokens=tokens)))
 
     async def rerank() -> Response:
-        request = await decode_body(RerankRequest)
-        check_model(context, request.model)
+        request = await body(RerankRequest)
         if not request.documents:
             raise bad_request("documents is empty: send at least one document", param="documents",
                               code="invalid_value")
         if request.top_n is not None and request.top_n < 1:
             raise bad_request(f"top_n must be at least 1, got {request.top_n}", param="top_n", code="invalid_value")
         results = await _run(score_pairs(engine, request.query, request.documents, _params(request), None,
-                                         field_1="query", field_2="documents"))
+                                         field_1="query", field_2="documents", nowait=True))
         ranked = sorted(range(len(results)), key=lambda i: -results[i].outputs.score)[: request.top_n]
         items = [RerankResult(index=i, relevance_score=results[i].outputs.score,
                               document=RerankDocument(text=request.documents[i]) if request.return_documents else None)
@@ -173,7 +179,8 @@ async def _pool_with_io_processor(context: ServingContext, request: PoolingReque
     engine_prompts = [_engine_prompt(context, setup.name, i, prompt) for i, prompt in enumerate(prompts)]
     params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
     task = request.task or engine.pooling_task_default()
-    outputs = await _run(pool_many(engine, [(p, None) for p in engine_prompts], [params] * len(engine_prompts), task))
+    outputs = await _run(pool_many(engine, [(p, None) for p in engine_prompts], [params] * len(engine_prompts), task,
+                                   nowait=True))
     data = await _call_plugin(setup, "post_process", outputs)
     return PoolingIOResponse(id=new_id("pool", g.request_id), created=int(time.time()), model=context.model_name,
                              plugin=setup.name, data=data, usage=_usage(outputs))

@@ -191,3 +191,66 @@ def test_a_worker_without_a_pooler_fails_a_pooling_request_instead_of_dropping_i
     output = runner.execute_model(SchedulerOutput(new_requests=[new], num_scheduled_tokens={"p": 3}))
     assert [(f.request_id, f.field) for f in output.failed_requests] == [("p", "model")]
     assert output.pooled_request_ids == []
+
+
+def test_pooling_requests_take_places_under_max_waiting_requests_as_generations_do(qwen3):
+    """A pooling request holds a place under max_waiting_requests until its output arrives, like a generation:
+    with the one place taken, a generation or a pooling request with nowait is refused (EngineOverloadedError),
+    the server's pooling route answers 503 engine_overloaded with Retry-After (as the generation routes do), a
+    pooling request without nowait waits for room; every place is given back at the end."""
+    from asyncengine import AsyncEngine, EngineOverloadedError, SamplingParams
+    from asyncengine.server.app import create_app
+    from asyncengine.server.config import ServerConfig
+
+    long = SamplingParams(temperature=0.0, max_tokens=450, ignore_eos=True)  # aborted long before it ends
+
+    async def wait_for_waiting(engine, count: int) -> None:
+        with anyio.fail_after(60):
+            while (await engine.get_scheduler_stats()).num_waiting_reqs != count:
+                await anyio.sleep(0.02)
+
+    async def main():
+        async with AsyncEngine.start(model=str(qwen3.path), dtype="float32", skip_tokenizer_init=True,
+                                     max_model_len=512, max_num_seqs=1, max_waiting_requests=1,
+                                     kv_cache_memory_bytes=2**20) as engine:
+            app = create_app(engine, ServerConfig())
+            async with app.test_app() as running:
+                client = running.test_client()
+                results: dict[str, object] = {}
+                running_one = anyio.Event()
+
+                async def generate() -> None:
+                    async for _ in engine.generate({"prompt_token_ids": [5, 6, 7]}, long, request_id="long"):
+                        running_one.set()
+
+                async def pool(name: str, tokens: list[int]) -> None:
+                    results[name] = await engine.pool(tokens)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(generate)
+                    await running_one.wait()  # running: max_num_seqs=1 keeps the pooling request waiting
+                    tg.start_soon(pool, "queued", [9, 10, 11])
+                    await wait_for_waiting(engine, 1)
+                    with pytest.raises(EngineOverloadedError, match="max_waiting_requests"):
+                        await engine.generate({"prompt_token_ids": [8]}, long, nowait=True).__anext__()
+                    with pytest.raises(EngineOverloadedError, match="max_waiting_requests"):
+                        await engine.pool([12, 13], nowait=True)
+                    response = await client.post("/v1/embeddings", json={"input": [12, 13]})
+                    body = await response.get_json()
+                    assert response.status_code == 503, body
+                    assert body["error"]["code"] == "engine_overloaded" and response.headers["Retry-After"] == "1"
+                    tg.start_soon(pool, "patient", [12, 13])  # no nowait: it waits at the gate, not in the core
+                    await anyio.sleep(0.2)
+                    assert (await engine.get_scheduler_stats()).num_waiting_reqs == 1 and "patient" not in results
+                    await engine.abort("long")
+                assert {"queued", "patient"} <= set(results)
+                assert engine._requests.gate.count == 0 and len(engine.pooling_requests) == 0
+                response = await client.post("/v1/embeddings", json={"input": [[12, 13]]})
+                assert response.status_code == 200 and len((await response.get_json())["data"]) == 1
+                # More inputs than max_waiting_requests holds could never all get in: a 400 naming them.
+                response = await client.post("/v1/embeddings", json={"input": [[12, 13], [14, 15]]})
+                body = await response.get_json()
+                assert response.status_code == 400 and body["error"]["param"] == "input", body
+                assert "max_waiting_requests" in body["error"]["message"]
+
+    anyio.run(main, backend="trio")
