@@ -83,7 +83,9 @@ class InProcessCoreClient(CoreClient):
         with single_exceptions():  # a failed phase, not a group around it
             async with anyio.create_task_group() as tg:  # owns the engine core's executor
                 try:
-                    core = await tg.start(run_engine_core, config, setup.model_config, plugins, core_trace)
+                    # The frontend's manifest: each worker process (mp, Ray) compares its registries with it.
+                    core = await tg.start(run_engine_core, config, setup.model_config, plugins, core_trace,
+                                          plugins.manifest)
                     async with core_trace.phase("ready"):
                         pass
                 finally:
@@ -239,7 +241,7 @@ async def check_engine_core(config: EngineConfig, plugins: Any, trace: StartupTr
         return
     core_trace = StartupTrace("engine core")  # the same process, in its engine-core role
     try:
-        await check_workers(config, core_trace)
+        await check_workers(config, core_trace, plugins.manifest)
         async with core_trace.phase("ready"):
             pass
     finally:

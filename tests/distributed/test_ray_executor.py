@@ -1,15 +1,13 @@
-"""The Ray executor on a local two-node Ray cluster (ray.cluster_utils.Cluster on this machine, one CPU per
-node, so a TP=2 engine has one rank on each).
+"""The Ray executor on a local two-node Ray cluster (ray.cluster_utils.Cluster on this machine, two
+logical CPUs per node: a TP=2 engine placed STRICT_SPREAD has one rank on each, a TP=2 x PP=2 engine
+placed SPREAD two on each).
 
-Ray is heavy and only these tests need it: the `ray` marker deselects them by default (pyproject's
-addopts); run them with
-
-    .venv/bin/python -m pytest -m ray tests/distributed/test_ray_executor.py
-
-They install ray into a target directory under pip's cache (never into .venv) once, and put it on the
-path of this process (after the virtualenv's packages) and of the Ray nodes. One cluster for the module:
-the head node has the test plugin distribution ae-plugin-general on its path, the second node does not.
-The first test needs no cluster: it checks that our actor calls take only str and bytes.
+These tests run in the default suite (`-m "not ray"` leaves them out). Ray is heavy and only they need
+it: they install it once into a target directory keyed by its version under pip's cache (never into
+.venv; a fresh clone needs only PyPI), and put it on the path of this process (after the virtualenv's
+packages) and of the Ray nodes. One cluster for the module: the head node has the test plugin
+distribution ae-plugin-general on its path, the second node does not. The first test needs no cluster:
+it checks that our actor calls take only str and bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ import pytest
 from asyncengine import EngineDeadError, SamplingParams
 from support.hf_reference import compare_greedy, hf_greedy
 
-pytestmark = pytest.mark.ray
+# The first test on the cluster installs ray (fresh machine) and starts the cluster: 300 s is too tight.
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 RAY_VERSION = "2.60.0"
 OPTIONS = dict(skip_tokenizer_init=True, max_model_len=256, kv_cache_memory_bytes=8 * 2**20)
@@ -72,17 +71,32 @@ def test_actor_calls_take_only_str_or_bytes():
 # -- the cluster --------------------------------------------------------------------------------------
 
 
+INSTALL_TIMEOUT = 600  # seconds for `pip install ray` on a fresh machine (about 40 s with PyPI reachable)
+
+
 def ray_target() -> Path:
-    """ray installed (once) into a target under pip's cache: never into .venv."""
+    """ray installed (once per version) into a target under pip's cache: never into .venv. Concurrent
+    runs take a lock, and a half-finished install (killed) is redone from scratch."""
+    import fcntl
+
     cache = Path(subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True,
                                 check=True).stdout.strip())
     target = cache / "asyncengine-test-targets" / f"ray-{RAY_VERSION}"
-    if not (target / "ray" / "__init__.py").is_file():
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial),
-                        f"ray=={RAY_VERSION}"], check=True, timeout=900)
-        partial.rename(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"ray-{RAY_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "ray" / "__init__.py").is_file():
+            partial = target.with_name(target.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            started = time.monotonic()
+            try:
+                subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial),
+                                f"ray=={RAY_VERSION}"], check=True, timeout=INSTALL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"pip install ray=={RAY_VERSION} took over {INSTALL_TIMEOUT} s: is PyPI reachable? "
+                            "(-m 'not ray' leaves these tests out)")
+            partial.rename(target)
+            print(f"ray {RAY_VERSION} installed into {target} in {time.monotonic() - started:.0f} s")
     return target
 
 
@@ -98,11 +112,11 @@ def cluster(plugin_target):
     base = [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]
     plugin = str(plugin_target("ae-plugin-general"))
     os.environ["PYTHONPATH"] = os.pathsep.join([*base, target])
-    os.environ["ASYNCENGINE_RAY_PLACEMENT_STRATEGY"] = "STRICT_SPREAD"  # one rank per node
+    os.environ["ASYNCENGINE_RAY_PLACEMENT_STRATEGY"] = "STRICT_SPREAD"  # one rank per node (TP=2 x PP=2: SPREAD)
     os.environ["ASYNCENGINE_RAY_PLACEMENT_TIMEOUT"] = "60"
     # (Ray binds the machine's own address, not loopback: a driver given 127.0.0.1 looks for the node
     # under the machine's address and never finds it. Nothing leaves the machine either way.)
-    node = dict(num_cpus=1, object_store_memory=80 * 2**20)
+    node = dict(num_cpus=2, object_store_memory=80 * 2**20)
     started = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
         **node, "include_dashboard": False, "env_vars": {"PYTHONPATH": os.pathsep.join([*base, target, plugin])}})
@@ -137,17 +151,14 @@ def all_released() -> None:
         time.sleep(0.2)
 
 
-def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity_record):
-    import ray
-
-    model = tiny_model("llama")
+def generate_and_compare(llm, model, parity_record) -> None:
+    """Greedy outputs of two prompts against transformers' (compare_greedy's tie rule, as TP=1's parity
+    tests); the engine is closed, every Ray resource released and every worker process gone."""
     prompts = [[5, 6, 7], list(range(10, 50))]
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
-    llm = make_llm(str(model.path), tensor_parallel_size=2, distributed_executor_backend="ray", **OPTIONS)
-    groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
-    assert len(groups) == 1 and len(set(groups[0]["bundles_to_node_id"].values())) == 2, groups  # one per node
     described = llm.collective_rpc("describe")
-    assert [d["rank"] for d in described] == [0, 1] and os.getpid() not in {d["pid"] for d in described}
+    assert [d["rank"] for d in described] == list(range(len(described)))
+    assert os.getpid() not in {d["pid"] for d in described}
     outputs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     llm.close()
     all_released()
@@ -158,6 +169,31 @@ def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity
         assert comparison.max_logprob_error < 1e-3, comparison
     for pid in (d["pid"] for d in described):
         assert not Path(f"/proc/{pid}").exists(), f"worker process {pid} outlived the engine"
+
+
+def bundles_per_node() -> list[int]:
+    import ray
+
+    groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
+    assert len(groups) == 1, groups
+    nodes = list(groups[0]["bundles_to_node_id"].values())
+    return sorted(nodes.count(node) for node in set(nodes))
+
+
+def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity_record):
+    model = tiny_model("llama")
+    llm = make_llm(str(model.path), tensor_parallel_size=2, distributed_executor_backend="ray", **OPTIONS)
+    assert bundles_per_node() == [1, 1]  # one rank on each node
+    generate_and_compare(llm, model, parity_record)
+
+
+def test_tp2_pp2_over_two_nodes_matches_tp1(cluster, tiny_model, make_llm, parity_record, monkeypatch):
+    monkeypatch.setenv("ASYNCENGINE_RAY_PLACEMENT_STRATEGY", "SPREAD")  # 4 ranks, 2 nodes
+    model = tiny_model("llama")
+    llm = make_llm(str(model.path), tensor_parallel_size=2, pipeline_parallel_size=2,
+                   distributed_executor_backend="ray", **OPTIONS)
+    assert bundles_per_node() == [2, 2]
+    generate_and_compare(llm, model, parity_record)
 
 
 def test_killing_a_worker_actor_fails_every_caller_within_5_s(cluster, tiny_model):
@@ -207,9 +243,9 @@ import json, sys
 from asyncengine import LLM
 from asyncengine.errors import StartupError
 try:
-    LLM(sys.argv[1], tensor_parallel_size=2, distributed_executor_backend="ray", in_process=False,
-        skip_tokenizer_init=True,
-        max_model_len=256, kv_cache_memory_bytes=8 * 2**20).close()
+    # In-process: the engine core hands the frontend's manifest to the Ray workers itself (core_client.py).
+    LLM(sys.argv[1], tensor_parallel_size=2, distributed_executor_backend="ray", in_process=True,
+        skip_tokenizer_init=True, max_model_len=256, kv_cache_memory_bytes=8 * 2**20).close()
 except StartupError as error:
     print(json.dumps({"error": str(error)}))
 else:
