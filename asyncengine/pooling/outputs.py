@@ -5,7 +5,7 @@ and the task-shaped views `EmbeddingRequestOutput` (`outputs.embedding`), `Class
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -56,43 +56,42 @@ class ClassificationOutput:
 class ScoringOutput:
     score: float
 
-
-@dataclass
-class EmbeddingRequestOutput:
-    request_id: str
-    outputs: EmbeddingOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
-
     @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
-        return cls(output.request_id, EmbeddingOutput(output.outputs.data.flatten().tolist()), output.prompt_token_ids)
-
-
-@dataclass
-class ClassificationRequestOutput:
-    request_id: str
-    outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
-
-    @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> "ClassificationRequestOutput":
-        return cls(output.request_id, ClassificationOutput(output.outputs.data.flatten().tolist()),
-                   output.prompt_token_ids)
-
-
-@dataclass
-class ScoringRequestOutput:
-    request_id: str
-    outputs: ScoringOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
-
-    @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> "ScoringRequestOutput":
+    def of_values(cls, values: list[float]) -> "ScoringOutput":
         """A cross-encoder's one score (its one label through sigmoid; with two labels, the second's probability),
         or a bi-encoder's cosine similarity already folded into `data`."""
-        values = output.outputs.data.flatten().tolist()
-        return cls(output.request_id, ScoringOutput(values[-1] if len(values) <= 2 else values[0]),
-                   output.prompt_token_ids)
+        return cls(values[-1] if len(values) <= 2 else values[0])
+
+
+@dataclass
+class _TaskRequestOutput:
+    """A PoolingRequestOutput seen as one task's output: `outputs` is `view` of the pooled values."""
+
+    request_id: str
+    outputs: Any
+    prompt_token_ids: list[int]
+    finished: bool = True
+    # list[float] -> the task's output (typed Any: mypy takes a callable class attribute for a method)
+    view: ClassVar[Any]
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> Self:
+        return cls(output.request_id, cls.view(output.outputs.data.flatten().tolist()), output.prompt_token_ids)
+
+
+@dataclass
+class EmbeddingRequestOutput(_TaskRequestOutput):
+    outputs: EmbeddingOutput
+    view = EmbeddingOutput
+
+
+@dataclass
+class ClassificationRequestOutput(_TaskRequestOutput):
+    outputs: ClassificationOutput
+    view = ClassificationOutput
+
+
+@dataclass
+class ScoringRequestOutput(_TaskRequestOutput):
+    outputs: ScoringOutput
+    view = ScoringOutput.of_values

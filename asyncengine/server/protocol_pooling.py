@@ -7,7 +7,7 @@ of lists of token ids (typed two lists deep at most, so a deeper nesting stops m
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -62,77 +62,77 @@ class PoolingUsage(msgspec.Struct, kw_only=True):
     total_tokens: int
 
 
-class EmbeddingData(msgspec.Struct, kw_only=True):
-    index: int
-    embedding: list[float] | str  # str: base64 of the float32 little-endian values
-    object: str = "embedding"
+class _Answer(msgspec.Struct, kw_only=True):
+    """The fields every pooling response but /rerank's starts with (each adds its `data` and `usage`)."""
 
-
-class EmbeddingResponse(msgspec.Struct, kw_only=True):
     id: str
     created: int
     model: str
-    data: list[EmbeddingData]
+
+
+Item = TypeVar("Item")
+
+
+class _ListOf(_Answer, Generic[Item], kw_only=True):
+    """OpenAI's list object: one item per input, in input order."""
+
+    data: list[Item]
     usage: PoolingUsage
     object: str = "list"
 
 
-class PoolingData(msgspec.Struct, kw_only=True):
+class _Item(msgspec.Struct, kw_only=True):
+    """One input's result in a response's `data`, by its position among the inputs."""
+
     index: int
+
+
+class EmbeddingData(_Item, kw_only=True):
+    embedding: list[float] | str  # str: base64 of the float32 little-endian values
+    object: str = "embedding"
+
+
+class EmbeddingResponse(_ListOf[EmbeddingData], kw_only=True):
+    pass
+
+
+class PoolingData(_Item, kw_only=True):
     data: Any  # the pooled tensor as nested lists of floats, or base64 of its float32 values
     object: str = "pooling"
 
 
-class PoolingResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="list"):
+class PoolingResponse(_Answer, kw_only=True, tag_field="object", tag="list"):
     # (tagged by `object`, as it is written anyway, so that the route's two answers make one schema)
-    id: str
-    created: int
-    model: str
     data: list[PoolingData]
     usage: PoolingUsage
 
 
-class PoolingIOResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="io_process"):
+class PoolingIOResponse(_Answer, kw_only=True, tag_field="object", tag="io_process"):
     """POST /pooling with an IO processor: what its post_process made of the pooled outputs."""
 
-    id: str
-    created: int
-    model: str
     plugin: str
     data: Any
     usage: PoolingUsage
 
 
-class ClassificationData(msgspec.Struct, kw_only=True):
-    index: int
+class ClassificationData(_Item, kw_only=True):
     label: str | None
     probs: list[float]
     num_classes: int
     object: str = "classification"
 
 
-class ClassificationResponse(msgspec.Struct, kw_only=True):
-    id: str
-    created: int
-    model: str
-    data: list[ClassificationData]
-    usage: PoolingUsage
-    object: str = "list"
+class ClassificationResponse(_ListOf[ClassificationData], kw_only=True):
+    pass
 
 
-class ScoreData(msgspec.Struct, kw_only=True):
-    index: int
+class ScoreData(_Item, kw_only=True):
     score: float
     object: str = "score"
 
 
-class ScoreResponse(msgspec.Struct, kw_only=True):
-    id: str
-    created: int
-    model: str
-    data: list[ScoreData]
-    usage: PoolingUsage
-    object: str = "list"
+class ScoreResponse(_ListOf[ScoreData], kw_only=True):
+    pass
 
 
 class RerankDocument(msgspec.Struct, kw_only=True):

@@ -10,8 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import asyncengine.attention.registry as registry_module
-import asyncengine.attention.selector as selector_module
 from asyncengine.attention.backend import AttentionBackend
 from asyncengine.attention.registry import (TORCH_PAGED, TRITON_PAGED, AttentionBackendRegistry,
                                              register_attention_backend)
@@ -35,15 +33,6 @@ class Mine(AttentionBackend):
 
 class Other(AttentionBackend):
     pass
-
-
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    """A registry of the same kind with only the built-in, in place of the process-wide one."""
-    fresh = registry_module._AttentionBackendRegistry()
-    monkeypatch.setattr(registry_module, "AttentionBackendRegistry", fresh)
-    monkeypatch.setattr(selector_module, "AttentionBackendRegistry", fresh)
-    return fresh
 
 
 def layers(*head_dims: int):

@@ -10,8 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import asyncengine.attention.registry as registry_module
-import asyncengine.attention.selector as selector_module
 from asyncengine.attention.backend import AttentionBackend
 from asyncengine.attention.registry import register_attention_backend
 from asyncengine.attention.selector import select_attention_backends
@@ -81,14 +79,6 @@ class AnsweringPlatform(CpuPlatform):
     @classmethod
     def get_attn_backend_cls(cls, head_dim, dtype, block_size):
         return cls.answer
-
-
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    fresh = registry_module._AttentionBackendRegistry()
-    monkeypatch.setattr(registry_module, "AttentionBackendRegistry", fresh)
-    monkeypatch.setattr(selector_module, "AttentionBackendRegistry", fresh)
-    return fresh
 
 
 LAYERS = [SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25) for _ in range(2)]
