@@ -69,6 +69,7 @@ from asyncengine.plugin_runtime.vllm_compat import (  # vLLM's helpers for plugi
     envs,
     load_endpoint_plugins,
     load_general_plugins,
+    load_plugins_by_group,
     load_stat_logger_plugin_factories,
 )
 from asyncengine.interfaces.additional_config import (  # read in: frontend (checks every key is claimed)
@@ -201,6 +202,7 @@ __all__ = [
     "VllmConfig",
     "envs",
     "load_endpoint_plugins",
+    "load_plugins_by_group",
     "load_general_plugins",
     "load_stat_logger_plugin_factories",
     "Registry",

@@ -83,6 +83,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.server",
             "asyncengine.cli",
             "asyncengine.porting",
+            "asyncengine.compat",  # vLLM's EngineArgs/LLMEngine and older attention selector, over our engine
             "asyncengine.plugins_api",
             "asyncengine.__main__",
             "asyncengine",

@@ -368,9 +368,18 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
 
     # -- calls into the engine core and the workers -----------------------------------------------------
 
-    async def collective_rpc(self, method: str, args: tuple | list = ()) -> list[Any]:
-        """Run public worker method `method` on every rank; each rank's result (msgspec-encodable)."""
-        return await self._call_core("collective_rpc", method, list(args))
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
+                             kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run public worker method `method(*args)` on every rank; each rank's result (msgspec-encodable).
+        vLLM's signature: `timeout` in seconds (then TimeoutError), `kwargs` refused (TypeError) as they
+        do not travel to the workers here. `collective_rpc(method, args)` (args second) still works."""
+        if isinstance(timeout, (list, tuple)):  # the older form, args second: a list or tuple is no timeout
+            timeout, args = None, timeout
+        if kwargs:
+            raise TypeError(f"collective_rpc({method!r}, kwargs=...): keyword arguments do not reach the workers "
+                            f"here; pass them by position in args (got {', '.join(kwargs)})")
+        with anyio.fail_after(timeout):  # None: no deadline
+            return await self._call_core("collective_rpc", method, list(args))
 
     async def get_scheduler_stats(self) -> SchedulerStats:
         return msgspec.convert(await self._call_core("get_scheduler_stats"), SchedulerStats)

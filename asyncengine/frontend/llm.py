@@ -66,8 +66,10 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
     def get_scheduler_stats(self) -> SchedulerStats:
         return self._portal.call(self.engine.get_scheduler_stats)
 
-    def collective_rpc(self, method: str, args: tuple | list = ()) -> list[Any]:
-        return self._portal.call(self.engine.collective_rpc, method, args)
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """vLLM's signature (AsyncEngine.collective_rpc); `collective_rpc(method, args)` still works."""
+        return self._portal.call(self.engine.collective_rpc, method, timeout, args, kwargs)
 
     def generate(
         self,

@@ -16,13 +16,14 @@ from asyncengine.interfaces.registry import describe
 
 # What the worker knows when it asks for an attention backend, under each name vLLM's platforms use for
 # it (vLLM passes keywords; its signatures changed over releases), and our own names.
-def _attn_backend_arguments(head_dim: int, dtype: Any, block_size: int) -> dict[str, Any]:
-    return {"head_size": head_dim, "head_dim": head_dim, "dtype": dtype, "kv_cache_dtype": None,
+def _attn_backend_arguments(head_dim: int, dtype: Any, block_size: int, kv_cache_dtype: Any = None) -> dict[str, Any]:
+    return {"head_size": head_dim, "head_dim": head_dim, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
             "block_size": block_size, "use_v1": True, "use_mla": False, "has_sink": False, "use_sparse": False,
             "selected_backend": None, "backend_name": None, "backend": None, "attn_selector_config": None}
 
 
-def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_size: int) -> Any:
+def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_size: int, *,
+                     kv_cache_dtype: Any = None) -> Any:
     """Call the platform's get_attn_backend_cls as vLLM does, by keyword, giving each parameter its
     signature names; ours (head_dim, dtype, block_size) are among them. A method written for an
     instance (vLLM's platforms are instances) is called on one. A parameter with no known meaning and
@@ -30,7 +31,7 @@ def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_
     method = platform.get_attn_backend_cls
     if not isinstance(inspect.getattr_static(platform, "get_attn_backend_cls"), (classmethod, staticmethod)):
         method = platform().get_attn_backend_cls
-    known = _attn_backend_arguments(head_dim, dtype, block_size)
+    known = _attn_backend_arguments(head_dim, dtype, block_size, kv_cache_dtype)
     arguments: dict[str, Any] = {}
     for name, parameter in inspect.signature(method).parameters.items():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):

@@ -174,7 +174,7 @@ def _port_string(node: ast.Constant, offsets: _Offsets, text: str, replace, cann
     if not isinstance(value, str):  # port_python passes string constants only
         return
     new = (table.ENTRY_POINT_GROUPS.get(value) or table.ENVIRONMENT_VARIABLES.get(value)
-           or table.CLASS_PATHS.get(value))
+           or table.CLASS_PATHS.get(value) or table.ATTRIBUTE_PATHS.get(value))
     if new is not None:
         line, column, end_line, end_column = _span(node)
         start = offsets.index(line, column)
@@ -187,7 +187,7 @@ def _port_string(node: ast.Constant, offsets: _Offsets, text: str, replace, cann
     elif _VLLM_DOTTED.match(value):
         section, hint = table.unmapped_reason(value)
         cannot(node, f"the class path {value!r}", section, hint)
-    elif _VLLM_ENV.match(value):
+    elif _VLLM_ENV.match(value) and value not in table.ENVIRONMENT_VARIABLES_READ:
         cannot(node, f"the environment variable {value}", "environment-variables",
                f"asyncengine reads {', '.join(table.ENVIRONMENT_VARIABLES.values())} only")
     elif _VLLM_REQUIREMENT.match(value):

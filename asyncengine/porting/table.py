@@ -51,7 +51,7 @@ _API_NAMES = {
     "vllm.v1.sample.logits_processor": ["LogitsProcessor", "BatchUpdate", "MoveDirectionality"],
     "vllm.v1.executor.abstract": ["Executor"],
     "vllm.v1.metrics.loggers": ["StatLoggerBase", "load_stat_logger_plugin_factories"],
-    "vllm.plugins": ["load_general_plugins", "load_endpoint_plugins"],
+    "vllm.plugins": ["load_general_plugins", "load_endpoint_plugins", "load_plugins_by_group"],
     "vllm.plugins.io_processors.interface": ["IOProcessor"],
     "vllm.plugins.endpoint_plugins": ["EndpointPlugin"],
     "vllm.plugins.endpoint_plugins.interface": ["EndpointPlugin"],
@@ -71,6 +71,25 @@ IMPORTS.update({
     ("vllm.v1.executor.uniproc_executor", "UniProcExecutor"): (API, "UniExecutor"),
     ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor"): (API, "MultiprocExecutor"),
 })
+# vLLM's engine-level names that plugin tests drive, over our engine (asyncengine/compat/).
+_COMPAT = "asyncengine.compat"
+IMPORTS.update({
+    ("vllm", "EngineArgs"): (f"{_COMPAT}.llm_engine", "EngineArgs"),
+    ("vllm", "LLMEngine"): (f"{_COMPAT}.llm_engine", "LLMEngine"),
+    ("vllm.engine.arg_utils", "EngineArgs"): (f"{_COMPAT}.llm_engine", "EngineArgs"),
+    ("vllm.engine.arg_utils", "AsyncEngineArgs"): (f"{_COMPAT}.llm_engine", "AsyncEngineArgs"),
+    ("vllm.engine.llm_engine", "LLMEngine"): (f"{_COMPAT}.llm_engine", "LLMEngine"),
+    ("vllm.v1.engine.llm_engine", "LLMEngine"): (f"{_COMPAT}.llm_engine", "LLMEngine"),
+    ("vllm.attention.selector", "get_attn_backend"): (f"{_COMPAT}.attention_selector", "get_attn_backend"),
+    ("vllm.attention.backends.placeholder_attn", "PlaceholderAttentionBackend"):
+        (f"{_COMPAT}.attention_selector", "PlaceholderAttentionBackend"),
+    ("vllm.platforms", "_init_trace"): (f"{_COMPAT}.platforms", "_init_trace"),
+})
+# vLLM environment variables that asyncengine reads under vLLM's name, left as they are by the tool.
+ENVIRONMENT_VARIABLES_READ = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "LLMEngine/EngineArgs (asyncengine/compat/llm_engine.py): 0 runs the engine "
+                                      "core in this process, 1 in a process of its own",
+}
 # `import vllm.envs as envs` (a module imported whole) -> `from OURS import NAME as envs`
 MODULE_IMPORTS = {"vllm.envs": (API, "envs")}
 
@@ -84,6 +103,13 @@ CLASS_PATHS = {
     "vllm.v1.executor.multiproc_executor.MultiprocExecutor": "asyncengine.engine_core.executor:MultiprocExecutor",
     "vllm.platforms.cpu.CpuPlatform": "asyncengine.platforms.cpu:CpuPlatform",
     "vllm.platforms.cuda.CudaPlatform": "asyncengine.platforms.cuda:CudaPlatform",
+}
+
+# Attributes named by a dotted string, as `monkeypatch.setattr("vllm.plugins.load_plugins_by_group", fake)`
+# names them: the attribute our code looks up when it is called, so that the same stub takes effect.
+ATTRIBUTE_PATHS = {
+    "vllm.plugins.load_plugins_by_group": "asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group",
+    "vllm.v1.metrics.loggers.load_plugins_by_group": "asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group",
 }
 
 # What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.
@@ -131,4 +157,5 @@ def rename_rows() -> list[tuple[str, str, str]]:
             seen.add(dotted)
             rows.append(("import", dotted, f"{target}.{new_name}"))
     rows += [("class path", old, new) for old, new in CLASS_PATHS.items()]
+    rows += [("attribute path", old, new) for old, new in ATTRIBUTE_PATHS.items()]
     return rows

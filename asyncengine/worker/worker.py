@@ -23,6 +23,7 @@ from asyncengine.config.model import ModelConfig
 from asyncengine.errors import StartupError
 from asyncengine.models.layers import op_registry
 from asyncengine.interfaces.platform import Platform
+from asyncengine.platforms.torch_device import check_torch_device
 from asyncengine.interfaces.worker import WorkerBase
 from asyncengine.registries.base import reads
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
@@ -75,6 +76,7 @@ class Worker(WorkerBase):
 
     def init_device(self) -> None:
         self.platform.set_device(self.device)
+        check_torch_device(self.platform, self.device)  # a device torch has no backend for: named, here
         if self.device.type == "cpu":
             # How many threads the model uses, pinned when `cpu_threads` leaves CPUs spare (cpu_threads.py);
             # ranks share the machine's cores: without this each would start one thread per core.
