@@ -128,9 +128,12 @@ def all_gather_last_dim(tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 
 def send_to_next_stage(tensors: list[torch.Tensor]) -> None:
-    """This stage's activations to the same tensor-parallel rank of the next stage, in order."""
+    """This stage's activations to the same tensor-parallel rank of the next stage, in order. (A send
+    returns once the next stage takes it: time spent here is waiting on that stage too.)"""
+    started = time.perf_counter()
     for tensor in tensors:
         dist.send(tensor.contiguous(), dst=_state.global_rank + _state.world_size)
+    _pipeline_wait[0] += time.perf_counter() - started
 
 
 def receive_from_previous_stage(shapes: list[tuple[int, ...]], dtype: torch.dtype,

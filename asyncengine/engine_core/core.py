@@ -22,6 +22,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.executor import Executor, build_executor
+from asyncengine.engine_core.micro_batches import micro_batches_for
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError
 from asyncengine.kv_transfer.base import KVConnectorRole
@@ -54,6 +55,8 @@ class EngineCore:
         )
         # Multi-LoRA: a step never uses more adapters than each worker has slots.
         self.scheduler.max_loras = engine_config.max_loras if engine_config.enable_lora else None
+        # Pipeline stages with async scheduling: micro-batches that overlap (micro_batches.py).
+        self.scheduler.micro_batches = micro_batches_for(engine_config)
 
     @property
     def num_blocks(self) -> int:

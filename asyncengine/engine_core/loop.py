@@ -23,6 +23,7 @@ import msgspec
 
 from asyncengine.engine_core.core import EngineCore
 from asyncengine.engine_core.executor import round_trip
+from asyncengine.engine_core.micro_batches import steps_in_flight
 from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, RequestError, error_field, error_type_name
 from asyncengine.structured_output.backend import GrammarError
@@ -78,7 +79,7 @@ class EngineCoreLoop:
         self.executor = core.executor
         self.send = send
         self.process_name = process_name
-        self.pipeline_depth = 2 if core.engine_config.async_scheduling else 1
+        self.pipeline_depth = steps_in_flight(core.engine_config)  # 2 with async scheduling, P with P stages
         self._wakeup = anyio.Event()
         self._num_steps = 0
         self._trace: list[StepRecord] | None = None

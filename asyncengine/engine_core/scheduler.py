@@ -30,6 +30,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
+from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
 from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRequest
 from asyncengine.wire.engine_core import (
@@ -86,6 +87,9 @@ class Scheduler:
         # Multi-LoRA: at most this many distinct adapters among the running sequences (the workers' slots),
         # set by the engine core like kv_connector; None without LoRA.
         self.max_loras: int | None = None
+        # Pipeline micro-batches (engine_core/micro_batches.py), set by the engine core like kv_connector;
+        # None without pipeline stages to overlap.
+        self.micro_batches: MicroBatches | None = None
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -133,6 +137,9 @@ class Scheduler:
         preempted_this_step = False
 
         shares = _Shares(self) if self._parent_of and self.waiting else None
+        micro_batches = self.micro_batches
+        if micro_batches is not None:
+            micro_batches.begin_step(len(self.running))
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -140,7 +147,8 @@ class Scheduler:
             num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
             if shares is not None:
                 num_new = min(num_new, shares.tokens_left(seq))
-            if num_new <= 0 or self._will_finish_by_length(seq) or self._awaits_grammar_token(seq):
+            if (num_new <= 0 or self._will_finish_by_length(seq) or self._awaits_grammar_token(seq)
+                    or (micro_batches is not None and micro_batches.sits_out(seq))):
                 index += 1  # its last token is still in flight (or its request used its share): nothing now
                 continue
             num_blocks_before = len(seq.block_ids)
@@ -251,6 +259,8 @@ class Scheduler:
             finished_request_ids=forget,
             kv_connector_metadata=metadata,
             grammar_bitmask=self._grammar_bitmask(sampling_ids),
+            pipeline_token_ids=(None if micro_batches is None
+                                else micro_batches.token_ids(cached_requests, self.sequences)),
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:

@@ -47,7 +47,7 @@ from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
-from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens
+from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.structured_output.bitmask import apply_bitmask
@@ -304,6 +304,8 @@ class ModelRunner:
             state.block_ids.extend(cached.new_block_ids)
             self.block_rows.append(state.row, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+        if scheduler_output.pipeline_token_ids is not None and not parallel.is_last_stage():
+            take_token_ids(self.requests, scheduler_output.pipeline_token_ids)  # micro-batches (pipeline.py)
         return failed
 
     def _admit(self, new: NewRequestData) -> FailedRequest | None:
@@ -370,6 +372,9 @@ class ModelRunner:
         if self.kv_connector is not None and connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
         if not parallel.is_last_stage():  # pipeline parallelism: the last stage samples (worker/pipeline.py)
+            if scheduler_output.pipeline_token_ids is not None:  # micro-batches: the tokens come with a later step
+                return ModelRunnerOutput(timings=self._timings(started, prepared, forwarded, events, use_graph),
+                                         failed_requests=failed)
             token_ids = receive_sampled_tokens(len(inputs.sampling_request_ids), self.device)
             for request_id, token_id in zip(inputs.sampling_request_ids, token_ids):
                 self.requests[request_id].token_ids.append(token_id)
@@ -394,7 +399,8 @@ class ModelRunner:
             # run one after another on this thread, whatever the engine core scheduled ahead.
             processors.update_state(inputs.batch_update)
         sampled = self.sampler(logits, rows, processors)
-        share_sampled_tokens(sampled.token_ids, self.device)
+        if scheduler_output.pipeline_token_ids is None:  # (with micro-batches the engine core sends them)
+            share_sampled_tokens(sampled.token_ids, self.device)
         for request_id, token_id in zip(inputs.sampling_request_ids, sampled.token_ids):
             state = self.requests[request_id]
             state.token_ids.append(token_id)
