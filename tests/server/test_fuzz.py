@@ -3,16 +3,22 @@
 Request bodies are drawn by hypothesis from the JSON schemas of the server's own `GET /openapi.json`
 (tests/support/schema_fuzz.py: mostly valid bodies with fields at their extremes, wrong types, deep
 nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/completions and
-/v1/chat/completions (streamed and not), /tokenize and /detokenize. The server runs a tiny
-random-weight model with a byte-level tokenizer and a 64-token context, so that what a valid request
-generates is short. The cases go two at a time, concurrently, each pair followed by a normal request.
+/v1/chat/completions (streamed and not; `tool_choice` none, auto, required and named, with tools),
+/tokenize and /detokenize, the pooling routes /v1/embeddings, /pooling, /score and /rerank (`dimensions`,
+`truncate_prompt_tokens`, `input` lists; a generation model embeds with its last token), and the runtime
+LoRA routes /v1/load_lora_adapter and /v1/unload_lora_adapter (their bodies' schemas from their Structs:
+the document does not list them), with adapters that load, that do not, and one whose matrices do not fit
+the model, which requests then name as their `model`. The server runs a tiny random-weight model with a
+byte-level tokenizer and a 64-token context, so that what a valid request generates is short. The cases go
+two at a time, concurrently, each pair followed by a normal request.
 Properties, for every case:
 
 - no 5xx but a 503 for overload (`engine_overloaded`); no error event mid-stream that is internal or
   says the engine died;
 - every 4xx (and that 503) is OpenAI's error shape, exactly `{"error": {"message", "type", "param", "code"}}`,
   with a message that names no Python exception class and holds no traceback;
-- every 200 matches the response schema the document gives (each stream event the event schema);
+- every 200 matches the response schema the document gives (each stream event the event schema; the LoRA
+  routes answer text);
 - the server then answers a normal request.
 
 At the end no request is running and the KV cache is empty.
@@ -32,26 +38,75 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import msgspec
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from asyncengine.server.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from support.schema_fuzz import DANGEROUS_INTS, SchemaStrategies, encode_body
 from support.server import metric, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
 
 API_KEY = "fuzz-key"
-CASES = 320
 MAX_MODEL_LEN = 64
+LORA_RANK = 4
 SERVER_OPTIONS = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--max-waiting-requests", "16",
-                  "--kv-cache-memory-bytes", str(4 * 2**20), "--api-key", API_KEY, "--served-model-name", "tiny"]
+                  "--kv-cache-memory-bytes", str(4 * 2**20), "--api-key", API_KEY, "--served-model-name", "tiny",
+                  "--enable-lora", "--max-lora-rank", str(LORA_RANK), "--max-loras", "2",
+                  "--enable-runtime-lora-updates"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
-          "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+          "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
+          "/v1/embeddings": "EmbeddingRequest", "/pooling": "PoolingRequest", "/score": "ScoreRequest",
+          "/rerank": "RerankRequest",
+          "/v1/load_lora_adapter": "LoadLoRAAdapterRequest", "/v1/unload_lora_adapter": "UnloadLoRAAdapterRequest"}
+# Routes the document does not list (added with --enable-runtime-lora-updates): their bodies' Structs, and 200s
+# in plain text.
+UNDOCUMENTED = {"LoadLoRAAdapterRequest": LoadLoRAAdapterRequest, "UnloadLoRAAdapterRequest": UnloadLoRAAdapterRequest}
+TEXT_ROUTES = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+# Examples whose first case is drawn for one route (the second from every route).
+EXAMPLES_PER_ROUTE = 16  # 320 cases, as many as before the pooling and LoRA routes joined
+ADAPTER_NAMES = ["a", "b", "misfit", "tiny"]  # "tiny": the served model's own name
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}},
+    {"type": "function", "function": {"name": "g"}}]
 # An exception's class name or a traceback in an error message: internals, not what the client did wrong.
 PYTHON_INTERNALS = re.compile(r"Traceback|File \"|\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
 NORMAL_REQUEST = ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 1})
+
+
+def save_adapter(directory, *, hidden: int, out: int, seed: int) -> str:
+    """A PEFT LoRA adapter on q_proj of both layers, written by hand (rank LORA_RANK); `out` other than the
+    model's q_proj width makes one whose matrices do not fit (its config reads as valid)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in (0, 1):
+        prefix = f"base_model.model.model.layers.{layer}.self_attn.q_proj"
+        tensors[f"{prefix}.lora_A.weight"] = torch.randn(LORA_RANK, hidden, generator=generator)
+        tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, LORA_RANK, generator=generator)
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": 8, "target_modules": ["q_proj"], "bias": "none"}))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def lora_paths(tiny_model, tmp_path_factory) -> list[str]:
+    """Paths a load request may name: two adapters that load, one whose matrices do not fit, the model's own
+    directory (no adapter), a missing one, and odd strings."""
+    llama = tiny_model("llama")
+    hidden = llama.hf_model.config.hidden_size
+    root = tmp_path_factory.mktemp("fuzz-adapters")
+    return [save_adapter(root / "a", hidden=hidden, out=hidden, seed=1),
+            save_adapter(root / "b", hidden=hidden, out=hidden, seed=2),
+            save_adapter(root / "misfit", hidden=hidden, out=hidden + 5, seed=3),
+            str(llama.path), str(root / "missing"), "", "/", "\x00", "a" * 5000]
 
 
 @pytest.fixture(scope="module")
@@ -99,34 +154,66 @@ class Case:
         return f"Case({self.path!r}, {text[:600] + ' ...' if len(text) > 600 else text})"
 
 
-def cases(document: dict[str, Any], only: str | None = None) -> st.SearchStrategy[Case]:
+def components_of(document: dict[str, Any]) -> dict[str, Any]:
+    """The document's schemas, and those of the bodies of the routes it does not list."""
+    _, undocumented = msgspec.json.schema_components(list(UNDOCUMENTED.values()),
+                                                     ref_template="#/components/schemas/{name}")
+    return {**document["components"]["schemas"], **undocumented}
+
+
+def cases(document: dict[str, Any], lora_paths: list[str], only: str | None = None) -> st.SearchStrategy[Case]:
     """Bodies for every fuzzed route, or for the route `only`."""
-    components = document["components"]["schemas"]
+    components = components_of(document)
     token_ids = st.lists(st.integers(3, 258), min_size=1, max_size=8)
     odd_token_ids = st.lists(st.sampled_from(DANGEROUS_INTS), min_size=1, max_size=3)
     text = st.text(max_size=20)
     prompt = st.one_of(text, st.lists(text, min_size=1, max_size=4), token_ids, st.lists(token_ids, min_size=1,
                                                                                          max_size=4))
     roles = st.sampled_from(["user", "assistant", "system", "tool", "developer"])
+    pooling_input = st.one_of(text, st.lists(text, min_size=1, max_size=4), token_ids,
+                              st.lists(token_ids, min_size=1, max_size=4), odd_token_ids)
     hints = {
         # Typed Any in the schema (several shapes, checked by hand): the shapes clients send.
         "prompt": st.one_of(prompt, odd_token_ids, st.lists(odd_token_ids, max_size=3)),
-        "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]),
+        "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}},
+                                        {"type": "function", "function": {"name": "g"}},
+                                        {"type": "function", "function": {"name": "unknown"}}]),
+        "tools": st.sampled_from([TOOLS, TOOLS[:1], TOOLS[1:], []]),
         "role": roles,
+        # Names the server knows (the model, adapters loaded or not), so that requests reach what serves them.
+        "model": st.sampled_from([*ADAPTER_NAMES, "unknown"]),
+        "lora_name": st.sampled_from(ADAPTER_NAMES),
+        "lora_path": st.sampled_from(lora_paths),
+        "input": pooling_input,
+        "text_1": st.one_of(text, st.lists(text, min_size=1, max_size=3)),
+        "text_2": st.one_of(text, st.lists(text, min_size=1, max_size=3)),
+        "documents": st.lists(text, max_size=3),
     }
     schemas = SchemaStrategies(components, hints)
     message = st.fixed_dictionaries({"role": roles, "content": text})
     messages = st.lists(message, min_size=1, max_size=3)
     small = st.integers(1, 4)
     stream = st.sampled_from([{}, {}, {"stream": True}])
+    lora_name, lora_path = st.sampled_from(ADAPTER_NAMES), st.sampled_from(lora_paths)
+    # tool_choice "required" and named functions force the tool calls' schema (structured output).
+    tooling = st.sampled_from([{}, {}, {"tools": TOOLS, "tool_choice": "auto"},
+                               {"tools": TOOLS, "tool_choice": "required"},
+                               {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+                               {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}}])
     bases = {
         "/v1/completions": st.builds(lambda p, m, s: {"prompt": p, "max_tokens": m, **s}, prompt, small,
                                      stream),
-        "/v1/chat/completions": st.builds(lambda ms, m, s: {"messages": ms, "max_tokens": m, **s}, messages, small,
-                                          stream),
+        "/v1/chat/completions": st.builds(lambda ms, m, s, t: {"messages": ms, "max_tokens": m, **s, **t}, messages,
+                                          small, stream, tooling),
         "/tokenize": st.one_of(st.builds(lambda p: {"prompt": p}, text), st.builds(lambda ms: {"messages": ms},
                                                                                     messages)),
         "/detokenize": st.builds(lambda t: {"tokens": t}, token_ids),
+        "/v1/embeddings": st.builds(lambda i: {"input": i}, pooling_input),
+        "/pooling": st.builds(lambda i: {"input": i}, pooling_input),
+        "/score": st.builds(lambda a, b: {"text_1": a, "text_2": b}, hints["text_1"], hints["text_2"]),
+        "/rerank": st.builds(lambda q, d: {"query": q, "documents": d}, text, st.lists(text, min_size=1, max_size=3)),
+        "/v1/load_lora_adapter": st.builds(lambda n, p: {"lora_name": n, "lora_path": p}, lora_name, lora_path),
+        "/v1/unload_lora_adapter": st.builds(lambda n: {"lora_name": n}, lora_name),
     }
     return st.one_of([schemas.body(ROUTES[path], base).map(lambda body, path=path: Case(path, body))
                       for path, base in bases.items() if only in (None, path)])
@@ -154,11 +241,13 @@ class Checker:
     def problems(self, case: Case, status: int, content_type: str, body: bytes) -> list[str]:
         """What is wrong with the server's answer to `case` (empty: nothing)."""
         self.statuses[(case.path, status)] += 1
-        operation = self.document["paths"][case.path]["post"]
         if status >= 400:
             return self.error_problems(status, body)
         if status != 200:
             return [f"status {status}"]
+        if case.path in TEXT_ROUTES:
+            return [] if content_type.startswith("text/plain") else [f"200 in {content_type}, not text: {body[:200]!r}"]
+        operation = self.document["paths"][case.path]["post"]
         ok = operation["responses"]["200"]["content"]
         if content_type.startswith("text/event-stream"):
             return self.stream_problems(ok["text/event-stream"]["x-event-data"], body)
@@ -242,7 +331,7 @@ def test_the_server_serves_its_contract_built_once(fuzz_server, document):
     assert "security" not in document["paths"]["/health"]["get"]
 
 
-def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document):
+def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document, lora_paths):
     checker = Checker(document)
     routes_seen: collections.Counter = collections.Counter()
 
@@ -250,9 +339,9 @@ def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document):
     # (no request may hurt another); then a normal request. The first case of a pair is drawn for one route
     # at a time: hypothesis' one_of favours its first branches, which left a route with few cases.
     def two_cases_for(path: str):
-        @settings(max_examples=CASES // 2 // len(ROUTES), derandomize=True, database=None, deadline=None,
+        @settings(max_examples=EXAMPLES_PER_ROUTE, derandomize=True, database=None, deadline=None,
                   print_blob=False, phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-        @given(pair=st.tuples(cases(document, only=path), cases(document)))
+        @given(pair=st.tuples(cases(document, lora_paths, only=path), cases(document, lora_paths)))
         def two_cases(pair: tuple[Case, Case]) -> None:
             with concurrent.futures.ThreadPoolExecutor(len(pair)) as pool:
                 answers = list(pool.map(lambda case: send(fuzz_server, "POST", case.path, encode_body(case.body)),
@@ -272,7 +361,10 @@ def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document):
     elapsed = time.monotonic() - started
     print(f"\n{sum(routes_seen.values())} fuzzed cases in {elapsed:.1f} s; by route {dict(routes_seen)}; "
           f"statuses {dict(checker.statuses)}")
-    assert sum(routes_seen.values()) >= 300
-    assert all(routes_seen[path] >= 40 for path in ROUTES), routes_seen  # every route is fuzzed, not one
+    assert sum(routes_seen.values()) == 2 * EXAMPLES_PER_ROUTE * len(ROUTES)
+    assert all(routes_seen[path] >= EXAMPLES_PER_ROUTE for path in ROUTES), routes_seen  # every route, not one
+    # Valid bodies got through, not only refusals: adapters loaded, embeddings made, tool calls forced.
+    for path in ("/v1/load_lora_adapter", "/v1/embeddings", "/pooling", "/score", "/v1/chat/completions"):
+        assert checker.statuses[(path, 200)] > 0, (path, dict(checker.statuses))
     assert wait_for(lambda: metric(fuzz_server, "num_requests_running") == 0, 30), "requests still running"
     assert wait_for(lambda: metric(fuzz_server, "kv_cache_usage_perc") == 0, 30), "KV blocks still held"
