@@ -8,7 +8,11 @@ itself. So a plugin route is behind everything a built-in route is behind: the A
 request id and log, `--middleware`, the clash check against built-in routes, the OpenAPI listing.
 `init_state(engine_client, state, args)` runs once before the server takes requests, with the
 application's `state` (what `raw_request.app.state` reads in a route) and the options as an
-argparse.Namespace, as vLLM's server calls it.
+argparse.Namespace, as vLLM's server calls it. The application's lifespan then runs with the server's:
+its startup (`@app.on_event("startup")` handlers, or a lifespan context the plugin set on
+`app.router.lifespan_context`) after init_state and before the server takes requests, its shutdown
+when the server stops; a mapping the lifespan yields is each request's `request.state`, as Starlette
+gives it.
 
 The plugin's application runs in a task of the response's scope (response_scope.py): its status line
 and headers become the response's, its body chunks are streamed as they come, and it is cancelled
@@ -22,7 +26,8 @@ import importlib
 import inspect
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -78,6 +83,9 @@ class RouterEndpoint(EndpointPlugin):
         self.required_tasks = getattr(plugin, "required_tasks", None)
         self.args = args
         self.asgi_app: Any = None
+        self.lifespan_state: dict[str, Any] | None = None  # what the app's lifespan yielded, when a mapping
+        self._stop: anyio.Event | None = None  # set by the server's after_serving: run the lifespan's shutdown
+        self._stopped: anyio.Event | None = None
 
     def attach(self, app: Any) -> None:
         fastapi = _import_fastapi(self.name)
@@ -89,6 +97,7 @@ class RouterEndpoint(EndpointPlugin):
             raise StartupError(f"endpoint plugin {self.name!r}: attach_router(app) added no route")
         for index, (rule, methods) in enumerate(rules):
             app.add_url_rule(rule, f"endpoint_plugin.{self.name}.{index}", self._forward, methods=list(methods))
+        app.after_serving(self._stop_lifespan)
 
     async def serve(self, engine_client: Any, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         init_state = getattr(self.plugin, "init_state", None)
@@ -100,11 +109,42 @@ class RouterEndpoint(EndpointPlugin):
             except Exception as exc:  # the plugin's own failure, named; the server does not start
                 raise StartupError(f"endpoint plugin {self.name!r} failed in init_state(engine_client, state, "
                                    f"args): {type(exc).__name__}: {exc}") from exc
-        task_status.started()
+        # The app's lifespan, as Starlette runs it for an app it serves: startup now, shutdown when the
+        # server stops (its after_serving sets _stop), both in this task: a lifespan that opens a task
+        # group around its `yield` must leave it in the task that entered it. Waiting on _stop, not on
+        # the server's task group's cancellation, which comes only after the shutdown grace period.
+        self._stop, self._stopped = anyio.Event(), anyio.Event()
+        try:
+            async with self._lifespan() as state:
+                self.lifespan_state = dict(state) if isinstance(state, Mapping) else None
+                task_status.started()
+                await self._stop.wait()  # then its shutdown runs, unless the grace period has run out
+        finally:
+            self._stopped.set()
+
+    @asynccontextmanager
+    async def _lifespan(self) -> AsyncIterator[Any]:
+        # `async with` in the one task, never a manual __aexit__ (and no shield around it): a lifespan
+        # may open a task group around its `yield`, whose scope only the task's own nesting can leave.
+        entered = False
+        try:
+            async with self.asgi_app.router.lifespan_context(self.asgi_app) as state:
+                entered = True
+                yield state
+        except Exception as exc:  # the plugin's startup or shutdown failed, named
+            when = "shutdown" if entered else "startup"
+            raise StartupError(f"endpoint plugin {self.name!r}: its FastAPI app's {when} (lifespan) raised "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+    async def _stop_lifespan(self) -> None:
+        """The server's after_serving: the app's shutdown runs, and the server waits for it."""
+        if self._stop is not None and self._stopped is not None:
+            self._stop.set()
+            await self._stopped.wait()
 
     async def _forward(self, **_path_parameters: Any) -> Response:
         # The path parameters are the plugin app's to parse: it routes the request again, by its own rules.
-        return await forward_to_asgi(self.asgi_app, self.name)
+        return await forward_to_asgi(self.asgi_app, self.name, self.lifespan_state)
 
 
 def _import_fastapi(plugin_name: str) -> Any:
@@ -153,10 +193,13 @@ def _quart_rules(asgi_app: Any, plugin_name: str) -> list[tuple[str, tuple[str, 
     return rules
 
 
-async def forward_to_asgi(asgi_app: Any, plugin_name: str) -> Response:
-    """This request, passed to `asgi_app` as ASGI; its answer as a streamed Quart response."""
+async def forward_to_asgi(asgi_app: Any, plugin_name: str, lifespan_state: dict[str, Any] | None = None) -> Response:
+    """This request, passed to `asgi_app` as ASGI; its answer as a streamed Quart response.
+    `lifespan_state`: what the app's lifespan yielded, a copy of it in each request's scope (Starlette's)."""
     body = await request.get_data(as_text=False)
     scope = dict(request.scope)
+    if lifespan_state is not None:
+        scope["state"] = dict(lifespan_state)
     chunks_in, chunks_out = anyio.create_memory_object_stream[bytes](16)
     started, finished = anyio.Event(), anyio.Event()
     start: dict[str, Any] = {}
