@@ -21,10 +21,12 @@ from asyncengine.config.class_paths import is_class_path
 from asyncengine.errors import StartupError
 from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.interfaces.imports import import_by_path
+from asyncengine.interfaces.registry import reads
 from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
 from asyncengine.platforms.resolution import current_platform
 
 
+@reads("attention_backends", "worker")  # vLLM asks it in the worker; here only a plugin's test calls it
 def get_attn_backend(head_size: int, dtype: Any, kv_cache_dtype: Any = None, block_size: int = 16,
                      is_attention_free: bool = False, *_vllm_only: Any, **_vllm_keywords: Any) -> type:
     """The backend class this process's platform chooses for layers of `head_size` and `dtype` (vLLM's

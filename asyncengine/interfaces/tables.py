@@ -83,6 +83,7 @@ READER_MODULES = (
     "asyncengine.models.layers.op_registry",
     "asyncengine.server.app",
     "asyncengine.attention.selector",
+    "asyncengine.compat.attention_selector",  # vLLM's older selector, for plugin tests
     "asyncengine.kv_transfer.factory",
     "asyncengine.structured_output.registry",
     "asyncengine.structured_output.reasoning",
