@@ -103,13 +103,18 @@ def validate_all(llm, backends) -> None:
                  for s in SCHEMAS]
         outputs = llm.chat(chats, params, use_tqdm=False)
         good = 0
-        for schema, output in zip(SCHEMAS, outputs):
+        for index, (schema, output) in enumerate(zip(SCHEMAS, outputs)):
             completion = output.outputs[0]
             try:
                 jsonschema.validate(json.loads(completion.text), schema)
-                good += completion.finish_reason == "stop"
-            except (ValueError, jsonschema.ValidationError):
-                pass
+            except (ValueError, jsonschema.ValidationError) as exc:
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            else:
+                failure = None if completion.finish_reason == "stop" else f"finish_reason {completion.finish_reason}"
+            good += failure is None
+            if failure is not None:  # which schema, why, and what the model wrote: enough to judge it
+                print(f"structured {backend}: schema {index} failed ({failure}; {len(completion.token_ids)} "
+                      f"tokens): {completion.text!r}\n  schema: {json.dumps(schema)}", flush=True)
         print(f"structured {backend}: {good}/{len(SCHEMAS)} schemas stopped and validated; {load()}", flush=True)
 
 

@@ -351,9 +351,10 @@ class Scheduler:
         return None, None
 
     def _awaits_grammar_token(self, seq: Sequence) -> bool:
-        """A constrained sequence's next mask needs the token still in flight: it sits this step out."""
-        return (seq.num_pending_tokens > 0 and self.structured_output is not None
-                and self.structured_output.is_constrained(seq.request_id))
+        """A constrained sequence's next mask needs its token still in flight, and it joins the other
+        constrained ones in one step (StructuredOutputManager.sits_out): it sits this step out."""
+        return (self.structured_output is not None
+                and self.structured_output.sits_out(seq.request_id, seq.num_pending_tokens))
 
     def _grammar_bitmask(self, sampling_ids: list[str]) -> GrammarBitmask | None:
         if self.structured_output is None:

@@ -7,9 +7,12 @@
   their previous token was folded in (`bitmask`), and travel in the SchedulerOutput as int32 words.
 - After a step, each matcher is advanced by its request's token (`accept`).
 
-With async scheduling, a constrained request is not scheduled again while its previous token is in
-flight (Scheduler.schedule asks `is_ready`): its next mask depends on that token. Other requests keep
-the overlap; docs/structured_outputs.md says what that costs.
+With async scheduling, a constrained request is not scheduled while any constrained request's token
+is in flight (Scheduler.schedule asks `sits_out`): its own next mask depends on its own token, and
+holding the others back too keeps every constrained request in one step. Scheduling the ready ones
+instead splits them into two halves that alternate, each step carrying half of them, which halved a
+constrained W3 run's tok/s (bench/RESULTS.md). Unconstrained requests keep the overlap;
+docs/structured_outputs.md says what that costs.
 
 With a reasoning parser configured (reasoning.py), a request is sampled without a mask until its
 reasoning ends, and its grammar starts with the next token.
@@ -69,6 +72,7 @@ class StructuredOutputManager:
         self._failures: dict[str, GrammarError] = {}
         self._pending: set[str] = set()  # requests whose grammar is not ready yet
         self._matchers: dict[str, GrammarMatcher] = {}
+        self._in_flight: set[str] = set()  # constrained requests sampling in a step not yet folded in
         self._lock = anyio.Lock()  # building a backend (tokenizer load) happens once
         self.reasoning: ReasoningGate | None = None
         parser_name, enable_in_reasoning = reasoning_settings(structured_outputs_config)
@@ -168,8 +172,15 @@ class StructuredOutputManager:
     def is_ready(self, request_id: str) -> bool:
         return request_id not in self._pending
 
+    def sits_out(self, request_id: str, num_pending_tokens: int) -> bool:
+        """Whether a running request must sit out the step being scheduled: it is constrained, and its
+        own token or another constrained request's is in flight (module docstring: one step, not halves)."""
+        return self.is_constrained(request_id) and (num_pending_tokens > 0 or bool(self._in_flight))
+
     def bitmask(self, request_ids: list[str]) -> tuple[list[str], bytes] | None:
-        """The masks of those of `request_ids` that are constrained, as (their ids, int32 words)."""
+        """The masks of those of `request_ids` that are constrained, as (their ids, int32 words).
+        `request_ids` are the step's sampling requests: the constrained ones are in flight from here on."""
+        self._in_flight.update(rid for rid in request_ids if rid in self._matchers)
         constrained = [rid for rid in request_ids if rid in self._matchers
                        and not (self.reasoning is not None and self.reasoning.is_reasoning(rid))]
         if not constrained:
@@ -184,6 +195,7 @@ class StructuredOutputManager:
 
     def accept(self, request_id: str, token_id: int) -> bool:
         """Advance the request's matcher; True when its grammar is now complete (it should stop)."""
+        self._in_flight.discard(request_id)
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return False
@@ -201,6 +213,7 @@ class StructuredOutputManager:
 
     def remove(self, request_id: str) -> None:
         self._pending.discard(request_id)
+        self._in_flight.discard(request_id)
         self._matchers.pop(request_id, None)
         self.stats.backend_of.pop(request_id, None)
         if self.reasoning is not None:

@@ -116,3 +116,32 @@ async def test_a_grammar_that_cannot_finish_in_max_tokens_ends_with_length(model
             text, token_ids, finish = await collect(engine, "q", SamplingParams(
                 temperature=0, max_tokens=6, structured_outputs=StructuredOutputsParams(regex="z{40}")))
     assert finish == "length" and text == "z" * 6 and len(token_ids) == 6
+
+
+@pytest.mark.anyio
+async def test_with_async_scheduling_constrained_requests_decode_in_one_step_not_alternating_halves(model_dir):
+    # Four constrained requests whose prefills land in different steps (64 tokens a step, 40-token prompts).
+    # A constrained request waits for its own token before its next step; if the ready ones were scheduled
+    # meanwhile, the four would split into two groups alternating steps, each step carrying half of them
+    # (what halved bench/structured.py's W3 figure). Held back together, they decode four to a step.
+    params = SamplingParams(temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(regex="z{30}"))
+    # (1 MiB of KV cache: the engine core builds its blocks on the event loop, test_reasoning.py says why)
+    config = EngineConfig(model=model_dir, async_scheduling=True, max_num_batched_tokens=64,
+                          **{**OPTIONS, "kv_cache_memory_bytes": 2**20})
+    async with AsyncEngine.start(config) as engine:
+        with anyio.fail_after(300):
+            await collect(engine, "warm", params)  # the grammar compiled, so that all four start together
+            await engine.call_engine_core("start_step_trace")
+            results = []
+
+            async def run(index):
+                results.append(await collect(engine, f"{index}" * 40, params))
+
+            async with anyio.create_task_group() as tg:
+                for index in range(4):
+                    tg.start_soon(run, index)
+            trace = await engine.call_engine_core("stop_step_trace")
+    assert all(text == "z" * 30 for text, _, _ in results), results
+    sizes = [record[1] for record in trace]  # StepRecord's num_tokens: one per decoding request
+    # 160 prompt tokens take 3 steps, the 4 x 30 tokens then about 30 steps of 4 (not about 60 of 2).
+    assert sizes.count(4) >= 25 and len(sizes) <= 40, sizes
