@@ -79,7 +79,8 @@ class EngineCoreLoop:
         self.executor = core.executor
         self.send = send
         self.process_name = process_name
-        self.pipeline_depth = steps_in_flight(core.engine_config)  # 2 with async scheduling, P with P stages
+        # 2 with async scheduling; P with micro-batches over P pipeline stages (micro_batches.py).
+        self.pipeline_depth = steps_in_flight(core.engine_config, core.scheduler.micro_batches)
         self._wakeup = anyio.Event()
         self._num_steps = 0
         self._trace: list[StepRecord] | None = None

@@ -2,7 +2,7 @@
 
 With P pipeline stages and async scheduling the step loop keeps P steps in the executor (`steps_in_flight`),
 and the scheduler makes them micro-batches that can overlap: while the last stage runs step N, the first
-stage runs step N+1 on other requests.
+stage runs step N+1 on other requests. On by default off CPU (`micro_batches_for` says when).
 
 Two rules make that correct and useful (`MicroBatches`, held by the scheduler as `micro_batches`):
 
@@ -17,7 +17,7 @@ The tokens then travel from the engine core, not from the last stage: each step'
 holds, per cached request, its tokens from max(num_computed_tokens, prompt length) on (one token per
 decode step), which the stages that did not sample append (worker/pipeline.py). The last stage's
 broadcast of its sampled tokens, which held every stage until the last had sampled, is skipped. Without
-async scheduling (one step at a time) nothing here is used and the broadcast stays.
+micro-batches nothing here is used and the broadcast stays.
 
 What still does not overlap: the first stage's send of step N+1's activations waits until the last stage
 takes them, after it finished step N (gloo's send meets its receive); and the engine core's scheduling
@@ -26,28 +26,44 @@ of step N+P waits for step N's output. `bench/distributed.py` measures each stag
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from asyncengine.config.engine import EngineConfig
+from asyncengine.errors import ConfigError
 
 if TYPE_CHECKING:
     from asyncengine.engine_core.sequence import Sequence
     from asyncengine.wire.worker import CachedRequestData
 
 
-def steps_in_flight(engine_config: EngineConfig) -> int:
-    """How many steps the step loop keeps in the executor: one per pipeline stage (at least two) with
+MICRO_BATCHES_ENV = "ASYNCENGINE_PIPELINE_MICRO_BATCHES"
+
+
+def micro_batches_for(engine_config: EngineConfig, device_type: str) -> MicroBatches | None:
+    """The scheduler's micro-batch rules when the pipeline has stages to overlap, else None.
+
+    On by default where each stage has a device of its own; off on CPU, where the stages share the
+    host's cores and memory bandwidth: there, halving each step's batch costs more than the overlap gives
+    (bench/RESULTS.md, "Distributed"). ASYNCENGINE_PIPELINE_MICRO_BATCHES=1 or 0 decides instead (a
+    cluster of CPU hosts, one stage each, may want them)."""
+    if engine_config.pipeline_parallel_size == 1 or not engine_config.async_scheduling:
+        return None
+    chosen = os.environ.get(MICRO_BATCHES_ENV, "")
+    if chosen not in ("", "0", "1"):
+        raise ConfigError(f"{MICRO_BATCHES_ENV}={chosen!r}: set it to 1 (micro-batches) or 0 (one step through "
+                          "the stages at a time), or leave it unset", field="pipeline_parallel_size")
+    if chosen == "0" or (not chosen and device_type == "cpu"):
+        return None
+    return MicroBatches(engine_config.pipeline_parallel_size)
+
+
+def steps_in_flight(engine_config: EngineConfig, micro_batches: MicroBatches | None) -> int:
+    """How many steps the step loop keeps in the executor: one per stage with micro-batches, two with
     async scheduling, else one."""
-    if not engine_config.async_scheduling:
-        return 1
-    return max(2, engine_config.pipeline_parallel_size)
-
-
-def micro_batches_for(engine_config: EngineConfig) -> MicroBatches | None:
-    """The scheduler's micro-batch rules when the pipeline has stages to overlap, else None."""
-    if engine_config.pipeline_parallel_size > 1 and engine_config.async_scheduling:
-        return MicroBatches(engine_config.pipeline_parallel_size)
-    return None
+    if micro_batches is not None:
+        return max(2, micro_batches.num_stages)
+    return 2 if engine_config.async_scheduling else 1
 
 
 class MicroBatches:

@@ -10,7 +10,8 @@ meets at rank 0's node. Nothing of ours travels through Ray as a pickle: every a
 str or bytes (`invoke` checks it), answers are str.
 
 The cluster: joined when one is given (`RAY_ADDRESS`, or `ray.init` already called by the application),
-else a local one is started and shut down with the engine. A placement that is not ready within
+else a local one is started and shut down with the engine (with data parallelism in one process, the engine
+cores share the connection: the last one shuts it down). A placement that is not ready within
 ASYNCENGINE_RAY_PLACEMENT_TIMEOUT seconds (120) fails start-up saying what was asked. The worker process
 watches its actor (die_with_parent): when the actor dies the worker exits, the connection closes, and
 every request fails with an EngineDeadError naming the rank and its node. Shutdown kills the actors and
@@ -23,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,10 +36,41 @@ from asyncengine.engine_core.worker_processes import WorkerProcesses
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.runtime.connection import Listener, open_listener
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_RANK, ENV_SECRET, describe_exit
+from asyncengine.wire.startup import NODE_ENV
 
 PLACEMENT_TIMEOUT_ENV = "ASYNCENGINE_RAY_PLACEMENT_TIMEOUT"
 STRATEGY_ENV = "ASYNCENGINE_RAY_PLACEMENT_STRATEGY"
 ACTOR_DIED = "its Ray actor died"
+
+
+class _RayConnection:
+    """This process's one Ray driver connection, shared by its engine cores (data parallelism in one
+    process: each engine core's RayWorkers): joined or started by the first, shut down by the last to
+    release it, and only if one of them started or joined it (never an application's own `ray.init`)."""
+
+    users = 0
+    ours = False
+    lock = threading.Lock()  # acquire and release run in worker threads (one per engine core)
+
+    @classmethod
+    def acquire(cls) -> None:
+        import ray
+
+        with cls.lock:
+            if not ray.is_initialized():
+                ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+                cls.ours = True
+            cls.users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        import ray
+
+        with cls.lock:
+            cls.users -= 1
+            if cls.users == 0 and cls.ours:
+                cls.ours = False
+                ray.shutdown()
 
 
 def invoke(method: Any, *args: str | bytes) -> Any:
@@ -72,8 +105,12 @@ class RankActor:
     def launch(self, address: str, secret: str, rank: str) -> str:
         """Start this node's worker process for `rank`; its pid. Its environment is this node's (so a
         plugin missing here is missing for it), plus where to connect."""
+        import ray
+
         env = dict(os.environ)
         env.update({ENV_ADDRESS: address, ENV_SECRET: secret, ENV_RANK: rank})
+        # Every start-up record of the rank says where it ran (the report and `plugins timeline --trace`).
+        env[NODE_ENV] = f"Ray node {ray.util.get_node_ip_address()} {ray.get_runtime_context().get_node_id()}"
         source_root = str(Path(__file__).resolve().parents[2])  # where this node imports asyncengine from
         env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
         self.process = subprocess.Popen([sys.executable, "-m", "asyncengine.worker.process"],
@@ -133,7 +170,7 @@ class RayWorkers(WorkerProcesses):
         self.placement_group: Any = None
         self.actors: list[Any] = []
         self.nodes: list[dict[str, str]] = []
-        self._started_ray = False
+        self._connected = False
         self._driver_ip = "127.0.0.1"
 
     def rank_name(self, rank: int) -> str:
@@ -166,9 +203,8 @@ class RayWorkers(WorkerProcesses):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
-            self._started_ray = True
+        _RayConnection.acquire()
+        self._connected = True
         self._driver_ip = ray.util.get_node_ip_address()
         gpus = 1 if self.platform.device_type == "cuda" else 0
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if gpus else {})}
@@ -210,18 +246,22 @@ class RayWorkers(WorkerProcesses):
                 await anyio.to_thread.run_sync(self._release)
 
     def _release(self) -> None:
-        """Kill every actor, remove the placement group, and stop Ray if this engine started it."""
+        """Kill every actor, remove the placement group, and let go of the Ray connection (the last engine
+        core of this process to let go of one it started or joined shuts it down)."""
         import ray
 
-        if not ray.is_initialized():
+        if not self._connected:
             return
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        if self.placement_group is not None:
-            ray.util.remove_placement_group(self.placement_group)
-        self.actors, self.placement_group = [], None
-        if self._started_ray:
-            ray.shutdown()
+        self._connected = False
+        try:
+            if ray.is_initialized():
+                for actor in self.actors:
+                    ray.kill(actor, no_restart=True)
+                if self.placement_group is not None:
+                    ray.util.remove_placement_group(self.placement_group)
+            self.actors, self.placement_group = [], None
+        finally:
+            _RayConnection.release()
 
 
 class RayExecutor(MultiprocExecutor):

@@ -130,11 +130,11 @@ def read_trace(path: str | os.PathLike) -> list[StartupRecord]:
 def format_report(records: list[StartupRecord]) -> str:
     """Per process (in order of first appearance), its records in order, one line each."""
     lines: list[str] = []
-    processes: dict[tuple[int, str], list[StartupRecord]] = {}
+    processes: dict[tuple[int, str, str | None], list[StartupRecord]] = {}
     for record in records:
-        processes.setdefault((record.pid, record.role), []).append(record)
-    for (pid, role), items in processes.items():
-        lines.append(f"{role} (pid {pid})")
+        processes.setdefault((record.pid, record.role, record.node), []).append(record)
+    for (pid, role, node), items in processes.items():
+        lines.append(f"{role} (pid {pid} on {node})" if node else f"{role} (pid {pid})")
         for record in items:
             what = f"{record.phase}"
             if record.plugin:

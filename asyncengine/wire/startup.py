@@ -8,7 +8,12 @@ here, below both.
 
 from __future__ import annotations
 
+import os
+
 import msgspec
+
+NODE_ENV = "ASYNCENGINE_NODE"
+_THIS_NODE = os.environ.get(NODE_ENV) or None
 
 
 class StartupRecord(msgspec.Struct, kw_only=True):
@@ -24,6 +29,9 @@ class StartupRecord(msgspec.Struct, kw_only=True):
     start: float = 0.0  # time.time()
     duration: float = 0.0  # seconds
     import_duration: float = 0.0  # of a loaded plugin: the seconds of `duration` spent importing its module
+    # Where the process ran when a cluster manager placed it ("Ray node <ip> <node id>", from NODE_ENV,
+    # which the Ray executor sets for each rank's worker process); None: where its parent runs.
+    node: str | None = msgspec.field(default_factory=lambda: _THIS_NODE)
 
 
 class PluginInfo(msgspec.Struct, kw_only=True):

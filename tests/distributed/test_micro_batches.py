@@ -14,7 +14,12 @@ from collections import deque
 
 from asyncengine import EngineConfig
 from asyncengine.engine_core.block_manager import BlockManager
-from asyncengine.engine_core.micro_batches import MicroBatches, micro_batches_for, steps_in_flight
+from asyncengine.engine_core.micro_batches import (
+    MICRO_BATCHES_ENV,
+    MicroBatches,
+    micro_batches_for,
+    steps_in_flight,
+)
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
@@ -79,11 +84,11 @@ class LastStage:
 
 def test_two_micro_batches_in_flight_take_turns_and_the_first_stage_gets_every_token():
     config = EngineConfig(pipeline_parallel_size=2)
-    assert steps_in_flight(config) == 2
     scheduler = Scheduler(block_manager=BlockManager(64, 4, True), max_num_seqs=16, max_num_batched_tokens=64,
                           max_model_len=128)
-    scheduler.micro_batches = micro_batches_for(config)
+    scheduler.micro_batches = micro_batches_for(config, "cuda")
     assert isinstance(scheduler.micro_batches, MicroBatches)
+    assert steps_in_flight(config, scheduler.micro_batches) == 2
     for request_id, prompt in PROMPTS.items():
         scheduler.add_request(EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt,
                                                 sampling=SamplingOptions(max_tokens=MAX_TOKENS)))
@@ -111,9 +116,22 @@ def test_two_micro_batches_in_flight_take_turns_and_the_first_stage_gets_every_t
     assert both_busy >= MAX_TOKENS, both_busy  # the six requests decode in two groups taking turns
 
 
-def test_no_micro_batches_without_pipeline_stages_or_async_scheduling():
-    assert micro_batches_for(EngineConfig()) is None
-    assert micro_batches_for(EngineConfig(pipeline_parallel_size=2, async_scheduling=False)) is None
-    assert steps_in_flight(EngineConfig(pipeline_parallel_size=2, async_scheduling=False)) == 1
-    assert steps_in_flight(EngineConfig(pipeline_parallel_size=4)) == 4
-    assert steps_in_flight(EngineConfig()) == 2
+def test_when_there_are_micro_batches(monkeypatch):
+    import pytest
+
+    from asyncengine.errors import ConfigError
+
+    pp2, pp4 = EngineConfig(pipeline_parallel_size=2), EngineConfig(pipeline_parallel_size=4)
+    monkeypatch.delenv(MICRO_BATCHES_ENV, raising=False)
+    assert micro_batches_for(EngineConfig(), "cuda") is None  # no stages
+    assert micro_batches_for(EngineConfig(pipeline_parallel_size=2, async_scheduling=False), "cuda") is None
+    assert micro_batches_for(pp2, "cpu") is None  # the stages share the host's cores and memory
+    assert steps_in_flight(pp4, micro_batches_for(pp4, "cuda")) == 4
+    assert steps_in_flight(pp4, None) == 2 and steps_in_flight(EngineConfig(async_scheduling=False), None) == 1
+    monkeypatch.setenv(MICRO_BATCHES_ENV, "1")
+    assert micro_batches_for(pp2, "cpu") is not None
+    monkeypatch.setenv(MICRO_BATCHES_ENV, "0")
+    assert micro_batches_for(pp2, "cuda") is None
+    monkeypatch.setenv(MICRO_BATCHES_ENV, "yes")
+    with pytest.raises(ConfigError, match="ASYNCENGINE_PIPELINE_MICRO_BATCHES='yes'"):
+        micro_batches_for(pp2, "cuda")

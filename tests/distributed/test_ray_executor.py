@@ -68,6 +68,43 @@ def test_actor_calls_take_only_str_or_bytes():
     assert "invoke(actor.launch, address, secret, str(rank))" in source
 
 
+class FakeRay:
+    def __init__(self) -> None:
+        self.initialized = False
+        self.events: list[str] = []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, address=None, log_to_driver=True) -> None:
+        self.initialized = True
+        self.events.append(f"init {address}")
+
+    def shutdown(self) -> None:
+        self.initialized = False
+        self.events.append("shutdown")
+
+
+def test_engine_cores_of_one_process_share_its_ray_connection(monkeypatch):
+    """Data parallelism in one process: the first engine core joins (RAY_ADDRESS) or starts Ray, the last
+    to stop shuts it down, and never one the application connected itself."""
+    from asyncengine.engine_core.ray_executor import _RayConnection
+
+    fake = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    _RayConnection.acquire()
+    _RayConnection.acquire()
+    _RayConnection.release()
+    assert fake.events == ["init 10.0.0.7:6379"]  # the other engine core still uses it
+    _RayConnection.release()
+    assert fake.events == ["init 10.0.0.7:6379", "shutdown"]
+    fake.initialized, fake.events = True, []  # the application's own ray.init
+    _RayConnection.acquire()
+    _RayConnection.release()
+    assert fake.events == [] and _RayConnection.users == 0
+
+
 # -- the cluster --------------------------------------------------------------------------------------
 
 
@@ -151,13 +188,13 @@ def all_released() -> None:
         time.sleep(0.2)
 
 
-def generate_and_compare(llm, model, parity_record) -> None:
+def generate_and_compare(llm, model, parity_record, ranks: list[int]) -> None:
     """Greedy outputs of two prompts against transformers' (compare_greedy's tie rule, as TP=1's parity
     tests); the engine is closed, every Ray resource released and every worker process gone."""
     prompts = [[5, 6, 7], list(range(10, 50))]
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
     described = llm.collective_rpc("describe")
-    assert [d["rank"] for d in described] == list(range(len(described)))
+    assert [d["rank"] for d in described] == ranks
     assert os.getpid() not in {d["pid"] for d in described}
     outputs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     llm.close()
@@ -171,29 +208,60 @@ def generate_and_compare(llm, model, parity_record) -> None:
         assert not Path(f"/proc/{pid}").exists(), f"worker process {pid} outlived the engine"
 
 
-def bundles_per_node() -> list[int]:
+def placement_nodes() -> list[str]:
+    """The node id of each bundle of the one placement group there is."""
     import ray
 
     groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
     assert len(groups) == 1, groups
-    nodes = list(groups[0]["bundles_to_node_id"].values())
+    return list(groups[0]["bundles_to_node_id"].values())
+
+
+def bundles_per_node() -> list[int]:
+    nodes = placement_nodes()
     return sorted(nodes.count(node) for node in set(nodes))
 
 
-def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity_record):
+def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity_record, tmp_path):
+    from asyncengine.plugin_runtime.records import format_report, read_trace
+
     model = tiny_model("llama")
-    llm = make_llm(str(model.path), tensor_parallel_size=2, distributed_executor_backend="ray", **OPTIONS)
+    llm = make_llm(str(model.path), tensor_parallel_size=2, distributed_executor_backend="ray",
+                   startup_trace=str(tmp_path / "trace.json"), **OPTIONS)
     assert bundles_per_node() == [1, 1]  # one rank on each node
-    generate_and_compare(llm, model, parity_record)
+    nodes = sorted(set(placement_nodes()))
+    generate_and_compare(llm, model, parity_record, [0, 1])
+    # The start-up report has every rank's phases (manifest check included), each with its node.
+    records = read_trace(tmp_path / "trace.json")
+    where = {(r.role, r.node) for r in records if r.role.startswith("worker rank")}
+    assert len(where) == 2 and sorted(node.split()[-1] for _, node in where) == nodes, where
+    assert {r.role for r in records if r.phase == "manifest check"} >= {"worker rank 0", "worker rank 1"}
+    report = format_report(records)
+    for role, node in where:
+        assert re.search(rf"^{role} \(pid \d+ on {re.escape(node)}\)$", report, re.M), report
 
 
 def test_tp2_pp2_over_two_nodes_matches_tp1(cluster, tiny_model, make_llm, parity_record, monkeypatch):
     monkeypatch.setenv("ASYNCENGINE_RAY_PLACEMENT_STRATEGY", "SPREAD")  # 4 ranks, 2 nodes
+    monkeypatch.setenv("ASYNCENGINE_PIPELINE_MICRO_BATCHES", "1")  # (off by default on CPU)
     model = tiny_model("llama")
     llm = make_llm(str(model.path), tensor_parallel_size=2, pipeline_parallel_size=2,
                    distributed_executor_backend="ray", **OPTIONS)
     assert bundles_per_node() == [2, 2]
-    generate_and_compare(llm, model, parity_record)
+    generate_and_compare(llm, model, parity_record, [0, 1, 2, 3])
+
+
+def test_dp2_engine_cores_each_place_tp2_over_both_nodes(cluster, tiny_model, make_llm, parity_record):
+    """Data parallelism through Ray: each engine core (here both in this process) places its own ranks."""
+    import ray
+
+    model = tiny_model("llama")
+    llm = make_llm(str(model.path), data_parallel_size=2, tensor_parallel_size=2, in_process=True,
+                   distributed_executor_backend="ray", **OPTIONS)
+    groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
+    assert len(groups) == 2, groups  # one per engine core, each with one rank on each node
+    assert all(len(set(g["bundles_to_node_id"].values())) == 2 for g in groups), groups
+    generate_and_compare(llm, model, parity_record, [0, 1, 0, 1])  # engine 0's ranks, then engine 1's
 
 
 def test_killing_a_worker_actor_fails_every_caller_within_5_s(cluster, tiny_model):
