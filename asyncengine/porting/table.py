@@ -117,8 +117,9 @@ UNMAPPED = [
     ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul and "
      "RotaryEmbedding are exported"),
     ("vllm.attention", "attention-backends",
-     "vLLM's backends, selector and metadata are not here; a descriptor subclassing AttentionBackend is "
-     "accepted, and the class its get_impl_cls() returns implements forward(query, key, value, kv_cache, metadata)"),
+     "of vLLM's attention modules only the older selector's get_attn_backend and PlaceholderAttentionBackend are "
+     "here; a descriptor subclassing AttentionBackend is accepted, and the class its get_impl_cls() returns "
+     "implements forward(query, key, value, kv_cache, metadata)"),
     ("vllm.v1.attention", "attention-backends",
      "vLLM's backends, selector and metadata are not here; a descriptor subclassing AttentionBackend is "
      "accepted, and the class its get_impl_cls() returns implements forward(query, key, value, kv_cache, metadata)"),
@@ -131,8 +132,10 @@ UNMAPPED = [
      "distributed_executor_backend"),
     ("vllm.plugins.set_executor_cls", "executors", "name the class in distributed_executor_backend instead"),
     ("vllm.entrypoints", "endpoint-plugins", "vLLM's server internals are not an interface here"),
-    ("vllm.engine", "engine-arguments", "engine arguments are EngineConfig fields (LLM(**options))"),
-    ("vllm.v1.engine", "engine-arguments", "use LLM or AsyncEngine"),
+    ("vllm.engine", "engine-arguments", "only EngineArgs, AsyncEngineArgs and LLMEngine map "
+     "(asyncengine.compat.llm_engine); engine arguments are EngineConfig fields (LLM(**options))"),
+    ("vllm.v1.engine", "engine-arguments", "only LLMEngine maps (asyncengine.compat.llm_engine); else use LLM "
+     "or AsyncEngine"),
     ("vllm.utils", "the-table-of-names", "vLLM's utilities are not part of the plugin interface"),
     ("vllm", "the-table-of-names", "no counterpart in asyncengine.plugins_api"),
 ]
