@@ -6,6 +6,7 @@ vLLM's names and semantics (EXTENSION_POINTS.md, custom ops):
 - `forward` dispatches to `forward_<device_type>` of the current platform ("cpu", "cuda", or an
   out-of-tree platform's device type) when the class defines it; else, on an out-of-tree platform,
   to `forward_oot` when defined; else to `forward_native`, the torch reference every op must have.
+  On an out-of-tree platform, a class that overrides `forward_oot` runs it first, as vLLM does.
   The choice is made at an instance's first call (the platform is resolved by then) and kept.
 - `@CustomOp.register("RMSNorm")` names an in-tree op class.
 - `@CustomOp.register_oot(name="RMSNorm")` (or `CustomOp.register_oot(MyRMSNorm, name="RMSNorm")`)
@@ -69,7 +70,12 @@ class CustomOp(nn.Module):
         platform, out_of_tree = _platform_lookup()
         candidates = [f"forward_{platform.device_type}"]
         if out_of_tree:
-            candidates.append("forward_oot")
+            # vLLM runs forward_oot on every out-of-tree platform. A class that overrides it (a plugin's
+            # register_oot replacement) is asking for exactly that, even when an in-tree base it inherits
+            # from has a forward_<device_type> kernel for the same device type; one that does not keeps
+            # the device's kernel, which computes what the base forward_oot (the torch reference) does.
+            overrides_oot = getattr(type(self), "forward_oot", None) is not CustomOp.forward_oot
+            candidates.insert(0 if overrides_oot else 1, "forward_oot")
         for candidate in candidates:
             if callable(getattr(type(self), candidate, None)):
                 return candidate
