@@ -6,7 +6,8 @@ vLLM's names and semantics (EXTENSION_POINTS.md, custom ops):
 - `forward` dispatches to `forward_<device_type>` of the current platform ("cpu", "cuda", or an
   out-of-tree platform's device type) when the class defines it; else, on an out-of-tree platform,
   to `forward_oot` when defined; else to `forward_native`, the torch reference every op must have.
-  On an out-of-tree platform, a class that overrides `forward_oot` runs it first, as vLLM does.
+  On an out-of-tree platform, a `forward_oot` defined below the class that defines the device's method
+  (a plugin's replacement of an in-tree op) runs first, as vLLM does.
   The choice is made at an instance's first call (the platform is resolved by then) and kept.
 - `@CustomOp.register("RMSNorm")` names an in-tree op class.
 - `@CustomOp.register_oot(name="RMSNorm")` (or `CustomOp.register_oot(MyRMSNorm, name="RMSNorm")`)
@@ -41,6 +42,17 @@ def install_platform_lookup(lookup: Callable[[], tuple[Any, bool]]) -> None:
     _platform_lookup = lookup
 
 
+def _defined_below(cls: type, method: str, other: str) -> bool:
+    """Whether `cls` (or a base) defines `method` in a class that comes before the one defining `other` in
+    its method resolution order (`method` overridden below `other`); False when `other` is not defined."""
+    for klass in cls.__mro__:
+        if method in vars(klass) and klass is not CustomOp:
+            return any(other in vars(base) for base in cls.__mro__[cls.__mro__.index(klass) + 1:])
+        if other in vars(klass):
+            return False
+    return False
+
+
 class CustomOp(nn.Module):
     # An in-tree op's registered name, set by `register` on that class only (read from its own __dict__).
     _custom_op_name: str
@@ -68,14 +80,15 @@ class CustomOp(nn.Module):
             raise RuntimeError("CustomOp cannot dispatch: no platform lookup is installed; importing "
                                "asyncengine.models.layers.custom_op installs the platform phase's answer")
         platform, out_of_tree = _platform_lookup()
-        candidates = [f"forward_{platform.device_type}"]
+        device_method = f"forward_{platform.device_type}"
+        candidates = [device_method]
         if out_of_tree:
-            # vLLM runs forward_oot on every out-of-tree platform. A class that overrides it (a plugin's
-            # register_oot replacement) is asking for exactly that, even when an in-tree base it inherits
-            # from has a forward_<device_type> kernel for the same device type; one that does not keeps
-            # the device's kernel, which computes what the base forward_oot (the torch reference) does.
-            overrides_oot = getattr(type(self), "forward_oot", None) is not CustomOp.forward_oot
-            candidates.insert(0 if overrides_oot else 1, "forward_oot")
+            # The platform's own device method wins, except over a forward_oot defined further down the
+            # class tree: a plugin's register_oot replacement that overrides forward_oot is asking for it
+            # (vLLM always runs forward_oot on an out-of-tree platform) even when the in-tree op it
+            # subclasses has a kernel for the same device type, e.g. forward_cpu on a CPU-type platform.
+            oot_first = _defined_below(type(self), "forward_oot", device_method)
+            candidates.insert(0 if oot_first else 1, "forward_oot")
         for candidate in candidates:
             if callable(getattr(type(self), candidate, None)):
                 return candidate

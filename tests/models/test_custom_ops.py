@@ -83,6 +83,16 @@ class WithCuda(WithOot):
         return "cuda"
 
 
+class InTreeNpuKernel(Plain):
+    def forward_npu(self, x):
+        return "npu"
+
+
+class ReplacesInTreeNpuKernel(InTreeNpuKernel):  # a plugin's register_oot subclass of an in-tree op
+    def forward_oot(self, x):
+        return "oot"
+
+
 @pytest.mark.parametrize(
     "platform, op, expected",
     [
@@ -92,6 +102,8 @@ class WithCuda(WithOot):
         (CudaPlatform, WithCuda, "cuda"),
         (CudaPlatform, WithCpu, "native"),
         (NpuPlatform, WithNpu, "npu"),  # the platform's own device type wins
+        (NpuPlatform, InTreeNpuKernel, "npu"),
+        (NpuPlatform, ReplacesInTreeNpuKernel, "oot"),  # ...but not over a forward_oot defined below it
         (NpuPlatform, WithOot, "oot"),
         (NpuPlatform, WithCpu, "native"),
     ],
