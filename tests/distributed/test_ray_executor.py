@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -116,8 +117,10 @@ def ray_target() -> Path:
     runs take a lock, and a half-finished install (killed) is redone from scratch."""
     import fcntl
 
-    cache = Path(subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True,
-                                check=True).stdout.strip())
+    found = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
+    # (With pip's cache disabled, PIP_NO_CACHE_DIR, the system's temporary directory keeps it instead.)
+    cache = Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else Path(
+        tempfile.gettempdir())
     target = cache / "asyncengine-test-targets" / f"ray-{RAY_VERSION}"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"ray-{RAY_VERSION}.lock", "w") as lock:
