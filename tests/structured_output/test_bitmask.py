@@ -43,3 +43,18 @@ def test_logits_wider_than_the_masks_never_allow_the_extra_columns():
     logits = torch.zeros(1, 40)
     apply_bitmask(logits, np.full((1, 1), -1, dtype=np.int32).tobytes(), 1, [(0, 0)])
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == list(range(32))
+
+
+def test_the_host_path_matches_the_torch_reference_on_random_masks_and_row_orders():
+    # apply_bitmask's numpy unpacking (the CPU path) against apply_bitmask_torch (the Triton kernel's reference)
+    from asyncengine.structured_output.bitmask import apply_bitmask_torch
+
+    rng = np.random.default_rng(0)
+    vocab, num_words = 1000, bitmask_words(1000)
+    packed = rng.integers(-2**31, 2**31 - 1, size=(3, num_words), dtype=np.int64).astype(np.int32)
+    logits = torch.randn(5, vocab)
+    pairs = [(2, 4), (0, 1), (1, 3)]  # rows 0 and 2 unconstrained
+    expected = apply_bitmask_torch(logits.clone(), torch.from_numpy(packed[[0, 1, 2]]), torch.tensor([1, 3, 4]))
+    got = apply_bitmask(logits.clone(), packed.tobytes(), num_words, pairs)
+    assert torch.equal(got, expected)
+    assert torch.equal(got[[0, 2]], logits[[0, 2]])
