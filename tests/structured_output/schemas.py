@@ -39,6 +39,7 @@ def _leaf(rng: random.Random, depth: int, defs: dict[str, Any]) -> dict[str, Any
         return _object(rng, depth + 1, defs, num_fields=rng.randint(1, 3))
     if choice == "ref" and depth < 2:
         name = f"def{len(defs)}"
+        defs[name] = {}  # the name is taken before the object is drawn: a ref inside it gets a name of its own
         defs[name] = _object(rng, depth + 1, defs, num_fields=rng.randint(1, 2))
         return {"$ref": f"#/$defs/{name}"}
     return {"type": "string", "maxLength": 10}
