@@ -3,6 +3,7 @@
     python bench/structured.py                         # W3's prompts, float32, xgrammar; then guidance
     python bench/structured.py --backends xgrammar --num-seqs 8
     python bench/structured.py --validate-all          # the 50 seeded schemas, each backend: stop + valid
+    python bench/structured.py --validate-all --schemas 17 33   # only those seeds
     python bench/structured.py --repeats 3             # alternate the runs 3 times, keep each one's best
 
 W3's prompt draw (../shared/WORKLOADS.md: 32 prompts of random token ids, seed 0), `max_tokens` 256, no
@@ -95,20 +96,22 @@ def compare(args, llm) -> None:
               f"({1e6 * mask_s / max(masks, 1):.0f} us per request-step); end, {load()}", flush=True)
 
 
-def validate_all(llm, backends) -> None:
+def validate_all(llm, backends, only: list[int] | None = None) -> None:
     import jsonschema
 
     from asyncengine import SamplingParams, StructuredOutputsParams
     from structured_output.schemas import SCHEMAS
 
+    indices = only if only else list(range(len(SCHEMAS)))
     for backend in backends:
+        schemas = [SCHEMAS[index] for index in indices]
         params = [SamplingParams(temperature=0, max_tokens=256,
-                                 structured_outputs=StructuredOutputsParams(json=s, backend=backend)) for s in SCHEMAS]
+                                 structured_outputs=StructuredOutputsParams(json=s, backend=backend)) for s in schemas]
         chats = [[{"role": "user", "content": f"Write one example JSON document for this schema: {json.dumps(s)}"}]
-                 for s in SCHEMAS]
+                 for s in schemas]
         outputs = llm.chat(chats, params, use_tqdm=False)
         good = 0
-        for index, (schema, output) in enumerate(zip(SCHEMAS, outputs)):
+        for index, schema, output in zip(indices, schemas, outputs):
             completion = output.outputs[0]
             try:
                 jsonschema.validate(json.loads(completion.text), schema)
@@ -120,7 +123,7 @@ def validate_all(llm, backends) -> None:
             if failure is not None:  # which schema, why, and what the model wrote: enough to judge it
                 print(f"structured {backend}: schema {index} failed ({failure}; {len(completion.token_ids)} "
                       f"tokens): {completion.text!r}\n  schema: {json.dumps(schema)}", flush=True)
-        print(f"structured {backend}: {good}/{len(SCHEMAS)} schemas stopped and validated; {load()}", flush=True)
+        print(f"structured {backend}: {good}/{len(indices)} schemas stopped and validated; {load()}", flush=True)
 
 
 def main() -> None:
@@ -131,12 +134,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="alternate the two runs this many times (best kept)")
     parser.add_argument("--validate-all", action="store_true")
+    parser.add_argument("--schemas", type=int, nargs="+", help="with --validate-all: only these seeds")
     args = parser.parse_args()
     from asyncengine import LLM
 
     with LLM(args.model, dtype="float32") as llm:
         if args.validate_all:
-            validate_all(llm, args.backends)
+            validate_all(llm, args.backends, args.schemas)
         else:
             compare(args, llm)
 
