@@ -3,6 +3,7 @@
     .venv/bin/python bench/profile_step.py                   # float32, 32 decoding sequences
     .venv/bin/python bench/profile_step.py --dtype bfloat16
     .venv/bin/python bench/profile_step.py --prefill 512     # one 512-token prompt instead
+    .venv/bin/python bench/profile_step.py --num-seqs 4      # a decode step late in W3, 4 sequences left
 
 Builds a ModelRunner with the default model and fills it with W3's 32 prompts, each halfway through its
 output (contexts of about 100-640 tokens, as in the middle of a W3 run), then runs the same decode step
@@ -45,6 +46,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")
+    parser.add_argument("--num-seqs", type=int, default=32, help="decode this many of W3's sequences (at most 32)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=15, help="ops listed")
     args = parser.parse_args()
@@ -73,6 +75,7 @@ def main() -> int:
     runner.load_model()
     block_size = config.block_size
     prompts, max_tokens = draw_workload(*WORKLOADS["w3"])
+    prompts, max_tokens = prompts[: args.num_seqs], max_tokens[: args.num_seqs]
     new, scheduled, next_block = [], {}, 0
     if args.prefill:
         prompts, max_tokens = [prompts[0] * (1 + args.prefill // len(prompts[0]))], [1]

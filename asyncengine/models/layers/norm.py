@@ -1,7 +1,8 @@
 """RMSNorm, with the residual addition fused in (as the decoder layers use it).
 
 A custom op (custom_op.py): a plugin may replace the class (`CustomOp.register_oot(name="RMSNorm")`)
-or add a provider of op "rms_norm" (`register_op_impl`); `rms_norm_native` is the reference.
+or add a provider of op "rms_norm" (`register_op_impl`); `rms_norm_native` is the reference. On CPU, while
+`native` is the provider that would run, the add and the norm run as one fused kernel (ops/cpu_fused.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 
 from asyncengine.models.layers.custom_op import CustomOp
-from asyncengine.models.layers.op_registry import call_op
+from asyncengine.models.layers.op_registry import call_op, native_first
+from asyncengine.ops import cpu_fused
 
 
 def rms_norm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,3 +38,14 @@ class RMSNorm(CustomOp):
             return call_op("rms_norm", x, self.weight, self.eps)
         x = x + residual
         return call_op("rms_norm", x, self.weight, self.eps), x
+
+    def forward_cpu(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`forward_native` in one fused pass (ops/cpu_fused.py) where nothing else was chosen: not in a
+        subclass that overrides `forward_native` (a replacement's own code runs), not when a provider other
+        than `native` comes first, not for a layout or dtype the kernel lacks."""
+        if (type(self).forward_native is RMSNorm.forward_native and native_first("rms_norm")
+                and cpu_fused.rms_norm_supported(x, self.weight, residual)):
+            return cpu_fused.rms_norm(x, self.weight, self.eps, residual)
+        return self.forward_native(x, residual)

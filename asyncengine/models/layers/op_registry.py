@@ -222,6 +222,14 @@ def _build_chain(op: str) -> tuple[tuple[str, Callable[..., Any], Callable[..., 
     return _chains[op]
 
 
+def native_first(op: str) -> bool:
+    """Whether `op`'s first provider is `native` (no plugin provider, and no `op_priority`, puts another
+    first): an in-tree op may then run its own fused kernel for the native reference (norm.py's
+    `forward_cpu`) without passing over a provider someone chose."""
+    chain = _chains.get(op) or _build_chain(op)
+    return bool(chain) and chain[0][0] == NATIVE
+
+
 def call_op(op: str, *args: Any) -> Any:
     """Run `op` with the first provider, in priority order, that supports these arguments."""
     chain = _chains.get(op) or _build_chain(op)

@@ -18,7 +18,8 @@ import torch
 
 from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.custom_op import CustomOp
-from asyncengine.models.layers.op_registry import call_op
+from asyncengine.models.layers.op_registry import call_op, native_first
+from asyncengine.ops import cpu_fused
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -191,6 +192,17 @@ class RotaryEmbedding(CustomOp):
         """Rotate `query` `[tokens, heads, head_dim]` and `key` `[tokens, kv_heads, head_dim]` by their positions."""
         cos, sin = cos_sin
         return call_op("rotary", query, key, cos, sin)
+
+    def forward_cpu(
+        self, query: torch.Tensor, key: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_native` as one fused kernel (reading `query` and `key` where they lie, views of the
+        fused QKV projection's output), under the conditions of RMSNorm.forward_cpu (norm.py)."""
+        cos, sin = cos_sin
+        if (type(self).forward_native is RotaryEmbedding.forward_native and native_first("rotary")
+                and cpu_fused.rotary_supported(query, key, cos, sin)):
+            return cpu_fused.rotary(query, key, cos, sin)
+        return self.forward_native(query, key, cos_sin)
 
 
 def rotary_native(

@@ -1,0 +1,365 @@
+"""Fused CPU kernels for the elementwise ops of a decoder layer: RMSNorm (with the residual addition),
+SiLU-and-multiply, and the rotary embedding of query and key.
+
+In torch each of these is a chain of ops (RMSNorm: add, to float, pow, mean, add, rsqrt, mul, to, mul;
+rotary: four multiplies, two negations, two concatenations, two additions), each reading and writing
+its whole tensor and each paying torch's per-op dispatch. Measured on the development machine (one
+thread, W3's 2048-token prefill chunk, float32, per layer): add + RMSNorm 6.7 ms, rotary 9.2 ms,
+SiLU-and-multiply 13.7 ms, about a third of the layer's matmul time; bfloat16 is no cheaper, as torch
+widens to float32 and back between ops. Here each is one pass over its rows.
+
+The arithmetic follows the torch references (`rms_norm_native`, `rotary_native`, `silu_and_mul_native`)
+operation by operation, rounding where they round (bfloat16 results rounded to nearest-even after each
+op torch runs in bfloat16, and no fused multiply-adds: the file is built with -ffp-contract=off). Two
+things differ by rounding only: the order of the RMSNorm's sum of squares, and SiLU's exponential
+(a degree-7 polynomial on AVX-512, about 1 ulp; glibc's expf elsewhere). The tests compare each kernel
+with its reference (tests/ops/test_cpu_fused.py).
+
+Built and loaded like ops/cpu_attention.py (the system C compiler, cached in ~/.cache/asyncengine/kernels,
+ctypes, the OpenMP runtime torch already loaded); `ASYNCENGINE_CPU_KERNELS=0` turns it off, and without a
+compiler the layers keep their torch references.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from asyncengine.ops.cpu_attention import _cache_dir, _cpu_signature
+
+logger = logging.getLogger(__name__)
+
+C_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+static inline float bf(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t to_bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+/* A value as torch would hold it in the tensor's dtype: rounded to bfloat16 when the op runs in bfloat16. */
+static inline float in_dtype(float v, int is_bf16) { return is_bf16 ? bf(to_bf(v)) : v; }
+static inline float load(const void *p, int64_t i, int is_bf16) {
+    return is_bf16 ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void store(void *p, int64_t i, float v, int is_bf16) {
+    if (is_bf16) ((uint16_t *)p)[i] = to_bf(v); else ((float *)p)[i] = v;
+}
+
+/* out[r] = weight * norm(s[r]), s = x (+ residual_in); residual_out[r] <- s when given. Rows of `width`;
+   x, residual_in and out have row strides (elements), residual_out is contiguous. */
+int rms_norm(const void *x, int64_t x_stride, const void *residual_in, int64_t res_stride, void *residual_out,
+             void *out, int64_t out_stride, const void *weight, int64_t rows, int64_t width, float eps,
+             int is_bf16, int threads) {
+    int failed = 0;
+    #pragma omp parallel for num_threads(threads) schedule(static) if(rows * width >= 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        float sbuf[8192];
+        float *s = sbuf;
+        if (width > 8192) { failed = 1; continue; }
+        float acc = 0.0f;
+        for (int64_t i = 0; i < width; i++) {
+            float v = load(x, r * x_stride + i, is_bf16);
+            if (residual_in) v = in_dtype(v + load(residual_in, r * res_stride + i, is_bf16), is_bf16);
+            s[i] = v;
+        }
+        #pragma omp simd reduction(+:acc)
+        for (int64_t i = 0; i < width; i++) acc += s[i] * s[i];
+        const float inv = 1.0f / sqrtf(acc / (float)width + eps);
+        if (residual_out) for (int64_t i = 0; i < width; i++) store(residual_out, r * width + i, s[i], is_bf16);
+        if (is_bf16) {
+            for (int64_t i = 0; i < width; i++)
+                store(out, r * out_stride + i, load(weight, i, 1) * bf(to_bf(s[i] * inv)), 1);
+        } else {
+            const float *w = (const float *)weight;
+            float *o = (float *)out + r * out_stride;
+            #pragma omp simd
+            for (int64_t i = 0; i < width; i++) o[i] = w[i] * (s[i] * inv);
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+#if defined(__AVX512F__)
+/* exp(x), 16 at a time: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' degree-7 polynomial (about 1 ulp),
+   times 2^n by scalef (overflow to inf and underflow to 0 come out as expf's). */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* bfloat16 <-> float32, 16 at a time; narrowing rounds to nearest-even as to_bf does (NaN stays NaN). */
+static inline __m512 widen16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m256i narrow16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(rounded);
+}
+static inline __m512 round16(__m512 v) {  /* v rounded to bfloat16, held as float32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow16(v)), 16));
+}
+#endif
+
+/* out[r, i] = silu(x[r, i]) * x[r, d + i]: rows of x are [gate | up], 2d wide, with a row stride. */
+int silu_and_mul(const void *x, int64_t x_stride, void *out, int64_t rows, int64_t d, int is_bf16, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if(rows * d >= 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        if (!is_bf16) {
+            const float *g = (const float *)x + r * x_stride, *u = g + d;
+            float *o = (float *)out + r * d;
+            const __m512 one = _mm512_set1_ps(1.0f);
+            for (; i + 16 <= d; i += 16) {
+                const __m512 gv = _mm512_loadu_ps(g + i);
+                const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+                const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+                _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+            }
+        } else {
+            const uint16_t *g = (const uint16_t *)x + r * x_stride, *u = g + d;
+            uint16_t *o = (uint16_t *)out + r * d;
+            const __m512 one = _mm512_set1_ps(1.0f);
+            for (; i + 16 <= d; i += 16) {
+                const __m512 gv = widen16(g + i);
+                const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+                const __m512 silu = round16(_mm512_div_ps(gv, _mm512_add_ps(one, e)));  /* F.silu's bfloat16 result */
+                _mm256_storeu_si256((__m256i *)(o + i), narrow16(_mm512_mul_ps(silu, widen16(u + i))));
+            }
+        }
+#endif
+        for (; i < d; i++) {
+            const float g = load(x, r * x_stride + i, is_bf16), u = load(x, r * x_stride + d + i, is_bf16);
+            const float s = in_dtype(g / (1.0f + expf(-g)), is_bf16);
+            store(out, r * d + i, s * u, is_bf16);
+        }
+    }
+    return 0;
+}
+
+/* The NeoX rotation of `heads` heads of width D per token, from src (token and head strides) into dst
+   (contiguous [tokens, heads, D]): dst = src * cos + rotate_half(src) * sin, each product and the sum
+   rounded to the dtype as torch's ops do. cos/sin: [tokens, D] contiguous. */
+static void rotate(const void *src, int64_t tok_stride, int64_t head_stride, void *dst, int64_t heads, const void *cs,
+                   const void *sn, int64_t tokens, int64_t D, int is_bf16, int threads) {
+    const int64_t half = D / 2;
+    #pragma omp parallel for num_threads(threads) schedule(static) if(tokens * heads * D >= 32768)
+    for (int64_t n = 0; n < tokens; n++) {
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t from = n * tok_stride + h * head_stride, to = (n * heads + h) * D;
+            if (!is_bf16) {
+                const float *v = (const float *)src + from;
+                float *o = (float *)dst + to;
+                const float *c = (const float *)cs + n * D, *s = (const float *)sn + n * D;
+                #pragma omp simd
+                for (int64_t i = 0; i < half; i++) {
+                    const float a = v[i], b = v[i + half];
+                    o[i] = a * c[i] + (-b) * s[i];
+                    o[i + half] = b * c[i + half] + a * s[i + half];
+                }
+            } else {
+                const uint16_t *v = (const uint16_t *)src + from;
+                uint16_t *o = (uint16_t *)dst + to;
+                const uint16_t *c = (const uint16_t *)cs + n * D, *s = (const uint16_t *)sn + n * D;
+                for (int64_t i = 0; i < half; i++) {
+                    const float a = bf(v[i]), b = bf(v[i + half]);
+                    o[i] = to_bf(bf(to_bf(a * bf(c[i]))) + bf(to_bf(-b * bf(s[i]))));
+                    o[i + half] = to_bf(bf(to_bf(b * bf(c[i + half]))) + bf(to_bf(a * bf(s[i + half]))));
+                }
+            }
+        }
+    }
+}
+
+int rotary(const void *q, int64_t q_tok, int64_t q_head, int64_t q_heads, void *q_out, const void *k, int64_t k_tok,
+           int64_t k_head, int64_t k_heads, void *k_out, const void *cs, const void *sn, int64_t tokens, int64_t D,
+           int is_bf16, int threads) {
+    rotate(q, q_tok, q_head, q_out, q_heads, cs, sn, tokens, D, is_bf16, threads);
+    rotate(k, k_tok, k_head, k_out, k_heads, cs, sn, tokens, D, is_bf16, threads);
+    return 0;
+}
+"""
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+MAX_NORM_WIDTH = 8192  # the kernel's per-row scratch
+# -ffp-contract=off: no fused multiply-adds, so float32 results round where torch's separate ops do.
+_FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
+              ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"])
+
+_library: ctypes.CDLL | None = None
+_reason: str | None = None
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+def _build() -> ctypes.CDLL:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC or install gcc)")
+    errors = []
+    for flags in _FLAG_SETS:
+        # The CPU's flags are part of the name, as for cpu_attention: -march=native code must not be
+        # loaded by another machine sharing the cache directory.
+        digest = hashlib.sha256((C_SOURCE + compiler + " ".join(flags) + _cpu_signature()).encode()).hexdigest()[:16]
+        target = _cache_dir() / f"cpu_fused-{digest}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                source = Path(scratch) / "cpu_fused.c"
+                source.write_text(C_SOURCE)
+                built = Path(scratch) / target.name
+                result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(source), "-o", str(built), "-lm"],
+                                        capture_output=True, text=True)
+                if result.returncode != 0:
+                    errors.append(f"{compiler} {' '.join(flags)}: {result.stderr.strip()[-400:]}")
+                    continue
+                os.replace(built, target)
+        try:
+            library = ctypes.CDLL(str(target))
+        except OSError as exc:
+            errors.append(f"loading {target}: {exc}")
+            continue
+        library.rms_norm.restype = library.silu_and_mul.restype = library.rotary.restype = ctypes.c_int
+        library.rms_norm.argtypes = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, ctypes.c_float, ctypes.c_int,
+                                     ctypes.c_int]
+        library.silu_and_mul.argtypes = [_P, _I, _P, _I, _I, ctypes.c_int, ctypes.c_int]
+        library.rotary.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int]
+        return library
+    raise RuntimeError("compiling the fused CPU kernels failed: " + " | ".join(errors))
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernels run for tensors of `dtype` (compiling them on first use)."""
+    global _library, _reason
+    if dtype not in SUPPORTED_DTYPES:
+        return False
+    if _library is None and _reason is None:
+        if os.environ.get("ASYNCENGINE_CPU_KERNELS", "1") == "0":
+            _reason = "ASYNCENGINE_CPU_KERNELS=0"
+        else:
+            try:
+                _library = _build()
+            except (RuntimeError, OSError) as exc:
+                _reason = str(exc)
+                logger.warning("fused CPU kernels unavailable, norms, rotary and SiLU use their torch "
+                               "references: %s", exc)
+    return _library is not None
+
+
+def unavailable_reason() -> str | None:
+    return _reason
+
+
+def _rows_view(t: torch.Tensor) -> int | None:
+    """The row stride of `t` seen as `[rows, last dim]` (unit stride within a row), or None if it is not such."""
+    if t.device.type != "cpu" or t.dim() < 1 or t.stride(-1) != 1:
+        return None
+    if t.dim() == 1:
+        return t.shape[0]
+    if t.dim() == 2:
+        return t.stride(0)
+    return t.shape[-1] if t.is_contiguous() else None
+
+
+def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+    return (x.dtype in SUPPORTED_DTYPES and weight.dtype == x.dtype and weight.is_contiguous()
+            and x.shape[-1] == weight.shape[0] <= MAX_NORM_WIDTH and _rows_view(x) is not None
+            and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape
+                                      and _rows_view(residual) is not None))
+            and available(x.dtype))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`rms_norm_native(x, weight, eps)`; given `residual`, `(norm(x + residual), x + residual)` as RMSNorm returns."""
+    if _library is None and not available(x.dtype):
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {_reason}")
+    width = x.shape[-1]
+    rows = x.numel() // width if width else 0
+    out = torch.empty(x.shape, dtype=x.dtype)
+    summed = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
+    status = _library.rms_norm(
+        x.data_ptr(), _rows_view(x), residual.data_ptr() if residual is not None else None,
+        _rows_view(residual) if residual is not None else 0, summed.data_ptr() if summed is not None else None,
+        out.data_ptr(), width, weight.data_ptr(), rows, width, eps, int(x.dtype == torch.bfloat16),
+        torch.get_num_threads())
+    if status != 0:
+        raise ValueError(f"rms_norm: rows of {width} are wider than the kernel's {MAX_NORM_WIDTH}")
+    return out if summed is None else (out, summed)
+
+
+def silu_and_mul_supported(x: torch.Tensor) -> bool:
+    return x.dtype in SUPPORTED_DTYPES and x.shape[-1] % 2 == 0 and _rows_view(x) is not None \
+        and available(x.dtype)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """`silu_and_mul_native(x)`: `[..., 2d]` -> `[..., d]`."""
+    if _library is None and not available(x.dtype):
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {_reason}")
+    d = x.shape[-1] // 2
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype)
+    _library.silu_and_mul(x.data_ptr(), _rows_view(x), out.data_ptr(), rows, d, int(x.dtype == torch.bfloat16),
+                          torch.get_num_threads())
+    return out
+
+
+def _heads_layout(t: torch.Tensor) -> tuple[int, int] | None:
+    """(token stride, head stride) of `[tokens, heads, head_dim]` with unit stride within a head."""
+    if t.dim() != 3 or t.device.type != "cpu" or t.stride(2) != 1:
+        return None
+    return t.stride(0), t.stride(1)
+
+
+def rotary_supported(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    tokens, _, dim = query.shape if query.dim() == 3 else (0, 0, 0)
+    return (query.dtype in SUPPORTED_DTYPES and key.dtype == cos.dtype == sin.dtype == query.dtype
+            and dim % 2 == 0 and _heads_layout(query) is not None and _heads_layout(key) is not None
+            and key.shape[0] == tokens and key.shape[2] == dim
+            and cos.shape == sin.shape == (tokens, 1, dim) and cos.is_contiguous() and sin.is_contiguous()
+            and available(query.dtype))
+
+
+def rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor,
+           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rotary_native(query, key, cos, sin)`: new contiguous tensors (the inputs may be strided views)."""
+    if _library is None and not available(query.dtype):
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {_reason}")
+    (q_tok, q_head), (k_tok, k_head) = _heads_layout(query), _heads_layout(key)  # type: ignore[misc]
+    q_out, k_out = torch.empty(query.shape, dtype=query.dtype), torch.empty(key.shape, dtype=key.dtype)
+    _library.rotary(query.data_ptr(), q_tok, q_head, query.shape[1], q_out.data_ptr(), key.data_ptr(), k_tok, k_head,
+                    key.shape[1], k_out.data_ptr(), cos.data_ptr(), sin.data_ptr(), query.shape[0], query.shape[2],
+                    int(query.dtype == torch.bfloat16), torch.get_num_threads())
+    return q_out, k_out
