@@ -3,6 +3,9 @@
     python bench/throughput.py                      # W3: 32 requests on the default model (CPU), float32
     python bench/throughput.py --dtype auto         # W3-auto: the same in the CPU's default dtype
     python bench/throughput.py --compare hf         # ... and transformers' padded generate, same run
+    python bench/throughput.py --compare llama.cpp  # ... and llama.cpp's server on the same GGUF weights, same run
+    python bench/throughput.py --acceptance         # issue 17's figures: W3 float32, W3-auto, int8_dynamic, each
+                                                    # against llama.cpp at its precision, in one run
     python bench/throughput.py --workload w1 --random-model qwen3-0.6b --num-seqs 8 --max-input 256 --max-output 64
 
 Workloads are defined in ../shared/WORKLOADS.md: prompts of random token ids and per-request output
@@ -130,6 +133,68 @@ def run_transformers(args, model_dir: str, prompts, max_tokens, batch_size: int)
     return time.perf_counter() - start, generated
 
 
+def engine_precision(args) -> str:
+    """The engine's precision as llama.cpp's GGUF types see it: the quantization method, else the dtype."""
+    if args.quantization:
+        return args.quantization
+    if args.dtype == "auto":
+        from asyncengine.platforms.cpu import cpu_auto_dtype
+
+        return cpu_auto_dtype()
+    return args.dtype
+
+
+def compare_llama_cpp(args, prompts, max_tokens, threads: int, engine_tok_s: float) -> dict:
+    """llama.cpp's figures for the same workload, or why it could not run (said plainly, not an error)."""
+    from llama_server import GGUF_TYPES, Unavailable, run_w3
+
+    gguf_type = args.gguf_type or GGUF_TYPES.get(engine_precision(args))
+    if gguf_type is None:
+        return {"llama_cpp": f"no GGUF type matches {engine_precision(args)}", "line": " | llama.cpp: no GGUF type "
+                f"matches {engine_precision(args)} (pass --gguf-type)"}
+    try:
+        seconds, generated = run_w3(prompts, max_tokens, gguf_type, threads)
+    except Unavailable as exc:
+        return {"llama_cpp": f"unavailable: {exc}", "line": f" | llama.cpp could not run: {exc}"}
+    if generated != sum(max_tokens):
+        return {"llama_cpp": f"generated {generated} tokens, expected {sum(max_tokens)}",
+                "line": f" | llama.cpp generated {generated} tokens, expected {sum(max_tokens)}: not compared"}
+    tok_s = generated / seconds
+    return {"llama_cpp_gguf": gguf_type, "llama_cpp_s": round(seconds, 3), "llama_cpp_tok_s": round(tok_s, 2),
+            "llama_cpp_ratio": round(engine_tok_s / tok_s, 3),
+            "line": f" | llama.cpp llama-server {gguf_type} {tok_s:.1f} tok/s ({seconds:.1f} s) | ratio "
+                    f"{engine_tok_s / tok_s:.2f}x"}
+
+
+# issue 17's acceptance: (label, arguments of one throughput.py run), each against llama.cpp at its precision.
+ACCEPTANCE_RUNS = [
+    ("W3 float32", ["--dtype", "float32"]),
+    ("W3-auto", ["--dtype", "auto"]),
+    ("W3 int8_dynamic", ["--dtype", "float32", "--quantization", "int8_dynamic"]),
+]
+
+
+def acceptance(args) -> int:
+    import subprocess
+
+    rows = []
+    for label, extra in ACCEPTANCE_RUNS:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            command = [sys.executable, __file__, *extra, "--compare", "llama.cpp", "--json", out.name]
+            if args.cpu_threads:
+                command += ["--cpu-threads", str(args.cpu_threads)]
+            print("running:", " ".join(command[1:]), flush=True)
+            done = subprocess.run(command)
+            text = Path(out.name).read_text() if done.returncode == 0 else ""
+        rows.append((label, json.loads(text) if text else {"error": f"exit status {done.returncode}"}))
+    print(f"\n| run | asyncengine tok/s | llama.cpp | llama.cpp tok/s | ratio | load |")
+    print("|---|---|---|---|---|---|")
+    for label, r in rows:
+        print(f"| {label} | {r.get('asyncengine_tok_s', r.get('error'))} | {r.get('llama_cpp_gguf', r.get('llama_cpp', '-'))} "
+              f"| {r.get('llama_cpp_tok_s', '-')} | {r.get('llama_cpp_ratio', '-')} | {r.get('load_average', '-')} |")
+    return 0 if all("error" not in r for _, r in rows) else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w3")
@@ -147,13 +212,21 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--compare", choices=["hf"], help="also run transformers in the same process")
+    parser.add_argument("--compare", choices=["hf", "llama.cpp"],
+                        help="also run transformers in the same process, or llama.cpp's server (bench/llama_server.py)")
+    parser.add_argument("--gguf-type", help="with --compare llama.cpp: F32, BF16, Q8_0 or Q4_1 (default: the "
+                        "engine's precision: F32 for float32, BF16 for bfloat16, Q8_0 for int8 methods)")
+    parser.add_argument("--acceptance", action="store_true",
+                        help="run W3 float32, W3-auto and W3 int8_dynamic, each with --compare llama.cpp, and print "
+                        "the table of issue 17 (each run in its own process)")
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--quantization", help="a quantization method (int8, int8_dynamic, ...)")
     parser.add_argument("--cpu-threads", type=int, help="the engine's cpu_threads (default: the CPUs available)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
+    if args.acceptance:
+        return acceptance(args)
     preset = WORKLOADS[args.workload]
     shape = [
         getattr(args, name) if getattr(args, name) is not None else default
@@ -194,6 +267,13 @@ def main() -> int:
             f" | transformers generate (batches of {args.hf_batch_size}) {hf_generated / hf_elapsed:.1f} tok/s "
             f"({hf_elapsed:.1f} s) | ratio {ratio:.2f}x"
         )
+    if args.compare == "llama.cpp":
+        if args.random_model or args.model:
+            print("error: --compare llama.cpp runs the default model's GGUF file; drop --model/--random-model",
+                  file=sys.stderr)
+            return 2
+        result.update(compare_llama_cpp(args, prompts, max_tokens, threads, generated / elapsed))
+        line += result.pop("line")
     line += f" | {threads} threads | load average {load_before} before, {load_average()} after"
     result["load_average"] = [load_before, load_average()]
     print(line)
