@@ -144,8 +144,7 @@ def ray_target() -> Path:
 def cluster(plugin_target):
     target = str(ray_target())
     sys.path.append(target)  # after the virtualenv's own packages: ray's dependencies do not shadow them
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "ASYNCENGINE_RAY_PLACEMENT_STRATEGY",
-                                                     "ASYNCENGINE_RAY_PLACEMENT_TIMEOUT", "RAY_ADDRESS")}
+    saved = dict(os.environ)  # ours, and whatever Ray sets: all put back after the module
     import ray
     from ray.cluster_utils import Cluster
 
@@ -160,21 +159,19 @@ def cluster(plugin_target):
     started = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={
         **node, "include_dashboard": False, "env_vars": {"PYTHONPATH": os.pathsep.join([*base, target, plugin])}})
-    without_plugin = cluster.add_node(**node, env_vars={"PYTHONPATH": os.pathsep.join([*base, target])})
-    cluster.wait_for_nodes(timeout=120)
-    ray.init(address=cluster.address, log_to_driver=False)
-    print(f"ray cluster of 2 nodes up in {time.monotonic() - started:.1f} s")
-    try:
+    try:  # (a second node that does not come up still stops the head)
+        without_plugin = cluster.add_node(**node, env_vars={"PYTHONPATH": os.pathsep.join([*base, target])})
+        cluster.wait_for_nodes(timeout=120)
+        ray.init(address=cluster.address, log_to_driver=False)
+        print(f"ray cluster of 2 nodes up in {time.monotonic() - started:.1f} s")
         yield cluster, without_plugin.node_id, plugin, target
     finally:
         ray.shutdown()
         cluster.shutdown()
-        sys.path.remove(target)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        # (ray put its own thirdparty_files, under the target, first on the path when imported: out too)
+        sys.path[:] = [entry for entry in sys.path if not entry.startswith(target)]
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def all_released() -> None:

@@ -1,7 +1,8 @@
 """Plugins in a real multiprocess server: an endpoint plugin (route and background task), a stat-logger
 plugin and two middlewares, from a distribution installed into a temporary target on PYTHONPATH. Each
 records the process id and role its code ran in: all must be the server's own process, the frontend.
-A plugin route that clashes with a built-in one fails start-up naming the route. A tool-parser plugin file
+In the same server, an endpoint plugin that says override replaces a built-in route (from a second
+distribution). A plugin route that clashes with a built-in one fails start-up naming the route. A tool-parser plugin file
 and the think reasoning parser, in a server on the tiny Llama with a byte-level tokenizer: what the parsers
 do does not depend on what the model says."""
 
@@ -30,13 +31,18 @@ def read_records(path: Path) -> list[dict]:
 
 def test_endpoint_stat_logger_and_middleware_plugins_run_in_the_frontend(tiny_model, plugin_env, tmp_path):
     records_file = tmp_path / "records.jsonl"
-    env = plugin_env("ae-plugin-server", AE_PLUGIN_RECORD=str(records_file))
-    server = start_server([str(tiny_model("llama").path), *TINY_OPTIONS, "--plugins", "ae_server_hello,ae_server_stats",
-                           "--middleware", "ae_plugin_server.middleware:tag_response,ae_plugin_server.middleware:AsgiTag"],
+    # (one server for both distributions: a server start is the cost of this module)
+    env = plugin_env("ae-plugin-server", "ae-plugin-route-clash", AE_PLUGIN_RECORD=str(records_file))
+    server = start_server([str(tiny_model("llama").path), *TINY_OPTIONS, "--plugins",
+                           "ae_server_hello,ae_server_stats,ae_override", "--middleware",
+                           "ae_plugin_server.middleware:tag_response,ae_plugin_server.middleware:AsgiTag"],
                           env=env)
     try:
         with urllib.request.urlopen(server.url + "/hello") as response:
             assert json.loads(response.read())["hello"] == "from a plugin"
+        # The endpoint plugin that says override replaces the built-in route.
+        with urllib.request.urlopen(server.url + "/version") as response:
+            assert json.loads(response.read()) == {"version": "from the override plugin"}
         with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
             raw = client.models.with_raw_response.list()
             assert raw.headers["x-ae-function-middleware"] == "ran"
@@ -60,7 +66,7 @@ def test_endpoint_stat_logger_and_middleware_plugins_run_in_the_frontend(tiny_mo
     core_pids = {r["pid"] for r in startup if r["role"] == "engine core"}
     assert core_pids and server.process.pid not in core_pids
     loaded = {(r["role"], r["plugin"]) for r in startup if r["group"] and r["outcome"] == "ok"}
-    assert loaded == {("frontend", "ae_server_hello"), ("frontend", "ae_server_stats")}
+    assert loaded == {("frontend", "ae_server_hello"), ("frontend", "ae_server_stats"), ("frontend", "ae_override")}
 
 
 def test_an_endpoint_plugin_route_that_clashes_with_a_built_in_fails_start_up(tiny_model, plugin_env):
@@ -71,16 +77,6 @@ def test_an_endpoint_plugin_route_that_clashes_with_a_built_in_fails_start_up(ti
     assert ("endpoint plugin 'clash' adds the route POST /v1/completions, which is a built-in route: choose another "
             "path, or set override = True on the plugin to replace the built-in one") in failed.value.stderr
 
-
-
-def test_an_endpoint_plugin_that_says_override_replaces_the_built_in_route(tiny_model, plugin_env):
-    server = start_server([str(tiny_model("llama").path), *TINY_OPTIONS, "--plugins", "ae_override"],
-                          env=plugin_env("ae-plugin-route-clash"))
-    try:
-        with urllib.request.urlopen(server.url + "/version") as response:
-            assert json.loads(response.read()) == {"version": "from the override plugin"}
-    finally:
-        assert server.stop() == 0, server.stderr()[-3000:]
 
 
 TOOL_PARSER_PLUGIN = '''
