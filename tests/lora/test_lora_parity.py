@@ -22,6 +22,7 @@ ADAPTERS = [
     ("kv-down-r6", 6, ["k_proj", "v_proj", "down_proj"], False),
 ]
 NUM_TOKENS = 10
+PREEMPTING_TOKENS = 16  # past the third block of a 35-token prompt
 SHARED_PREFIX = list(range(40, 72))  # two full blocks of 16: a prefix hit for requests of the same adapter
 
 
@@ -42,20 +43,24 @@ def setup(request, tiny_model, peft, tmp_path_factory):
 def test_mixed_batch_matches_transformers_peft(setup, make_llm):
     tiny, adapters = setup
     prompts = _prompts(tiny.vocab_size)
-    # Every adapter and the base model on every prompt, all submitted at once.
-    jobs = [(prompt, index) for prompt in prompts for index in [None, 0, 1, 2, 3]]
+    # Every adapter and the base model on every prompt, all submitted at once, one adapter's requests next to
+    # each other so that they are in flight together and share their prefix blocks (so few blocks evict them).
+    jobs = [(prompt, index) for index in [None, 0, 1, 2, 3] for prompt in prompts]
     loras = [None if index is None else LoRARequest(adapters[index].name, index + 1, str(adapters[index].path))
              for _, index in jobs]
     llm = make_llm(str(tiny.path), skip_tokenizer_init=True, dtype="float32", enable_lora=True, max_loras=2,
                    max_lora_rank=8, max_cpu_loras=2, max_model_len=64, block_size=16,
                    max_num_batched_tokens=24,  # prompts of 35 tokens prefill in chunks
-                   num_gpu_blocks_override=8,  # sequences of 3 blocks each: few fit at once, preemption
+                   # 35 prompt tokens and 16 new ones end in a 4th block of 16, taken while decoding: two
+                   # sequences in flight need 8 blocks of these 6, whatever order the requests arrive in, so
+                   # preemption happens (8 blocks let it depend on the arrival timing: once, in CI, it did not).
+                   num_gpu_blocks_override=6,
                    max_num_seqs=16)
-    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=PREEMPTING_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p, _ in jobs], params, lora_request=loras)
     for (prompt, index), output in zip(jobs, outputs):
         model = tiny.hf_model if index is None else adapters[index].reference
-        reference = hf_greedy(model, prompt, NUM_TOKENS)
+        reference = hf_greedy(model, prompt, PREEMPTING_TOKENS)
         compare_greedy(output.outputs[0].token_ids, None, reference)
     stats = llm.get_scheduler_stats()
     assert stats.num_preemptions > 0, "the KV cache was meant to be too small for the batch"
