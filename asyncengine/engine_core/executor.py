@@ -63,14 +63,21 @@ class UniExecutor(Executor):
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any, *, owner: str,
                  logits_processors: tuple[type, ...] | list[type] = ()) -> None:
         super().__init__(engine_config, model_config, platform)
-        from asyncengine.worker.worker import build_worker
-
         # This process ran the worker role's plugin phases: its logits-processor classes are the worker's.
-        # The class is the one `worker_cls` names, the built-in Worker by default.
-        self.worker = build_worker(engine_config, model_config, platform, logits_processors=logits_processors)
+        self._logits_processors = tuple(logits_processors)
+        self.worker: Any = None  # built by serve(), on the worker's thread
         self.where = f"the worker (a thread of {owner})"
         self._thread = DedicatedThread("asyncengine-worker")
         self._stopped = False
+
+    def _build_worker(self) -> Any:
+        # On the worker's thread: importing the model runner and the models (torch's modules among them)
+        # takes half a second on a busy machine, too long for the event loop.
+        from asyncengine.worker.worker import build_worker
+
+        # The class is the one `worker_cls` names, the built-in Worker by default.
+        return build_worker(self.engine_config, self.model_config, self.platform,
+                            logits_processors=self._logits_processors)
 
     async def serve(self, trace: StartupTrace, manifest: Any = None, *,
                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -79,6 +86,7 @@ class UniExecutor(Executor):
             with single_exceptions():  # a failed init_device, not a group around it
                 async with anyio.create_task_group() as tg:
                     await tg.start(self._thread.serve)  # returns once shutdown() closed the thread
+                    self.worker = await self._thread.run(self._build_worker)
                     await self.call("init_device")
                     task_status.started()
         except BaseException:  # failed or cancelled: the worker stops with it (a subclass's shutdown runs once)
@@ -111,7 +119,7 @@ class UniExecutor(Executor):
             return
         self._stopped = True
         with anyio.CancelScope(shield=True):
-            if self.failure is None:
+            if self.failure is None and self.worker is not None:
                 with anyio.move_on_after(5.0):
                     await self._thread.run(self.worker.shutdown)
             self._die(EngineDeadError("the engine was shut down"))

@@ -161,11 +161,13 @@ class InputProcessor:
                                    field="multi_modal_data")
             if "prompt_token_ids" in prompt:
                 token_ids = prompt["prompt_token_ids"]
-                if not isinstance(token_ids, (list, tuple)) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in token_ids
-                ):
+                if not isinstance(token_ids, (list, tuple)):
                     raise RequestError("prompt_token_ids must be a list of integers", field="prompt_token_ids")
-                return prompt.get("prompt"), list(token_ids)
+                try:  # checked and copied in C: a Python loop over a long prompt blocks the event loop
+                    return prompt.get("prompt"), msgspec.convert(token_ids, list[int])  # (bools refused)
+                except msgspec.ValidationError as exc:
+                    raise RequestError(f"prompt_token_ids must be a list of integers: {exc}",
+                                       field="prompt_token_ids") from exc
             if "prompt" in prompt:
                 return self._tokenize(prompt["prompt"])
         raise RequestError(
