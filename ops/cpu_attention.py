@@ -6,7 +6,7 @@ multiplies: it moves the context three times. This kernel walks each sequence's 
 each key and value once, where it lies: one task per (sequence, KV head), the query heads of that KV
 head's group computed together (GQA without repeating K/V), an exact softmax over the context.
 
-It is a small C file, compiled once per machine with the system C compiler (`cc`) into
+It is a small C file, compiled once per machine with the system C compiler (`cc`; ops/cpu_build.py) into
 ~/.cache/asyncengine/kernels and called through ctypes (which releases the GIL). It uses OpenMP:
 the shared object names `libgomp.so.1`, which is the runtime torch has already loaded, so both share
 one thread pool. Without a compiler, or when `ASYNCENGINE_CPU_KERNELS=0`, `available` says no and
@@ -25,17 +25,10 @@ in float32 and bfloat16 (bench/RESULTS.md).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
+from asyncengine.ops.cpu_build import load_kernels
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -303,52 +296,11 @@ _library: ctypes.CDLL | None = None
 _reason: str | None = None  # why the kernel is unavailable, once that is known
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "asyncengine" / "kernels"
-
-
-def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return os.uname().machine
-
-
-def _build() -> ctypes.CDLL:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise RuntimeError("no C compiler found (set CC or install gcc)")
-    errors = []
-    for flags in _FLAG_SETS:
-        # The CPU's flags are part of the name: -march=native code built on one machine must not be
-        # loaded by another that shares the cache directory (an illegal instruction kills the process).
-        digest = hashlib.sha256((C_SOURCE + compiler + " ".join(flags) + _cpu_signature()).encode()).hexdigest()[:16]
-        target = _cache_dir() / f"cpu_attention-{digest}.so"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                source = Path(scratch) / "cpu_attention.c"
-                source.write_text(C_SOURCE)
-                built = Path(scratch) / target.name
-                result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(source), "-o", str(built), "-lm"],
-                                        capture_output=True, text=True)
-                if result.returncode != 0:
-                    errors.append(f"{compiler} {' '.join(flags)}: {result.stderr.strip()[-400:]}")
-                    continue
-                os.replace(built, target)  # atomic: another process building the same file is harmless
-        try:
-            library = ctypes.CDLL(str(target))
-        except OSError as exc:  # built for instructions this machine lacks, say
-            errors.append(f"loading {target}: {exc}")
-            continue
-        library.paged_decode.restype = ctypes.c_int
-        library.paged_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                                                  ctypes.c_void_p, ctypes.c_void_p] + \
-            [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-        return library
-    raise RuntimeError("compiling the CPU attention kernel failed: " + " | ".join(errors))
+def _declare(library: ctypes.CDLL) -> None:
+    library.paged_decode.restype = ctypes.c_int
+    library.paged_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                                              ctypes.c_void_p, ctypes.c_void_p] + \
+        [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
 def available(dtype: torch.dtype) -> bool:
@@ -357,15 +309,9 @@ def available(dtype: torch.dtype) -> bool:
     if dtype not in SUPPORTED_DTYPES:
         return False
     if _library is None and _reason is None:
-        if os.environ.get("ASYNCENGINE_CPU_KERNELS", "1") == "0":
-            _reason = "ASYNCENGINE_CPU_KERNELS=0"
-        else:
-            try:
-                _library = _build()
-            except (RuntimeError, OSError) as exc:
-                _reason = str(exc)
-                logger.warning("CPU attention kernel unavailable, decode attention uses the torch reference "
-                               "(gathers the context each step): %s", exc)
+        _library, _reason = load_kernels("cpu_attention", C_SOURCE, _FLAG_SETS, _declare,
+                                         fallback="decode attention uses the torch reference (gathers the "
+                                                  "context each step)")
     return _library is not None
 
 

@@ -15,27 +15,18 @@ things differ by rounding only: the order of the RMSNorm's sum of squares, and S
 (a degree-7 polynomial on AVX-512, about 1 ulp; glibc's expf elsewhere). The tests compare each kernel
 with its reference (tests/ops/test_cpu_fused.py).
 
-Built and loaded like ops/cpu_attention.py (the system C compiler, cached in ~/.cache/asyncengine/kernels,
-ctypes, the OpenMP runtime torch already loaded); `ASYNCENGINE_CPU_KERNELS=0` turns it off, and without a
+Built and loaded as ops/cpu_build.py says (the system C compiler, cached in ~/.cache/asyncengine/kernels,
+ctypes), with the OpenMP runtime torch already loaded; `ASYNCENGINE_CPU_KERNELS=0` turns it off, and without a
 compiler the layers keep their torch references.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from asyncengine.ops.cpu_attention import _cache_dir, _cpu_signature
-
-logger = logging.getLogger(__name__)
+from asyncengine.ops.cpu_build import load_kernels
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -223,40 +214,11 @@ _reason: str | None = None
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
-def _build() -> ctypes.CDLL:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise RuntimeError("no C compiler found (set CC or install gcc)")
-    errors = []
-    for flags in _FLAG_SETS:
-        # The CPU's flags are part of the name, as for cpu_attention: -march=native code must not be
-        # loaded by another machine sharing the cache directory.
-        digest = hashlib.sha256((C_SOURCE + compiler + " ".join(flags) + _cpu_signature()).encode()).hexdigest()[:16]
-        target = _cache_dir() / f"cpu_fused-{digest}.so"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                source = Path(scratch) / "cpu_fused.c"
-                source.write_text(C_SOURCE)
-                built = Path(scratch) / target.name
-                result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(source), "-o", str(built), "-lm"],
-                                        capture_output=True, text=True)
-                if result.returncode != 0:
-                    errors.append(f"{compiler} {' '.join(flags)}: {result.stderr.strip()[-400:]}")
-                    continue
-                os.replace(built, target)
-        try:
-            library = ctypes.CDLL(str(target))
-        except OSError as exc:
-            errors.append(f"loading {target}: {exc}")
-            continue
-        library.rms_norm.restype = library.silu_and_mul.restype = library.rotary.restype = ctypes.c_int
-        library.rms_norm.argtypes = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, ctypes.c_float, ctypes.c_int,
-                                     ctypes.c_int]
-        library.silu_and_mul.argtypes = [_P, _I, _P, _I, _I, ctypes.c_int, ctypes.c_int]
-        library.rotary.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int]
-        return library
-    raise RuntimeError("compiling the fused CPU kernels failed: " + " | ".join(errors))
+def _declare(library: ctypes.CDLL) -> None:
+    library.rms_norm.restype = library.silu_and_mul.restype = library.rotary.restype = ctypes.c_int
+    library.rms_norm.argtypes = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    library.silu_and_mul.argtypes = [_P, _I, _P, _I, _I, ctypes.c_int, ctypes.c_int]
+    library.rotary.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int]
 
 
 def available(dtype: torch.dtype) -> bool:
@@ -265,15 +227,8 @@ def available(dtype: torch.dtype) -> bool:
     if dtype not in SUPPORTED_DTYPES:
         return False
     if _library is None and _reason is None:
-        if os.environ.get("ASYNCENGINE_CPU_KERNELS", "1") == "0":
-            _reason = "ASYNCENGINE_CPU_KERNELS=0"
-        else:
-            try:
-                _library = _build()
-            except (RuntimeError, OSError) as exc:
-                _reason = str(exc)
-                logger.warning("fused CPU kernels unavailable, norms, rotary and SiLU use their torch "
-                               "references: %s", exc)
+        _library, _reason = load_kernels("cpu_fused", C_SOURCE, _FLAG_SETS, _declare,
+                                         fallback="norms, rotary and SiLU use their torch references")
     return _library is not None
 
 

@@ -1,0 +1,84 @@
+"""Compiling and loading the CPU kernels' C sources (ops/cpu_attention.py, ops/cpu_fused.py).
+
+Each source is compiled once per machine with the system C compiler (`cc`, or `CC`) into
+~/.cache/asyncengine/kernels and loaded through ctypes, which releases the GIL during a call. The file
+name holds a digest of the source, the compiler, its flags and the CPU's feature flags: `-march=native`
+code built on one machine must never be loaded by another sharing the cache directory (an illegal
+instruction kills the process). A kernel that cannot be built or loaded is not an error: the caller
+keeps its torch reference, and `load_kernels` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DISABLE_VARIABLE = "ASYNCENGINE_CPU_KERNELS"  # "0" keeps every layer on its torch reference
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "asyncengine" / "kernels"
+
+
+def cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return os.uname().machine
+
+
+def build_library(name: str, source: str, flag_sets: Sequence[Sequence[str]],
+                  declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL:
+    """The first of `flag_sets` that compiles and loads (a cached build when there is one), with its
+    functions' signatures set by `declare`; RuntimeError listing what each attempt said otherwise."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC or install gcc)")
+    errors = []
+    for flags in flag_sets:
+        digest = hashlib.sha256((source + compiler + " ".join(flags) + cpu_signature()).encode()).hexdigest()[:16]
+        target = cache_dir() / f"{name}-{digest}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                source_file = Path(scratch) / f"{name}.c"
+                source_file.write_text(source)
+                built = Path(scratch) / target.name
+                result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(source_file), "-o", str(built),
+                                         "-lm"], capture_output=True, text=True)
+                if result.returncode != 0:
+                    errors.append(f"{compiler} {' '.join(flags)}: {result.stderr.strip()[-400:]}")
+                    continue
+                os.replace(built, target)  # atomic: another process building the same file is harmless
+        try:
+            library = ctypes.CDLL(str(target))
+        except OSError as exc:  # built for instructions this machine lacks, say
+            errors.append(f"loading {target}: {exc}")
+            continue
+        declare(library)
+        return library
+    raise RuntimeError(f"compiling {name}.c failed: " + " | ".join(errors))
+
+
+def load_kernels(name: str, source: str, flag_sets: Sequence[Sequence[str]],
+                 declare: Callable[[ctypes.CDLL], None], *, fallback: str) -> tuple[ctypes.CDLL | None, str | None]:
+    """(the library, None), or (None, why not): off by ASYNCENGINE_CPU_KERNELS=0, or a failed build,
+    which is logged once with what the layers do instead (`fallback`)."""
+    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
+        return None, f"{DISABLE_VARIABLE}=0"
+    try:
+        return build_library(name, source, flag_sets, declare), None
+    except (RuntimeError, OSError) as exc:
+        logger.warning("%s kernels unavailable, %s: %s", name, fallback, exc)
+        return None, str(exc)
