@@ -21,11 +21,11 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 # Commands that start an engine: the platform is resolved before their arguments are parsed, so it
 # can add options of its own (Platform.pre_register_and_update).
-ENGINE_COMMANDS = ("generate", "serve")
+ENGINE_COMMANDS = ("generate", "serve", "launch")
 
 
 def build_parser(platform=None) -> argparse.ArgumentParser:
-    from asyncengine.cli import generate, plugins, serve
+    from asyncengine.cli import generate, launch, plugins, serve
 
     parser = argparse.ArgumentParser(prog="asyncengine", description="An async-native LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"asyncengine {__version__}")
@@ -36,6 +36,7 @@ def build_parser(platform=None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
     generate.add_parser(subparsers, platform)
     serve.add_parser(subparsers, platform)
+    launch.add_parser(subparsers, platform)
     plugins.add_parser(subparsers)
     return parser
 

@@ -13,6 +13,7 @@ import msgspec
 import trio
 
 from asyncengine.cli.args import add_engine_arguments, add_struct_arguments, engine_config_from_args, struct_values
+from asyncengine.config.engine import EngineConfig
 from asyncengine.config.structured_outputs import with_reasoning_parser
 from asyncengine.server.config import ServerConfig, server_config_from_dict
 
@@ -26,6 +27,12 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
         "serve", help="serve the OpenAI-compatible API over HTTP",
         description="Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI API at http://HOST:PORT/v1.",
     )
+    add_server_arguments(parser, platform)
+    parser.set_defaults(handler=run, log_level_default="info")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, platform=None) -> None:
+    """serve's arguments: MODEL, the server's options and the engine's (`launch render` takes them too)."""
     parser.add_argument("model", nargs="?", default=None, help="model directory or .gguf file")
     parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"],
                         help="default: info for serve (one line per request)")
@@ -33,10 +40,17 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     add_engine_arguments(parser, defaults=SERVE_ENGINE_DEFAULTS)
     if platform is not None:
         platform.pre_register_and_update(parser)
-    parser.set_defaults(handler=run, log_level_default="info")
 
 
 def run(args: argparse.Namespace) -> int:
+    engine_config, server_config = configs_from_args(args)
+    from asyncengine.server.run import serve
+
+    return trio.run(serve, engine_config, server_config)  # 1 when the engine died (server/run.py)
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
+    """The engine's and the server's options from serve's arguments (`launch render` takes them too)."""
     values = {**SERVE_ENGINE_DEFAULTS, **vars(args)}
     engine_config = engine_config_from_args(argparse.Namespace(**values), model=args.model)
     server_config = server_config_from_dict(struct_values(args, ServerConfig))
@@ -46,6 +60,4 @@ def run(args: argparse.Namespace) -> int:
                                        None if server_config.reasoning_parser_plugin else server_config.reasoning_parser)
     if structured is not engine_config.structured_outputs_config:
         engine_config = msgspec.structs.replace(engine_config, structured_outputs_config=structured)
-    from asyncengine.server.run import serve
-
-    return trio.run(serve, engine_config, server_config)  # 1 when the engine died (server/run.py)
+    return engine_config, server_config

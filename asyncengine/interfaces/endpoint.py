@@ -13,7 +13,8 @@ it adds network routes. Two forms are served:
 
 Either form may say `required_tasks` (vLLM's: a tuple of task names, or None for any): when none of
 them is a task this server serves (`served_tasks`: by the runner, checked with the other contracts
-when it is given, and by the server once `auto` has resolved), start-up fails naming the plugin,
+when it is given, and by the server once `auto` has resolved; the render server serves "render"
+only, RENDER_TASKS), start-up fails naming the plugin,
 where vLLM leaves the plugin out silently. A route that clashes with a built-in route is an error unless
 `override` is true.
 """
@@ -29,6 +30,8 @@ import anyio
 GENERATE_TASKS: tuple[str, ...] = ("generate",)
 # What a pooling runner serves, by the same names.
 POOLING_TASKS: tuple[str, ...] = ("embed", "classify", "score", "token_embed", "token_classify")
+# What the render server (server/render_server.py: no engine) serves: vLLM's task of its render server.
+RENDER_TASKS: tuple[str, ...] = ("render",)
 
 
 class EndpointPlugin(abc.ABC):
@@ -70,17 +73,19 @@ def served_tasks(runner: str | None) -> tuple[str, ...] | None:
     return None
 
 
-def required_tasks_problem(plugin: Any, runner: str | None) -> str | None:
+def required_tasks_problem(plugin: Any, runner: str | None, tasks: tuple[str, ...] | None = None) -> str | None:
     """Why `plugin.required_tasks` refuses a server with this runner ("generate", "pooling"; "auto"
-    checks only the value's shape), or None when it may serve there."""
+    checks only the value's shape), or serving `tasks` when given (the render server's RENDER_TASKS,
+    whatever the runner), or None when it may serve there."""
     required = getattr(plugin, "required_tasks", None)
     if required is None:
         return None
     if not isinstance(required, (tuple, list, set, frozenset)) or not all(isinstance(t, str) for t in required):
         return f"required_tasks is {required!r}: give a tuple of task names (vLLM's), or None for any task"
-    served = served_tasks(runner)
+    served = tasks if tasks is not None else served_tasks(runner)
     if served is None or set(required) & set(served):
         return None
+    where = ("or serve it with `asyncengine serve` (a render server has no engine: it serves the task 'render' "
+             "only)") if served == RENDER_TASKS else "or serve a model for one of those tasks"
     return (f"requires one of the tasks {', '.join(required) or '(none)'}, and this server serves "
-            f"{', '.join(served)}: leave the plugin out of the allow-list (--plugins), or serve a model for "
-            "one of those tasks")
+            f"{', '.join(served)}: leave the plugin out of the allow-list (--plugins), {where}")

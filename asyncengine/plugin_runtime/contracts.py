@@ -30,8 +30,10 @@ def _owner(cls: type, owners: dict[type, str]) -> str:
 
 
 def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: Any,
-                             owners: dict[type, str] | None = None) -> None:
-    """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each."""
+                             owners: dict[type, str] | None = None,
+                             endpoint_tasks: tuple[str, ...] | None = None) -> None:
+    """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each;
+    `endpoint_tasks`: the tasks the server serves when not the runner's (the render server's)."""
     from asyncengine.interfaces.stat_logger import INIT_EXTRAS, RECORD_EXTRAS, StatLoggerBase, declared_extras
 
     owners = owners or {}
@@ -53,16 +55,17 @@ def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpo
                     "".join(f", {name}=..." for name in keywords) + ")"
                 raise StartupError(f"{who}: {what} cannot be called as the engine calls it, {called}: {exc}") from exc
     for endpoint in endpoints:
-        check_endpoint_plugin(endpoint, config, owners)
+        check_endpoint_plugin(endpoint, config, owners, endpoint_tasks)
 
 
-def check_endpoint_plugin(endpoint: Any, config: Any, owners: dict[type, str] | None = None) -> None:
+def check_endpoint_plugin(endpoint: Any, config: Any, owners: dict[type, str] | None = None,
+                          tasks: tuple[str, ...] | None = None) -> None:
     """An endpoint plugin adds routes (ours: attach(app); vLLM's: attach_router(app), which needs
     fastapi), and its required_tasks are served here."""
     from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form, required_tasks_problem
 
     who = f"endpoint plugin {endpoint.name!r} ({_owner(type(endpoint), owners or {})})"
-    problem = required_tasks_problem(endpoint, getattr(config, "runner", None))
+    problem = required_tasks_problem(endpoint, getattr(config, "runner", None), tasks)
     if problem:
         raise StartupError(f"{who} {problem}")
     if is_router_form(endpoint):

@@ -59,8 +59,10 @@ async def run_plugin_phases(
     device: str | None = None,
     device_chosen_by: str | None = None,
     frontend_manifest: Manifest | None = None,
+    endpoint_tasks: tuple[str, ...] | None = None,
 ) -> PluginState:
-    """Run phases 1-4 (and 5 when `frontend_manifest` is given) for a process playing `roles`."""
+    """Run phases 1-4 (and 5 when `frontend_manifest` is given) for a process playing `roles`;
+    `endpoint_tasks`: what the server serves when not the runner's tasks (the render server's)."""
     started = time.time()
     installed = installed_plugins()
     allow_list = AllowList.resolve(config.plugins)
@@ -95,7 +97,7 @@ async def run_plugin_phases(
         if g.FRONTEND in roles:  # what would fail only at the first request fails here, naming the plugin
             from asyncengine.plugin_runtime.contracts import check_frontend_contracts
 
-            check_frontend_contracts(state.stat_loggers, state.endpoints, config, state.owners)
+            check_frontend_contracts(state.stat_loggers, state.endpoints, config, state.owners, endpoint_tasks)
 
     async with trace.phase(g.PHASE_CONFIG_HOOKS):
         from asyncengine.plugin_runtime.config_hooks import check_config_hooks

@@ -70,7 +70,8 @@ def _bind(middleware: Callable[..., Awaitable[Any]], call_next: Callable[..., Aw
 
 
 def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp:
-    """The API over `engine_client` (a started AsyncEngine). Raises StartupError when a parser, a
+    """The API over `engine_client` (a started AsyncEngine, or the render server's RenderClient, whose
+    `has_engine` is False: server/render_server.py). Raises StartupError when a parser, a
     middleware, an endpoint plugin or the IO processor cannot be used, naming it (ConfigError when
     --io-processor-plugin names no installed, allowed IO processor)."""
     config = config or ServerConfig()
@@ -88,7 +89,9 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
                                          dict(getattr(engine_client.plugins, "io_processors", {}))),
     )
     metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name)
-    engine_client.add_stat_logger(metrics)
+    has_engine = getattr(engine_client, "has_engine", True)
+    if has_engine:  # without an engine there are no steps to count
+        engine_client.add_stat_logger(metrics)
     app.extensions["asyncengine"] = {"context": context, "metrics": metrics, "server_config": config}
 
     # vLLM's form (attach_router, a FastAPI router) is mounted as an ASGI app (fastapi_endpoints.py).
@@ -102,7 +105,8 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     @app.before_serving
     async def start_endpoint_plugins() -> None:
         for plugin in endpoint_plugins:  # each one's background work, owned by the app's task group
-            await app.nursery.start(plugin.serve, engine_client)
+            # A render server has no engine client to give (vLLM's init_state(None, ...) there).
+            await app.nursery.start(plugin.serve, engine_client if has_engine else None)
 
     return app
 

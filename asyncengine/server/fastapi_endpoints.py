@@ -51,10 +51,12 @@ _MOUNTED_REST = "asyncengine_mounted_path"
 
 def served_endpoint_plugins(plugins: list[Any], engine_client: Any, server_config: Any) -> list[Any]:
     """The endpoint plugins as the app attaches them: ours as they are, vLLM's wrapped in RouterEndpoint.
-    A plugin whose required_tasks the model (its runner resolved now) does not serve is a StartupError."""
+    A plugin whose required_tasks the model (its runner resolved now) does not serve is a StartupError;
+    a client that says what it serves (`served_tasks`: the render server's "render") is checked by that."""
     runner = getattr(getattr(engine_client, "model_config", None), "runner", None)
+    tasks = getattr(engine_client, "served_tasks", None)
     for plugin in plugins:
-        problem = required_tasks_problem(plugin, runner)
+        problem = required_tasks_problem(plugin, runner, tasks)
         if problem:
             raise StartupError(f"endpoint plugin {plugin.name!r} ({describe(type(plugin))}) {problem}")
     if not any(is_router_form(plugin) for plugin in plugins):

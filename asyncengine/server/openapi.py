@@ -79,6 +79,10 @@ CONTRACTS: dict[str, Contract] = {
     "chat_completions": Contract("Chat completions (OpenAI's /v1/chat/completions)",
                                  request=protocol.ChatCompletionRequest, response=protocol.ChatCompletionResponse,
                                  stream_event=protocol.ChatCompletionChunk),
+    "completions_render": Contract("A completion request rendered and tokenized, not run (vLLM's; one per prompt)",
+                                   request=protocol.CompletionRequest, response=list[protocol.RenderedRequest]),
+    "chat_completions_render": Contract("A chat request through the chat template and tokenized, not run (vLLM's)",
+                                        request=protocol.ChatCompletionRequest, response=protocol.RenderedRequest),
     "io_process": Contract("The IO processor chosen by --io-processor-plugin", request=protocol.IOProcessRequest,
                            response=protocol.IOProcessResponse),
     "startup": Contract("The start-up report of every process", response=list[StartupRecord]),
@@ -169,7 +173,8 @@ def _operation(name: str, contract: Contract, schema_of: dict[Any, Any], error_r
         responses["401"] = {**error, "description": "missing or wrong API key"}
     if contract.request is not None:
         responses["415"] = {**error, "description": "the body is not sent as application/json"}
-    responses["503"] = {**error, "description": "engine overloaded (with Retry-After) or dead"}
+    responses["503"] = {**error, "description": "engine overloaded (with Retry-After) or dead, or a render server "
+                                                "(no engine: code no_engine)"}
     responses["4XX"] = {**error, "description": "a bad request, in OpenAI's error shape (`param` names the field)"}
     responses["5XX"] = {**error, "description": "internal error (request id ...), in OpenAI's error shape"}
     operation: dict[str, Any] = {"operationId": name, "summary": contract.summary, "responses": responses}

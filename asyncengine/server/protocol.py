@@ -321,3 +321,19 @@ class ModelCard(msgspec.Struct, kw_only=True):
 class ModelList(msgspec.Struct, kw_only=True):
     data: list[ModelCard]
     object: str = "list"
+
+
+class RenderedRequest(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """POST /v1/chat/completions/render and /v1/completions/render (one per prompt): the request as the
+    engine would take it, rendered and tokenized but not generated; vLLM's GenerateRequest shape."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: dict[str, Any]  # with the model's defaults and the context-length bound filled in
+    model: str | None = None
+    features: dict[str, Any] | None = None  # multimodal placeholders in vLLM; none here (text only)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: str | None = None
+    priority: int = 0
+    kv_transfer_params: dict[str, Any] | None = None

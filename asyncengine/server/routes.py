@@ -1,5 +1,9 @@
-"""The built-in routes: the OpenAI API under /v1 (and /v1/io_process for an IO processor plugin), and
-/tokenize, /detokenize, /health, /metrics, /version, /openapi.json (the contract, server/openapi.py)."""
+"""The built-in routes: the OpenAI API under /v1 (and /v1/io_process for an IO processor plugin), vLLM's
+render routes (/v1/chat/completions/render, /v1/completions/render: serving_render.py), and /tokenize,
+/detokenize, /health, /metrics, /version, /openapi.json (the contract, server/openapi.py).
+
+Over a client without an engine (the render server, render_server.py) the routes that generate or pool
+answer 503 with code `no_engine`; the others answer as they do over an engine."""
 
 from __future__ import annotations
 
@@ -25,12 +29,15 @@ from asyncengine.server.response_scope import current_response_scope
 from asyncengine.server.serving_io_processor import create_io_process
 from asyncengine.server.serving_lora import add_lora_routes, model_cards, runtime_updates_enabled
 from asyncengine.server.serving_pooling import POOLING_ROUTES, pooling_views
+from asyncengine.server.serving_render import render_chat_request, render_completion_request
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
 _BUILTIN: list[tuple[str, str, str]] = [
     ("/v1/models", "GET", "models"),
     ("/v1/completions", "POST", "completions"),
     ("/v1/chat/completions", "POST", "chat_completions"),
+    ("/v1/completions/render", "POST", "completions_render"),
+    ("/v1/chat/completions/render", "POST", "chat_completions_render"),
     ("/v1/io_process", "POST", "io_process"),
     ("/v1/startup", "GET", "startup"),
     ("/tokenize", "POST", "tokenize"),
@@ -41,6 +48,10 @@ _BUILTIN: list[tuple[str, str, str]] = [
     ("/openapi.json", "GET", "openapi"),
     *POOLING_ROUTES,  # /v1/embeddings, /pooling, /classify, /score, /rerank, /v1/rerank (serving_pooling.py)
 ]
+
+
+# The views that run the engine: a client without one (render_server.py) answers them 503.
+ENGINE_VIEWS = frozenset({"completions", "chat_completions", "io_process", *(name for _, _, name in POOLING_ROUTES)})
 
 
 def builtin_route_keys() -> list[tuple[str, str]]:
@@ -73,6 +84,7 @@ async def decode_body(struct: type) -> Any:
 
 def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip: set[tuple[str, str]]) -> None:
     engine = context.engine
+    has_engine = getattr(engine, "has_engine", True)
     created = int(time.time())
 
     async def models() -> Response:
@@ -89,6 +101,14 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         body = await decode_body(ChatCompletionRequest)
         result = await create_chat_completion(context, body, g.request_id, current_response_scope())
         return json_response(result) if isinstance(result, ChatCompletionResponse) else sse_response(result)
+
+    async def completions_render() -> Response:
+        body = await decode_body(CompletionRequest)
+        return json_response(await render_completion_request(context, body, g.request_id))
+
+    async def chat_completions_render() -> Response:
+        body = await decode_body(ChatCompletionRequest)
+        return json_response(await render_chat_request(context, body, g.request_id))
 
     async def io_process() -> Response:
         body = await decode_body(IOProcessRequest)
@@ -132,7 +152,7 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return Response("", status=200)
 
     async def metrics_route() -> Response:
-        if engine.dead_error is None:
+        if has_engine and engine.dead_error is None:
             metrics.update_scheduler_stats(await engine.get_scheduler_stats())  # current even when idle
         body, content_type = metrics.render()
         return Response(body, status=200, content_type=content_type)
@@ -150,13 +170,25 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
 
     views = {"models": models, "completions": completions, "chat_completions": chat_completions,
              "io_process": io_process, "startup": startup, "tokenize": tokenize, "detokenize": detokenize,
-             "health": health, "metrics": metrics_route, "version": version, "openapi": openapi}
+             "health": health, "metrics": metrics_route, "version": version, "openapi": openapi,
+             "completions_render": completions_render, "chat_completions_render": chat_completions_render}
     views.update(pooling_views(context, decode_body, json_response))
+    if not has_engine:
+        views.update({name: _no_engine(rule) for rule, _, name in _BUILTIN if name in ENGINE_VIEWS})
     for rule, method, name in served:
         app.add_url_rule(rule, name, views[name], methods=[method])
     server_config = app.extensions.get("asyncengine", {}).get("server_config")
-    if runtime_updates_enabled(server_config) and getattr(engine, "lora_adapters", None) is not None:
+    if has_engine and runtime_updates_enabled(server_config) and getattr(engine, "lora_adapters", None) is not None:
         add_lora_routes(app, context, decode_body)
+
+
+def _no_engine(rule: str) -> Any:
+    async def no_engine(**_: Any) -> Response:
+        raise ApiError(503, f"{rule} needs an engine, and this is a render server (asyncengine launch render), which "
+                            "renders and tokenizes only: send it to a server started with `asyncengine serve`",
+                       type="service_unavailable", code="no_engine")
+
+    return no_engine
 
 
 def _document(app: Any, served: list[tuple[str, str, str]]) -> dict[str, Any]:

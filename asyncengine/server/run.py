@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import sys
 from functools import partial
+from typing import Any
 
 import anyio
 import trio
@@ -43,10 +44,11 @@ FLUSH_SECONDS = 1.0
 EXIT_OK, EXIT_ENGINE_DEAD = 0, 1
 
 
-async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
+async def serve(engine_config: EngineConfig, server_config: ServerConfig, *, engine_class: Any = AsyncEngine,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
     """Start the engine, serve the API until a signal (EXIT_OK) or the engine's death (EXIT_ENGINE_DEAD,
-    unless keep_serving_after_engine_death), shutting down gracefully; the exit status."""
+    unless keep_serving_after_engine_death), shutting down gracefully; the exit status. `engine_class`:
+    what `start`s the client (the render server's RenderClient, which has no engine to die)."""
     warning = exposure_warning(server_config)
     if warning:
         print(f"asyncengine: warning: {warning}", file=sys.stderr, flush=True)
@@ -54,7 +56,7 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
     # thread, as the entry-point scan reads every installed distribution's metadata.
     await anyio.to_thread.run_sync(check_io_processor_name, engine_config.io_processor_plugin, engine_config.plugins)
     exit_status = EXIT_OK
-    async with AsyncEngine.start(engine_config) as engine:
+    async with engine_class.start(engine_config) as engine:
         app = create_app(engine, server_config)
         config = hypercorn_config(server_config)
         stop = trio.Event()
@@ -63,7 +65,9 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *,
                                nursery.cancel_scope)
             binds = await nursery.start(_serve_until_done, app, config, stop, nursery.cancel_scope)
             # The address a user (or a test with port 0) connects to, on stdout where scripts look for it.
-            print(f"asyncengine: serving {engine.model_config.served_model_name} on {', '.join(binds)}", flush=True)
+            what = "" if getattr(engine, "has_engine", True) else " (a render server: no engine)"
+            print(f"asyncengine: serving {engine.model_config.served_model_name}{what} on {', '.join(binds)}",
+                  flush=True)
             task_status.started(binds)
             if not server_config.keep_serving_after_engine_death:
                 await engine.wait_dead()

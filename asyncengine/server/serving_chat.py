@@ -77,13 +77,25 @@ def _tools_active(context: ServingContext, request: ChatCompletionRequest, force
     return True
 
 
-async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
-                                 scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
+@dataclass
+class ChatParts:
+    """A chat request as the engine takes it: what /v1/chat/completions runs and its /render shows."""
+
+    context: ServingContext  # named after the LoRA adapter, when the request names one
+    lora_request: Any
+    forced: ForcedTools | None
+    tools_active: bool
+    messages: list[dict[str, Any]]
+    chat_options: dict[str, Any]
+    params: Any  # SamplingParams
+
+
+async def chat_parts(context: ServingContext, request: ChatCompletionRequest) -> ChatParts:
+    """The checks of a chat request (its model, fields, tools) and what the engine is given for it."""
     lora_request = await resolve_model(context, request.model)
     if lora_request is not None:  # the response names the adapter it ran, as vLLM's does
         context = dataclasses.replace(context, model_name=lora_request.lora_name)
     check_supported(request)
-    engine = context.engine
     forced = forced_tools(request)  # a 400 naming tool_choice when it is malformed
     tools_active = _tools_active(context, request, forced)
     if request.top_logprobs is not None and not request.logprobs:
@@ -99,6 +111,15 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = sampling_params(request, max_tokens=max_tokens, logprobs=logprobs,
                              structured_outputs=forced.structured_outputs if forced else None)
+    return ChatParts(context, lora_request, forced, tools_active, messages, chat_options, params)
+
+
+async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
+                                 scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
+    parts = await chat_parts(context, request)
+    context, lora_request, forced, tools_active = parts.context, parts.lora_request, parts.forced, parts.tools_active
+    messages, chat_options, params = parts.messages, parts.chat_options, parts.params
+    engine = context.engine
     response_id = new_id("chatcmpl", header_id)
     # Rendered through the chat template and tokenized in the engine's tokenizer pool, then validated.
     try:

@@ -8,7 +8,10 @@ and served, with fastapi installed into a target of its own (never into .venv):
   route that raises is a 500 and the server goes on;
 - a plugin whose required_tasks this server does not serve fails start-up naming it (vLLM leaves it out
   silently), and without fastapi a FastAPI-form plugin fails start-up naming the package (in
-  tests/plugin_runtime/test_vllm_shaped_contracts.py, whose processes have no fastapi).
+  tests/plugin_runtime/test_vllm_shaped_contracts.py, whose processes have no fastapi);
+- vLLM's dummy plugin contract (required_tasks None): on the render server (no engine) init_state gets
+  None and its route answers 503; on the full server it gets the engine and the route answers from
+  collective_rpc; a plugin requiring "generate" fails the render server's start-up, naming it.
 """
 
 from __future__ import annotations
@@ -73,6 +76,43 @@ trio.run(main, sys.argv[1])
 """
 
 
+RENDER_SCRIPT = r"""
+import json, sys
+import trio
+from asyncengine import AsyncEngine
+from asyncengine.server.app import create_app
+from asyncengine.server.config import ServerConfig
+from asyncengine.server.render_server import RenderClient
+
+OPTIONS = dict(skip_tokenizer_init=True, max_model_len=256)
+
+
+async def get(client, name, seen):
+    app = create_app(client, ServerConfig())
+    async with app.test_app() as running:
+        response = await running.test_client().get("/v1/admin/scheduler_config")
+        seen[name] = [response.status_code, (await response.get_data()).decode()]
+
+
+async def main(model):
+    seen = {}
+    async with RenderClient.start(model=model, **OPTIONS) as client:
+        await get(client, "render", seen)
+    async with AsyncEngine.start(model=model, kv_cache_memory_bytes=4 * 2**20, **OPTIONS) as engine:
+        await get(engine, "full", seen)
+    try:
+        async with RenderClient.start(model=model, plugins="vllm_shaped_admin", **OPTIONS) as client:
+            create_app(client, ServerConfig())
+        seen["refused"] = None
+    except Exception as exc:
+        seen["refused"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(seen))
+
+
+trio.run(main, sys.argv[1])
+"""
+
+
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-endpoint")
@@ -122,3 +162,23 @@ def test_the_ported_fastapi_plugin_is_served(targets, tiny_model, tmp_path):
     paths = json.loads(seen["openapi"][1])["paths"]
     assert {"/v1/admin/model", "/v1/admin/count"} <= set(paths)
     assert any(path.startswith("/v1/admin/echo/") for path in paths), sorted(paths)
+
+
+def test_the_render_server_gives_the_dummy_plugin_no_engine_client(targets, tiny_model, tmp_path):
+    """vLLM's test_render_server_attaches_endpoint_plugins_with_no_engine_client, on our render server."""
+    plugin, fastapi, _ = targets
+    script = tmp_path / "render.py"
+    script.write_text(RENDER_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), str(tiny_model("llama").path)], capture_output=True,
+                            text=True, timeout=300,
+                            env=environment(plugin, fastapi, ASYNCENGINE_PLUGINS="vllm_shaped_dummy_admin"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    status, body = seen["render"]
+    assert status == 503, body  # init_state(None, ...): the plugin's own answer without a client
+    assert json.loads(body) == {"detail": "scheduler_config requires an engine, which this server does not have"}
+    status, body = seen["full"]
+    assert status == 200, body
+    assert len(json.loads(body)["scheduler_config"]) == 1  # collective_rpc reached the one worker
+    assert "endpoint plugin 'vllm_shaped_admin' (vllm_shaped_endpoint:AdminEndpoint" in (seen["refused"] or ""), seen
+    assert "requires one of the tasks generate, and this server serves render" in seen["refused"]

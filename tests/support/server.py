@@ -84,12 +84,14 @@ class RunningServer:
                                  f"its logs: {self.stderr_path.parent}; stderr:\n{self.stderr()[-3000:]}") from None
 
 
-def start_server(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 180) -> RunningServer:
-    """Start `asyncengine serve ARGS --port 0`; returns once it printed the address it listens on."""
+def start_server(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 180,
+                 command: tuple[str, ...] = ("serve",)) -> RunningServer:
+    """Start `asyncengine serve ARGS --port 0` (`command`: another subcommand, `("launch", "render")`);
+    returns once it printed the address it listens on."""
     directory = Path(tempfile.mkdtemp(prefix="ae-server-"))
     stdout_path, stderr_path = directory / "stdout", directory / "stderr"
     with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "asyncengine", "serve", *args, "--port", "0"],
+        process = subprocess.Popen([sys.executable, "-m", "asyncengine", *command, *args, "--port", "0"],
                                    stdout=stdout, stderr=stderr, env=env or dict(os.environ))
     _LOG_DIRECTORIES.append(_LogDirectory(directory, process))
     deadline = time.monotonic() + timeout

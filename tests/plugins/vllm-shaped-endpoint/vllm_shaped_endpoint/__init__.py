@@ -51,3 +51,25 @@ class AdminEndpoint:
 class EmbedOnlyEndpoint(AdminEndpoint):
     name = "vllm_shaped_embed_only"
     required_tasks = ("embed",)
+
+
+class DummyAdminEndpoint:
+    """vLLM's dummy endpoint plugin (tests/plugins/vllm_add_dummy_endpoint_plugin): required_tasks None, so
+    the CPU-only render server serves it too, calling init_state with engine_client None; its route then
+    answers 503 instead of reaching for a client that does not exist."""
+
+    name = "vllm_shaped_dummy_admin"
+    required_tasks = None
+
+    def attach_router(self, app: FastAPI) -> None:
+        @app.get("/v1/admin/scheduler_config")
+        async def scheduler_config(raw_request: Request):
+            engine_client = raw_request.app.state.dummy_engine_client
+            if engine_client is None:
+                raise HTTPException(status_code=503, detail="scheduler_config requires an engine, which this "
+                                    "server does not have")
+            results = await engine_client.collective_rpc("describe")
+            return {"scheduler_config": results}
+
+    async def init_state(self, engine_client, state, args) -> None:
+        state.dummy_engine_client = engine_client
