@@ -12,6 +12,7 @@ method name (`call`, on every rank). When a worker dies or raises, the executor 
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any
 
 import anyio
@@ -101,7 +102,7 @@ class UniExecutor(Executor):
             return reply
         return _StepReply(self, self._thread.submit(self.worker.execute_model, scheduler_output))
 
-    async def call(self, method: str, *args: Any) -> list[Any]:
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> list[Any]:
         if self.failure is not None:
             raise self.failure
         _check_method_name(method)
@@ -110,7 +111,7 @@ class UniExecutor(Executor):
         except WorkerError as exc:
             raise WorkerError(f"{self.where}: {exc}") from None
         try:
-            return [await self._thread.run(function, *args)]
+            return [await self._thread.run(partial(function, **kwargs) if kwargs else function, *args)]
         except Exception as exc:  # re-raised with the worker named, keeping our error types
             raise _name_the_worker(self.where, exc) from exc
 
@@ -253,7 +254,7 @@ class MultiprocExecutor(Executor):
         # With pipeline stages the last one samples: its first rank's output has the logprobs.
         return _AllRanks(replies, self.world_size - self.engine_config.tensor_parallel_size)
 
-    async def call(self, method: str, *args: Any) -> list[Any]:
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> list[Any]:
         if self.failure is not None:
             raise self.failure
         _check_method_name(method)
@@ -263,7 +264,8 @@ class MultiprocExecutor(Executor):
         self._pending_calls[call_id] = replies
         try:
             for rank, frames in enumerate(self._workers.connections):
-                await self._send(rank, frames, WorkerCall(call_id=call_id, method=method, args=list(args)))
+                await self._send(rank, frames, WorkerCall(call_id=call_id, method=method, args=list(args),
+                                                          kwargs=kwargs or None))
             return [await reply.wait() for reply in replies]
         finally:
             del self._pending_calls[call_id]

@@ -164,9 +164,9 @@ class EngineCoreLoop:
         await self.send(reply)
 
     async def _run_utility(self, method: str, args: list[Any]) -> Any:
-        if method == "collective_rpc":
-            worker_method, worker_args = args
-            return round_trip(await self.executor.call(worker_method, *worker_args))
+        if method == "collective_rpc":  # the worker method, its arguments and its keyword arguments (or None)
+            worker_method, worker_args, worker_kwargs = args
+            return round_trip(await self.executor.call(worker_method, *worker_args, **(worker_kwargs or {})))
         if method == "get_structured_output_stats":
             return self.scheduler.structured_output.stats.as_dict()
         if method == "get_scheduler_stats":

@@ -370,16 +370,21 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """Run public worker method `method(*args)` on every rank; each rank's result (msgspec-encodable).
-        vLLM's signature: `timeout` in seconds (then TimeoutError), `kwargs` refused (TypeError) as they
-        do not travel to the workers here. `collective_rpc(method, args)` (args second) still works."""
+        """Run public worker method `method(*args, **kwargs)` on every rank; each rank's result
+        (msgspec-encodable). vLLM's signature: `timeout` in seconds (then TimeoutError). The arguments must
+        be msgspec-encodable (a TypeError names one that is not), and every worker gets them as a worker
+        process decodes them (a tuple as a list, a Struct as a dict), in-process too. `collective_rpc(method,
+        args)` (args second) still works."""
         if isinstance(timeout, (list, tuple)):  # the older form, args second: a list or tuple is no timeout
+            if isinstance(args, Mapping) and kwargs is None:  # (method, args, kwargs)
+                args, kwargs = (), args
+            if args != ():
+                raise TypeError(f"collective_rpc({method!r}, {timeout!r}, {args!r}): with the arguments second, "
+                                "the third is the keyword arguments (a dict); or pass timeout, args, kwargs by name")
             timeout, args = None, timeout
-        if kwargs:
-            raise TypeError(f"collective_rpc({method!r}, kwargs=...): keyword arguments do not reach the workers "
-                            f"here; pass them by position in args (got {', '.join(kwargs)})")
+        worker_args, worker_kwargs = rpc_arguments(method, args, kwargs)
         with anyio.fail_after(timeout):  # None: no deadline
-            return await self._call_core("collective_rpc", method, list(args))
+            return await self._call_core("collective_rpc", method, worker_args, worker_kwargs)
 
     async def get_scheduler_stats(self) -> SchedulerStats:
         return msgspec.convert(await self._call_core("get_scheduler_stats"), SchedulerStats)
@@ -506,3 +511,31 @@ def _text_to_tokenize(prompt: Any) -> str | None:
     if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
         return prompt["prompt"]
     return None
+
+
+_RPC_ENCODER, _RPC_DECODER = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+
+
+def rpc_arguments(method: str, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any] | None]:
+    """collective_rpc's `args` and `kwargs` as every worker receives them (what msgpack decodes), each
+    checked to encode: a TypeError names the argument that cannot travel to a worker process."""
+    call = f"collective_rpc({method!r})"
+    if not isinstance(args, (list, tuple)):
+        raise TypeError(f"{call}: args is a {type(args).__name__}; pass the positional arguments as a list or tuple")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"{call}: kwargs is a {type(kwargs).__name__}; pass the keyword arguments as a dict")
+    for name in kwargs or ():
+        if not isinstance(name, str):
+            raise TypeError(f"{call}: keyword argument name {name!r} ({type(name).__name__}) is not a string")
+
+    def decoded(what: str, value: Any) -> Any:
+        try:
+            return _RPC_DECODER.decode(_RPC_ENCODER.encode(value))
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+            raise TypeError(f"{call}: {what} ({type(value).__name__}) cannot be sent to the workers: {exc}; pass "
+                            "msgspec-encodable values (None, bool, int, float, str, bytes, lists, dicts, "
+                            "msgspec Structs)") from None
+
+    worker_args = [decoded(f"positional argument {index}", value) for index, value in enumerate(args)]
+    worker_kwargs = {name: decoded(f"keyword argument {name!r}", value) for name, value in (kwargs or {}).items()}
+    return worker_args, worker_kwargs or None

@@ -51,8 +51,9 @@ class Executor(ABC):
         """Queue one step; the reply's value is rank 0's ModelRunnerOutput."""
 
     @abstractmethod
-    async def call(self, method: str, *args: Any) -> list[Any]:
-        """Run worker method `method` on every rank, in order with the steps; each rank's result."""
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run worker method `method(*args, **kwargs)` on every rank, in order with the steps; each rank's
+        result. The arguments are msgspec-encodable (they cross to worker processes as a WorkerCall)."""
 
     @abstractmethod
     async def shutdown(self) -> None:

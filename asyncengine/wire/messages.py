@@ -123,6 +123,7 @@ class WorkerCall(Message):
     call_id: int
     method: str
     args: list[Any] = msgspec.field(default_factory=list)
+    kwargs: dict[str, Any] | None = None  # the method's keyword arguments; None: none
 
 
 # -- worker -> engine core ------------------------------------------------------------------------------

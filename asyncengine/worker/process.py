@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from functools import partial
 from typing import Any
 
 import anyio
@@ -105,6 +106,8 @@ async def _serve_messages(frames: FrameStream, worker, thread: DedicatedThread) 
                         reply = Reply()
                         reply.fail(exc)
                     else:
+                        if message.kwargs:  # the keyword arguments travel with the call
+                            method = partial(method, **message.kwargs)
                         reply = thread.submit(method, *message.args)
                     await answers.send((message, reply))
                 elif isinstance(message, Shutdown):

@@ -15,6 +15,16 @@ MODEL = os.environ["SHAPED_MODEL"]
 MACHINE = json.loads(os.environ.get("SHAPED_OPTIONS", "{}"))
 
 
+class EchoExtension:
+    """A worker extension (vLLM's worker_extension_cls, given as a class) answering what it was called with."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def echo_args_kwargs(self, *args, **kwargs):
+        return {"rank": self.worker.rank, "args": list(args), "kwargs": kwargs}
+
+
 class DummyV1Scheduler(Scheduler):
     def schedule(self, throttle_prefills: bool = False):
         raise Exception("Exception raised by DummyV1Scheduler")
@@ -45,7 +55,8 @@ def test_scheduler_plugins_v1(monkeypatch: pytest.MonkeyPatch):
 
 def test_llm_engine_steps_requests_to_their_end(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    engine = LLMEngine.from_engine_args(EngineArgs(model=MODEL, enforce_eager=True, **MACHINE))
+    engine = LLMEngine.from_engine_args(EngineArgs(model=MODEL, enforce_eager=True,
+                                                   worker_extension_cls=EchoExtension, **MACHINE))
     engine.add_request("text", "foo", SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     engine.add_request("ids", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=2, ignore_eos=True))
     seen, finished = {}, {}
@@ -61,5 +72,6 @@ def test_llm_engine_steps_requests_to_their_end(monkeypatch: pytest.MonkeyPatch)
     # vLLM's collective_rpc signature: (method, timeout=None, args=(), kwargs=None)
     (worker,) = engine.collective_rpc("describe", timeout=120.0, args=())
     assert worker["rank"] == 0
-    with pytest.raises(TypeError, match="keyword arguments do not reach the workers"):
-        engine.collective_rpc("describe", kwargs={"verbose": True})
+    # Positional and keyword arguments reach the worker (here through its extension), as in vLLM.
+    answers = engine.collective_rpc("echo_args_kwargs", args=(1, "two"), kwargs={"verbose": True, "n": [3]})
+    assert answers == [{"rank": 0, "args": [1, "two"], "kwargs": {"verbose": True, "n": [3]}}]
