@@ -52,10 +52,10 @@ SCRIPT = textwrap.dedent(
 
 
 # The signal comes once the 16-token request has READY_AT tokens: it has 4 left to finish within GRACE
-# seconds (0.4 token/s is enough, on a loaded machine too), while the 1000-token one cannot. The test
+# seconds (0.8 token/s is enough, on a loaded machine too), while the 1000-token one cannot. The test
 # lasts the whole grace period (the long request is aborted at its end), so it is no longer than needed.
 READY_AT = 12
-GRACE = 10
+GRACE = 5
 
 
 @pytest.fixture
