@@ -7,6 +7,11 @@ adapter's id stays retired: the prefix cache keys blocks by it, and workers cach
 
 A `LoRARequest` given directly (`LLM.generate(..., lora_request=...)`) keeps the caller's id; one id
 must keep naming one directory, which `check` holds to.
+
+A name is registered only for an adapter that fits the model: `load` and `resolve` ask the workers
+(`fits_on_workers`: every matrix's shape against the layers it targets, lora/pool.py), and the workers
+check `lora_modules` themselves at start-up. A `LoRARequest` given directly is checked by the worker
+when its request arrives there (that request alone fails).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -31,6 +37,9 @@ from asyncengine.wire.startup import StartupRecord
 
 # Ids the frontend hands out start here, far from the small ids callers of LLM.generate pick by hand.
 _FIRST_ASSIGNED_ID = 1_000_001
+
+# The check that an adapter fits the served model (`fits_on_workers`, bound to an engine): RequestError if not.
+FitCheck = Callable[[LoRARequest], Awaitable[None]]
 
 
 class LoRAResolverFailed(AsyncEngineError):
@@ -63,16 +72,24 @@ class LoRAAdapters:
     def adapters(self) -> list[LoRARequest]:
         return list(self._by_name.values())
 
-    def load(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
-        """Add adapter `name` (checked now); RequestError when the name is taken or the adapter refused."""
+    async def load(self, name: str, path: str, base_model_name: str | None = None, *,
+                   fits: FitCheck) -> LoRARequest:
+        """Add adapter `name`: its config read and checked in a worker thread, then `fits` (the workers' check
+        of every matrix against the model); registered only when both pass. RequestError when the name is
+        taken or the adapter refused."""
         self._require_enabled()
+        self._require_free(name)
+        lora = self._named(name, path, base_model_name)
+        await self.check_off_loop(lora)
+        await fits(lora)
+        self._require_free(name)  # another load may have taken the name meanwhile
+        self._by_name[name] = lora
+        return lora
+
+    def _require_free(self, name: str) -> None:
         if name in self._by_name:
             raise RequestError(f"the LoRA adapter {name!r} is already loaded; unload it first", field="lora_name",
                                code="lora_already_loaded")
-        lora = self._named(name, path, base_model_name)
-        self.check(lora)
-        self._by_name[name] = lora
-        return lora
 
     def unload(self, name: str) -> LoRARequest | None:
         """Forget adapter `name` (requests running with it finish); None when no adapter has that name."""
@@ -87,8 +104,9 @@ class LoRAAdapters:
             raise RequestError(str(exc), field="lora_name") from exc
 
     @reads("lora_resolvers", "frontend")
-    async def resolve(self, base_model_name: str, name: str) -> LoRARequest | None:
-        """The adapter called `name`: known, or found by a resolver now (and kept); None if nobody has it."""
+    async def resolve(self, base_model_name: str, name: str, fits: FitCheck | None = None) -> LoRARequest | None:
+        """The adapter called `name`: known, or found by a resolver now (and kept, once its config and `fits`,
+        the workers' check against the model, pass); None if nobody has it."""
         known = self._by_name.get(name)
         if known is not None or not self.enabled:
             return known
@@ -112,11 +130,12 @@ class LoRAAdapters:
             lora = self._named(name, found.lora_path, found.base_model_name or base_model_name)
             try:
                 await self.check_off_loop(lora)
+                if fits is not None:
+                    await fits(lora)
             except RequestError as exc:
                 raise RequestError(f"LoRA resolver {resolver_name!r} found {name!r}, but: {exc.message}",
                                    field=exc.field, source=resolver_name) from exc
-            self._by_name[name] = lora
-            return lora
+            return self._by_name.setdefault(name, lora)  # another request may have resolved it meanwhile
         return None
 
     # -- checks ------------------------------------------------------------------------------------------
@@ -163,6 +182,17 @@ class LoRAAdapters:
                              reason=f"adapters: {adapters or 'none'}; resolvers: {', '.join(resolvers) or 'none'}")
 
 
+async def fits_on_workers(collective_rpc: Callable[..., Awaitable[list[Any]]], lora: LoRARequest) -> None:
+    """Whether `lora` fits the served model, asked of every worker through `collective_rpc`
+    (Worker.check_lora_adapter, on the workers' own threads: the config and the safetensors header, no
+    slot taken); RequestError with the first refusal (the adapter, the layer and both shapes) when not."""
+    answers = await collective_rpc("check_lora_adapter", args=[lora.lora_name, lora.lora_path])
+    for refused in answers:
+        if refused is not None:
+            raise RequestError(refused["message"], field=f"lora_request.{refused['field']}",
+                               code="lora_adapter_mismatch")
+
+
 def _resolver_object(key: str) -> Any:
     implementation = LoRAResolverRegistry.registered(key).implementation
     if isinstance(implementation, str):  # registered by "pkg.mod:attr" path: imported when first asked
@@ -170,4 +200,4 @@ def _resolver_object(key: str) -> Any:
     return implementation
 
 
-__all__ = ["LoRAAdapters", "LoRAResolverFailed"]
+__all__ = ["FitCheck", "LoRAAdapters", "LoRAResolverFailed", "fits_on_workers"]

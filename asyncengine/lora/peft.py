@@ -9,7 +9,8 @@ extra vocabulary (trained embeddings or an LM head: `new_embeddings.safetensors`
 `fan_in_fan_out`, and weights only in pickle form (`adapter_model.bin`).
 
 The config is checked in the frontend (a bad adapter is a 400 before the request is queued) and again
-in the worker, which reads the tensors.
+in the worker, which checks every matrix's shape against the model's layers (lora/pool.py): when an
+adapter is loaded by name (from the safetensors header alone) and when a request brings it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class AdapterConfig:
 
 def read_adapter_config(path: str, *, max_rank: int, name: str = "") -> AdapterConfig:
     """The checked config of the adapter in directory `path`; LoRAAdapterError naming the field if refused."""
-    label = f"LoRA adapter {name!r} ({path})" if name else f"LoRA adapter {path}"
+    label = _label(path, name)
     if not os.path.isdir(path):
         raise LoRAAdapterError(f"{label}: lora_path is not a directory; give a local directory holding "
                                f"{CONFIG_FILE} and {WEIGHTS_FILE}")
@@ -114,16 +115,44 @@ def _refuse_unsupported(raw: dict[str, Any], path: str, label: str) -> None:
 
 # (layer index, checkpoint projection name) -> (A [r, in], B [out, r]), as the file holds them.
 AdapterWeights = dict[tuple[int, str], tuple[Any, Any]]
+# The same keys -> the shapes of A and B, read from the file's header alone (no tensor data).
+AdapterShapes = dict[tuple[int, str], tuple[tuple[int, ...], tuple[int, ...]]]
 
 
 def read_adapter_weights(path: str, *, name: str = "") -> AdapterWeights:
     """The LoRA matrices of every targeted projection (CPU tensors); LoRAAdapterError for anything else."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    label = f"LoRA adapter {name!r} ({path})" if name else f"LoRA adapter {path}"
-    tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
+    try:
+        tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
+    except (OSError, SafetensorError) as exc:
+        raise LoRAAdapterError(f"{_label(path, name)}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
+    return _pairs(tensors, path, name)
+
+
+def read_adapter_shapes(path: str, *, name: str = "") -> AdapterShapes:
+    """The shapes of every targeted projection's A and B, from the safetensors header (cheap: no tensor is
+    read); LoRAAdapterError as `read_adapter_weights` raises it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(os.path.join(path, WEIGHTS_FILE), framework="pt") as file:
+            shapes = {key: tuple(file.get_slice(key).get_shape()) for key in file.keys()}
+    except (OSError, SafetensorError) as exc:
+        raise LoRAAdapterError(f"{_label(path, name)}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
+    return _pairs(shapes, path, name)
+
+
+def _label(path: str, name: str) -> str:
+    return f"LoRA adapter {name!r} ({path})" if name else f"LoRA adapter {path}"
+
+
+def _pairs(by_name: dict[str, Any], path: str, name: str) -> dict[tuple[int, str], tuple[Any, Any]]:
+    """`by_name` (tensor name -> a tensor or its shape) as (layer, projection) -> (A's, B's)."""
+    label = _label(path, name)
     halves: dict[tuple[int, str], dict[str, Any]] = {}
-    for tensor_name, tensor in tensors.items():
+    for tensor_name, value in by_name.items():
         match = _TENSOR_NAME.search(tensor_name)
         if match is None:
             raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} holds {tensor_name!r}, which is not a LoRA matrix of "
@@ -133,16 +162,16 @@ def read_adapter_weights(path: str, *, name: str = "") -> AdapterWeights:
         if module not in SUPPORTED_MODULES:
             raise LoRAAdapterError(f"{label}: it targets {module!r}; supported target modules are "
                                    f"{', '.join(SUPPORTED_MODULES)}", field="target_modules")
-        halves.setdefault((layer, module), {})[half] = tensor
-    weights: AdapterWeights = {}
+        halves.setdefault((layer, module), {})[half] = value
+    pairs: dict[tuple[int, str], tuple[Any, Any]] = {}
     for key, pair in halves.items():
         if set(pair) != {"A", "B"}:
             raise LoRAAdapterError(f"{label}: layer {key[0]} {key[1]} has lora_{''.join(pair)} without its pair")
-        weights[key] = (pair["A"], pair["B"])
-    if not weights:
+        pairs[key] = (pair["A"], pair["B"])
+    if not pairs:
         raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} holds no LoRA matrices")
-    return weights
+    return pairs
 
 
-__all__ = ["AdapterConfig", "AdapterWeights", "LoRAAdapterError", "SUPPORTED_MODULES", "read_adapter_config",
-           "read_adapter_weights"]
+__all__ = ["AdapterConfig", "AdapterShapes", "AdapterWeights", "LoRAAdapterError", "SUPPORTED_MODULES",
+           "read_adapter_config", "read_adapter_shapes", "read_adapter_weights"]

@@ -7,6 +7,9 @@ allocated then, once, and never grows: `max_loras` slots whatever the number of 
 - `add(lora)` when a request joins the worker: the adapter's config is checked and its matrices read
   into the CPU cache (`max_cpu_loras` adapters, least recently used out), so a bad adapter fails only
   that request, before it runs.
+- `check(name, path)` when an adapter is loaded by name (lora_modules at start-up, a runtime load, a
+  resolver's answer): its config and every matrix's shape (the safetensors header alone) against the
+  layers, so an adapter made for another model is refused then, and never registered.
 - `begin_step(rows)` before a forward pass: every adapter of the step gets a slot (a free one, else the
   least recently used one no request of this step needs; its matrices from the CPU cache, or read again
   from its directory if the cache dropped it), and the step's per-token assignment goes to the layers.
@@ -26,7 +29,8 @@ import torch
 from torch import nn
 
 from asyncengine.lora.layers import ColumnParallelLoRA, LoRAContext, LoRAStep, RowParallelLoRA, _LoRALinear
-from asyncengine.lora.peft import AdapterConfig, AdapterWeights, LoRAAdapterError, read_adapter_config, read_adapter_weights
+from asyncengine.lora.peft import (AdapterConfig, AdapterShapes, AdapterWeights, LoRAAdapterError, read_adapter_config,
+                                   read_adapter_shapes, read_adapter_weights)
 from asyncengine.lora.request import LoRARequest
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 
@@ -49,7 +53,8 @@ class _CachedAdapter:
 
 class LoRAPool:
     def __init__(self, layers: dict[tuple[int, str], tuple[_LoRALinear, int]], context: LoRAContext, *,
-                 max_loras: int, max_rank: int, max_cpu_loras: int, device: torch.device, dtype: torch.dtype) -> None:
+                 max_loras: int, max_rank: int, max_cpu_loras: int, device: torch.device, dtype: torch.dtype,
+                 model_name: str = "") -> None:
         # (layer index, checkpoint projection) -> (wrapped layer, the projection's index in it)
         self.layers = layers
         self.context = context
@@ -58,6 +63,7 @@ class LoRAPool:
         self.max_cpu_loras = max_cpu_loras
         self.device = device
         self.dtype = dtype
+        self.model_name = model_name  # named in the messages of adapters that do not fit
         self.slot_ids: list[int] = [0] * max_loras  # the adapter id in each slot (0: empty)
         self._slot_use: OrderedDict[int, None] = OrderedDict((slot, None) for slot in range(max_loras))  # LRU first
         self.cpu_cache: OrderedDict[int, _CachedAdapter] = OrderedDict()
@@ -65,7 +71,7 @@ class LoRAPool:
 
     @classmethod
     def wrap(cls, model: nn.Module, *, hidden_size: int, max_loras: int, max_rank: int, max_cpu_loras: int,
-             device: torch.device, dtype: torch.dtype) -> "LoRAPool":
+             device: torch.device, dtype: torch.dtype, model_name: str = "") -> "LoRAPool":
         context = LoRAContext()
         layers: dict[tuple[int, str], tuple[_LoRALinear, int]] = {}
         options = dict(max_loras=max_loras, max_rank=max_rank, dtype=dtype, device=device)
@@ -92,7 +98,7 @@ class LoRAPool:
             raise LoRAAdapterError(f"{type(model).__name__} has no attention or MLP projections LoRA can wrap "
                                    f"({', '.join(WRAPPED_LAYERS)}): it cannot serve adapters", field="enable_lora")
         return cls(layers, context, max_loras=max_loras, max_rank=max_rank, max_cpu_loras=max_cpu_loras,
-                   device=device, dtype=dtype)
+                   device=device, dtype=dtype, model_name=model_name)
 
     # -- adapters in -------------------------------------------------------------------------------------
 
@@ -104,22 +110,40 @@ class LoRAPool:
             return
         self._cache(self._read(lora))
 
+    def check(self, lora_name: str, lora_path: str) -> None:
+        """Whether the adapter at `lora_path` fits this model: its config, and every matrix's shape from the
+        safetensors header (no matrix is read, no slot or cache entry taken); LoRAAdapterError when not."""
+        config = read_adapter_config(lora_path, max_rank=self.max_rank, name=lora_name)
+        self._check_fit(lora_name, lora_path, config, read_adapter_shapes(lora_path, name=lora_name))
+
     def _read(self, lora: LoRARequest) -> _CachedAdapter:
         config = read_adapter_config(lora.lora_path, max_rank=self.max_rank, name=lora.lora_name)
         weights = read_adapter_weights(lora.lora_path, name=lora.lora_name)
-        for (layer, projection), (a, b) in weights.items():
+        self._check_fit(lora.lora_name, lora.lora_path, config,
+                        {key: (tuple(a.shape), tuple(b.shape)) for key, (a, b) in weights.items()})
+        return _CachedAdapter(lora, config, weights)
+
+    def _check_fit(self, name: str, path: str, config: AdapterConfig, shapes: AdapterShapes) -> None:
+        """Every (layer, projection) the adapter holds is one of this model's wrapped layers, with A [r, in]
+        and B [out, r] at the checkpoint's (unsplit) sizes: the same on every tensor-parallel rank."""
+        model = f"this model ({self.model_name})" if self.model_name else "this model"
+        advice = "load an adapter trained for this base model"
+        for (layer, projection), (a_shape, b_shape) in shapes.items():
             target = self.layers.get((layer, projection))
-            label = f"LoRA adapter {lora.lora_name!r}: layer {layer} {projection}"
+            label = f"LoRA adapter {name!r} ({path}): layer {layer} {projection}"
             if target is None:
-                raise LoRAAdapterError(f"{label} is not a layer of this model", field="target_modules")
+                layer_numbers = sorted({index for index, _ in self.layers})
+                served = sorted({served for _, served in self.layers})
+                raise LoRAAdapterError(
+                    f"{label} is not a layer of {model}, which has LoRA layers {layer_numbers[0]}-{layer_numbers[-1]} "
+                    f"on {', '.join(served)}: {advice}", field="target_modules")
             wrapped, index = target
             in_features, out_features = wrapped.expected_shapes(index)
-            if tuple(a.shape) != (config.rank, in_features) or tuple(b.shape) != (out_features, config.rank):
+            needed_a, needed_b = (config.rank, in_features), (out_features, config.rank)
+            if tuple(a_shape) != needed_a or tuple(b_shape) != needed_b:
                 raise LoRAAdapterError(
-                    f"{label}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit this model, which "
-                    f"needs ({config.rank}, {in_features}) and ({out_features}, {config.rank}) at r={config.rank}: "
-                    "was it trained on another base model?", field="lora_path")
-        return _CachedAdapter(lora, config, weights)
+                    f"{label}: lora_A {tuple(a_shape)} and lora_B {tuple(b_shape)} do not fit {model}, which needs "
+                    f"lora_A {needed_a} and lora_B {needed_b} at r={config.rank}: {advice}", field="lora_path")
 
     def _cache(self, adapter: _CachedAdapter) -> None:
         self.cpu_cache[adapter.request.lora_int_id] = adapter

@@ -5,6 +5,9 @@ runtime load and unload routes.
   a runtime load, an earlier resolver answer), else the LoRA resolvers are asked (frontend/lora.py); none
   finding it is a 404 in OpenAI's shape naming the model. A resolver that raises fails that request
   with a 500 naming the resolver.
+- An adapter is registered (loaded, or found by a resolver) only once the workers say it fits the model:
+  every lora_A and lora_B the shape of the layer it targets (frontend/lora.py `fits_on_workers`). One
+  made for another model is a 400 naming the adapter, the layer and both shapes, and is not registered.
 - `POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter`
   `{"lora_name"}` exist only with `--enable-runtime-lora-updates` (or the environment variable
   ASYNCENGINE_ALLOW_RUNTIME_LORA_UPDATING=1, after vLLM's); --api-key covers them like every /v1 route.
@@ -13,14 +16,14 @@ runtime load and unload routes.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
-import anyio
 import msgspec
 from quart import Response
 
 from asyncengine.errors import RequestError
-from asyncengine.frontend.lora import LoRAResolverFailed
+from asyncengine.frontend.lora import LoRAResolverFailed, fits_on_workers
 from asyncengine.lora.request import LoRARequest
 from asyncengine.server.common import ServingContext
 from asyncengine.server.errors import ApiError, from_engine_error
@@ -54,7 +57,8 @@ async def resolve_model(context: ServingContext, model: str | None) -> LoRAReque
     if adapters is None:
         raise not_found(model)
     try:
-        lora = await adapters.resolve(context.model_name, model)
+        lora = await adapters.resolve(context.model_name, model, fits=partial(fits_on_workers,
+                                                                               context.engine.collective_rpc))
     except LoRAResolverFailed as error:
         raise ApiError(500, str(error), type="InternalServerError", param="model",
                        code="lora_resolver_failed") from error
@@ -82,11 +86,12 @@ def runtime_updates_enabled(server_config: Any) -> bool:
 def add_lora_routes(app: Any, context: ServingContext, decode_body: Any) -> None:
     """The runtime load and unload routes (the caller checked that runtime updates are enabled)."""
     adapters = context.engine.lora_adapters
+    fits = partial(fits_on_workers, context.engine.collective_rpc)
 
     async def load_lora_adapter() -> Response:
         body = await decode_body(LoadLoRAAdapterRequest)
-        try:  # the adapter's config is read and checked in a worker thread, off the event loop
-            await anyio.to_thread.run_sync(adapters.load, body.lora_name, body.lora_path)
+        try:  # the config is read in a thread, the matrices' shapes checked on the workers: off the event loop
+            await adapters.load(body.lora_name, body.lora_path, fits=fits)
         except RequestError as error:
             raise from_engine_error(error) from error
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", status=200,

@@ -31,7 +31,8 @@ import torch
 from asyncengine.attention.selector import select_attention_backends
 from asyncengine.config.engine import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
 from asyncengine.config.model import ModelConfig
-from asyncengine.errors import StartupError
+from asyncengine.config.lora import parse_lora_modules
+from asyncengine.errors import ConfigError, StartupError
 from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.loader.model_loader import load_model
@@ -130,7 +131,12 @@ class ModelRunner:
             self.lora = LoRAPool.wrap(self.model, hidden_size=int(self.model_config.hf_config["hidden_size"]),
                                       max_loras=config.max_loras, max_rank=config.max_lora_rank,
                                       max_cpu_loras=config.max_cpu_loras or config.max_loras, device=self.device,
-                                      dtype=self.dtype)
+                                      dtype=self.dtype, model_name=self.model_config.served_model_name)
+            for module in parse_lora_modules(config.lora_modules):  # an adapter that does not fit: no start-up
+                try:
+                    self.lora.check(module.name, module.path)
+                except LoRAAdapterError as exc:
+                    raise ConfigError(f"lora_modules {module.name}: {exc}", field="lora_modules") from None
         started = time.time()
         choice = select_attention_backends(self.platform, self.attention_layers, self.dtype, self.block_size,
                                            self.engine_config.attention_backend)

@@ -25,6 +25,7 @@ from asyncengine.models.layers import op_registry
 from asyncengine.interfaces.platform import Platform
 from asyncengine.platforms.torch_device import check_torch_device
 from asyncengine.interfaces.worker import WorkerBase
+from asyncengine.lora.peft import LoRAAdapterError
 from asyncengine.registries.base import reads
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine import parallel_state as parallel
@@ -142,6 +143,20 @@ class Worker(WorkerBase):
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
             "cpu_threads": cpu_threads.report(self._cpu_threads),  # on CPU: threads and CPUs of this thread
         }
+
+    def check_lora_adapter(self, lora_name: str, lora_path: str) -> dict | None:
+        """Whether the adapter at `lora_path` fits this rank's model (lora/pool.py `check`: its config and
+        every matrix's shape, from the safetensors header; no slot taken): None, or {"message", "field"}
+        naming the adapter, the layer and both shapes. The frontend asks before it registers a name."""
+        lora = self.model_runner.lora if self.model_runner else None
+        if lora is None:
+            return {"message": "this engine was started without enable_lora: it serves no adapters",
+                    "field": "enable_lora"}
+        try:
+            lora.check(lora_name, lora_path)
+        except LoRAAdapterError as exc:
+            return {"message": str(exc), "field": exc.field}
+        return None
 
     def lora_info(self) -> dict | None:
         """The LoRA pool of this rank (slots, CPU cache, pool bytes: lora/pool.py), None without enable_lora."""

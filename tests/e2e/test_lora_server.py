@@ -2,12 +2,16 @@
 tokenizer): the adapter chosen by `model`, /v1/models listing adapters under their base, concurrent streams
 of two adapters and the base model, runtime load and unload behind --enable-runtime-lora-updates and the
 API key, the built-in filesystem resolver and a resolver plugin distribution supplying adapters on first
-use, a raising resolver failing only that request (naming it), and an unknown name a 404 naming it."""
+use, a raising resolver failing only that request (naming it), and an unknown name a 404 naming it. An
+adapter peft made for another model (the tiny Qwen2, hidden 64, not 96) is refused when loaded, by
+POST /v1/load_lora_adapter, by a resolver and by --lora-modules at start-up, naming the layer and both
+shapes, and is never registered."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import urllib.error
@@ -17,7 +21,7 @@ import openai
 import pytest
 
 from support.lora_adapters import make_adapter, peft_module
-from support.server import start_server
+from support.server import ServerDidNotStart, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(300)
@@ -60,6 +64,10 @@ def server(tiny_model, peft, tmp_path_factory, plugin_target):
     make(runtime_dir, "a2", 12, ["k_proj", "o_proj", "gate_proj", "up_proj"])
     make(resolver_dir, "fs-adapter", 13, ["q_proj", "k_proj"])
     make(plugin_dir, "plugin-adapter", 14, ["v_proj", "up_proj"])
+    # Made for another base model (the tiny Qwen2: hidden 64): its q_proj matrices are (4, 64) and (64, 4).
+    for directory in (runtime_dir, resolver_dir):
+        make_adapter(peft, tiny_model("qwen2").path, directory / "other-model", name="other-model", rank=4,
+                     targets=["q_proj", "v_proj"], seed=15)
     running = start_server(
         [str(model_dir), "--served-model-name", BASE, "--api-key", KEY, "--dtype", "float32", "--enable-lora",
          "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules", f"a1={started / 'a1'}",
@@ -163,3 +171,53 @@ def test_the_startup_report_names_the_adapters_and_resolvers(server):
     assert len(lora) == 1 and lora[0]["outcome"] == "ok", lora
     assert "a1=" in lora[0]["reason"] and "filesystem (built-in" in lora[0]["reason"]
     assert "env_dir (by plugin 'ae_lora_resolver'" in lora[0]["reason"] and "explosive" in lora[0]["reason"]
+
+
+# The message of a refused misfit: the adapter, the layer, its shapes and the model's, and what to do.
+MISFIT = (r"LoRA adapter 'other-model' \(.*other-model\): layer \d q_proj: lora_A \(4, 64\) and lora_B \(64, 4\) "
+          r"do not fit this model \(tiny-base\), which needs lora_A \(4, 96\) and lora_B \(96, 4\) at r=4: "
+          r"load an adapter trained for this base model")
+
+
+def test_an_adapter_for_another_model_is_refused_at_load_and_not_registered(server, client):
+    running, runtime_dir = server
+    status, text = _post(f"{running.url}/v1/load_lora_adapter",
+                         {"lora_name": "misfit", "lora_path": str(runtime_dir / "other-model")})
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert re.search(MISFIT.replace("'other-model'", "'misfit'"), error["message"]), error
+    assert error["code"] == "lora_adapter_mismatch" and error["param"] == "lora_request.lora_path"
+    assert "misfit" not in {card.id for card in client.models.list().data}
+    with pytest.raises(openai.NotFoundError, match="misfit"):  # as for any unknown name
+        _complete(client, "misfit")
+    # Nothing was registered: the name is free for an adapter that fits, which then serves.
+    status, text = _post(f"{running.url}/v1/load_lora_adapter",
+                         {"lora_name": "misfit", "lora_path": str(runtime_dir / "a2")})
+    assert status == 200, text
+    assert _complete(client, "misfit") != _complete(client, BASE)
+    assert _complete(client, "a1") != _complete(client, BASE)  # the adapters loaded at start serve on
+    status, text = _post(f"{running.url}/v1/unload_lora_adapter", {"lora_name": "misfit"})
+    assert status == 200, text
+
+
+@pytest.mark.extension_point("R11")
+def test_a_resolved_adapter_for_another_model_is_refused_and_not_kept(client):
+    for _ in range(2):  # asked again, the resolver finds it again and it is refused again: never kept
+        with pytest.raises(openai.BadRequestError) as caught:
+            _complete(client, "other-model")
+        assert re.search(MISFIT, caught.value.body["message"]), caught.value.body
+        assert "resolver 'filesystem (built-in)' found 'other-model'" in caught.value.body["message"]
+    assert "other-model" not in {card.id for card in client.models.list().data}
+    # a resolved adapter that fits still serves
+    assert client.completions.create(model="fs-adapter", prompt=PROMPT, max_tokens=2).model == "fs-adapter"
+
+
+def test_lora_modules_with_an_adapter_for_another_model_fail_start_up(server, tiny_model):
+    _, runtime_dir = server
+    with pytest.raises(ServerDidNotStart) as caught:
+        start_server([str(tiny_model("llama").path), "--served-model-name", BASE, "--skip-tokenizer-init",
+                      "--dtype", "float32", "--enable-lora", "--max-lora-rank", "8", "--lora-modules",
+                      f"other-model={runtime_dir / 'other-model'}", "--max-model-len", "64",
+                      "--num-gpu-blocks-override", "8"])
+    assert caught.value.returncode == 2  # a configuration error
+    assert re.search("lora_modules other-model: " + MISFIT, caught.value.stderr), caught.value.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from asyncengine import SamplingParams
 from asyncengine.lora.request import LoRARequest
 from support.hf_reference import compare_greedy, hf_greedy
-from support.lora_adapters import make_adapter
+from support.lora_adapters import TINY_LLAMA_SHAPES, make_adapter, write_adapter
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -73,17 +73,24 @@ def test_mixed_batch_matches_transformers_peft(setup, make_llm):
 
 
 @pytest.mark.parametrize("setup", ["llama"], indirect=True)
-def test_tensor_parallel_shards_the_adapters_like_their_layers(setup, make_llm):
+def test_tensor_parallel_shards_the_adapters_like_their_layers(setup, make_llm, tmp_path):
     """TP=2 (a worker process per rank): B split with a column-parallel layer's rows, A with a row-parallel
     layer's columns, the row-parallel deltas summed in the layer's own all-reduce; the same tokens as peft."""
     tiny, adapters = setup
     prompt = _prompts(tiny.vocab_size)[0]
     loras = [None] + [LoRARequest(a.name, index + 1, str(a.path)) for index, a in enumerate(adapters)]
     llm = make_llm(str(tiny.path), skip_tokenizer_init=True, dtype="float32", enable_lora=True, max_loras=4,
-                   max_lora_rank=8, max_model_len=64, num_gpu_blocks_override=32, tensor_parallel_size=2)
+                   max_lora_rank=8, max_model_len=64, num_gpu_blocks_override=32, tensor_parallel_size=2,
+                   lora_modules=[f"started={adapters[0].path}"])  # checked on both ranks at start-up
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": prompt}] * len(loras), params, lora_request=loras)
     for lora, output in zip(loras, outputs):
         model = tiny.hf_model if lora is None else adapters[lora.lora_int_id - 1].reference
         compare_greedy(output.outputs[0].token_ids, None, hf_greedy(model, prompt, NUM_TOKENS))
     assert [info["pool_bytes"] > 0 for info in llm.collective_rpc("lora_info")] == [True, True]
+    # Each rank checks a loaded adapter against the checkpoint's (unsplit) shapes: the same answer from both.
+    assert llm.collective_rpc("check_lora_adapter", args=["peft", str(adapters[0].path)]) == [None, None]
+    wrong = write_adapter(tmp_path / "misfit", shapes=dict(TINY_LLAMA_SHAPES, o_proj=(64, 96)), targets=("o_proj",))
+    refusals = llm.collective_rpc("check_lora_adapter", args=["misfit", str(wrong)])
+    assert len(refusals) == 2 and refusals[0] == refusals[1], refusals
+    assert "layer 0 o_proj: lora_A (4, 64) and lora_B (96, 4) do not fit" in refusals[0]["message"]

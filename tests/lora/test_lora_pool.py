@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from asyncengine import RequestError, SamplingParams
+from asyncengine.errors import ConfigError
 from asyncengine.lora.request import LoRARequest
 from support.lora_adapters import TINY_LLAMA_SHAPES as SHAPES
 from support.lora_adapters import write_adapter
@@ -83,9 +84,45 @@ def test_extra_vocabulary_is_refused(llm, tmp_path):
 def test_an_adapter_for_another_base_model_fails_only_its_request(llm, tmp_path):
     wrong = dict(SHAPES, q_proj=(64, 64))
     path = write_adapter(tmp_path / "other-base", shapes=wrong)
-    with pytest.raises(RequestError, match="do not fit this model"):
+    with pytest.raises(RequestError, match=r"LoRA adapter 'other-base' \(.*\): layer 0 q_proj: lora_A \(4, 64\) and "
+                       r"lora_B \(64, 4\) do not fit this model \(.*\), which needs lora_A \(4, 96\) and lora_B "
+                       r"\(96, 4\) at r=4: load an adapter trained for this base model"):
         llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("other-base", 903, str(path)))
     assert llm.generate(PROMPT, PARAMS)[0].outputs[0].token_ids  # the engine goes on
+
+
+def test_an_adapter_for_a_layer_the_model_lacks_is_refused_naming_it(llm, tmp_path):
+    path = write_adapter(tmp_path / "deeper")
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    save_file({name.replace("layers.1.", "layers.7."): tensor for name, tensor in tensors.items()},
+              str(path / "adapter_model.safetensors"))
+    with pytest.raises(RequestError, match=r"layer 7 q_proj is not a layer of this model \(.*\), which has LoRA "
+                       r"layers 0-1 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"):
+        llm.generate(PROMPT, PARAMS, lora_request=LoRARequest("deeper", 905, str(path)))
+
+
+def test_the_workers_load_check_reads_shapes_only_and_takes_no_slot(llm, tmp_path):
+    """What the frontend asks before it registers a name (POST /v1/load_lora_adapter, a resolver's answer)."""
+    good = write_adapter(tmp_path / "fits", seed=5)
+    wrong = write_adapter(tmp_path / "misfit", shapes=dict(SHAPES, down_proj=(96, 96)), targets=("down_proj",))
+    before = llm.collective_rpc("lora_info")[0]
+    assert llm.collective_rpc("check_lora_adapter", args=["fits", str(good)]) == [None]
+    [refused] = llm.collective_rpc("check_lora_adapter", args=["misfit", str(wrong)])
+    assert refused["field"] == "lora_path"
+    assert "layer 0 down_proj: lora_A (4, 96) and lora_B (96, 4) do not fit" in refused["message"]
+    assert "needs lora_A (4, 160) and lora_B (96, 4)" in refused["message"]
+    assert llm.collective_rpc("lora_info")[0] == before  # no slot loaded, nothing cached
+
+
+def test_lora_modules_with_an_adapter_that_does_not_fit_fail_start_up(tiny_model, tmp_path):
+    from asyncengine import LLM
+
+    path = write_adapter(tmp_path / "other-base", shapes=dict(SHAPES, v_proj=(96, 48)))
+    with pytest.raises(ConfigError, match=r"lora_modules other-base: LoRA adapter 'other-base' .* layer 0 v_proj: "
+                       r"lora_A \(4, 96\) and lora_B \(48, 4\) do not fit") as caught:
+        LLM(str(tiny_model("llama").path), skip_tokenizer_init=True, dtype="float32", enable_lora=True,
+            lora_modules=[f"other-base={path}"], max_model_len=64, num_gpu_blocks_override=8)
+    assert caught.value.field == "lora_modules"
 
 
 def test_one_id_for_two_directories_is_refused(llm, tmp_path):
