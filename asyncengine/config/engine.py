@@ -88,6 +88,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     pipeline_parallel_size: int = 1
     # Engine cores, each with its own workers and KV cache, behind one frontend (frontend/dp_router.py).
     data_parallel_size: int = 1
+    # Which of those engine cores this is (vLLM's name): set by the frontend for each one it starts. Read in
+    # the worker: on CPU, the engine cores of one host share its cores (worker/cpu_threads.py).
+    data_parallel_rank: int = 0
     distributed_executor_backend: str | None = None
     in_process: bool = True
     async_scheduling: bool = True
@@ -153,6 +156,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be at least 1 when given, got {value}", field=name)
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ConfigError(f"data_parallel_rank must be in [0, data_parallel_size={self.data_parallel_size}), got "
+                              f"{self.data_parallel_rank}", field="data_parallel_rank")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",

@@ -133,7 +133,9 @@ class DataParallelCoreClient(CoreClient):
         async with anyio.create_task_group() as tg:  # owns in-process engine cores' loops
             try:
                 async def start(index: int) -> None:
-                    clients[index] = await tg.start(start_one, config, setup, plugins, trace)
+                    # Each engine core knows its index: on CPU its workers take their share of the cores.
+                    own = msgspec.structs.replace(config, data_parallel_rank=index)
+                    clients[index] = await tg.start(start_one, own, setup, plugins, trace)
 
                 async with anyio.create_task_group() as starting:
                     for index in range(count):

@@ -1,7 +1,8 @@
 """The model's CPU threads: how many (`cpu_threads`, `--cpu-threads`) and which cores they run on.
 
 Default: the CPUs this process may run on (its affinity mask, which a container or `taskset` may
-narrow below the machine's count), shared evenly among the workers of the engine, and at most torch's
+narrow below the machine's count), shared evenly among the workers of the engine (and of the other
+data-parallel engine cores on this host: `local_workers`), and at most torch's
 count (its default is the physical cores; OMP_NUM_THREADS or torch.set_num_threads may have lowered it);
 nothing pinned. A worker sets torch's intra-op thread count
 on its own thread (the OpenMP threads torch starts from that thread serve the model, and the C decode
@@ -34,6 +35,16 @@ logger = logging.getLogger(__name__)
 def available_cpus() -> list[int]:
     """The CPUs this process may run on, in order."""
     return sorted(os.sched_getaffinity(0))
+
+
+def local_workers(rank: int, world_size: int, data_parallel_rank: int, data_parallel_size: int,
+                  executor_backend: str | None) -> tuple[int, int]:
+    """(this worker's index, how many workers share this host's CPUs): the engine's ranks, times the
+    data-parallel engine cores when they all run here. A Ray executor places ranks on other nodes too,
+    where this host's count says nothing: there only the engine's own ranks are counted."""
+    if data_parallel_size <= 1 or executor_backend == "ray":
+        return rank, world_size
+    return data_parallel_rank * world_size + rank, data_parallel_size * world_size
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,11 @@ class Worker(WorkerBase):
         if self.device.type == "cpu":
             # How many threads the model uses, pinned when `cpu_threads` leaves CPUs spare (cpu_threads.py);
             # ranks share the machine's cores: without this each would start one thread per core.
+            config = self.engine_config
+            index, sharing = cpu_threads.local_workers(self.rank, self.world_size, config.data_parallel_rank,
+                                                       config.data_parallel_size, config.distributed_executor_backend)
             self._cpu_threads = cpu_threads.apply(cpu_threads.plan_threads(
-                self.engine_config.cpu_threads, self.rank, self.world_size, cpu_threads.available_cpus(),
-                torch.get_num_threads()))
+                config.cpu_threads, index, sharing, cpu_threads.available_cpus(), torch.get_num_threads()))
         parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend,
                             pipeline_parallel_size=self.engine_config.pipeline_parallel_size)
         self.platform.seed_everything(self.engine_config.seed)

@@ -31,6 +31,26 @@ def test_fewer_threads_than_cpus_pin_each_rank_to_its_own_cpus_and_the_rest_to_o
         "3 model threads pinned to CPUs 2,5-6; the process's other threads on CPUs 9"
 
 
+def test_data_parallel_engine_cores_of_one_host_share_its_cpus():
+    from asyncengine.worker.cpu_threads import local_workers
+
+    assert local_workers(0, 1, 0, 1, None) == (0, 1)
+    # DP=2 of TP=2 on one host: four workers, engine core 1's ranks are the third and fourth
+    assert [local_workers(rank, 2, dp, 2, "mp") for dp in (0, 1) for rank in (0, 1)] == [(0, 4), (1, 4), (2, 4),
+                                                                                          (3, 4)]
+    assert local_workers(1, 2, 1, 2, "ray") == (1, 2)  # Ray places ranks over nodes: only the engine's own
+    index, sharing = local_workers(0, 1, 1, 2, None)  # DP=2, TP=1: each engine core's worker takes half
+    assert plan_threads(None, index, sharing, CPUS, 8) == ThreadPlan(4, None, None)
+    assert plan_threads(2, index, sharing, CPUS, 8) == ThreadPlan(2, (2, 3), (4, 5, 6, 7))  # not engine 0's CPUs
+
+
+def test_data_parallel_rank_is_checked():
+    from asyncengine import EngineConfig
+
+    with pytest.raises(ConfigError, match="data_parallel_rank must be in"):
+        EngineConfig(data_parallel_size=2, data_parallel_rank=2)
+
+
 def test_as_many_threads_as_cpus_or_more_pin_nothing():
     assert plan_threads(8, 0, 1, CPUS, 8) == ThreadPlan(8, None, None)
     assert plan_threads(4, 0, 4, CPUS, 8) == ThreadPlan(4, None, None)  # 16 threads on 8 CPUs: warned, not pinned
