@@ -12,6 +12,12 @@ from asyncengine.models.layers import cpu_gemm
 pytestmark = pytest.mark.skipif(not cpu_gemm.enabled(), reason="torch without oneDNN")
 
 
+def _cpu_has_bf16_gemm() -> bool:
+    # oneDNN's bfloat16 reorder needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has neither.
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    return {"avx512bw", "avx512vl", "avx512dq"} <= set(flags) or "avx_ne_convert" in flags
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 32, 100])
 def test_reordered_weight_gives_f_linear_results(dtype, rows):
@@ -20,7 +26,10 @@ def test_reordered_weight_gives_f_linear_results(dtype, rows):
     bias = torch.randn(96, generator=generator).to(dtype)
     x = torch.randn(rows, 40, generator=generator).to(dtype)
     packed = cpu_gemm.pack(weight)
-    assert packed is not None
+    if dtype == torch.bfloat16 and not _cpu_has_bf16_gemm():
+        assert packed is None  # oneDNN refuses: the layer keeps F.linear (checked below all the same)
+    else:
+        assert packed is not None
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     for b in (None, bias):
         torch.testing.assert_close(cpu_gemm.linear(x, weight, packed, b).float(), F.linear(x, weight, b).float(),
