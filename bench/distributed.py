@@ -13,8 +13,8 @@ PP's bubble, per rank, from a worker extension defined here: `busy` is the time 
 `waited` the seconds spent on the other stage (sending activations to it, receiving them, or the last
 stage's sampled tokens: asyncengine/parallel_state.py). Idle = 1 - (busy - waited) / wall time of the
 batch: the fraction of the batch the rank computed nothing (waits inside a step, and the time between
-steps). "PP=2" has the CPU default, no micro-batches: a step runs through stage 0, then stage 1, so each
-idles about half the time; "PP=2 micro-batches" keeps two in flight (ASYNCENGINE_PIPELINE_MICRO_BATCHES=1,
+steps). "PP=2" has no micro-batches (ASYNCENGINE_PIPELINE_MICRO_BATCHES=0): a step runs through stage 0, then stage 1, so each
+idles about half the time; "PP=2 micro-batches" keeps two in flight (the default; =1,
 engine_core/micro_batches.py), each with half the running requests, so the stages overlap.
 
 The machine may be loaded by other work: the script prints `uptime` before and after.
@@ -39,7 +39,8 @@ from throughput import WORKLOADS, draw_workload  # noqa: E402
 CONFIGURATIONS = [
     ("TP=1", dict()),
     ("TP=2", dict(tensor_parallel_size=2)),
-    ("PP=2", dict(pipeline_parallel_size=2, worker_extension_cls="distributed:PipelineProbe")),
+    ("PP=2", dict(pipeline_parallel_size=2, worker_extension_cls="distributed:PipelineProbe",
+                  env={"ASYNCENGINE_PIPELINE_MICRO_BATCHES": "0"})),
     ("PP=2 micro-batches", dict(pipeline_parallel_size=2, worker_extension_cls="distributed:PipelineProbe",
                                 env={"ASYNCENGINE_PIPELINE_MICRO_BATCHES": "1"})),
     ("DP=2", dict(data_parallel_size=2, in_process=False)),

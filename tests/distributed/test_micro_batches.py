@@ -125,13 +125,13 @@ def test_when_there_are_micro_batches(monkeypatch):
     monkeypatch.delenv(MICRO_BATCHES_ENV, raising=False)
     assert micro_batches_for(EngineConfig(), "cuda") is None  # no stages
     assert micro_batches_for(EngineConfig(pipeline_parallel_size=2, async_scheduling=False), "cuda") is None
-    assert micro_batches_for(pp2, "cpu") is None  # the stages share the host's cores and memory
+    assert micro_batches_for(pp2, "cpu") is not None  # on by default, on CPU too (measured: they pay there)
     assert steps_in_flight(pp4, micro_batches_for(pp4, "cuda")) == 4
     assert steps_in_flight(pp4, None) == 2 and steps_in_flight(EngineConfig(async_scheduling=False), None) == 1
     monkeypatch.setenv(MICRO_BATCHES_ENV, "1")
     assert micro_batches_for(pp2, "cpu") is not None
     monkeypatch.setenv(MICRO_BATCHES_ENV, "0")
-    assert micro_batches_for(pp2, "cuda") is None
+    assert micro_batches_for(pp2, "cuda") is None and micro_batches_for(pp2, "cpu") is None
     monkeypatch.setenv(MICRO_BATCHES_ENV, "yes")
     with pytest.raises(ConfigError, match="ASYNCENGINE_PIPELINE_MICRO_BATCHES='yes'"):
         micro_batches_for(pp2, "cuda")

@@ -5,9 +5,9 @@ accepted only where transformers' top-2 logits tie) and with TP=1 up to the firs
 tensor-parallel parity tests do. `collective_rpc("describe")` shows the ranks, each holding a part of
 the weights. The uneven case is a 3-layer Qwen2 with tied embeddings over 2 stages: 2 layers and the
 embedding on the first, 1 layer, the norm and the head (loaded from the embedding's tensor) on the last.
-The Llama runs have two micro-batches in flight (ASYNCENGINE_PIPELINE_MICRO_BATCHES=1: on CPU they are
-off by default), and the engine core sends the sampled tokens to the first stage
-(engine_core/micro_batches.py); the Qwen2 run has the CPU default, where the last stage broadcasts them.
+The Llama runs have two micro-batches in flight (the default), and the engine core sends the sampled
+tokens to the first stage (engine_core/micro_batches.py); the Qwen2 run has them off
+(ASYNCENGINE_PIPELINE_MICRO_BATCHES=0), where the last stage broadcasts them.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_layers_split_unevenly_earlier_stages_first():
 
 
 def test_pp2_and_tp2_pp2_equal_tp1(tiny_model, make_llm, parity_record, monkeypatch):
-    monkeypatch.setenv("ASYNCENGINE_PIPELINE_MICRO_BATCHES", "1")  # (read by the in-process engine core)
+    monkeypatch.delenv("ASYNCENGINE_PIPELINE_MICRO_BATCHES", raising=False)  # the default: on
     model = tiny_model("llama")
     prompts = prompts_for(model.vocab_size)
     references = [hf_greedy(model.hf_model, prompt, NUM_TOKENS) for prompt in prompts]
@@ -88,7 +88,8 @@ def test_uneven_stages_with_tied_embeddings(tmp_path_factory, make_llm, parity_r
     monkeypatch.setitem(SPECS, "qwen2-3-layers", {**SPECS["qwen2"], "num_hidden_layers": 3})
     model = build_tiny_model("qwen2-3-layers", tmp_path_factory.mktemp("qwen2-3-layers"))
     prompts = prompts_for(model.vocab_size)
-    # No micro-batches (the default on CPU): the last stage broadcasts its sampled tokens to the first.
+    # No micro-batches: the last stage broadcasts its sampled tokens to the first.
+    monkeypatch.setenv("ASYNCENGINE_PIPELINE_MICRO_BATCHES", "0")  # (read by the in-process engine core)
     _, pp2 = run(make_llm, model.path, prompts, pipeline_parallel_size=2)
     check_against([hf_greedy(model.hf_model, prompt, NUM_TOKENS) for prompt in prompts], pp2,
                   parity_record=parity_record)

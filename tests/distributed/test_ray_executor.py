@@ -243,7 +243,7 @@ def test_tp2_one_rank_per_node_matches_tp1(cluster, tiny_model, make_llm, parity
 
 def test_tp2_pp2_over_two_nodes_matches_tp1(cluster, tiny_model, make_llm, parity_record, monkeypatch):
     monkeypatch.setenv("ASYNCENGINE_RAY_PLACEMENT_STRATEGY", "SPREAD")  # 4 ranks, 2 nodes
-    monkeypatch.setenv("ASYNCENGINE_PIPELINE_MICRO_BATCHES", "1")  # (off by default on CPU)
+    monkeypatch.setenv("ASYNCENGINE_PIPELINE_MICRO_BATCHES", "1")  # (the default; set in case the caller's is 0)
     model = tiny_model("llama")
     llm = make_llm(str(model.path), tensor_parallel_size=2, pipeline_parallel_size=2,
                    distributed_executor_backend="ray", **OPTIONS)
