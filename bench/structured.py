@@ -96,17 +96,29 @@ def compare(args, llm) -> None:
             best_matched = max(best_matched, matched_tokens / matched_s)
         after = stats(llm)
         finished = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
+        valid = sum(is_valid(o.outputs[0].text, PERSON) for o in outputs)
         for output in [o for o in outputs if o.outputs[0].finish_reason != "stop"][:3]:
             print(f"structured {backend}: not stopped: ...{output.outputs[0].text[-160:]!r}", flush=True)
         masks = after["num_masks"] - before["num_masks"]
         mask_s = after["mask_seconds"] - before["mask_seconds"]
         print(f"structured {backend}: {len(prompts)} W3 prompts, max_tokens {args.max_tokens}, best of "
               f"{args.repeats}: unconstrained {plain_tokens} tokens {best_plain:.1f} tok/s; constrained {so_tokens} "
-              f"tokens {best_so:.1f} tok/s ({finished}/{len(prompts)} stopped); ratio {best_so / best_plain:.2f}; "
+              f"tokens {best_so:.1f} tok/s ({finished}/{len(prompts)} stopped, {valid} valid); "
+              f"ratio {best_so / best_plain:.2f}; "
               f"unconstrained at the constrained lengths {matched_tokens} tokens {best_matched:.1f} tok/s, ratio "
               f"{best_so / best_matched:.2f}; "
               f"compile {after['compile_seconds'] - before['compile_seconds']:.3f} s; masks {masks} "
               f"({1e6 * mask_s / max(masks, 1):.0f} us per request-step); end, {load()}", flush=True)
+
+
+def is_valid(text: str, schema: dict) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def validate_all(llm, backends, only: list[int] | None = None) -> None:
