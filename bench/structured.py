@@ -96,7 +96,7 @@ def compare(args, llm) -> None:
             best_matched = max(best_matched, matched_tokens / matched_s)
         after = stats(llm)
         finished = sum(o.outputs[0].finish_reason == "stop" for o in outputs)
-        valid = sum(is_valid(o.outputs[0].text, PERSON) for o in outputs)
+        valid = sum(validation_error(o.outputs[0].text, PERSON) is None for o in outputs)
         for output in [o for o in outputs if o.outputs[0].finish_reason != "stop"][:3]:
             print(f"structured {backend}: not stopped: ...{output.outputs[0].text[-160:]!r}", flush=True)
         masks = after["num_masks"] - before["num_masks"]
@@ -111,19 +111,18 @@ def compare(args, llm) -> None:
               f"({1e6 * mask_s / max(masks, 1):.0f} us per request-step); end, {load()}", flush=True)
 
 
-def is_valid(text: str, schema: dict) -> bool:
+def validation_error(text: str, schema: dict) -> str | None:
+    """Why `text` is not a JSON document valid against `schema` (one line), or None when it is."""
     import jsonschema
 
     try:
         jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
+    except (ValueError, jsonschema.ValidationError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return None
 
 
 def validate_all(llm, backends, only: list[int] | None = None) -> None:
-    import jsonschema
-
     from asyncengine import SamplingParams, StructuredOutputsParams
     from structured_output.schemas import SCHEMAS
 
@@ -138,12 +137,9 @@ def validate_all(llm, backends, only: list[int] | None = None) -> None:
         good = 0
         for index, schema, output in zip(indices, schemas, outputs):
             completion = output.outputs[0]
-            try:
-                jsonschema.validate(json.loads(completion.text), schema)
-            except (ValueError, jsonschema.ValidationError) as exc:
-                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            else:
-                failure = None if completion.finish_reason == "stop" else f"finish_reason {completion.finish_reason}"
+            failure = validation_error(completion.text, schema)
+            if failure is None and completion.finish_reason != "stop":
+                failure = f"finish_reason {completion.finish_reason}"
             good += failure is None
             if failure is not None:  # which schema, why, and what the model wrote: enough to judge it
                 print(f"structured {backend}: schema {index} failed ({failure}; {len(completion.token_ids)} "
