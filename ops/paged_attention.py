@@ -48,11 +48,12 @@ class PrefillSequence:
     seq_len: int
     block_table: torch.Tensor  # [1, blocks]
     causal_mask: torch.Tensor | None  # [query_len, seq_len] when part of the context is cached
+    index: int  # its row of the step's block tables
 
 
 class AttentionPlan:
     """The step's prefills, and its decoding sequences: grouped for the torch reference
-    (`decode_groups`, built on first use) or listed for an in-place kernel (`decode_seqs`, `decode_rows`)."""
+    (`decode_groups`, built on first use) or listed per query row for an in-place kernel (`query_index`)."""
 
     def __init__(self, block_tables: torch.Tensor, block_size: int) -> None:
         self.block_tables = block_tables
@@ -60,7 +61,7 @@ class AttentionPlan:
         self.prefills: list[PrefillSequence] = []
         self.decoding: list[tuple[int, int, int]] = []  # (seq_len, query row, sequence index)
         self._decode_groups: list[DecodeGroup] | None = None
-        self._decode_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._query_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def decode_groups(self) -> list[DecodeGroup]:
@@ -69,14 +70,24 @@ class AttentionPlan:
         return self._decode_groups
 
     @property
-    def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per decoding sequence: its row of `block_tables` and its query row (int64), its context length (int32)."""
-        if self._decode_index is None:
+    def query_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per query row, prefill rows included: its sequence's row of `block_tables` and the query row
+        (int64), and how many tokens of the context it sees (int32). A prefill row is a causal query like
+        a decode: row i of a prefill sees its context up to its own position."""
+        if self._query_index is None:
+            seqs = [d[2] for d in self.decoding]
+            rows = [d[1] for d in self.decoding]
+            lens = [d[0] for d in self.decoding]
+            for seq in self.prefills:
+                cached = seq.seq_len - seq.query_len
+                seqs += [seq.index] * seq.query_len
+                rows += range(seq.start, seq.start + seq.query_len)
+                lens += range(cached + 1, seq.seq_len + 1)
             device = self.block_tables.device
-            self._decode_index = (torch.tensor([d[2] for d in self.decoding], dtype=torch.int64, device=device),
-                                  torch.tensor([d[1] for d in self.decoding], dtype=torch.int64, device=device),
-                                  torch.tensor([d[0] for d in self.decoding], dtype=torch.int32, device=device))
-        return self._decode_index
+            self._query_index = (torch.tensor(seqs, dtype=torch.int64, device=device),
+                                 torch.tensor(rows, dtype=torch.int64, device=device),
+                                 torch.tensor(lens, dtype=torch.int32, device=device))
+        return self._query_index
 
 
 def plan_attention(
@@ -97,7 +108,7 @@ def plan_attention(
                 cols = torch.arange(seq_len, device=device).unsqueeze(0)
                 mask = cols <= rows + (seq_len - query_len)
             plan.prefills.append(
-                PrefillSequence(start, query_len, seq_len, block_tables[index : index + 1, :blocks], mask)
+                PrefillSequence(start, query_len, seq_len, block_tables[index : index + 1, :blocks], mask, index)
             )
         start += query_len
     return plan
@@ -166,17 +177,24 @@ def paged_attention(
     *,
     new_key: torch.Tensor | None = None,
     new_value: torch.Tensor | None = None,
-    decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float, torch.Tensor], None] | None = None,
+    in_place: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float, torch.Tensor], None]
+    | None = None,
 ) -> torch.Tensor:
     """Causal attention of `query` `[num_tokens, num_heads, head_dim]` over each sequence's paged context.
 
     When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
     a sequence whose whole context is new this step reads them directly instead of gathering them
-    back from the cache. `decode(query, key_cache, value_cache, plan, scale, output)`, when given,
-    writes every decoding sequence's rows of `output` at once (an in-place kernel, cpu_attention.py);
-    without it, decodes run grouped through the torch reference. Returns `[num_tokens, num_heads, head_dim]`.
+    back from the cache. `in_place(query, key_cache, value_cache, plan, scale, output)`, when given,
+    writes every row of `output` at once, prefills and decodes alike, reading the cache pages where they
+    lie (an in-place kernel, cpu_attention.py); without it, prefills run through torch's
+    scaled_dot_product_attention and decodes grouped through the torch reference.
+    Returns `[num_tokens, num_heads, head_dim]`.
     """
     output = torch.empty_like(query)
+    if in_place is not None:
+        if plan.prefills or plan.decoding:
+            in_place(query, key_cache, value_cache, plan, scale, output)
+        return output
     for seq in plan.prefills:
         rows = slice(seq.start, seq.start + seq.query_len)
         if new_key is not None and seq.causal_mask is None:
@@ -185,9 +203,6 @@ def paged_attention(
             keys = gather_blocks(key_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
             values = gather_blocks(value_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
         output[rows] = _prefill_attention(query[rows], keys, values, seq.causal_mask, scale)
-    if decode is not None and plan.decoding:
-        decode(query, key_cache, value_cache, plan, scale, output)
-        return output
     for group in plan.decode_groups:
         output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale)
     return output

@@ -1,6 +1,8 @@
-"""The in-place CPU decode kernel (ops/cpu_attention.py) against the torch reference (ops/paged_attention.py).
+"""The in-place CPU attention kernel (ops/cpu_attention.py) against the torch reference (ops/paged_attention.py).
 
-Batches mix prefills and decodes over shuffled cache blocks, with GQA groups of 1, 3 and 4 query heads per
+The kernel attends every query row: decodes, and each row of a prefill as a causal query over its context
+up to its own position (whole prompts and chunks after a cached prefix). Batches mix prefills and decodes
+over shuffled cache blocks, with GQA groups of 1, 3 and 4 query heads per
 KV head, head dims with a vector path (64, 128) and without (40), contexts of one token, of whole blocks
 and ragged; float32 must match the reference to rounding, bfloat16 to bfloat16's resolution.
 """
@@ -12,7 +14,7 @@ import random
 import pytest
 import torch
 
-from asyncengine.attention.torch_paged import TorchPagedBackend, decode_in_place
+from asyncengine.attention.torch_paged import TorchPagedBackend, attend_in_place
 from asyncengine.ops import cpu_attention
 from asyncengine.ops.paged_attention import paged_attention, plan_attention, store_kv
 
@@ -47,18 +49,20 @@ CASES = [
     (9, 3, 64, [1] * 12, [1, 15, 16, 17, 31, 32, 33, 100, 257, 300, 511, 640]),  # the default model's shape
     (8, 2, 128, [1, 5, 1, 1], [40, 20, 1, 129]),  # a prefill chunk among decodes
     (4, 4, 40, [1, 1, 7], [3, 64, 7]),  # no GQA, a head_dim with no vector path, a whole new prompt
+    # W3's shape: a whole 200-token prompt, a 37-row chunk after 363 cached tokens, a one-block prompt
+    (9, 3, 64, [1, 200, 37, 16, 1], [300, 200, 400, 16, 17]),
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40"])
+@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40", "gqa3-d64-prefills"])
 def test_kernel_matches_the_torch_reference(dtype, case):
     num_heads, num_kv_heads, head_dim, query_lens, seq_lens = case
     query, key_cache, value_cache, tables = make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens)
     plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
     scale = head_dim**-0.5
     reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, scale)
-    ours = paged_attention(query, key_cache, value_cache, plan, scale, decode=decode_in_place)
+    ours = paged_attention(query, key_cache, value_cache, plan, scale, in_place=attend_in_place)
     assert ours.dtype == dtype and ours.shape == query.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 keeps 8 bits of mantissa
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
@@ -73,7 +77,7 @@ def test_peaked_softmax_matches_the_reference(dtype):
     query = (query.float() * 40).to(dtype)
     plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
     reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, 64**-0.5)
-    ours = paged_attention(query, key_cache, value_cache, plan, 64**-0.5, decode=decode_in_place)
+    ours = paged_attention(query, key_cache, value_cache, plan, 64**-0.5, in_place=attend_in_place)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
@@ -86,13 +90,13 @@ def test_other_block_sizes_match_the_reference(block_size):
                                                        block_size=block_size)
     plan = plan_attention(query_lens, seq_lens, tables, block_size)
     reference = paged_attention(query, key_cache, value_cache, plan, 0.125)
-    ours = paged_attention(query, key_cache, value_cache, plan, 0.125, decode=decode_in_place)
+    ours = paged_attention(query, key_cache, value_cache, plan, 0.125, in_place=attend_in_place)
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
-def test_the_backend_uses_the_kernel_for_decodes_and_agrees_with_the_reference(monkeypatch):
-    """Through TorchPagedBackend (store, then attend): the kernel runs, once per layer call, and the
-    result equals the reference path's."""
+def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference(monkeypatch):
+    """Through TorchPagedBackend (store, then attend): the kernel runs, once per layer call for the
+    decodes and the prefill alike, and the result equals the reference path's."""
     num_heads, num_kv_heads, head_dim = 6, 2, 64
     query_lens, seq_lens = [1, 1, 9], [20, 48, 9]
     query, key_cache, value_cache, tables = make_batch(torch.float32, num_heads, num_kv_heads, head_dim,
