@@ -11,6 +11,7 @@ method name (`call`, on every rank). When a worker dies or raises, the executor 
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from functools import partial
 from typing import Any
@@ -88,6 +89,10 @@ class UniExecutor(Executor):
                 async with anyio.create_task_group() as tg:
                     await tg.start(self._thread.serve)  # returns once shutdown() closed the thread
                     self.worker = await self._thread.run(self._build_worker)
+                    # A step's masks can follow it to this worker (structured_output/deferred.py) unless a
+                    # subclass's submit_step or a worker_cls's execute_model predates the `grammar` argument.
+                    self.supports_deferred_grammar = (takes_keyword(self.submit_step, "grammar")
+                                                      and takes_keyword(self.worker.execute_model, "grammar"))
                     await self.call("init_device")
                     task_status.started()
         except BaseException:  # failed or cancelled: the worker stops with it (a subclass's shutdown runs once)
@@ -95,12 +100,14 @@ class UniExecutor(Executor):
                 await self.shutdown()
             raise
 
-    async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
+    async def submit_step(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> Reply:
         if self.failure is not None:
             reply = Reply()
             reply.fail(self.failure)
             return reply
-        return _StepReply(self, self._thread.submit(self.worker.execute_model, scheduler_output))
+        if grammar is None:
+            return _StepReply(self, self._thread.submit(self.worker.execute_model, scheduler_output))
+        return _StepReply(self, self._thread.submit(self.worker.execute_model, scheduler_output, grammar))
 
     async def call(self, method: str, /, *args: Any, **kwargs: Any) -> list[Any]:
         if self.failure is not None:
@@ -125,6 +132,14 @@ class UniExecutor(Executor):
                     await self._thread.run(self.worker.shutdown)
             self._die(EngineDeadError("the engine was shut down"))
             self._thread.close()
+
+
+def takes_keyword(function: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature: do not guess
+        return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 class _StepReply(Reply):

@@ -3,6 +3,9 @@
 With async scheduling the loop keeps two steps in the executor: while step N runs, it schedules and
 submits step N+1, then folds in step N's sampled tokens when they arrive. Scheduling and output
 handling thus overlap model execution instead of adding to it. Without it, one step at a time.
+When step N+1 carries constrained requests whose token from step N is still in flight, and the
+executor takes masks late, their masks follow the step: computed right after step N is folded in,
+while N+1's forward pass runs (structured_output/deferred.py).
 
 Requests, aborts and calls arrive on a task of their own and act on the scheduler between steps (one
 event loop, so no locks). The outputs of one step travel as one message. If the executor reports a
@@ -27,6 +30,7 @@ from asyncengine.engine_core.micro_batches import steps_in_flight
 from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, RequestError, error_field, error_type_name
 from asyncengine.structured_output.backend import GrammarError
+from asyncengine.structured_output.deferred import DeferredMask
 from asyncengine.wire.engine_core import EngineCoreOutputs
 from asyncengine.wire.messages import (
     AbortRequests,
@@ -70,6 +74,7 @@ class _InFlight:
     reply: Reply
     schedule_start: float
     schedule_end: float
+    deferred_mask: DeferredMask | None = None  # its grammar masks, set once the step before it is folded in
 
 
 class EngineCoreLoop:
@@ -91,8 +96,9 @@ class EngineCoreLoop:
         """Run until `Shutdown`, the end of `inbox`, or a dead executor (reported with EngineCoreDead)."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._read_inbox, inbox, tg)
+            in_flight: deque[_InFlight] = deque()
             try:
-                await self._step_loop()
+                await self._step_loop(in_flight)
             except EngineDeadError as dead:
                 await self._report_death(dead)
             except Exception as exc:  # a plugin's scheduler, or a bug in the core: every caller learns it, named
@@ -100,6 +106,9 @@ class EngineCoreLoop:
                 await self._report_death(EngineDeadError.from_exception(
                     f"{self.process_name}'s step loop", exc, process=self.process_name, phase=self._phase))
             finally:
+                for step in in_flight:  # a worker waiting on masks that will not come is released
+                    if step.deferred_mask is not None:
+                        step.deferred_mask.cancel()
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.executor.shutdown()
@@ -188,8 +197,10 @@ class EngineCoreLoop:
 
     # -- the step loop ---------------------------------------------------------------------------------
 
-    async def _step_loop(self) -> None:
-        in_flight: deque[_InFlight] = deque()
+    async def _step_loop(self, in_flight: deque[_InFlight]) -> None:
+        # Masks may follow their step only with two steps in flight and an executor that takes them late.
+        self.scheduler.structured_output.deferred_masks = (
+            self.pipeline_depth == 2 and getattr(self.executor, "supports_deferred_grammar", False))
         while True:
             while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished():
                 started = time.monotonic()
@@ -199,8 +210,17 @@ class EngineCoreLoop:
                 if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
                     break
                 self._phase = "step loop: executor.submit_step()"
-                reply = await self.executor.submit_step(scheduler_output)
-                in_flight.append(_InFlight(self._num_steps, scheduler_output, reply, started, scheduled))
+                deferred_mask = None
+                if scheduler_output.deferred_grammar_request_ids is not None:
+                    deferred_mask = DeferredMask()
+                    # (the keyword is not in Executor.submit_step's signature: only executors that say
+                    # supports_deferred_grammar take it)
+                    late_masks: Any = self.executor
+                    reply = await late_masks.submit_step(scheduler_output, grammar=deferred_mask)
+                else:
+                    reply = await self.executor.submit_step(scheduler_output)
+                in_flight.append(_InFlight(self._num_steps, scheduler_output, reply, started, scheduled,
+                                           deferred_mask))
                 self._num_steps += 1
             if not in_flight:
                 if self.scheduler.has_unfinished() and not self.scheduler.structured_output.num_compiling:
@@ -216,6 +236,13 @@ class EngineCoreLoop:
             update_start = time.monotonic()
             self._phase = "step loop: scheduler.update_from_output()"
             outputs = self.scheduler.update_from_output(step.scheduler_output, runner_output)
+            following = in_flight[0] if in_flight else None
+            if following is not None and following.deferred_mask is not None and not following.deferred_mask.is_set:
+                # The next step's constrained requests have their previous token now: its masks, at once
+                # (its worker is waiting for them, or soon will be), before the outputs go out.
+                self._phase = "step loop: computing a deferred step's grammar masks"
+                following.deferred_mask.set(self.scheduler.grammar_bitmask(
+                    following.scheduler_output.deferred_grammar_request_ids or []))
             update_end = time.monotonic()
             if self._trace is not None:
                 timings = runner_output.timings or StepTimings(-1.0, -1.0, -1.0)

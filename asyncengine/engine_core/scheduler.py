@@ -247,6 +247,7 @@ class Scheduler:
             if seq.num_computed_tokens == seq.num_tokens_with_pending and seq.pooling is None:
                 seq.num_pending_tokens += 1
                 sampling_ids.append(request_id)
+        defer_masks = self._defers_masks(sampling_ids)
         forget, self._forget = self._forget, []
         metadata = None
         if connector is not None and views is not None:
@@ -258,7 +259,8 @@ class Scheduler:
             num_scheduled_tokens=scheduled,
             finished_request_ids=forget,
             kv_connector_metadata=metadata,
-            grammar_bitmask=self._grammar_bitmask(sampling_ids),
+            grammar_bitmask=None if defer_masks else self.grammar_bitmask(sampling_ids),
+            deferred_grammar_request_ids=sampling_ids if defer_masks else None,
             pipeline_token_ids=(None if micro_batches is None
                                 else micro_batches.token_ids(cached_requests, self.sequences)),
         )
@@ -356,7 +358,17 @@ class Scheduler:
         return (self.structured_output is not None
                 and self.structured_output.sits_out(seq.request_id, seq.num_pending_tokens))
 
-    def _grammar_bitmask(self, sampling_ids: list[str]) -> GrammarBitmask | None:
+    def _defers_masks(self, sampling_ids: list[str]) -> bool:
+        """Whether this step's masks must wait until the step in flight is folded in: the executor takes
+        them late (split step, structured_output/deferred.py) and a constrained request sampling now
+        has its previous token in flight (this step's own counts already, so more than one pending)."""
+        manager = self.structured_output
+        return (manager is not None and manager.deferred_masks
+                and any(manager.is_constrained(rid) and self.sequences[rid].num_pending_tokens > 1
+                        for rid in sampling_ids))
+
+    def grammar_bitmask(self, sampling_ids: list[str]) -> GrammarBitmask | None:
+        """The masks of those of `sampling_ids` that are constrained, from their matchers' state now."""
         if self.structured_output is None:
             return None
         masks = self.structured_output.bitmask(sampling_ids)

@@ -7,12 +7,15 @@
   their previous token was folded in (`bitmask`), and travel in the SchedulerOutput as int32 words.
 - After a step, each matcher is advanced by its request's token (`accept`).
 
-With async scheduling, a constrained request is not scheduled while any constrained request's token
-is in flight (Scheduler.schedule asks `sits_out`): its own next mask depends on its own token, and
-holding the others back too keeps every constrained request in one step. Scheduling the ready ones
-instead splits them into two halves that alternate, each step carrying half of them, which halved a
-constrained W3 run's tok/s (bench/RESULTS.md). Unconstrained requests keep the overlap;
-docs/structured_outputs.md says what that costs.
+With async scheduling and an executor that takes a step's masks after the step (`deferred_masks`,
+set by the step loop; UniExecutor, the default), constrained requests are scheduled like the others
+and their masks follow the step (deferred.py): the forward pass of step N+1 overlaps folding in step
+N and computing N+1's masks. With any other executor a constrained request is not scheduled while
+any constrained request's token is in flight (Scheduler.schedule asks `sits_out`): its own next mask
+depends on its own token, and holding the others back too keeps every constrained request in one
+step. Scheduling the ready ones instead splits them into two halves that alternate, each step
+carrying half of them, which halved a constrained W3 run's tok/s (bench/RESULTS.md).
+docs/structured_outputs.md says what each costs.
 
 With a reasoning parser configured (reasoning.py), a request is sampled without a mask until its
 reasoning ends, and its grammar starts with the next token.
@@ -74,6 +77,8 @@ class StructuredOutputManager:
         self._matchers: dict[str, GrammarMatcher] = {}
         self._in_flight: set[str] = set()  # constrained requests sampling in a step not yet folded in
         self._lock = anyio.Lock()  # building a backend (tokenizer load) happens once
+        # Whether a step's masks may follow the step (deferred.py): set by the step loop from its executor.
+        self.deferred_masks = False
         self.reasoning: ReasoningGate | None = None
         parser_name, enable_in_reasoning = reasoning_settings(structured_outputs_config)
         if parser_name is not None and not enable_in_reasoning:
@@ -174,8 +179,10 @@ class StructuredOutputManager:
 
     def sits_out(self, request_id: str, num_pending_tokens: int) -> bool:
         """Whether a running request must sit out the step being scheduled: it is constrained, and its
-        own token or another constrained request's is in flight (module docstring: one step, not halves)."""
-        return self.is_constrained(request_id) and (num_pending_tokens > 0 or bool(self._in_flight))
+        own token or another constrained request's is in flight (module docstring: one step, not halves).
+        Never when masks follow their step (`deferred_masks`)."""
+        return (not self.deferred_masks and self.is_constrained(request_id)
+                and (num_pending_tokens > 0 or bool(self._in_flight)))
 
     def bitmask(self, request_ids: list[str]) -> tuple[list[str], bytes] | None:
         """The masks of those of `request_ids` that are constrained, as (their ids, int32 words).

@@ -53,6 +53,10 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     kv_connector_metadata: bytes | None = None
     # Structured outputs: the masks the worker applies to these requests' logits before sampling.
     grammar_bitmask: GrammarBitmask | None = None
+    # Structured outputs with async scheduling (structured_output/deferred.py): this step's sampling
+    # requests whose masks come after the step was submitted, through the executor's DeferredMask
+    # (their previous token was still in flight). None: the masks, if any, are in `grammar_bitmask`.
+    deferred_grammar_request_ids: list[str] | None = None
     # Pipeline micro-batches (engine_core/micro_batches.py): per cached request, its tokens from
     # max(num_computed_tokens, prompt length) on, for the stages that did not sample them; None: the
     # last stage broadcasts its sampled tokens instead (one step at a time).

@@ -337,11 +337,13 @@ class ModelRunner:
             return FailedRequest(request_id=new.request_id, field="extra_args", message=str(exc))
         return None
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
+        """One step. `grammar` (a structured_output.deferred.DeferredMask) brings the masks of a step
+        submitted with `deferred_grammar_request_ids`: waited on only once the logits are computed."""
         with self.platform.inference_mode():
-            return self._execute(scheduler_output)
+            return self._execute(scheduler_output, grammar)
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def _execute(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
         failed = self._update_states(scheduler_output)
         scheduled = scheduler_output.num_scheduled_tokens
         if self.failed_request_ids:
@@ -392,8 +394,15 @@ class ModelRunner:
             return self._with_pooled(hidden, inputs, ModelRunnerOutput(
                 timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        if scheduler_output.grammar_bitmask is not None:
-            logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, scheduler_output.grammar_bitmask)
+        bitmask = scheduler_output.grammar_bitmask
+        if scheduler_output.deferred_grammar_request_ids is not None:
+            if grammar is None:
+                raise RuntimeError("this step's grammar masks follow it (deferred_grammar_request_ids), but its "
+                                   "executor handed the worker nothing to wait on: only an executor whose "
+                                   "supports_deferred_grammar is true may send such a step")
+            bitmask = grammar.wait()  # the engine core computes them while the forward pass above ran
+        if bitmask is not None:
+            logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, bitmask)
         rows = []
         for request_id in inputs.sampling_request_ids:
             state = self.requests[request_id]

@@ -112,9 +112,10 @@ class Worker(WorkerBase):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self._runner().initialize_kv_cache(num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
+        """One step; `grammar`: its deferred masks (ModelRunner.execute_model), from an in-process executor."""
         started = time.monotonic()
-        output = self._runner().execute_model(scheduler_output)
+        output = self._runner().execute_model(scheduler_output, grammar)
         output.started_at, output.finished_at = started, time.monotonic()
         return output
 

@@ -145,3 +145,38 @@ async def test_with_async_scheduling_constrained_requests_decode_in_one_step_not
     sizes = [record[1] for record in trace]  # StepRecord's num_tokens: one per decoding request
     # 160 prompt tokens take 3 steps, the 4 x 30 tokens then about 30 steps of 4 (not about 60 of 2).
     assert sizes.count(4) >= 25 and len(sizes) <= 40, sizes
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("async_scheduling", [True, False])
+async def test_constrained_masks_follow_their_step_so_steps_overlap(model_dir, async_scheduling):
+    # Split step (structured_output/deferred.py): with async scheduling the next step of constrained
+    # requests is scheduled and submitted before the step in flight is folded in (its masks follow it),
+    # so decode steps overlap as unconstrained ones do; without it, one step at a time. Same tokens either
+    # way (the random model writes the pattern only because of the masks).
+    params = SamplingParams(temperature=0, max_tokens=30,
+                            structured_outputs=StructuredOutputsParams(regex="(ab|ba)[xyz]{10}(q|r){12}"))
+    config = EngineConfig(model=model_dir, async_scheduling=async_scheduling, **OPTIONS)
+    async with AsyncEngine.start(config) as engine:
+        with anyio.fail_after(300):
+            await collect(engine, "warm", params)  # compiled, so that all three start together
+            await engine.call_engine_core("start_step_trace")
+            results = {}
+
+            async def run(index):
+                results[index] = await collect(engine, f"prompt {index}", params)
+
+            async with anyio.create_task_group() as tg:
+                for index in range(3):
+                    tg.start_soon(run, index)
+            trace = await engine.call_engine_core("stop_step_trace")
+            stats = await engine.call_engine_core("get_structured_output_stats")
+    assert all(re.fullmatch("(ab|ba)[xyz]{10}(q|r){12}", text) and finish == "stop"
+               for text, _, finish in results.values()), results
+    # StepRecord: (step, num_tokens, schedule_start, schedule_end, execute_start, execute_end, ...)
+    overlapped = sum(1 for before, after in zip(trace, trace[1:]) if after[2] < before[5])
+    if async_scheduling:
+        assert overlapped >= len(trace) // 2, (overlapped, len(trace))
+    else:
+        assert overlapped == 0, trace
+    assert stats["num_masks"] >= 3 * 24, stats  # every constrained token was masked, deferred or not
