@@ -11,7 +11,6 @@ method name (`call`, on every rank). When a worker dies or raises, the executor 
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from functools import partial
 from typing import Any
@@ -38,16 +37,18 @@ from asyncengine.registries.base import reads
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.reply import Reply
+from asyncengine.structured_output.deferred import DeferredMask, takes_grammar
 from asyncengine.wire.framing import FrameStream, ProtocolError
 from asyncengine.wire.messages import (
     ExecuteModel,
+    GrammarMasks,
     Shutdown,
     StartupParams,
     StepResult,
     WorkerCall,
     WorkerCallResult,
 )
-from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+from asyncengine.wire.worker import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker.extension import rpc_method
 
 _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
@@ -91,8 +92,8 @@ class UniExecutor(Executor):
                     self.worker = await self._thread.run(self._build_worker)
                     # A step's masks can follow it to this worker (structured_output/deferred.py) unless a
                     # subclass's submit_step or a worker_cls's execute_model predates the `grammar` argument.
-                    self.supports_deferred_grammar = (takes_keyword(self.submit_step, "grammar")
-                                                      and takes_keyword(self.worker.execute_model, "grammar"))
+                    self.supports_deferred_grammar = (takes_grammar(self.submit_step)
+                                                      and takes_grammar(self.worker.execute_model))
                     await self.call("init_device")
                     task_status.started()
         except BaseException:  # failed or cancelled: the worker stops with it (a subclass's shutdown runs once)
@@ -132,14 +133,6 @@ class UniExecutor(Executor):
                     await self._thread.run(self.worker.shutdown)
             self._die(EngineDeadError("the engine was shut down"))
             self._thread.close()
-
-
-def takes_keyword(function: Any, name: str) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a callable without a signature: do not guess
-        return False
-    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 class _StepReply(Reply):
@@ -183,6 +176,12 @@ class MultiprocExecutor(Executor):
 
         try:
             await self._workers.start(self.world_size, startup_params, trace)
+            # Masks may follow their step when every rank's worker waits for them (its Ready says so) and
+            # a subclass's submit_step still takes the argument.
+            ready_info = self._workers.ready_info
+            self.supports_deferred_grammar = (
+                takes_grammar(self.submit_step) and len(ready_info) == self.world_size
+                and all(info.get("deferred_grammar") is True for info in ready_info.values()))
             # Each rank's connection and process, watched until shutdown() (or a death, which fails every reply).
             with single_exceptions():
                 async with anyio.create_task_group() as tg:
@@ -255,7 +254,8 @@ class MultiprocExecutor(Executor):
                 reply.fail(failure)
         return failure
 
-    async def submit_step(self, scheduler_output: SchedulerOutput) -> Reply:
+    async def submit_step(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> Reply:
+        # (`grammar`: a step whose masks follow it; they go to every rank in deliver_masks)
         replies = [Reply() for _ in range(self.world_size)]
         if self.failure is not None:
             replies[0].fail(self.failure)
@@ -284,6 +284,15 @@ class MultiprocExecutor(Executor):
             return [await reply.wait() for reply in replies]
         finally:
             del self._pending_calls[call_id]
+
+    async def deliver_masks(self, mask: DeferredMask, bitmask: GrammarBitmask | None) -> None:
+        """Every rank's process sets them on the DeferredMask of the step that waits (worker/process.py)."""
+        mask.set(bitmask)
+        if self.failure is not None:
+            return
+        message = GrammarMasks(bitmask=bitmask)
+        for rank, frames in enumerate(self._workers.connections):
+            await self._send(rank, frames, message)
 
     async def _send(self, rank: int, frames: FrameStream, message: Any) -> None:
         try:

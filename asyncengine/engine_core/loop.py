@@ -198,9 +198,11 @@ class EngineCoreLoop:
     # -- the step loop ---------------------------------------------------------------------------------
 
     async def _step_loop(self, in_flight: deque[_InFlight]) -> None:
-        # Masks may follow their step only with two steps in flight and an executor that takes them late.
+        # Masks may follow their step only with two steps in flight (not pipeline micro-batches, whose steps
+        # alternate between batches) and an executor that takes them late.
         self.scheduler.structured_output.deferred_masks = (
-            self.pipeline_depth == 2 and getattr(self.executor, "supports_deferred_grammar", False))
+            self.pipeline_depth == 2 and self.scheduler.micro_batches is None
+            and getattr(self.executor, "supports_deferred_grammar", False))
         while True:
             while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished():
                 started = time.monotonic()
@@ -241,8 +243,8 @@ class EngineCoreLoop:
                 # The next step's constrained requests have their previous token now: its masks, at once
                 # (its worker is waiting for them, or soon will be), before the outputs go out.
                 self._phase = "step loop: computing a deferred step's grammar masks"
-                following.deferred_mask.set(self.scheduler.grammar_bitmask(
-                    following.scheduler_output.deferred_grammar_request_ids or []))
+                bitmask = self.scheduler.grammar_bitmask(following.scheduler_output.deferred_grammar_request_ids or [])
+                await self.executor.deliver_masks(following.deferred_mask, bitmask)
             update_end = time.monotonic()
             if self._trace is not None:
                 timings = runner_output.timings or StepTimings(-1.0, -1.0, -1.0)

@@ -9,6 +9,7 @@ reported with its error, named.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 from anyio.abc import Process
@@ -33,6 +34,8 @@ class WorkerProcesses:
         self.connections: list[FrameStream] = []  # by rank, once every rank has connected
         # torch.distributed's rendezvous for several ranks (rank 0 listens there), known once they are started.
         self.rendezvous: str | None = None
+        # What each rank's Ready said about itself (its `info`), once every rank is up.
+        self.ready_info: dict[int, dict[str, Any]] = {}
 
     def rank_name(self, rank: int) -> str:
         return f"worker rank {rank} (pid {self.processes[rank].pid})"
@@ -94,6 +97,7 @@ class WorkerProcesses:
                     tg.start_soon(receive, rank, frames, tg.cancel_scope)
         for rank in sorted(replies):
             trace.extend(replies[rank].records)
+        self.ready_info = {rank: reply.info for rank, reply in replies.items() if isinstance(reply, Ready)}
         if failures:
             raise failures[0]
 

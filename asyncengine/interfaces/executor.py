@@ -27,10 +27,11 @@ class Executor(ABC):
     # Where its workers run (asyncengine/plugin_runtime/placement.py): "mp", a process per rank, unless the
     # executor runs the worker on a thread of the engine core's process ("uni": UniExecutor and its subclasses).
     worker_placement: ClassVar[str] = "mp"
-    # Whether `submit_step(scheduler_output, grammar=mask)` hands the worker a step's grammar masks after
-    # the step was submitted (asyncengine/structured_output/deferred.py, vLLM's split step): then
-    # constrained requests keep async scheduling's overlap. False: `submit_step` is called with the step
-    # alone, and constrained requests sit out while a constrained token is in flight.
+    # Whether the executor takes a step's grammar masks after the step (asyncengine/structured_output/
+    # deferred.py, vLLM's split step): `submit_step(scheduler_output, grammar=mask)`, then
+    # `deliver_masks(mask, bitmask)` once they are known; constrained requests then keep async
+    # scheduling's overlap. False: `submit_step` is called with the step alone, and constrained requests
+    # sit out while a constrained token is in flight.
     supports_deferred_grammar: bool = False
 
     # What the methods take and give, by the names of the types above the floor (not imported here):
@@ -55,6 +56,12 @@ class Executor(ABC):
     async def submit_step(self, scheduler_output: Any) -> Any:
         """Queue one step; the reply's value is rank 0's ModelRunnerOutput. An executor that sets
         `supports_deferred_grammar` also takes `grammar=` (a DeferredMask) for its worker's execute_model."""
+
+    async def deliver_masks(self, mask: Any, bitmask: Any) -> None:
+        """Hand the masks (a GrammarBitmask, or None) of a step submitted with `grammar=mask` to its
+        workers, once the step before it is folded in. Only called when `supports_deferred_grammar`; the
+        default sets the DeferredMask that an in-process worker waits on."""
+        mask.set(bitmask)
 
     @abstractmethod
     async def call(self, method: str, /, *args: Any, **kwargs: Any) -> list[Any]:

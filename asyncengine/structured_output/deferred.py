@@ -7,14 +7,19 @@ N+1 with `SchedulerOutput.deferred_grammar_request_ids` set and a `DeferredMask`
 N+1's forward pass and waits on the mask only when it is about to sample, while the engine core folds
 in N, advances the matchers and `set`s N+1's masks. The forward pass overlaps all of that.
 
-Only an executor whose worker runs in this process can take one (UniExecutor: a thread; it says so
-with `supports_deferred_grammar`); with the others constrained requests sit out instead
-(StructuredOutputManager.sits_out).
+The executor says it takes masks late with `supports_deferred_grammar` and hands them over with
+`deliver_masks`: UniExecutor sets the DeferredMask its worker's thread waits on; MultiprocExecutor (and
+so the Ray executor) sends each rank a GrammarMasks frame, which the rank's process sets on its own
+DeferredMask for that step (worker/process.py: one per deferred step, in order). An executor or worker
+class whose methods predate the `grammar` argument does not take them (`takes_grammar`), and then
+constrained requests sit out instead (StructuredOutputManager.sits_out).
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
+from typing import Any
 
 from asyncengine.wire.worker import GrammarBitmask
 
@@ -51,3 +56,12 @@ class DeferredMask:
         if self._cancelled:
             raise DeferredMaskCancelled("the engine core stopped before this step's grammar masks were computed")
         return self._bitmask
+
+
+def takes_grammar(function: Any) -> bool:
+    """Whether `function` (an executor's submit_step, a worker's execute_model) accepts `grammar=`."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature: do not guess
+        return False
+    return "grammar" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

@@ -8,9 +8,10 @@
 - After a step, each matcher is advanced by its request's token (`accept`).
 
 With async scheduling and an executor that takes a step's masks after the step (`deferred_masks`,
-set by the step loop; UniExecutor, the default), constrained requests are scheduled like the others
-and their masks follow the step (deferred.py): the forward pass of step N+1 overlaps folding in step
-N and computing N+1's masks. With any other executor a constrained request is not scheduled while
+set by the step loop; the built-in uni and mp executors), constrained requests are scheduled like the
+others and their masks follow the step (deferred.py): the forward pass of step N+1 overlaps folding in
+step N and computing N+1's masks. Otherwise (pipeline micro-batches, an executor or worker class that
+does not take them) a constrained request is not scheduled while
 any constrained request's token is in flight (Scheduler.schedule asks `sits_out`): its own next mask
 depends on its own token, and holding the others back too keeps every constrained request in one
 step. Scheduling the ready ones instead splits them into two halves that alternate, each step

@@ -14,7 +14,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.wire.engine_core import EngineCoreOutputs, EngineCoreRequest
 from asyncengine.wire.startup import Manifest, StartupRecord
-from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
+from asyncengine.wire.worker import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 
 
 class Message(msgspec.Struct, tag=True, kw_only=True):
@@ -119,6 +119,13 @@ class ExecuteModel(Message):
     scheduler_output: SchedulerOutput
 
 
+class GrammarMasks(Message):
+    """The masks of the oldest step this rank holds whose masks follow it (structured_output/deferred.py):
+    one per step sent with `deferred_grammar_request_ids`, in the order of those steps."""
+
+    bitmask: GrammarBitmask | None = None
+
+
 class WorkerCall(Message):
     call_id: int
     method: str
@@ -149,4 +156,4 @@ class WorkerCallResult(Message):
 FrontendInbox = Union[Hello, Ready, StartupFailed, EngineCoreOutputs, UtilityResult, EngineCoreDead]
 EngineCoreInbox = Union[StartupParams, CheckParams, AddRequests, AbortRequests, UtilityCall, Shutdown]
 ExecutorInbox = Union[Hello, Ready, StartupFailed, StepResult, WorkerCallResult]
-WorkerInbox = Union[StartupParams, CheckParams, ExecuteModel, WorkerCall, Shutdown]
+WorkerInbox = Union[StartupParams, CheckParams, ExecuteModel, GrammarMasks, WorkerCall, Shutdown]

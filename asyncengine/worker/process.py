@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -29,10 +30,12 @@ from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.runtime.child import child_main
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.reply import Reply
-from asyncengine.wire.framing import FrameStream
+from asyncengine.structured_output.deferred import DeferredMask, takes_grammar
+from asyncengine.wire.framing import FrameStream, ProtocolError
 from asyncengine.wire.messages import (
     CheckParams,
     ExecuteModel,
+    GrammarMasks,
     Ready,
     Shutdown,
     StartupParams,
@@ -63,7 +66,9 @@ async def serve_worker(frames: FrameStream, params: StartupParams, trace: Startu
                 await thread.run(worker.init_device)
             async with trace.phase("ready"):
                 pass
-            await frames.send(Ready(info={"rank": params.rank}, records=trace.records))
+            # Whether this rank can run a step whose grammar masks follow it (structured_output/deferred.py).
+            info = {"rank": params.rank, "deferred_grammar": takes_grammar(worker.execute_model)}
+            await frames.send(Ready(info=info, records=trace.records))
             trace.ready = True
             await _serve_messages(frames, worker, thread)
         finally:
@@ -90,29 +95,52 @@ ANSWERS_BOUND = 64
 
 async def _serve_messages(frames: FrameStream, worker, thread: DedicatedThread) -> None:
     """Hand each message to the thread as soon as it arrives (so step N+1 starts the moment step N
-    ends), and send the answers back in order from a second task."""
+    ends), and send the answers back in order from a second task. A step whose grammar masks follow it
+    waits on a DeferredMask that the next GrammarMasks frame sets (one per such step, in order)."""
     answers, pending = anyio.create_memory_object_stream[tuple[Any, Reply]](ANSWERS_BOUND)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_send_answers, frames, pending)
-        async with answers:
-            while True:
-                message = await frames.receive()
-                if isinstance(message, ExecuteModel):
-                    await answers.send((message, thread.submit(worker.execute_model, message.scheduler_output)))
-                elif isinstance(message, WorkerCall):
-                    try:  # the worker's method, else its extension's (worker/extension.py)
-                        method = rpc_method(worker, message.method)
-                    except WorkerError as exc:
-                        reply = Reply()
-                        reply.fail(exc)
-                    else:
-                        if message.kwargs:  # the keyword arguments travel with the call
-                            method = partial(method, **message.kwargs)
-                        reply = thread.submit(method, *message.args)
-                    await answers.send((message, reply))
-                elif isinstance(message, Shutdown):
-                    await answers.send((message, thread.submit(worker.shutdown)))
-                    break
+    masks: deque[DeferredMask] = deque()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_send_answers, frames, pending)
+            async with answers:
+                await _read_messages(frames, worker, thread, answers, masks)
+    finally:
+        for mask in masks:  # the engine core is gone or stopping: a step waiting on masks fails, not hangs
+            mask.cancel()
+
+
+async def _read_messages(frames: FrameStream, worker, thread: DedicatedThread, answers, masks) -> None:
+    while True:
+        message = await frames.receive()
+        if isinstance(message, ExecuteModel):
+            scheduler_output = message.scheduler_output
+            if scheduler_output.deferred_grammar_request_ids is None:
+                reply = thread.submit(worker.execute_model, scheduler_output)
+            else:
+                mask = DeferredMask()
+                masks.append(mask)
+                reply = thread.submit(worker.execute_model, scheduler_output, mask)
+            await answers.send((message, reply))
+        elif isinstance(message, GrammarMasks):
+            if not masks:
+                raise ProtocolError("the engine core sent grammar masks, but no step of this rank waits for any")
+            masks.popleft().set(message.bitmask)
+        elif isinstance(message, WorkerCall):
+            try:  # the worker's method, else its extension's (worker/extension.py)
+                method = rpc_method(worker, message.method)
+            except WorkerError as exc:
+                reply = Reply()
+                reply.fail(exc)
+            else:
+                if message.kwargs:  # the keyword arguments travel with the call
+                    method = partial(method, **message.kwargs)
+                reply = thread.submit(method, *message.args)
+            await answers.send((message, reply))
+        elif isinstance(message, Shutdown):
+            while masks:  # a step still waiting on masks fails now, so that shutdown can run after it
+                masks.popleft().cancel()
+            await answers.send((message, thread.submit(worker.shutdown)))
+            break
 
 
 async def _send_answers(frames: FrameStream, pending) -> None:

@@ -147,16 +147,27 @@ async def test_with_async_scheduling_constrained_requests_decode_in_one_step_not
     assert sizes.count(4) >= 25 and len(sizes) <= 40, sizes
 
 
+SPLIT_STEP_CASES = {  # name: (async scheduling, executor options)
+    "async-uni": (True, {}),
+    "sync-uni": (False, {}),
+    # two worker processes: each rank's process gets the masks in a GrammarMasks frame (worker/process.py)
+    "async-mp-tp2": (True, {"distributed_executor_backend": "mp", "tensor_parallel_size": 2}),
+}
+
+
 @pytest.mark.anyio
-@pytest.mark.parametrize("async_scheduling", [True, False])
-async def test_constrained_masks_follow_their_step_so_steps_overlap(model_dir, async_scheduling):
+@pytest.mark.parametrize("case", sorted(SPLIT_STEP_CASES))
+async def test_constrained_masks_follow_their_step_so_steps_overlap(model_dir, case, anyio_backend):
     # Split step (structured_output/deferred.py): with async scheduling the next step of constrained
     # requests is scheduled and submitted before the step in flight is folded in (its masks follow it),
     # so decode steps overlap as unconstrained ones do; without it, one step at a time. Same tokens either
     # way (the random model writes the pattern only because of the masks).
+    async_scheduling, executor_options = SPLIT_STEP_CASES[case]
+    if executor_options and anyio_backend != "trio":
+        pytest.skip("worker processes: the trio run covers them (the executor is the same on asyncio)")
     params = SamplingParams(temperature=0, max_tokens=30,
                             structured_outputs=StructuredOutputsParams(regex="(ab|ba)[xyz]{10}(q|r){12}"))
-    config = EngineConfig(model=model_dir, async_scheduling=async_scheduling, **OPTIONS)
+    config = EngineConfig(model=model_dir, async_scheduling=async_scheduling, **OPTIONS, **executor_options)
     async with AsyncEngine.start(config) as engine:
         with anyio.fail_after(300):
             await collect(engine, "warm", params)  # compiled, so that all three start together
