@@ -47,8 +47,19 @@ class PrefillSequence:
     query_len: int
     seq_len: int
     block_table: torch.Tensor  # [1, blocks]
-    causal_mask: torch.Tensor | None  # [query_len, seq_len] when part of the context is cached
     index: int  # its row of the step's block tables
+
+    @property
+    def causal_mask(self) -> torch.Tensor | None:
+        """`[query_len, seq_len]` when part of the context is cached (bottom-right aligned: query i sees keys
+        up to seq_len - query_len + i), else None. Built when the torch reference asks: an in-place kernel
+        needs none."""
+        if self.query_len == self.seq_len:
+            return None
+        device = self.block_table.device
+        rows = torch.arange(self.query_len, device=device).unsqueeze(1)
+        cols = torch.arange(self.seq_len, device=device).unsqueeze(0)
+        return cols <= rows + (self.seq_len - self.query_len)
 
 
 class AttentionPlan:
@@ -93,7 +104,6 @@ class AttentionPlan:
 def plan_attention(
     query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int
 ) -> AttentionPlan:
-    device = block_tables.device
     plan = AttentionPlan(block_tables, block_size)
     start = 0
     for index, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
@@ -101,15 +111,8 @@ def plan_attention(
         if query_len == 1:
             plan.decoding.append((seq_len, start, index))
         else:
-            mask = None
-            if query_len != seq_len:
-                # Bottom-right aligned causal mask: query i sees keys up to seq_len - query_len + i.
-                rows = torch.arange(query_len, device=device).unsqueeze(1)
-                cols = torch.arange(seq_len, device=device).unsqueeze(0)
-                mask = cols <= rows + (seq_len - query_len)
-            plan.prefills.append(
-                PrefillSequence(start, query_len, seq_len, block_tables[index : index + 1, :blocks], mask, index)
-            )
+            plan.prefills.append(PrefillSequence(start, query_len, seq_len, block_tables[index : index + 1, :blocks],
+                                                 index))
         start += query_len
     return plan
 
@@ -197,12 +200,13 @@ def paged_attention(
         return output
     for seq in plan.prefills:
         rows = slice(seq.start, seq.start + seq.query_len)
-        if new_key is not None and seq.causal_mask is None:
+        mask = seq.causal_mask
+        if new_key is not None and mask is None:
             keys, values = new_key[rows], new_value[rows]
         else:
             keys = gather_blocks(key_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
             values = gather_blocks(value_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
-        output[rows] = _prefill_attention(query[rows], keys, values, seq.causal_mask, scale)
+        output[rows] = _prefill_attention(query[rows], keys, values, mask, scale)
     for group in plan.decode_groups:
         output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale)
     return output
