@@ -286,6 +286,26 @@ int paged_decode(const void *qv, const void *kc, const void *vc, const int64_t *
     }
     return failed ? -1 : 0;
 }
+
+/* Each token's keys and values into its cache slot (block slot / BS, offset slot % BS), per KV head:
+   key/value [tokens, KVH, D] with token and head strides (elements) and unit stride within a head; caches
+   [KVH, NB, BS, D] contiguous; `elem` bytes per element. Returns 0, or -1 when a slot lies outside the
+   cache (nothing is written then). */
+int store_kv(const void *key, int64_t k_tok, int64_t k_head, const void *value, int64_t v_tok, int64_t v_head,
+             void *kc, void *vc, const int64_t *slots, int64_t tokens, int64_t KVH, int64_t NB, int64_t BS,
+             int64_t D, int64_t elem) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (slots[t] < 0 || slots[t] >= NB * BS) return -1;
+    const size_t row = (size_t)(D * elem);
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t h = 0; h < KVH; h++) {
+            const int64_t at = (h * NB * BS + slots[t]) * D * elem;
+            memcpy((char *)kc + at, (const char *)key + (t * k_tok + h * k_head) * elem, row);
+            memcpy((char *)vc + at, (const char *)value + (t * v_tok + h * v_head) * elem, row);
+        }
+    }
+    return 0;
+}
 """
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -297,6 +317,9 @@ _reason: str | None = None  # why the kernel is unavailable, once that is known
 
 
 def _declare(library: ctypes.CDLL) -> None:
+    library.store_kv.restype = ctypes.c_int
+    library.store_kv.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + \
+        [ctypes.c_int64] * 6
     library.paged_decode.restype = ctypes.c_int
     library.paged_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                                               ctypes.c_void_p, ctypes.c_void_p] + \
@@ -347,3 +370,30 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     )
     if status != 0:
         raise MemoryError("paged_decode could not allocate its scratch memory")
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """`paged_attention.store_kv` on CPU tensors: each token's `[kv_heads, head_dim]` key and value into its
+    slot, two row copies per token and KV head (torch's index_copy_ pair took about 20 us per layer and
+    step at W3's decode batch, most of it the op's own overhead). `key`/`value` `[tokens, kv_heads,
+    head_dim]` may be strided views with unit stride within a head; caches contiguous; slots int64."""
+    if _library is None and not available(key.dtype):
+        raise RuntimeError(f"the CPU attention kernel is unavailable: {_reason}")
+    num_kv_heads, num_blocks, block_size, head_dim = key_cache.shape
+    if not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype) or key.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"store_kv runs float32 or bfloat16 throughout, got key {key.dtype}, value {value.dtype}, "
+                         f"caches {key_cache.dtype}/{value_cache.dtype}")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and slot_mapping.is_contiguous()) \
+            or slot_mapping.dtype != torch.int64 or key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("store_kv needs contiguous caches, int64 contiguous slots and unit stride within a head")
+    tokens = slot_mapping.numel()
+    if key.shape != (tokens, num_kv_heads, head_dim) or value.shape != key.shape or value_cache.shape != key_cache.shape:
+        raise ValueError(f"store_kv: key {tuple(key.shape)} and value {tuple(value.shape)} must be "
+                         f"[{tokens} slots, {num_kv_heads} KV heads, {head_dim}], caches alike")
+    status = _library.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0),
+                               value.stride(1), key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(),
+                               tokens, num_kv_heads, num_blocks, block_size, head_dim, key.element_size())
+    if status != 0:
+        raise IndexError(f"store_kv: slots {int(slot_mapping.min())}..{int(slot_mapping.max())} reach outside the "
+                         f"cache's {num_blocks * block_size} slots; nothing was stored")

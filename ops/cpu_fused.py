@@ -183,7 +183,21 @@ static void rotate(const void *src, int64_t tok_stride, int64_t head_stride, voi
                 const uint16_t *v = (const uint16_t *)src + from;
                 uint16_t *o = (uint16_t *)dst + to;
                 const uint16_t *c = (const uint16_t *)cs + n * D, *s = (const uint16_t *)sn + n * D;
-                for (int64_t i = 0; i < half; i++) {
+                int64_t i = 0;
+#if defined(__AVX512F__)
+                /* 16 at a time, each product and the sum rounded to bfloat16 where the scalar loop rounds */
+                for (; i + 16 <= half; i += 16) {
+                    const __m512 a = widen16(v + i), b = widen16(v + i + half);
+                    const __m512 lo = _mm512_add_ps(round16(_mm512_mul_ps(a, widen16(c + i))),
+                                                    round16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), b),
+                                                                          widen16(s + i))));
+                    const __m512 hi = _mm512_add_ps(round16(_mm512_mul_ps(b, widen16(c + i + half))),
+                                                    round16(_mm512_mul_ps(a, widen16(s + i + half))));
+                    _mm256_storeu_si256((__m256i *)(o + i), narrow16(lo));
+                    _mm256_storeu_si256((__m256i *)(o + i + half), narrow16(hi));
+                }
+#endif
+                for (; i < half; i++) {
                     const float a = bf(v[i]), b = bf(v[i + half]);
                     o[i] = to_bf(bf(to_bf(a * bf(c[i]))) + bf(to_bf(-b * bf(s[i]))));
                     o[i + half] = to_bf(bf(to_bf(b * bf(c[i + half]))) + bf(to_bf(a * bf(s[i + half]))));

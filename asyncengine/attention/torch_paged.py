@@ -1,8 +1,9 @@
 """The built-in attention backend "TORCH_PAGED": the paged attention of ops/paged_attention.py in plain
 torch (the CPU path, and the reference other backends are checked against).
 
-On CPU tensors of float32 or bfloat16, every query row is attended by the in-place kernel of
-ops/cpu_attention.py, once it has been compiled: it reads each sequence's cache pages where they lie,
+On CPU tensors of float32 or bfloat16, this step's keys and values are stored by the same C library
+(two row copies per token and KV head instead of torch's index_copy_ pair), and every query row is
+attended by the in-place kernel of ops/cpu_attention.py, once it has been compiled: it reads each sequence's cache pages where they lie,
 where the torch reference gathers them into a copy every layer and step. A prefill's rows are causal
 queries like decodes (row i sees its context up to its own position), so a chunk of a prompt needs
 neither a gather of its cached prefix nor a mask; on W3's prompt lengths (64-512 tokens) this ran
@@ -33,11 +34,14 @@ class TorchPagedBackend(AttentionBackend):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata) -> torch.Tensor:
         key_cache, value_cache = kv_cache
-        store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         in_place = None
         if key_cache.device.type == "cpu" and cpu_attention.available(key_cache.dtype) \
                 and key_cache.is_contiguous() and value_cache.is_contiguous():
             in_place = attend_in_place
+        if in_place is not None and key.dtype == key_cache.dtype and key.stride(2) == 1 and value.stride(2) == 1:
+            cpu_attention.store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
+        else:
+            store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         # This step's keys and values are passed too: on the torch reference, a prompt computed whole this
         # step reads them directly instead of gathering them back from the cache.
         return paged_attention(query, key_cache, value_cache, metadata.plan, self.scale, new_key=key,

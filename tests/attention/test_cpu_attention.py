@@ -133,3 +133,27 @@ def test_disabled_kernel_falls_back_to_the_reference_and_says_why(monkeypatch):
 
 def test_float16_is_not_claimed():
     assert not cpu_attention.available(torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_the_reference_on_strided_views(dtype):
+    """The C store against index_copy_ (paged_attention.store_kv): keys as a strided view of a fused QKV
+    row, shuffled slots across blocks and KV heads; a slot outside the cache is refused, nothing written."""
+    num_kv_heads, head_dim, num_blocks = 3, 64, 9
+    generator = torch.Generator().manual_seed(7)
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=generator)[:37]
+    qkv = torch.randn(37, (9 + 2 * num_kv_heads) * head_dim, generator=generator).to(dtype)
+    key = qkv[:, 9 * head_dim : 12 * head_dim].view(37, num_kv_heads, head_dim)  # token stride 15 * head_dim
+    value = qkv[:, 12 * head_dim :].reshape(37, num_kv_heads, head_dim)
+    shape = (num_kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    ours = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+    reference = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+    cpu_attention.store_kv(key, value, *ours, slots)
+    store_kv(key, value, *reference, slots)
+    assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])
+    outside = slots.clone()
+    outside[5] = num_blocks * BLOCK_SIZE
+    before = ours[0].clone()
+    with pytest.raises(IndexError, match="outside the cache"):
+        cpu_attention.store_kv(key + 1, value, *ours, outside)
+    assert torch.equal(ours[0], before)
