@@ -59,8 +59,13 @@ def model_dir(tiny_model, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def test_parsers():
+    # Taken out again afterwards: a later module's engine-core process would otherwise find them in this
+    # process's manifest and fail its start-up, rightly, for lacking them.
+    before = dict(ReasoningParserManager._entries)
     ReasoningParserManager.register_module("ends_after_five_test", module=EndsAfterFiveTokens, force=True)
     ReasoningParserManager.register_module("without_token_end_test", module=WithoutTokenEnd, force=True)
+    yield
+    ReasoningParserManager._entries = before
 
 
 @pytest.fixture(scope="module")
