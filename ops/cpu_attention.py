@@ -28,7 +28,7 @@ import ctypes
 
 import torch
 
-from asyncengine.ops.cpu_build import load_kernels
+from asyncengine.ops.cpu_build import KernelLibrary
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -312,8 +312,6 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 # -fno-math-errno lets the exponentials of the softmax vectorize (glibc's vector expf).
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], ["-O3", "-fopenmp", "-fno-math-errno"])
 
-_library: ctypes.CDLL | None = None
-_reason: str | None = None  # why the kernel is unavailable, once that is known
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -326,20 +324,19 @@ def _declare(library: ctypes.CDLL) -> None:
         [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
+_kernels = KernelLibrary("cpu_attention", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
+                         what="CPU attention kernels",
+                         fallback="attention uses the torch reference (prompts through scaled_dot_product_attention, "
+                                  "decodes gathering the context each step)")
+
+
 def available(dtype: torch.dtype) -> bool:
-    """Whether the compiled kernel runs for caches of `dtype` (compiling it on first use)."""
-    global _library, _reason
-    if dtype not in SUPPORTED_DTYPES:
-        return False
-    if _library is None and _reason is None:
-        _library, _reason = load_kernels("cpu_attention", C_SOURCE, _FLAG_SETS, _declare,
-                                         fallback="decode attention uses the torch reference (gathers the "
-                                                  "context each step)")
-    return _library is not None
+    """Whether the compiled kernels run for tensors of `dtype` (compiling them on first use)."""
+    return _kernels.available(dtype)
 
 
 def unavailable_reason() -> str | None:
-    return _reason
+    return _kernels.unavailable_reason()
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -350,8 +347,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
 
     `query`, `out` `[tokens, heads, dim]` contiguous; caches `[kv_heads, num_blocks, block_size, dim]`
     contiguous; `block_tables` int64 with unit column stride, `seq_lens` int32, `seqs`/`rows` int64."""
-    if _library is None and not available(query.dtype):
-        raise RuntimeError(f"the CPU attention kernel is unavailable: {_reason}")
+    library = _kernels.get(query.dtype)
     num_kv_heads, num_blocks, block_size, head_dim = key_cache.shape
     tensors = (query, key_cache, value_cache, out, seq_lens, seqs, rows)
     if not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors) or block_tables.stride(1) != 1:
@@ -362,7 +358,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if seq_lens.dtype != torch.int32 or seqs.dtype != torch.int64 or rows.dtype != torch.int64 \
             or block_tables.dtype != torch.int64:
         raise ValueError("paged_decode: block_tables, seqs and rows are int64, seq_lens int32")
-    status = _library.paged_decode(
+    status = library.paged_decode(
         query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), seqs.data_ptr(), rows.data_ptr(), out.data_ptr(), seqs.numel(),
         query.shape[1], num_kv_heads, num_blocks, block_size, head_dim, scale, int(query.dtype == torch.bfloat16),
@@ -378,8 +374,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
     slot, two row copies per token and KV head (torch's index_copy_ pair took about 20 us per layer and
     step at W3's decode batch, most of it the op's own overhead). `key`/`value` `[tokens, kv_heads,
     head_dim]` may be strided views with unit stride within a head; caches contiguous; slots int64."""
-    if _library is None and not available(key.dtype):
-        raise RuntimeError(f"the CPU attention kernel is unavailable: {_reason}")
+    library = _kernels.get(key.dtype)
     num_kv_heads, num_blocks, block_size, head_dim = key_cache.shape
     if not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype) or key.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"store_kv runs float32 or bfloat16 throughout, got key {key.dtype}, value {value.dtype}, "
@@ -391,7 +386,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
     if key.shape != (tokens, num_kv_heads, head_dim) or value.shape != key.shape or value_cache.shape != key_cache.shape:
         raise ValueError(f"store_kv: key {tuple(key.shape)} and value {tuple(value.shape)} must be "
                          f"[{tokens} slots, {num_kv_heads} KV heads, {head_dim}], caches alike")
-    status = _library.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0),
+    status = library.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0),
                                value.stride(1), key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(),
                                tokens, num_kv_heads, num_blocks, block_size, head_dim, key.element_size())
     if status != 0:

@@ -1,4 +1,4 @@
-"""Compiling and loading the CPU kernels' C sources (ops/cpu_attention.py, ops/cpu_fused.py).
+"""Compiling and loading the CPU kernels' C sources (ops/cpu_attention.py, ops/cpu_fused.py, ops/cpu_int8.py).
 
 Each source is compiled once per machine with the system C compiler (`cc`, or `CC`) into
 ~/.cache/asyncengine/kernels and loaded through ctypes, which releases the GIL during a call. The file
@@ -22,7 +22,23 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-DISABLE_VARIABLE = "ASYNCENGINE_CPU_KERNELS"  # "0" keeps every layer on its torch reference
+DISABLE_VARIABLE = "ASYNCENGINE_CPU_KERNELS"
+
+# C sources' shared start: the headers, and bfloat16 <-> float32 (`to_bf` rounds to nearest-even as torch
+# does, and keeps a NaN a NaN).
+C_PRELUDE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+static inline float bf(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t to_bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+"""  # "0" keeps every layer on its torch reference
 
 
 def cache_dir() -> Path:
@@ -82,3 +98,39 @@ def load_kernels(name: str, source: str, flag_sets: Sequence[Sequence[str]],
     except (RuntimeError, OSError) as exc:
         logger.warning("%s kernels unavailable, %s: %s", name, fallback, exc)
         return None, str(exc)
+
+
+class KernelLibrary:
+    """One C source's library, built and loaded on first use (`load_kernels`) for the dtypes it serves:
+    `available(dtype)`, `unavailable_reason()`, and `get(dtype)`, the loaded library or a RuntimeError that
+    says why there is none (`what` names the kernels in it)."""
+
+    def __init__(self, name: str, source: str, flag_sets: Sequence[Sequence[str]],
+                 declare: Callable[[ctypes.CDLL], None], *, dtypes: Sequence[object], what: str,
+                 fallback: str) -> None:
+        self.name, self.source, self.flag_sets, self.declare = name, source, flag_sets, declare
+        self.dtypes, self.what, self.fallback = tuple(dtypes), what, fallback
+        self.forget()
+
+    def forget(self) -> None:
+        """Back to not loaded: the next `available` builds or loads it again (tests use it)."""
+        self.library: ctypes.CDLL | None = None
+        self.reason: str | None = None  # why it is unavailable, once that is known
+
+    def available(self, dtype: object) -> bool:
+        if dtype not in self.dtypes:
+            return False
+        if self.library is None and self.reason is None:
+            self.library, self.reason = load_kernels(self.name, self.source, self.flag_sets, self.declare,
+                                                     fallback=self.fallback)
+        return self.library is not None
+
+    def unavailable_reason(self) -> str | None:
+        return self.reason
+
+    def get(self, dtype: object) -> ctypes.CDLL:
+        if self.library is None:
+            self.available(dtype)
+        if self.library is None:
+            raise RuntimeError(f"the {self.what} are unavailable: {self.reason}")
+        return self.library

@@ -26,23 +26,13 @@ import ctypes
 
 import torch
 
-from asyncengine.ops.cpu_build import load_kernels
+from asyncengine.ops.cpu_build import C_PRELUDE, KernelLibrary
 
-C_SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
+C_SOURCE = C_PRELUDE + r"""
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
-static inline float bf(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t to_bf(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 /* A value as torch would hold it in the tensor's dtype: rounded to bfloat16 when the op runs in bfloat16. */
 static inline float in_dtype(float v, int is_bf16) { return is_bf16 ? bf(to_bf(v)) : v; }
 static inline float load(const void *p, int64_t i, int is_bf16) {
@@ -222,8 +212,6 @@ MAX_NORM_WIDTH = 8192  # the kernel's per-row scratch
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
               ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"])
 
-_library: ctypes.CDLL | None = None
-_reason: str | None = None
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -235,19 +223,17 @@ def _declare(library: ctypes.CDLL) -> None:
     library.rotary.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int]
 
 
+_kernels = KernelLibrary("cpu_fused", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
+                         what="fused CPU kernels", fallback="norms, rotary and SiLU use their torch references")
+
+
 def available(dtype: torch.dtype) -> bool:
     """Whether the compiled kernels run for tensors of `dtype` (compiling them on first use)."""
-    global _library, _reason
-    if dtype not in SUPPORTED_DTYPES:
-        return False
-    if _library is None and _reason is None:
-        _library, _reason = load_kernels("cpu_fused", C_SOURCE, _FLAG_SETS, _declare,
-                                         fallback="norms, rotary and SiLU use their torch references")
-    return _library is not None
+    return _kernels.available(dtype)
 
 
 def unavailable_reason() -> str | None:
-    return _reason
+    return _kernels.unavailable_reason()
 
 
 def _rows_view(t: torch.Tensor) -> int | None:
@@ -272,13 +258,12 @@ def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`rms_norm_native(x, weight, eps)`; given `residual`, `(norm(x + residual), x + residual)` as RMSNorm returns."""
-    if _library is None and not available(x.dtype):
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {_reason}")
+    library = _kernels.get(x.dtype)
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
     out = torch.empty(x.shape, dtype=x.dtype)
     summed = torch.empty(x.shape, dtype=x.dtype) if residual is not None else None
-    status = _library.rms_norm(
+    status = library.rms_norm(
         x.data_ptr(), _rows_view(x), residual.data_ptr() if residual is not None else None,
         _rows_view(residual) if residual is not None else 0, summed.data_ptr() if summed is not None else None,
         out.data_ptr(), width, weight.data_ptr(), rows, width, eps, int(x.dtype == torch.bfloat16),
@@ -295,12 +280,11 @@ def silu_and_mul_supported(x: torch.Tensor) -> bool:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """`silu_and_mul_native(x)`: `[..., 2d]` -> `[..., d]`."""
-    if _library is None and not available(x.dtype):
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {_reason}")
+    library = _kernels.get(x.dtype)
     d = x.shape[-1] // 2
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype)
-    _library.silu_and_mul(x.data_ptr(), _rows_view(x), out.data_ptr(), rows, d, int(x.dtype == torch.bfloat16),
+    library.silu_and_mul(x.data_ptr(), _rows_view(x), out.data_ptr(), rows, d, int(x.dtype == torch.bfloat16),
                           torch.get_num_threads())
     return out
 
@@ -324,11 +308,10 @@ def rotary_supported(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
 def rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor,
            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotary_native(query, key, cos, sin)`: new contiguous tensors (the inputs may be strided views)."""
-    if _library is None and not available(query.dtype):
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {_reason}")
+    library = _kernels.get(query.dtype)
     (q_tok, q_head), (k_tok, k_head) = _heads_layout(query), _heads_layout(key)  # type: ignore[misc]
     q_out, k_out = torch.empty(query.shape, dtype=query.dtype), torch.empty(key.shape, dtype=key.dtype)
-    _library.rotary(query.data_ptr(), q_tok, q_head, query.shape[1], q_out.data_ptr(), key.data_ptr(), k_tok, k_head,
+    library.rotary(query.data_ptr(), q_tok, q_head, query.shape[1], q_out.data_ptr(), key.data_ptr(), k_tok, k_head,
                     key.shape[1], k_out.data_ptr(), cos.data_ptr(), sin.data_ptr(), query.shape[0], query.shape[2],
                     int(query.dtype == torch.bfloat16), torch.get_num_threads())
     return q_out, k_out

@@ -122,8 +122,8 @@ def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference
 
 
 def test_disabled_kernel_falls_back_to_the_reference_and_says_why(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "_library", None)
-    monkeypatch.setattr(cpu_attention, "_reason", None)
+    monkeypatch.setattr(cpu_attention._kernels, "library", None)  # not loaded yet, as in a fresh process
+    monkeypatch.setattr(cpu_attention._kernels, "reason", None)
     monkeypatch.setenv("ASYNCENGINE_CPU_KERNELS", "0")
     assert not cpu_attention.available(torch.float32)
     assert cpu_attention.unavailable_reason() == "ASYNCENGINE_CPU_KERNELS=0"

@@ -163,10 +163,19 @@ class Int8DynamicLinearMethod(Int8LinearMethod):
     def apply(self, layer, x, bias=None):
         import torch
 
+        from asyncengine.ops import cpu_int8
+
         rows = x.reshape(-1, x.shape[-1])
-        xq, x_scale = quantize_rows_int8(rows)
+        # On CPU the quantization and the scaling back are one C pass each (ops/cpu_int8.py, bit-equal to
+        # the torch ops below, which were as costly as the int8 matmul itself at a decode step's rows).
+        in_c = rows.device.type == "cpu" and rows.stride(-1) == 1 and cpu_int8.available(x.dtype)
+        xq, x_scale = cpu_int8.quantize_rows(rows) if in_c else quantize_rows_int8(rows)
         # torch._int_mm: int8 [m, k] @ int8 [k, n] -> int32; the weight's transpose is a view.
-        y = (torch._int_mm(xq, layer.weight.t()) * (x_scale * layer.weight_scale)).to(x.dtype)
+        acc = torch._int_mm(xq, layer.weight.t())
+        if in_c:
+            y = cpu_int8.scale_rows(acc, x_scale, layer.weight_scale, x.dtype)
+        else:
+            y = (acc * (x_scale * layer.weight_scale)).to(x.dtype)
         y = y.reshape(*x.shape[:-1], y.shape[-1])
         return y if bias is None else y + bias
 
