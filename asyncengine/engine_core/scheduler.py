@@ -363,7 +363,7 @@ class Scheduler:
         them late (split step, structured_output/deferred.py) and a constrained request sampling now
         has its previous token in flight (this step's own counts already, so more than one pending)."""
         manager = self.structured_output
-        return (manager is not None and manager.deferred_masks
+        return (manager is not None and manager.deferred_masks and manager.num_constrained > 0
                 and any(manager.is_constrained(rid) and self.sequences[rid].num_pending_tokens > 1
                         for rid in sampling_ids))
 

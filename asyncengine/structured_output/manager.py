@@ -172,6 +172,11 @@ class StructuredOutputManager:
     def num_compiling(self) -> int:
         return len(self._pending)
 
+    @property
+    def num_constrained(self) -> int:
+        """Constrained requests here now (compiling or with a matcher): with none, a step asks nothing more."""
+        return len(self._matchers) + len(self._pending)
+
     def is_constrained(self, request_id: str) -> bool:
         return request_id in self._matchers or request_id in self._pending
 
