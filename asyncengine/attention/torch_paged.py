@@ -1,15 +1,15 @@
 """The built-in attention backend "TORCH_PAGED": the paged attention of ops/paged_attention.py in plain
 torch (the CPU path, and the reference other backends are checked against).
 
-On CPU tensors of float32 or bfloat16, this step's keys and values are stored by the same C library
-(two row copies per token and KV head instead of torch's index_copy_ pair), and every query row is
-attended by the in-place kernel of ops/cpu_attention.py, once it has been compiled: it reads each sequence's cache pages where they lie,
-where the torch reference gathers them into a copy every layer and step. A prefill's rows are causal
-queries like decodes (row i sees its context up to its own position), so a chunk of a prompt needs
-neither a gather of its cached prefix nor a mask; on W3's prompt lengths (64-512 tokens) this ran
-prefill attention about 1.8x faster than torch's scaled_dot_product_attention, and no slower up to
-4,096 tokens (bench/RESULTS.md). Elsewhere, or without a C compiler, the torch reference: prefills
-through scaled_dot_product_attention, decodes grouped.
+On CPU tensors of float32 or bfloat16, once the C library of ops/cpu_attention.py is compiled, this
+step's keys and values are stored by it (two row copies per token and KV head instead of torch's
+index_copy_ pair), and every query row is attended by its in-place kernel, which reads each sequence's
+cache pages where they lie (the torch reference gathers them into a copy every layer and step). A
+prefill's rows are causal queries like decodes (row i sees its context up to its own position), so a
+chunk of a prompt needs neither a gather of its cached prefix nor a mask; on W3's prompt lengths
+(64-512 tokens) this ran prefill attention about 1.8x faster than torch's scaled_dot_product_attention,
+and no slower up to 4,096 tokens (bench/RESULTS.md). Elsewhere, or without a C compiler, the torch
+reference: prefills through scaled_dot_product_attention, decodes grouped.
 """
 
 from __future__ import annotations
