@@ -97,13 +97,11 @@ class _QuantizationRegistry(Registry):
 
 
 QuantizationRegistry = _QuantizationRegistry()
-
-
-QuantizationRegistry = _QuantizationRegistry()
 # By path, so that the table imports no torch; the same class the worker builds.
 QuantizationRegistry.register("int8", "asyncengine.models.layers.quantization:Int8Config", owner=BUILT_IN)
 QuantizationRegistry.register("int8_dynamic", "asyncengine.models.layers.quantization:Int8DynamicConfig",
                               owner=BUILT_IN)
+QuantizationRegistry.register("gguf", "asyncengine.models.layers.gguf_linear:GgufConfig", owner=BUILT_IN)
 
 
 # -- the model being built: linear layers built inside `building_with(config)` take their method from it --

