@@ -4,7 +4,7 @@
     python bench/throughput.py --dtype auto         # W3-auto: the same in the CPU's default dtype
     python bench/throughput.py --compare hf         # ... and transformers' padded generate, same run
     python bench/throughput.py --compare llama.cpp  # ... and llama.cpp's server on the same GGUF weights, same run
-    python bench/throughput.py --acceptance         # issue 17's figures: W3 float32, W3-auto, int8_dynamic, each
+    python bench/throughput.py --acceptance         # issue 17's figures: W3 float32, W3-auto, int8_dynamic, gguf, each
                                                     # against llama.cpp at its precision, in one run
     python bench/throughput.py --workload w1 --random-model qwen3-0.6b --num-seqs 8 --max-input 256 --max-output 64
 
@@ -171,6 +171,8 @@ ACCEPTANCE_RUNS = [
     ("W3 float32", ["--dtype", "float32"]),
     ("W3-auto", ["--dtype", "auto"]),
     ("W3 int8_dynamic", ["--dtype", "float32", "--quantization", "int8_dynamic"]),
+    ("W3 gguf (Q4_1 blocks, float32)", ["--dtype", "float32", "--quantization", "gguf"]),
+    ("W3 gguf (Q4_1 blocks, auto)", ["--dtype", "auto", "--quantization", "gguf"]),
 ]
 
 

@@ -85,6 +85,10 @@ def test_the_method_refuses_what_it_cannot_run():
     with pytest.raises(ConfigError, match=r"down_proj.weight \(Q6_K\)"):
         GgufConfig.verify_config(engine, SimpleNamespace(**{CONFIG_KEY: k_quants}))
     GgufConfig.verify_config(SimpleNamespace(model="some/dir", load_format="dummy"), SimpleNamespace())
+    smollm = SimpleNamespace(hidden_size=576, num_attention_heads=9, head_dim=64, intermediate_size=1536)
+    GgufConfig.verify_config(SimpleNamespace(model="m", load_format="dummy", tensor_parallel_size=3), smollm)
+    with pytest.raises(ConfigError, match="o_proj would hold 144 of its 576 inputs"):  # 576 / 4: not whole blocks
+        GgufConfig.verify_config(SimpleNamespace(model="m", load_format="dummy", tensor_parallel_size=4), smollm)
 
 
 def test_a_float_model_is_refused_before_anything_starts(tiny_model):
@@ -105,11 +109,13 @@ def test_the_default_model_runs_on_its_q4_1_blocks():
     prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at", "The largest planet is"]
     params = SamplingParams(temperature=0.0, max_tokens=3)
     runs = {}
-    for quantization in (None, "gguf"):
-        with LLM(quantization=quantization, dtype="float32", max_model_len=256) as llm:
-            runs[quantization] = (llm.collective_rpc("describe")[0]["parameter_bytes"],
-                                  [o.outputs[0].token_ids for o in llm.generate(prompts, params)])
-    (float_bytes, float_tokens), (gguf_bytes, gguf_tokens) = runs[None], runs["gguf"]
+    for quantization, ranks in ((None, 1), ("gguf", 1), ("gguf", 2)):
+        with LLM(quantization=quantization, dtype="float32", max_model_len=256, tensor_parallel_size=ranks) as llm:
+            runs[quantization, ranks] = (llm.collective_rpc("describe")[0]["parameter_bytes"],
+                                         [o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+    (float_bytes, float_tokens), (gguf_bytes, gguf_tokens) = runs[None, 1], runs["gguf", 1]
+    # Two ranks: each quantizes the activations of its own whole blocks, as one rank does; only the sums' order moves.
+    assert runs["gguf", 2][1] == gguf_tokens
     # 30 layers of 3,538,944 linear weights: 1 byte each (was 4) and two float32 numbers per block of 32.
     linear = 30 * 3_538_944
     assert gguf_bytes == float_bytes - 4 * linear + linear + 8 * (linear // 32)

@@ -104,6 +104,7 @@ class GgufConfig(QuantizationConfig):
 
     @classmethod
     def verify_config(cls, engine_config: Any, hf_config: Any) -> None:
+        cls._verify_tensor_parallel_parts(engine_config, hf_config)
         if getattr(engine_config, "load_format", None) == "dummy":
             return  # random weights, quantized as Q8_0 blocks as they load
         summary = blocks_summary(hf_config)
@@ -121,6 +122,22 @@ class GgufConfig(QuantizationConfig):
                 f"{len(not_kept)} linear weights of other types: {shown}{' ...' if len(not_kept) > 4 else ''}. "
                 "Leave quantization out (the converter's float weights) or choose int8_dynamic",
                 field="quantization")
+
+    @staticmethod
+    def _verify_tensor_parallel_parts(engine_config: Any, hf_config: Any) -> None:
+        """Each rank's part of a row-parallel layer (o_proj, down_proj) must hold whole blocks of 32 inputs."""
+        ranks = int(getattr(engine_config, "tensor_parallel_size", 1) or 1)
+        heads = getattr(hf_config, "num_attention_heads", None)
+        hidden = getattr(hf_config, "hidden_size", None)
+        head_dim = getattr(hf_config, "head_dim", None) or (hidden // heads if hidden and heads else None)
+        widths = {"o_proj": heads * head_dim if heads and head_dim else None,
+                  "down_proj": getattr(hf_config, "intermediate_size", None)}
+        for name, width in widths.items():
+            if width and (width % ranks or (width // ranks) % BLOCK):
+                raise ConfigError(
+                    f"quantization='gguf' with tensor_parallel_size={ranks}: each rank's part of {name} would hold "
+                    f"{width / ranks:g} of its {width} inputs, not whole blocks of {BLOCK}; use fewer ranks",
+                    field="tensor_parallel_size")
 
     def get_quant_method(self, layer, prefix):
         return GgufLinearMethod()
