@@ -139,14 +139,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_w3(prompts: list[list[int]], max_tokens: list[int], gguf_type: str, threads: int) -> tuple[float, int]:
-    """(seconds, output tokens) of the whole batch through llama-server on the default model's GGUF at `gguf_type`."""
+def run_w3(prompts: list[list[int]], max_tokens: list[int], gguf_type: str, threads: int,
+           kv_type: str | None = None) -> tuple[float, int]:
+    """(seconds, output tokens) of the whole batch through llama-server on the default model's GGUF at `gguf_type`,
+    its KV cache in `kv_type` (f32, bf16, f16; None: llama.cpp's default, f16)."""
     server, model = find_binary("llama-server"), gguf_file(gguf_type)
     port, slots = _free_port(), len(prompts)
     context = slots * (max(len(p) for p in prompts) + max(max_tokens) + 16)
     command = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
                "-c", str(context), "-cb", "-kvu", "-t", str(threads), "-tb", str(threads), "--no-webui",
                "-cram", "0"]
+    if kv_type is not None:
+        command += ["-ctk", kv_type, "-ctv", kv_type]
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -135,8 +135,11 @@ def run_transformers(args, model_dir: str, prompts, max_tokens, batch_size: int)
 
 def engine_precision(args) -> str:
     """The engine's precision as llama.cpp's GGUF types see it: the quantization method, else the dtype."""
-    if args.quantization:
-        return args.quantization
+    return args.quantization or activation_dtype(args)
+
+
+def activation_dtype(args) -> str:
+    """The dtype the engine computes in (and keeps its KV cache in): --dtype, "auto" as the CPU resolves it."""
     if args.dtype == "auto":
         from asyncengine.platforms.cpu import cpu_auto_dtype
 
@@ -144,26 +147,40 @@ def engine_precision(args) -> str:
     return args.dtype
 
 
+# llama.cpp's KV-cache type holding what the engine's KV cache holds. llama.cpp's own default is f16 whatever the
+# weights are, so its "F32" run keeps half the engine's float32 cache bytes: both figures are printed.
+MATCHED_KV_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
 def compare_llama_cpp(args, prompts, max_tokens, threads: int, engine_tok_s: float) -> dict:
-    """llama.cpp's figures for the same workload, or why it could not run (said plainly, not an error)."""
+    """llama.cpp's figures for the same workload, with its default KV cache (f16) and with one at the engine's
+    precision, or why it could not run (said plainly, not an error)."""
     from llama_server import GGUF_TYPES, Unavailable, run_w3
 
     gguf_type = args.gguf_type or GGUF_TYPES.get(engine_precision(args))
     if gguf_type is None:
         return {"llama_cpp": f"no GGUF type matches {engine_precision(args)}", "line": " | llama.cpp: no GGUF type "
                 f"matches {engine_precision(args)} (pass --gguf-type)"}
-    try:
-        seconds, generated = run_w3(prompts, max_tokens, gguf_type, threads)
-    except Unavailable as exc:
-        return {"llama_cpp": f"unavailable: {exc}", "line": f" | llama.cpp could not run: {exc}"}
-    if generated != sum(max_tokens):
-        return {"llama_cpp": f"generated {generated} tokens, expected {sum(max_tokens)}",
-                "line": f" | llama.cpp generated {generated} tokens, expected {sum(max_tokens)}: not compared"}
-    tok_s = generated / seconds
-    return {"llama_cpp_gguf": gguf_type, "llama_cpp_s": round(seconds, 3), "llama_cpp_tok_s": round(tok_s, 2),
-            "llama_cpp_ratio": round(engine_tok_s / tok_s, 3),
-            "line": f" | llama.cpp llama-server {gguf_type} {tok_s:.1f} tok/s ({seconds:.1f} s) | ratio "
-                    f"{engine_tok_s / tok_s:.2f}x"}
+    figures: dict = {"llama_cpp_gguf": gguf_type}
+    line = ""
+    matched = MATCHED_KV_TYPES.get(activation_dtype(args))
+    for key, kv_type in (("llama_cpp", None), ("llama_cpp_matched_kv", matched)):
+        if key == "llama_cpp_matched_kv" and matched in (None, "f16"):
+            break  # the default run already is the matched one
+        label = f"{gguf_type}, KV {kv_type or 'f16 (its default)'}"
+        try:
+            seconds, generated = run_w3(prompts, max_tokens, gguf_type, threads, kv_type)
+        except Unavailable as exc:
+            figures.setdefault("llama_cpp", f"unavailable: {exc}")
+            return {**figures, "line": line + f" | llama.cpp could not run: {exc}"}
+        if generated != sum(max_tokens):
+            return {**figures, "line": line + f" | llama.cpp ({label}) generated {generated} tokens, expected "
+                    f"{sum(max_tokens)}: not compared"}
+        tok_s = generated / seconds
+        figures.update({f"{key}_kv": kv_type or "f16", f"{key}_s": round(seconds, 3), f"{key}_tok_s": round(tok_s, 2),
+                        f"{key}_ratio": round(engine_tok_s / tok_s, 3)})
+        line += f" | llama.cpp llama-server {label} {tok_s:.1f} tok/s ({seconds:.1f} s), ratio {engine_tok_s / tok_s:.2f}x"
+    return {**figures, "line": line}
 
 
 # issue 17's acceptance: (label, arguments of one throughput.py run), each against llama.cpp at its precision.
@@ -189,11 +206,15 @@ def acceptance(args) -> int:
             done = subprocess.run(command)
             text = Path(out.name).read_text() if done.returncode == 0 else ""
         rows.append((label, json.loads(text) if text else {"error": f"exit status {done.returncode}"}))
-    print(f"\n| run | asyncengine tok/s | llama.cpp | llama.cpp tok/s | ratio | load |")
-    print("|---|---|---|---|---|---|")
+    print("\n| run | asyncengine tok/s | llama.cpp | its default KV (f16): tok/s | ratio | KV at the engine's precision: "
+          "tok/s | ratio | load |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, r in rows:
+        matched = (f"{r.get('llama_cpp_matched_kv_kv')} {r.get('llama_cpp_matched_kv_tok_s')}"
+                   if "llama_cpp_matched_kv_tok_s" in r else "(the same)")
         print(f"| {label} | {r.get('asyncengine_tok_s', r.get('error'))} | {r.get('llama_cpp_gguf', r.get('llama_cpp', '-'))} "
-              f"| {r.get('llama_cpp_tok_s', '-')} | {r.get('llama_cpp_ratio', '-')} | {r.get('load_average', '-')} |")
+              f"| {r.get('llama_cpp_tok_s', '-')} | {r.get('llama_cpp_ratio', '-')} | {matched} "
+              f"| {r.get('llama_cpp_matched_kv_ratio', '-')} | {r.get('load_average', '-')} |")
     return 0 if all("error" not in r for _, r in rows) else 1
 
 

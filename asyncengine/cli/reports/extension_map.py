@@ -80,7 +80,8 @@ def build_map() -> list[MapEntry]:
             entries.append(MapEntry(site.role, REGISTRY, site.registry, site.location))
     order = {process: index for index, process in enumerate(PROCESSES)}
     kinds = {ENTRY_POINT: 0, CONFIG_HOOK: 1, REGISTRY: 2}
-    return sorted(entries, key=lambda e: (order[e.process], kinds[e.kind], e.name))
+    # The location last: one registry read in two places of a process keeps one order whatever imported first.
+    return sorted(entries, key=lambda e: (order[e.process], kinds[e.kind], e.name, e.location))
 
 
 def format_map(entries: list[MapEntry]) -> str:
