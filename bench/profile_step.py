@@ -48,6 +48,7 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=0, help="profile one prompt of this many tokens instead")
     parser.add_argument("--num-seqs", type=int, default=32, help="decode this many of W3's sequences (at most 32)")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--block-size", type=int, help="the KV cache's block size (default: the engine's)")
     parser.add_argument("--top", type=int, default=15, help="ops listed")
     args = parser.parse_args()
 
@@ -66,7 +67,7 @@ def main() -> int:
     from throughput import WORKLOADS, draw_workload
 
     config = config_from_dict({"model": None, "dtype": args.dtype, "skip_tokenizer_init": True,
-                               "max_model_len": 2048})
+                               "max_model_len": 2048, **({"block_size": args.block_size} if args.block_size else {})})
     model_config = build_model_config(config, model_dir=resolve_model_dir(None), default_dtype="float32",
                                       tokenizer=None)
     StartupTrace("frontend")  # this process plays every role, as in-process engines do

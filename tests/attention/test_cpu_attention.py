@@ -82,16 +82,19 @@ def test_peaked_softmax_matches_the_reference(dtype):
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize("block_size", [8, 32])
-def test_other_block_sizes_match_the_reference(block_size):
-    """Blocks of 8 (shorter than the kernel's 16-key chunks) and of 32 (two chunks per block)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [8, 32, 5])
+def test_other_block_sizes_match_the_reference(block_size, dtype):
+    """Blocks of 8 (shorter than the kernel's 16-key chunks), of 32 (two chunks per block) and of 5 (odd: the
+    bfloat16 value products, two keys at a time, then take the widening path)."""
     query_lens, seq_lens = [1] * 4, [7, 40, 64, 97]
-    query, key_cache, value_cache, tables = make_batch(torch.float32, 9, 3, 64, query_lens, seq_lens, seed=4,
+    query, key_cache, value_cache, tables = make_batch(dtype, 9, 3, 64, query_lens, seq_lens, seed=4,
                                                        block_size=block_size)
     plan = plan_attention(query_lens, seq_lens, tables, block_size)
-    reference = paged_attention(query, key_cache, value_cache, plan, 0.125)
+    reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, 0.125)
     ours = paged_attention(query, key_cache, value_cache, plan, 0.125, in_place=attend_in_place)
-    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
 
 def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference(monkeypatch):
