@@ -54,9 +54,12 @@ class _CachedAdapter:
 class LoRAPool:
     def __init__(self, layers: dict[tuple[int, str], tuple[_LoRALinear, int]], context: LoRAContext, *,
                  max_loras: int, max_rank: int, max_cpu_loras: int, device: torch.device, dtype: torch.dtype,
-                 model_name: str = "") -> None:
+                 model_name: str = "", other_stage_layers: frozenset[int] = frozenset()) -> None:
         # (layer index, checkpoint projection) -> (wrapped layer, the projection's index in it)
         self.layers = layers
+        # With pipeline parallelism, the decoder layers other stages hold: an adapter's matrices for them are
+        # theirs to check and load, not a misfit here.
+        self.other_stage_layers = other_stage_layers
         self.context = context
         self.max_loras = max_loras
         self.max_rank = max_rank
@@ -71,7 +74,8 @@ class LoRAPool:
 
     @classmethod
     def wrap(cls, model: nn.Module, *, hidden_size: int, max_loras: int, max_rank: int, max_cpu_loras: int,
-             device: torch.device, dtype: torch.dtype, model_name: str = "") -> "LoRAPool":
+             device: torch.device, dtype: torch.dtype, model_name: str = "",
+             other_stage_layers: frozenset[int] = frozenset()) -> "LoRAPool":
         context = LoRAContext()
         layers: dict[tuple[int, str], tuple[_LoRALinear, int]] = {}
         options = dict(max_loras=max_loras, max_rank=max_rank, dtype=dtype, device=device)
@@ -98,7 +102,7 @@ class LoRAPool:
             raise LoRAAdapterError(f"{type(model).__name__} has no attention or MLP projections LoRA can wrap "
                                    f"({', '.join(WRAPPED_LAYERS)}): it cannot serve adapters", field="enable_lora")
         return cls(layers, context, max_loras=max_loras, max_rank=max_rank, max_cpu_loras=max_cpu_loras,
-                   device=device, dtype=dtype, model_name=model_name)
+                   device=device, dtype=dtype, model_name=model_name, other_stage_layers=other_stage_layers)
 
     # -- adapters in -------------------------------------------------------------------------------------
 
@@ -131,6 +135,8 @@ class LoRAPool:
         for (layer, projection), (a_shape, b_shape) in shapes.items():
             target = self.layers.get((layer, projection))
             label = f"LoRA adapter {name!r} ({path}): layer {layer} {projection}"
+            if target is None and layer in self.other_stage_layers:
+                continue  # another pipeline stage's layer: that stage checks it
             if target is None:
                 layer_numbers = sorted({index for index, _ in self.layers})
                 served = sorted({served for _, served in self.layers})
@@ -200,6 +206,8 @@ class LoRAPool:
         for wrapped in wrapped_layers:
             wrapped.clear_slot(slot)
         for (layer, projection), (a, b) in adapter.weights.items():
+            if (layer, projection) not in self.layers:  # another pipeline stage's layer (checked by _check_fit)
+                continue
             wrapped, index = self.layers[(layer, projection)]
             wrapped.set_projection(slot, index, a.to(self.device), b.to(self.device), adapter.config.scaling)
         self.slot_ids[slot] = lora.lora_int_id

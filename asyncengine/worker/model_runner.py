@@ -128,7 +128,10 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
+            num_layers = int(self.model_config.hf_config["num_hidden_layers"])
+            start, end = parallel.stage_layers(num_layers)
             self.lora = LoRAPool.wrap(self.model, hidden_size=int(self.model_config.hf_config["hidden_size"]),
+                                      other_stage_layers=frozenset(range(num_layers)) - frozenset(range(start, end)),
                                       max_loras=config.max_loras, max_rank=config.max_lora_rank,
                                       max_cpu_loras=config.max_cpu_loras or config.max_loras, device=self.device,
                                       dtype=self.dtype, model_name=self.model_config.served_model_name)

@@ -94,3 +94,21 @@ def test_tensor_parallel_shards_the_adapters_like_their_layers(setup, make_llm, 
     refusals = llm.collective_rpc("check_lora_adapter", args=["misfit", str(wrong)])
     assert len(refusals) == 2 and refusals[0] == refusals[1], refusals
     assert "layer 0 o_proj: lora_A (4, 64) and lora_B (96, 4) do not fit" in refusals[0]["message"]
+
+
+@pytest.mark.parametrize("setup", ["llama"], indirect=True)
+def test_pipeline_stages_each_take_their_layers_of_the_adapters(setup, make_llm):
+    """PP=2 (a stage per process, one decoder layer each): every stage checks and loads only its own layers'
+    matrices of each adapter (the other stage's are not a misfit), and the tokens are peft's."""
+    tiny, adapters = setup
+    prompt = _prompts(tiny.vocab_size)[1]
+    loras = [None] + [LoRARequest(a.name, index + 1, str(a.path)) for index, a in enumerate(adapters)]
+    llm = make_llm(str(tiny.path), skip_tokenizer_init=True, dtype="float32", enable_lora=True, max_loras=4,
+                   max_lora_rank=8, max_model_len=64, num_gpu_blocks_override=32, pipeline_parallel_size=2,
+                   lora_modules=[f"started={adapters[2].path}"])  # every layer: checked on both stages at start-up
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": prompt}] * len(loras), params, lora_request=loras)
+    for lora, output in zip(loras, outputs):
+        model = tiny.hf_model if lora is None else adapters[lora.lora_int_id - 1].reference
+        compare_greedy(output.outputs[0].token_ids, None, hf_greedy(model, prompt, NUM_TOKENS))
+    assert llm.collective_rpc("check_lora_adapter", args=["all", str(adapters[2].path)]) == [None, None]
