@@ -213,3 +213,17 @@ def test_killing_one_engine_core_fails_its_requests_and_the_other_serves_on(dp2,
     with pytest.raises(EngineDeadError):
         dp2.run(generate_one)
     assert dp2.get("/health")[0] == 503
+
+
+def test_dp2_embeds_as_dp1(make_llm):
+    """Pooling requests through two engine cores (each in its own process): the default embedding model's
+    vectors are DP=1's, request for request, whichever engine served each (to float32 rounding: each engine
+    batches its own share, and a matmul's sums round by its batch)."""
+    import numpy as np
+
+    texts = [f"sentence number {i}: " + "the quick brown fox " * (i % 5) for i in range(12)]
+    options = dict(runner="pooling", max_model_len=128)
+    single = np.array([o.outputs.embedding for o in make_llm(None, **options).embed(texts)])
+    both = make_llm(None, data_parallel_size=2, in_process=False, **options)
+    np.testing.assert_allclose(np.array([o.outputs.embedding for o in both.embed(texts)]), single, atol=1e-6)
+    assert len({d["pid"] for d in both.collective_rpc("describe")}) == 2
