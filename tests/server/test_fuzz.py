@@ -4,7 +4,8 @@ Request bodies are drawn by hypothesis from the JSON schemas of the server's own
 (tests/support/schema_fuzz.py: mostly valid bodies with fields at their extremes, wrong types, deep
 nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/completions and
 /v1/chat/completions (streamed and not; `tool_choice` none, auto, required and named, with tools),
-/tokenize and /detokenize, the pooling routes /v1/embeddings, /pooling, /score and /rerank (`dimensions`,
+/tokenize and /detokenize, the render routes /v1/completions/render and /v1/chat/completions/render (the
+request rendered and tokenized, not run), the pooling routes /v1/embeddings, /pooling, /score and /rerank (`dimensions`,
 `truncate_prompt_tokens`, `input` lists; a generation model embeds with its last token), and the runtime
 LoRA routes /v1/load_lora_adapter and /v1/unload_lora_adapter (their bodies' schemas from their Structs:
 the document does not list them), with adapters that load, that do not, and one whose matrices do not fit
@@ -62,13 +63,14 @@ ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatC
           "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
           "/v1/embeddings": "EmbeddingRequest", "/pooling": "PoolingRequest", "/score": "ScoreRequest",
           "/rerank": "RerankRequest",
+          "/v1/completions/render": "CompletionRequest", "/v1/chat/completions/render": "ChatCompletionRequest",
           "/v1/load_lora_adapter": "LoadLoRAAdapterRequest", "/v1/unload_lora_adapter": "UnloadLoRAAdapterRequest"}
 # Routes the document does not list (added with --enable-runtime-lora-updates): their bodies' Structs, and 200s
 # in plain text.
 UNDOCUMENTED = {"LoadLoRAAdapterRequest": LoadLoRAAdapterRequest, "UnloadLoRAAdapterRequest": UnloadLoRAAdapterRequest}
 TEXT_ROUTES = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
 # Examples whose first case is drawn for one route (the second from every route).
-EXAMPLES_PER_ROUTE = 16  # 320 cases, as many as before the pooling and LoRA routes joined
+EXAMPLES_PER_ROUTE = 14  # 336 cases over the 12 routes (320 before the render routes joined)
 ADAPTER_NAMES = ["a", "b", "misfit", "tiny"]  # "tiny": the served model's own name
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}},
@@ -205,6 +207,9 @@ def cases(document: dict[str, Any], lora_paths: list[str], only: str | None = No
                                      stream),
         "/v1/chat/completions": st.builds(lambda ms, m, s, t: {"messages": ms, "max_tokens": m, **s, **t}, messages,
                                           small, stream, tooling),
+        "/v1/completions/render": st.builds(lambda p, m: {"prompt": p, "max_tokens": m}, prompt, small),
+        "/v1/chat/completions/render": st.builds(lambda ms, m, t: {"messages": ms, "max_tokens": m, **t}, messages,
+                                                 small, tooling),
         "/tokenize": st.one_of(st.builds(lambda p: {"prompt": p}, text), st.builds(lambda ms: {"messages": ms},
                                                                                     messages)),
         "/detokenize": st.builds(lambda t: {"tokens": t}, token_ids),
@@ -364,7 +369,8 @@ def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document, lora_paths
     assert sum(routes_seen.values()) == 2 * EXAMPLES_PER_ROUTE * len(ROUTES)
     assert all(routes_seen[path] >= EXAMPLES_PER_ROUTE for path in ROUTES), routes_seen  # every route, not one
     # Valid bodies got through, not only refusals: adapters loaded, embeddings made, tool calls forced.
-    for path in ("/v1/load_lora_adapter", "/v1/embeddings", "/pooling", "/score", "/v1/chat/completions"):
+    for path in ("/v1/load_lora_adapter", "/v1/embeddings", "/pooling", "/score", "/v1/chat/completions",
+                 "/v1/completions/render", "/v1/chat/completions/render"):
         assert checker.statuses[(path, 200)] > 0, (path, dict(checker.statuses))
     assert wait_for(lambda: metric(fuzz_server, "num_requests_running") == 0, 30), "requests still running"
     assert wait_for(lambda: metric(fuzz_server, "kv_cache_usage_perc") == 0, 30), "KV blocks still held"
