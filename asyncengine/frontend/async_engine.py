@@ -30,7 +30,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -67,6 +67,31 @@ from asyncengine.wire.messages import AbortRequests, AddRequests, EngineCoreDead
 
 logger = logging.getLogger(__name__)
 
+
+
+@asynccontextmanager
+async def frontend_start(
+    config: EngineConfig | None, options: dict[str, Any], roles: Callable[[EngineConfig], set[str]], *,
+    endpoint_tasks: tuple[str, ...] | None = None,
+) -> AsyncIterator[tuple[EngineConfig, PluginState, FrontendSetup, StartupTrace]]:
+    """The start-up both clients share (AsyncEngine's, the render server's RenderClient's): the config from
+    `config` or keyword options (not both), the plugin phases for `roles(config)`, then the model's config
+    and tokenizer. Gives (config as the plugins left it, their state, the setup, the trace); the trace is
+    written at the end, also when the start failed (the records say where)."""
+    if config is None:
+        config = config_from_dict(options)
+    elif options:
+        raise TypeError("pass an EngineConfig or keyword options, not both")
+    trace = StartupTrace("frontend")
+    try:
+        plugins = await run_plugin_phases(roles(config), config, trace, endpoint_tasks=endpoint_tasks)
+        config = plugins.config
+        async with trace.phase("model"):
+            setup = await prepare_async(config, plugins.platform)
+        yield config, plugins, setup, trace
+    finally:
+        if config.startup_trace:
+            write_trace(config.startup_trace, trace.records)
 
 class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/pooling.py)
     def __init__(self, config: EngineConfig, setup: FrontendSetup, core: CoreClient, plugins: PluginState,
@@ -107,16 +132,7 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
     @asynccontextmanager
     async def start(cls, config: EngineConfig | None = None, **options: Any) -> AsyncIterator["AsyncEngine"]:
         """Start an engine; `config` or keyword options (EngineConfig fields), not both."""
-        if config is None:
-            config = config_from_dict(options)
-        elif options:
-            raise TypeError("pass an EngineConfig or keyword options, not both")
-        trace = StartupTrace("frontend")
-        try:
-            plugins = await run_plugin_phases(frontend_roles(config), config, trace)
-            config = plugins.config
-            async with trace.phase("model"):
-                setup = await prepare_async(config, plugins.platform)
+        async with frontend_start(config, options, frontend_roles) as (config, plugins, setup, trace):
             with single_exceptions():
                 async with anyio.create_task_group() as tg:
                     async with trace.phase("engine core"):
@@ -135,9 +151,6 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
                     finally:
                         await engine._close()
                         tg.cancel_scope.cancel()
-        finally:
-            if config.startup_trace:  # also when the start failed: the records say where
-                write_trace(config.startup_trace, trace.records)
 
     @property
     def is_running(self) -> bool:

@@ -28,15 +28,12 @@ from typing import Any
 
 import trio
 
-from asyncengine.config.engine import EngineConfig, config_from_dict
-from asyncengine.frontend.async_engine import AsyncEngine
+from asyncengine.config.engine import EngineConfig
+from asyncengine.frontend.async_engine import AsyncEngine, frontend_start
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.frontend.processor import ProcessedRequest
-from asyncengine.frontend.startup import prepare_async
 from asyncengine.interfaces.endpoint import RENDER_TASKS
 from asyncengine.interfaces.roles import FRONTEND
-from asyncengine.plugin_runtime.phases import run_plugin_phases
-from asyncengine.plugin_runtime.records import StartupTrace, write_trace
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.run import serve
 
@@ -82,25 +79,14 @@ class RenderClient(AsyncEngine):
     @asynccontextmanager
     async def start(cls, config: EngineConfig | None = None, **options: Any) -> AsyncIterator["RenderClient"]:
         """The frontend's start-up phases (plugins, then the model's config and tokenizer), no engine core."""
-        if config is None:
-            config = config_from_dict(options)
-        elif options:
-            raise TypeError("pass an EngineConfig or keyword options, not both")
-        trace = StartupTrace("frontend")
-        try:
-            plugins = await run_plugin_phases({FRONTEND}, config, trace, endpoint_tasks=RENDER_TASKS)
-            config = plugins.config
-            async with trace.phase("model"):
-                setup = await prepare_async(config, plugins.platform)
+        async with frontend_start(config, options, lambda _: {FRONTEND}, endpoint_tasks=RENDER_TASKS) as (
+                config, plugins, setup, trace):
             async with trace.phase("ready"):
                 client = cls(config, setup, _NoEngineCore(), plugins, trace.records)  # type: ignore[arg-type]
             try:
                 yield client
             finally:
                 await client.shutdown(0)
-        finally:
-            if config.startup_trace:
-                write_trace(config.startup_trace, trace.records)
 
     async def submit(self, processed: ProcessedRequest, kind: OutputKind, *, nowait: bool = False) -> Any:
         raise _no_engine(f"running request {processed.request_id!r}")
