@@ -35,7 +35,7 @@ import ctypes
 
 import torch
 
-from asyncengine.ops.cpu_build import KernelLibrary
+from asyncengine.ops.cpu_build import AVX512_EXP, KernelLibrary
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -107,27 +107,11 @@ DEFINE_TASK(task_bf16, LOAD_BF16, uint16_t)
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+""" + AVX512_EXP + r"""
 /* The same task in AVX-512 for head_dim a multiple of 16: a key row is loaded once into C = D / 16
    vectors and multiplied by the G query heads kept in registers; the output accumulators stay in
    registers over the whole context. */
-/* exp(x) for x <= 0 (a softmax's shifted scores), 16 at a time: x = n ln2 + r, |r| <= ln2 / 2, e^r by
-   Cephes' degree-7 polynomial (about 1 ulp), times 2^n by scalef (which underflows to 0 cleanly). glibc's
-   scalar expf was most of the kernel's arithmetic: gcc only calls its vector expf under -ffast-math. */
-static inline __m512 exp16_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+/* exp16 (x <= 0 here: a softmax's shifted scores): ops/cpu_build.py's AVX512_EXP, included above. */
 /* The sums of 16 vectors, as one vector (lane j: the sum of v[j]), by a tree of shuffles: 46 operations
    where 16 horizontal reductions take about 130 (and a chain of dependent shuffles each). */
 static inline __m512 sum16x16(const __m512 *v) {
@@ -156,13 +140,13 @@ static inline float softmax_row_avx512(float *s, int64_t L) {
     const __m512 mxv = _mm512_set1_ps(mx);
     __m512 sv = _mm512_setzero_ps();
     for (t = 0; t + 16 <= L; t += 16) {
-        const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + t), mxv));
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mxv));
         _mm512_storeu_ps(s + t, e);
         sv = _mm512_add_ps(sv, e);
     }
     if (t < L) {
         const __mmask16 m = (__mmask16)((1u << (L - t)) - 1u);
-        const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), mxv));
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), mxv));
         _mm512_mask_storeu_ps(s + t, m, e);
         sv = _mm512_add_ps(sv, _mm512_maskz_mov_ps(m, e));
     }

@@ -41,6 +41,32 @@ static inline uint16_t to_bf(float f) {
 """  # "0" keeps every layer on its torch reference
 
 
+# exp(x) for AVX-512, 16 at a time (the softmax of ops/cpu_attention.py, SiLU in ops/cpu_fused.py): x = n ln2 + r,
+# |r| <= ln2 / 2, e^r by Cephes' degree-7 polynomial (about 1 ulp), times 2^n by scalef (overflow to inf and
+# underflow to 0 come out as expf's). gcc calls glibc's vector expf only under -ffast-math, and the scalar one
+# was most of those kernels' arithmetic.
+AVX512_EXP = r"""
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+"""
+
+
 def cache_dir() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "asyncengine" / "kernels"

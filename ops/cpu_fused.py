@@ -26,9 +26,9 @@ import ctypes
 
 import torch
 
-from asyncengine.ops.cpu_build import C_PRELUDE, KernelLibrary
+from asyncengine.ops.cpu_build import AVX512_EXP, C_PRELUDE, KernelLibrary
 
-C_SOURCE = C_PRELUDE + r"""
+C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -77,23 +77,7 @@ int rms_norm(const void *x, int64_t x_stride, const void *residual_in, int64_t r
 }
 
 #if defined(__AVX512F__)
-/* exp(x), 16 at a time: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' degree-7 polynomial (about 1 ulp),
-   times 2^n by scalef (overflow to inf and underflow to 0 come out as expf's). */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+/* exp16: ops/cpu_build.py's AVX512_EXP, included at the top. */
 
 /* bfloat16 <-> float32, 16 at a time; narrowing rounds to nearest-even as to_bf does (NaN stays NaN). */
 static inline __m512 widen16(const uint16_t *p) {
