@@ -151,7 +151,7 @@ def test_registering_resolves_no_platform(plugin_env):
     result = subprocess.run([sys.executable, "-c", REGISTER], capture_output=True, text=True, timeout=120,
                             env=plugin_env(DIST))
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"platform": "unresolved", "torch": False, "known": ["example_int4", "int8", "int8_dynamic"]}
+    assert json.loads(result.stdout) == {"platform": "unresolved", "torch": False, "known": ["example_int4", "gguf", "int8", "int8_dynamic"]}
 
 
 REFUSED = r"""
