@@ -339,3 +339,29 @@ def test_reset_prefix_cache_forgets_only_unreferenced_blocks() -> None:
     assert manager.find_cached_prefix(make_seq(tokens(0, 9), "p1")) == kept.block_ids[:2]
     assert manager.find_cached_prefix(make_seq(tokens(100, 9), "p2")) == []
     assert manager.num_free_blocks == 8 - 3
+
+
+def test_an_engine_builds_its_block_manager_off_the_event_loop(tiny_model, make_llm, monkeypatch):
+    """An object per block (74 ms for 200k blocks, 1.2 s for 2M) must not stall the event loop an in-process
+    engine shares with its caller: the engine core builds the block manager in a worker thread."""
+    import threading
+
+    from asyncengine.engine_core import core
+
+    threads = {}
+    real_block_manager, real_engine_core_init = core.BlockManager, core.EngineCore.__init__
+
+    def block_manager(*args, **kwargs):
+        threads["block manager"] = threading.get_ident()
+        return real_block_manager(*args, **kwargs)
+
+    def engine_core_init(self, *args, **kwargs):  # runs on the engine core's event loop
+        threads["event loop"] = threading.get_ident()
+        real_engine_core_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(core, "BlockManager", block_manager)
+    monkeypatch.setattr(core.EngineCore, "__init__", engine_core_init)
+    make_llm(str(tiny_model("llama").path), skip_tokenizer_init=True, max_model_len=64, plugins="",
+             kv_cache_memory_bytes=2**20)
+    assert set(threads) == {"block manager", "event loop"}
+    assert threads["block manager"] != threads["event loop"]
