@@ -84,7 +84,9 @@ def test_extension_points_file_has_no_other_rows() -> None:
     if not source.exists():
         pytest.skip("../shared/EXTENSION_POINTS.md is not next to this checkout")
     rows = set(re.findall(r"^\| ([ERC]\d+) \|", source.read_text(encoding="utf-8"), re.M))
-    not_built: set[str] = set()  # new rows whose issues have not added them yet (EXTENSION_POINTS.md says so)
+    # New rows whose issues have not added them yet (EXTENSION_POINTS.md says so): R13 speculative proposers,
+    # R14 multimodal processors, R15 the MoE op. The issue that builds a row takes it out of this set.
+    not_built: set[str] = {"R13", "R14", "R15"} - {r for r in ROW_IDS}
     assert rows - not_built == {r for r in ROW_IDS if r[0] in "ERC"}, f"rows of EXTENSION_POINTS.md: {sorted(rows)}"
 
 
