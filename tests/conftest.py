@@ -28,7 +28,8 @@ os.environ.setdefault("ASYNCENGINE_CPU_AUTO_DTYPE", "float32")
 # @pytest.mark.slow. The cache root is default_model_dir.parent.parent.
 @pytest.fixture(scope="session")
 def default_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from asyncengine.loader.gguf import convert_gguf_to_hf_dir, default_model_gguf_path
+    from asyncengine.loader.gguf import convert_gguf_to_hf_dir
+    from asyncengine.loader.packaged_models import default_model_gguf_path
 
     cache_root = tmp_path_factory.mktemp("asyncengine-cache")
     return convert_gguf_to_hf_dir(default_model_gguf_path(), cache_root, progress=False)
@@ -138,7 +139,7 @@ def hf_default_model():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncengine.loader.gguf import default_model_gguf_path
+    from asyncengine.loader.packaged_models import default_model_gguf_path
 
     path = default_model_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(
