@@ -162,18 +162,18 @@ def _hub_errors(repo_id: str, revision: str | None, settings: HubSettings, what:
             OSError) as exc:
         hub = settings.endpoint or "the Hugging Face hub"
         base = _absent(repo_id, revision, settings, what)
-        if isinstance(exc, errors.RevisionNotFoundError):
+        if settings.offline:
+            message = base
+        elif isinstance(exc, errors.RevisionNotFoundError):
             message = f"{what} {repo_id!r} has no revision {revision!r} on {hub}"
         elif isinstance(exc, (errors.RepositoryNotFoundError, errors.GatedRepoError)):
             message = (f"{what} {repo_id!r} is not a local path, and {hub} has no repository of that name (or it is "
                        f"private or gated: log in with `hf auth login` or set HF_TOKEN); searched "
                        f"{settings.describe()} first")
-        elif isinstance(exc, errors.EntryNotFoundError):
-            message = f"{repo_id!r} (revision {revision or 'main'!r}) on {hub} has no {what}"
-        elif settings.offline:
-            message = base
         elif isinstance(exc, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)):
             message = f"{base}, and {hub} could not be reached ({exc})"
+        elif isinstance(exc, errors.EntryNotFoundError):
+            message = f"{repo_id!r} (revision {revision or 'main'!r}) on {hub} has no {what}"
         else:
             message = f"{base}; fetching it from {hub} failed: {type(exc).__name__}: {exc}"
         raise ModelLoadError(message) from exc

@@ -18,7 +18,7 @@ from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.loader import gguf_blocks
 from asyncengine.loader.gguf import convert_gguf_to_hf_dir
 from asyncengine.loader.gguf_kquants import q6_k_error_bound
-from tests.support.tiny_gguf import TinySpec, gpt2_reference_tokenizer, write_tiny_gguf
+from support.tiny_gguf import TinySpec, gpt2_reference_tokenizer, write_tiny_gguf
 
 K_TYPES = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q3_K", "ffn_gate": "Q4_K",
            "ffn_up": "Q4_1", "ffn_down": "Q2_K"}
