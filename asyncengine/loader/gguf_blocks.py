@@ -10,6 +10,14 @@ hands each such weight to its layer as `BlockQuantizedRows` instead of float row
 Block layouts (ggml's): Q8_0 = fp16 d, 32 int8; Q4_0 = fp16 d, 16 bytes of nibbles (low nibbles are inputs
 0-15, high nibbles 16-31), w = d (q - 8); Q4_1 = fp16 d, fp16 m, nibbles, w = d q + m; Q5_0 / Q5_1 add a
 32-bit word of fifth bits (bit j for input j), w = d (q - 16) / d q + m.
+
+The K-quants pack 256 inputs in a super-block (loader/gguf_kquants.py reads them): Q4_K and Q5_K have eight
+sub-blocks of 32 with 6-bit scales and minimums under two fp16 factors, `w = (d sc) q - (dmin m)`, kept exactly
+(q unsigned, scale `d sc`, offset `-dmin m`: both products are exact in float32); Q3_K has sixteen sub-blocks of
+16 with signed 6-bit scales, `w = d sc q`, kept exactly as one block of 32 with scale `-d` and q `-sc q` (which
+always fits in int8); Q6_K has sixteen sub-blocks of 16 with int8 scales, which no single scale per 32 inputs
+holds exactly in int8: it is requantized (`REQUANTIZED`), see `gguf_kquants.q6_k_blocks` for its error bound.
+Q2_K (a minimum per 16 inputs) and the IQ types are not kept.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ if TYPE_CHECKING:
 BLOCK = 32
 BLOCKS_FILE = "gguf_blocks/linear.safetensors"  # in a subfolder: the float loader globs *.safetensors
 CONFIG_KEY = "asyncengine_gguf_blocks"
-KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Kept within a stated bound instead of exactly (gguf_kquants.q6_k_blocks); every other kept type is exact.
+REQUANTIZED = ("Q6_K",)
 
 # type -> (bytes per block, has a minimum, bits per value)
 _LAYOUT = {"Q8_0": (34, False, 8), "Q4_0": (18, False, 4), "Q4_1": (20, True, 4), "Q5_0": (22, False, 5),
@@ -42,6 +52,10 @@ def split_blocks(raw: np.ndarray, ggml_type: str, rows: int, cols: int) -> tuple
     """A tensor's raw blocks (`rows * cols / 32` of them, row-major) as (q int8 `[rows, cols]`, scale and offset
     float32 `[rows, cols / 32]`; offset None for the types without a minimum), with `scale * q + offset` the
     weight. Q4_1's `d * q4 + m` becomes `d * (q4 - 8) + (m + 8 d)`, so that q is signed."""
+    from asyncengine.loader import gguf_kquants  # it reads BLOCK from here
+
+    if ggml_type in gguf_kquants.READERS:
+        return gguf_kquants.READERS[ggml_type](raw, rows, cols)
     size, has_min, bits = _LAYOUT[ggml_type]
     n_blocks = rows * cols // BLOCK
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(n_blocks, size)
@@ -130,9 +144,15 @@ def with_blocks(weights: Iterable[tuple[str, Any]], model_dir: Path) -> Iterator
         raise ModelLoadError(f"the GGUF blocks file {path} is unreadable or corrupt: {exc}") from exc
 
 
-def describe_in_config(source: str, kept: dict[str, str], not_kept: dict[str, str]) -> dict[str, Any]:
-    """config.json's `CONFIG_KEY`: the file, the linear weights' types kept, those that cannot be."""
-    return {"file": source, "kept_types": sorted(set(kept.values())), "not_kept": dict(sorted(not_kept.items()))}
+def describe_in_config(source: str, kept: dict[str, str], not_kept: dict[str, str],
+                       requantized_error: dict[str, float] | None = None) -> dict[str, Any]:
+    """config.json's `CONFIG_KEY`: the file, the linear weights' types kept, those that cannot be, and for each
+    requantized type the largest difference from the file's values relative to its tensor's largest weight."""
+    summary: dict[str, Any] = {"file": source, "kept_types": sorted(set(kept.values())),
+                               "not_kept": dict(sorted(not_kept.items()))}
+    if requantized_error:
+        summary["requantized"] = {kind: float(f"{error:.3g}") for kind, error in sorted(requantized_error.items())}
+    return summary
 
 
 def blocks_summary(hf_config: Any) -> dict[str, Any] | None:

@@ -12,12 +12,9 @@ import numpy as np
 import pytest
 
 from asyncengine.errors import ModelLoadError
-from asyncengine.loader.gguf import (
-    COMPLETE_MARKER,
-    _unpermute_rotary_rows,
-    convert_gguf_to_hf_dir,
-    default_model_gguf_path,
-)
+from asyncengine.loader.gguf import COMPLETE_MARKER, convert_gguf_to_hf_dir
+from asyncengine.loader.packaged_models import default_model_gguf_path
+from asyncengine.loader.gguf_arch import unpermute_rotary_rows
 
 CONFIG_FIELDS = [
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -71,7 +68,7 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 @pytest.mark.parametrize("n_head,head_dim", [(9, 64), (3, 64), (2, 8), (1, 2)])
 def test_unpermute_inverts_llama_cpp_permutation(n_head: int, head_dim: int) -> None:
     w = np.arange(n_head * head_dim * 5, dtype=np.float32).reshape(n_head * head_dim, 5)
-    np.testing.assert_array_equal(_unpermute_rotary_rows(_llama_cpp_permute(w, n_head), n_head), w)
+    np.testing.assert_array_equal(unpermute_rotary_rows(_llama_cpp_permute(w, n_head), n_head), w)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""`quantization="gguf"`: the linear layers run a GGUF file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as
-the file has them, instead of the float weights the converter also writes (vLLM's name for the method).
+"""`quantization="gguf"`: the linear layers run a GGUF file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and
+the K-quants Q3_K, Q4_K, Q5_K exactly, Q6_K requantized within a stated bound: loader/gguf_kquants.py) as the file
+has them, instead of the float weights the converter also writes (vLLM's name for the method).
 
 Each layer holds `weight` (int8 `[out, in]`, the blocks' small integers), `weight_scale` and `weight_offset`
 (float32 `[out, in / 32]`): the weight is `scale * q + offset` per block of 32 inputs, the file's values to
@@ -10,7 +11,7 @@ elsewhere the weight is dequantized to the activation dtype on each call (the fi
 unquantized). Embeddings, the lm_head and the norms are the converter's float tensors in the model dtype.
 
 The model must be a GGUF file (or the default model): `verify_config` refuses anything else, and a GGUF file
-whose linear weights include a type it cannot keep (a K-quant, say), naming them. With `load_format="dummy"`
+whose linear weights include a type it cannot keep (Q2_K, an IQ type, F16), naming them. With `load_format="dummy"`
 the random float weights are quantized as Q8_0 blocks (round to nearest, one scale per block), so benchmarks
 and tests of random models run the same kernels.
 """
