@@ -23,7 +23,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
         "skip_tokenizer_init": "skip_tokenizer_init", "served_model_name": "served_model_name",
         "dtype": "dtype", "seed": "seed", "max_model_len": "max_model_len", "quantization": "quantization",
         "hf_overrides": "hf_overrides", "enforce_eager": "enforce_eager", "max_logprobs": "max_logprobs",
-        "generation_config": "generation_config",
+        "generation_config": "generation_config", "trust_remote_code": "trust_remote_code",
     },
     "parallel_config": {
         "tensor_parallel_size": "tensor_parallel_size",
@@ -41,7 +41,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
     "cache_config": {
         "block_size": "block_size", "gpu_memory_utilization": "gpu_memory_utilization",
         "enable_prefix_caching": "enable_prefix_caching", "num_gpu_blocks_override": "num_gpu_blocks_override",
-        "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+        "kv_cache_memory_bytes": "kv_cache_memory_bytes", "cache_dtype": "kv_cache_dtype",
     },
     "device_config": {"device": "device"},
     "load_config": {"load_format": "load_format", "download_dir": "download_dir"},
