@@ -32,7 +32,7 @@ def build_parser(platform=None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"asyncengine {__version__}")
     parser.add_argument(
         "--log-level", default=None, choices=["debug", "info", "warning", "error"],
-        help="default: warning (info for serve)"
+        help="The log level of every logger. (default: warning; info for serve)"
     )
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)  # CliParsers too
     generate.add_parser(subparsers, platform)

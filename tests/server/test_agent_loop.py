@@ -81,13 +81,14 @@ LANGCHAIN = ["langchain-openai==1.8.1", "langchain-core==1.8.4", "langsmith==0.1
 
 @pytest.fixture(scope="module")
 def chat_openai(smol_server):
+    """LangChain's ChatOpenAI on the server, given its max_tokens (which it sends as max_completion_tokens)."""
     target = str(pip_target("langchain-openai-1.8.1", LANGCHAIN, marker="langchain_openai/__init__.py"))
     sys.path.append(target)
     try:
         from langchain_openai import ChatOpenAI
 
-        yield ChatOpenAI(model=MODEL_NAME, base_url=smol_server.base_url, api_key=API_KEY, temperature=0,
-                         max_tokens=48, max_retries=0, timeout=600)
+        yield lambda max_tokens: ChatOpenAI(model=MODEL_NAME, base_url=smol_server.base_url, api_key=API_KEY,
+                                            temperature=0, max_tokens=max_tokens, max_retries=0, timeout=600)
     finally:
         sys.path.remove(target)
 
@@ -96,10 +97,10 @@ def test_a_tool_round_trip_with_langchain_bind_tools(chat_openai):
     from langchain_core.messages import HumanMessage, ToolMessage
 
     question = HumanMessage(QUESTION["content"])
-    called = chat_openai.bind_tools([WEATHER], tool_choice="get_weather").invoke([question])
+    called = chat_openai(48).bind_tools([WEATHER], tool_choice="get_weather").invoke([question])
     [call] = called.tool_calls
     assert call["name"] == "get_weather" and isinstance(call["args"].get("city"), str)
     # LangChain sends this AIMessage back with "content": null beside its tool_calls
-    answer = chat_openai.bind_tools([WEATHER], tool_choice="none").invoke(
-        [question, called, ToolMessage(RESULT, tool_call_id=call["id"])], max_tokens=8)
+    answer = chat_openai(8).bind_tools([WEATHER], tool_choice="none").invoke(
+        [question, called, ToolMessage(RESULT, tool_call_id=call["id"])])
     assert isinstance(answer.content, str) and answer.content and not answer.tool_calls
