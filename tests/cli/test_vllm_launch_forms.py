@@ -172,17 +172,24 @@ def test_every_flag_has_a_one_line_description():
             assert len(description) > 10 and "\n" not in help_text, (command.prog, action.option_strings, help_text)
 
 
-@pytest.mark.parametrize(("flags", "words"), [
-    (["--attention-backend", "NO_SUCH_BACKEND"], "attention backend 'NO_SUCH_BACKEND' (chosen by the "
-                                                 "attention_backend option) is not registered; registered: TORCH_PAGED"),
-    (["--quantization", "no_such_method"], "quantization 'no_such_method' names no quantization method; known: "),
-])
-def test_unknown_backend_and_quantization_names_fail_before_the_model_is_looked_for(tmp_path, flags, words):
+def test_an_unknown_attention_backend_fails_before_the_model_is_looked_for(tmp_path):
     # The model does not exist: an error about the name, not about the model, shows the check came first.
-    result = subprocess.run([sys.executable, "-m", "asyncengine", "serve", str(tmp_path / "no-model"), *flags,
-                             "--port", "0"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2 and words in result.stderr, result.stderr
-    assert "no-model" not in result.stderr
+    result = subprocess.run([sys.executable, "-m", "asyncengine", "serve", str(tmp_path / "no-model"),
+                             "--attention-backend", "NO_SUCH_BACKEND", "--port", "0"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "attention backend 'NO_SUCH_BACKEND' (chosen by the attention_backend option) is not registered; " \
+           "registered: TORCH_PAGED" in result.stderr and "no-model" not in result.stderr, result.stderr
+
+
+def test_an_unknown_quantization_fails_before_the_model_is_looked_for(tmp_path):
+    from asyncengine.config.engine import EngineConfig
+    from asyncengine.frontend.startup import prepare
+
+    with pytest.raises(ConfigError, match="quantization 'no_such_method' names no quantization method; known: ") \
+            as caught:
+        prepare(EngineConfig(model=str(tmp_path / "no-model"), quantization="no_such_method"), platform=None)
+    assert caught.value.field == "quantization"
 
 
 def test_trust_remote_code_reaches_transformers_for_the_config_and_the_tokenizer(tmp_path):
