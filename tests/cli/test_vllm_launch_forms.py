@@ -157,6 +157,14 @@ tool-call-parser: null
     assert "cannot be read" in usage_error(capsys, "--config", str(tmp_path / "missing.yaml"))
 
 
+def test_generate_and_launch_render_read_a_config_file_too(tmp_path):
+    config = write(tmp_path / "engine.yaml", "model: /models/from-file\nmax-model-len: 2K\ndtype: half\n")
+    args = build_parser().parse_args(["generate", "hello", "--config", config])
+    assert (args.model, args.max_model_len, args.dtype, args.prompt) == ("/models/from-file", 2048, "half", "hello")
+    engine, _ = configs_from_args(build_parser().parse_args(["launch", "render", "--config", config]))
+    assert (engine.model, engine.max_model_len, engine.dtype) == ("/models/from-file", 2048, "float16")
+
+
 def test_every_flag_has_a_one_line_description():
     import argparse
 
