@@ -120,10 +120,28 @@ def _arguments(arguments: Any) -> Any:
     if isinstance(arguments, str) and arguments.strip():
         try:
             parsed = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past what the parser follows
             return arguments
-        return parsed if isinstance(parsed, (dict, list)) else arguments
+        return parsed if isinstance(parsed, (dict, list)) and _depth(parsed) <= MAX_ARGUMENTS_DEPTH else arguments
     return {}
+
+
+# Tool-call arguments nested deeper than this reach the template as the string they came as: rendering an
+# object hundreds of levels deep exhausts Python's stack (the body's own nesting is bounded before this).
+MAX_ARGUMENTS_DEPTH = 64
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in `value` (a scalar: 0), walked without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        pending.extend((child, level + 1) for child in children)
+    return deepest
 
 
 @lru_cache(maxsize=32)

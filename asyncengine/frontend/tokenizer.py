@@ -236,6 +236,9 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], template: st
         # ill-typed value, transformers' checks of the conversation): this request's fault, or the
         # template's, never the server's. A different exception is a bug and stays a 500.
         raise RequestError(f"the chat template failed on this request: {exc}", field="messages") from exc
+    except RecursionError as exc:  # data nested hundreds deep (in tool calls, say): the request's, not a bug
+        raise RequestError("the conversation nests lists or objects too deeply for the chat template: flatten it",
+                           field="messages") from exc
 
 
 def _short(value: Any) -> str:

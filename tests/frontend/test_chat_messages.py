@@ -66,6 +66,7 @@ def test_an_agent_loop_is_shaped_for_an_openai_template():
 @pytest.mark.parametrize(("arguments", "given"), [
     ('{"a": 1}', {"a": 1}), ({"a": 1}, {"a": 1}), ("", {}), (None, {}),
     ("{not json", "{not json"), ("5", "5"),  # what the model wrote stays, when it is no JSON object
+    ("[" * 100 + "]" * 100, "[" * 100 + "]" * 100), ("[" * 5000 + "]" * 5000, "[" * 5000 + "]" * 5000),  # too deep
 ])
 def test_tool_call_arguments_reach_the_template_as_an_object(arguments, given):
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
@@ -93,3 +94,17 @@ def test_what_cannot_be_read_is_a_request_error_naming_the_part(message, field, 
     with pytest.raises(RequestError) as caught:
         conversation_for_template([message], STRING_TEMPLATE)
     assert caught.value.field == field and words in caught.value.message
+
+
+def test_a_conversation_nested_past_the_stack_is_a_request_error(tmp_path):
+    from asyncengine.frontend.tokenizer import load_tokenizer, render_chat
+    from support.tiny_tokenizer import save_tiny_tokenizer
+
+    save_tiny_tokenizer(tmp_path)
+    deep: dict = {}
+    for _ in range(2000):
+        deep = {"a": deep}
+    call = {"id": "c", "type": "function", "extra": deep, "function": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(RequestError, match="nests lists or objects too deeply") as caught:
+        render_chat(load_tokenizer(tmp_path), [{"role": "assistant", "tool_calls": [call]}])
+    assert caught.value.field == "messages"
