@@ -8,6 +8,7 @@ import sys
 import anyio
 
 from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
+from asyncengine.cli.parser import CONFIG_FLAG, CONFIG_HELP, MODEL_HELP
 from asyncengine.sampling_params import SamplingParams
 
 
@@ -15,18 +16,24 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="stream a completion of PROMPT (chat template applied unless --raw)",
+        usage="%(prog)s PROMPT [--model MODEL] [--config FILE.yaml] [options]",
         description="Stream a completion of PROMPT. Greedy by default, so the answer is reproducible; "
         "pass --temperature to sample.",
     )
-    parser.add_argument("prompt", help="the prompt (a user message, unless --raw)")
-    parser.add_argument("--model", default=None, help="model directory or .gguf file (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--raw", action="store_true", help="send PROMPT as is, without the chat template")
+    parser.add_argument("prompt", help="The prompt (a user message, unless --raw).")
+    parser.add_argument("--model", default=argparse.SUPPRESS,
+                        help=f"{MODEL_HELP} (default: SmolLM2-135M-Instruct)")
+    parser.add_argument(CONFIG_FLAG, metavar="FILE", default=argparse.SUPPRESS, help=CONFIG_HELP)
+    parser.add_argument("--raw", action="store_true", help="Send PROMPT as is, without the chat template.")
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help="tokens to generate at most (default: 256, or the room the prompt leaves under "
-                             "max_model_len; a value given here must fit)")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+                        help="Tokens to generate at most; a value given here must fit under max_model_len. "
+                             "(default: 256, or the room the prompt leaves)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="The sampling temperature; 0 is greedy. (default: 0.0)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="Sample among the likeliest tokens whose probabilities add up to P. (default: 1.0)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="Sample among the K likeliest tokens; 0: all. (default: 0)")
     add_engine_arguments(parser)
     if platform is not None:
         platform.pre_register_and_update(parser)
@@ -37,7 +44,7 @@ _DEFAULT_MAX_TOKENS = 256
 
 
 def run(args: argparse.Namespace) -> int:
-    config = engine_config_from_args(args, model=args.model)
+    config = engine_config_from_args(args, model=getattr(args, "model", None))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.max_tokens is None:
         # A default, not the caller's value: capped at the room the prompt leaves (docs/sampling.md, "Limits").

@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
     parser = subparsers.add_parser("launch", help=DESCRIPTION.lower().rstrip("."), description=DESCRIPTION)
     components = parser.add_subparsers(title="components", dest="component", required=True)
     render = components.add_parser(
-        "render", help=RENDER_HELP,
+        "render", help=RENDER_HELP, usage=serve.SERVER_USAGE,
         description=f"{RENDER_HELP[0].upper()}{RENDER_HELP[1:]}: /tokenize, /detokenize, /v1/models, "
                     "/v1/chat/completions/render and /v1/completions/render as `asyncengine serve` answers them; "
                     "generation routes answer 503.",

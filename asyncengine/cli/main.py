@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from asyncengine._version import __version__
+from asyncengine.cli.parser import CliParser, dashed, read_config_file, split_config_path
 from asyncengine.errors import ConfigError, RequestError, StartupError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -27,13 +28,13 @@ ENGINE_COMMANDS = ("generate", "serve", "launch")
 def build_parser(platform=None) -> argparse.ArgumentParser:
     from asyncengine.cli import generate, launch, plugins, serve
 
-    parser = argparse.ArgumentParser(prog="asyncengine", description="An async-native LLM inference engine.")
+    parser = CliParser(prog="asyncengine", description="An async-native LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"asyncengine {__version__}")
     parser.add_argument(
         "--log-level", default=None, choices=["debug", "info", "warning", "error"],
-        help="default: warning (info for serve)"
+        help="The log level of every logger. (default: warning; info for serve)"
     )
-    subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
+    subparsers = parser.add_subparsers(title="commands", dest="command", required=True)  # CliParsers too
     generate.add_parser(subparsers, platform)
     serve.add_parser(subparsers, platform)
     launch.add_parser(subparsers, platform)
@@ -49,11 +50,17 @@ def preresolve_platform(argv: list[str]):
     from asyncengine.plugin_runtime.phases import resolve_platform_only
     from asyncengine.plugin_runtime.records import StartupTrace
 
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--device", default="auto")
-    pre.add_argument("--plugins", default=None)
+    pre = CliParser(add_help=False)
+    pre.add_argument("--device", default=argparse.SUPPRESS)
+    pre.add_argument("--plugins", default=argparse.SUPPRESS)
+    try:  # a --config file may name them too; the command line wins
+        path, _ = split_config_path([dashed(arg) for arg in argv])
+        from_file = read_config_file(path) if path is not None else {}
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="config") from exc
     known, _ = pre.parse_known_args(argv)
-    config = config_from_dict({"device": known.device, "plugins": known.plugins})
+    values = {name: vars(known).get(name, from_file.get(name)) for name in ("device", "plugins")}
+    config = config_from_dict({"device": values["device"] or "auto", "plugins": values["plugins"]})
     return anyio.run(resolve_platform_only, config, StartupTrace("frontend"), backend="trio")
 
 

@@ -8,10 +8,11 @@ checks that need the model (for example `max_model_len` against the model's cont
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from asyncengine.config.help import doc
 from asyncengine.config.class_paths import classes_to_paths, is_class_path, struct_classes_to_paths
 from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
@@ -24,7 +25,10 @@ from asyncengine.pooling.config import check_pooler_config, check_runner
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's names for two of them
 # The built-in load formats; plugins add more (register_model_loader), checked once plugins are loaded.
+# How messages reach the chat template (frontend/chat_messages.py): detected from it, or forced.
+CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 # The KV cache on CPU has no device memory to measure, so it gets a fixed budget unless
@@ -36,110 +40,182 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     """Options of one engine. All have defaults; `model=None` means the default model."""
 
     # Model and tokenizer
-    model: str | None = None
-    # vLLM's --runner: "generate", "pooling" (embeddings, classification, scoring: docs/pooling.md) or "auto"
-    # (pooling for an architecture without a language-model head). With no model, pooling serves all-MiniLM-L6-v2.
-    runner: str = "auto"
-    # vLLM's --pooler-config ({"pooling_type": "MEAN" | "CLS" | "LAST" | "ALL" | a registered pooler,
-    # "normalize": bool}), over what the model's files say. Read in the frontend, built in the worker.
-    pooler_config: dict[str, Any] | None = None
-    tokenizer: str | None = None
-    # vLLM's names: the hub revision (branch, tag or commit) of an ORG/NAME model, of an ORG/NAME tokenizer, and
-    # a directory or ORG/NAME whose config.json replaces the model's (loader/hub.py, docs/configuration.md).
-    revision: str | None = None
-    tokenizer_revision: str | None = None
-    hf_config_path: str | None = None
-    # A TokenizerRegistry key ("auto": transformers' AutoTokenizer); plugins add modes. Read in the frontend.
-    tokenizer_mode: str = "auto"
-    skip_tokenizer_init: bool = False
-    served_model_name: str | None = None
-    dtype: str = "auto"
-    seed: int = 0
-    max_model_len: int | None = None
-    load_format: str = "auto"
-    download_dir: str | None = None
-    generation_config: str = "auto"
-    chat_template: str | None = None
-    hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
-    model_class_overrides: dict[str, str] = msgspec.field(default_factory=dict)
-    quantization: str | None = None
+    model: Annotated[str | None, doc(
+        "The model: a directory, a .gguf file or a name the loader knows; none: SmolLM2-135M-Instruct.")] = None
+    # vLLM's --runner; with no model, pooling serves all-MiniLM-L6-v2.
+    runner: Annotated[str, doc(
+        "What the model is run for: generate, pooling (embeddings, classification, scoring) or auto (pooling "
+        "for an architecture without a language-model head).")] = "auto"
+    # Read in the frontend, built in the worker.
+    pooler_config: Annotated[dict[str, Any] | None, doc(
+        "The pooler, over what the model's files say: {\"pooling_type\": MEAN | CLS | LAST | ALL | a registered "
+        "pooler, \"normalize\": true | false}.")] = None
+    tokenizer: Annotated[str | None, doc(
+        "A directory or ORG/NAME with the tokenizer's files; none: the model's.")] = None
+    # vLLM's names (loader/hub.py, docs/configuration.md).
+    revision: Annotated[str | None, doc(
+        "The hub revision (branch, tag or commit) of an ORG/NAME model; none: main.")] = None
+    tokenizer_revision: Annotated[str | None, doc(
+        "The hub revision of an ORG/NAME tokenizer; none: main.")] = None
+    hf_config_path: Annotated[str | None, doc(
+        "A directory or ORG/NAME whose config.json replaces the model's.")] = None
+    # A TokenizerRegistry key; plugins add modes. Read in the frontend.
+    tokenizer_mode: Annotated[str, doc(
+        "The tokenizer implementation: auto (transformers' AutoTokenizer) or a mode a plugin registered.")] = "auto"
+    skip_tokenizer_init: Annotated[bool, doc(
+        "Load no tokenizer: prompts must be token ids, outputs carry token ids and no text.")] = False
+    # A list: the first name is the one responses report; requests may name any of them (vLLM's).
+    served_model_name: Annotated[str | list[str] | None, doc(
+        "The model name(s) the API serves; requests may use any, responses report the first; none: the "
+        "model argument as given.")] = None
+    dtype: Annotated[str, doc(
+        "The weights' and activations' data type: auto, float32 (or float), bfloat16, float16 (or half).")] = "auto"
+    seed: Annotated[int, doc("The seed of the random draws of requests that give no seed of their own.")] = 0
+    # -1 (vLLM's `auto`) is read as None.
+    max_model_len: Annotated[int | None, doc(
+        "The longest sequence (prompt plus output) in tokens: 4096, 4k (4,000), 4K (4,096); auto or -1: the "
+        "model's own.")] = None
+    load_format: Annotated[str, doc(
+        "How weights are read: auto, safetensors, gguf, dummy (random weights) or a loader a plugin "
+        "registered.")] = "auto"
+    download_dir: Annotated[str | None, doc(
+        "Where ORG/NAME models are downloaded (the hub cache) and converted GGUF models are cached; none: "
+        "$HF_HUB_CACHE (or $HF_HOME/hub) and $ASYNCENGINE_CACHE_DIR or ~/.cache/asyncengine.")] = None
+    generation_config: Annotated[str, doc(
+        "auto: the model's generation_config.json supplies sampling defaults; vllm: ignore it.")] = "auto"
+    chat_template: Annotated[str | None, doc(
+        "A Jinja chat template, or a file holding one; none: the tokenizer's.")] = None
+    chat_template_content_format: Annotated[str, doc(
+        "How message content reaches the chat template: string, openai (a list of parts) or auto (detected "
+        "from the template).")] = "auto"
+    hf_overrides: Annotated[dict[str, Any], doc(
+        "Keys merged into the model's config.json before the model is built.")] = msgspec.field(default_factory=dict)
+    model_class_overrides: Annotated[dict[str, str], doc(
+        "Architecture name to a model class, {\"Arch\": \"pkg.mod:Class\"}, over the registered "
+        "one.")] = msgspec.field(default_factory=dict)
+    quantization: Annotated[str | None, doc(
+        "The quantization method of the linear layers: int8, int8_dynamic, gguf or one a plugin "
+        "registered.")] = None
+    # Passed to transformers where the model's config and tokenizer are loaded.
+    trust_remote_code: Annotated[bool, doc(
+        "Let transformers run the Python code a model's or tokenizer's files ship (their configuration and "
+        "tokenizer classes).")] = False
 
     # Scheduling and KV cache
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int | None = None
-    num_gpu_blocks_override: int | None = None
-    max_logprobs: int = 20
-    max_waiting_requests: int = 4096
-    # The most completions one request may ask for (`n`); more is a 400 naming n (docs/server.md, "Limits").
-    max_n: int = 128
+    max_num_seqs: Annotated[int, doc("The most sequences in one step's batch.")] = 256
+    max_num_batched_tokens: Annotated[int | None, doc(
+        "The most tokens computed in one step (the token budget); none: 2048.")] = None
+    enable_chunked_prefill: Annotated[bool, doc(
+        "Split long prompts across steps; off, max_num_batched_tokens must be at least "
+        "max_model_len.")] = True
+    block_size: Annotated[int, doc("Tokens per KV-cache block: 1, 2, 4 or a multiple of 8.")] = 16
+    enable_prefix_caching: Annotated[bool, doc("Reuse the KV blocks of a repeated prompt prefix.")] = True
+    gpu_memory_utilization: Annotated[float, doc(
+        "CUDA: the fraction of device memory the engine may use, in (0, 1].")] = 0.9
+    kv_cache_memory_bytes: Annotated[int | None, doc(
+        "The KV cache's size in bytes (4G, 512M), on any device; none: CPU 2 GiB, CUDA what "
+        "gpu_memory_utilization leaves.")] = None
+    num_gpu_blocks_override: Annotated[int | None, doc(
+        "The KV cache's size in blocks (wins over the byte size; on CPU too).")] = None
+    # Only "auto" is built: a clear error names what is asked for otherwise.
+    kv_cache_dtype: Annotated[str, doc(
+        "The KV cache's data type: auto (the model's dtype; the only one built here).")] = "auto"
+    max_logprobs: Annotated[int, doc("The largest number of logprobs a request may ask for.")] = 20
+    max_waiting_requests: Annotated[int, doc(
+        "Requests waiting for the scheduler at once; beyond, requests are refused as overloaded (HTTP "
+        "503).")] = 4096
+    # More is a 400 naming n (docs/server.md, "Limits").
+    max_n: Annotated[int, doc("The most completions one request may ask for (n).")] = 128
 
     # Placement and execution
-    device: str = "auto"
-    enforce_eager: bool = False
-    # A registered attention backend's name (or "pkg.mod:Class") for every layer, as vLLM's
-    # --attention-backend; None: the platform's get_attn_backend_cls chooses. Read in the worker.
-    attention_backend: str | None = None
-    tensor_parallel_size: int = 1
-    # Threads of the model's CPU ops per worker; None: the process's CPUs shared among the workers. Given
-    # and below the CPUs available, the model's threads are pinned and other threads kept off their cores
-    # (worker/cpu_threads.py, docs/performance.md). Read in the worker.
-    cpu_threads: int | None = None
-    # Layers split over this many stages (one process per stage and tensor-parallel rank: docs/distributed.md).
-    pipeline_parallel_size: int = 1
-    # Engine cores, each with its own workers and KV cache, behind one frontend (frontend/dp_router.py).
-    data_parallel_size: int = 1
-    # Which of those engine cores this is (vLLM's name): set by the frontend for each one it starts. Read in
-    # the worker: on CPU, the engine cores of one host share its cores (worker/cpu_threads.py).
-    data_parallel_rank: int = 0
-    distributed_executor_backend: str | None = None
-    in_process: bool = True
-    async_scheduling: bool = True
-    # How the frontend reaches an engine core in its own process: a Unix socket in a private
-    # directory, or TCP (with a per-launch secret in the hand-shake).
-    transport: str = "unix"
+    device: Annotated[str, doc(
+        "The device: auto (an active platform plugin, else CUDA when usable, else CPU), cpu, cuda or a "
+        "platform plugin's name.")] = "auto"
+    enforce_eager: Annotated[bool, doc("CUDA: run decode steps eagerly instead of replaying CUDA graphs.")] = False
+    # vLLM's --attention-backend. Read in the worker; the name is checked in the frontend first.
+    attention_backend: Annotated[str | None, doc(
+        "The attention backend of every layer, by registered name (TORCH_PAGED, TRITON_PAGED, a plugin's) or "
+        "pkg.mod:Class; none: the platform chooses.")] = None
+    tensor_parallel_size: Annotated[int, doc("Ranks of tensor parallelism (one process each).")] = 1
+    # Given and below the CPUs available, the model's threads are pinned and other threads kept off their
+    # cores (worker/cpu_threads.py, docs/performance.md). Read in the worker.
+    cpu_threads: Annotated[int | None, doc(
+        "CPU: threads of the model's ops per worker; none: the process's CPUs shared among the workers.")] = None
+    # One process per stage and tensor-parallel rank (docs/distributed.md).
+    pipeline_parallel_size: Annotated[int, doc("Pipeline stages the model's layers are split over.")] = 1
+    # Each with its own workers and KV cache (frontend/dp_router.py).
+    data_parallel_size: Annotated[int, doc("Engine cores behind one frontend.")] = 1
+    # Set by the frontend for each engine core it starts. Read in the worker: on CPU, the engine cores of
+    # one host share its cores (worker/cpu_threads.py).
+    data_parallel_rank: Annotated[int, doc(
+        "Which of the data-parallel engine cores this is (set by the frontend).")] = 0
+    distributed_executor_backend: Annotated[str | None, doc(
+        "How workers run: uni (a thread of the engine core), mp (a process per rank), ray (a Ray actor per "
+        "rank) or pkg.mod:Executor; none: uni for one rank, else mp.")] = None
+    in_process: Annotated[bool, doc("Run the engine core in the caller's process (serve: its own).")] = True
+    async_scheduling: Annotated[bool, doc("Schedule step N+1 while step N runs.")] = True
+    # A Unix socket in a private directory, or TCP with a per-launch secret in the hand-shake.
+    transport: Annotated[str, doc(
+        "How the frontend reaches an engine core in its own process: unix or tcp.")] = "unix"
 
     # Extension hooks
-    scheduler_cls: str | None = None  # "pkg.mod:Class", a Scheduler subclass; read in the engine core
-    # "auto" (the platform's check_and_update_config sets it; the built-in platforms: the built-in Worker)
-    # or "pkg.mod:Class", a subclass of asyncengine.plugins_api.Worker. Read in the worker.
-    worker_cls: str = "auto"
-    worker_extension_cls: str = ""  # "pkg.mod:Class", built as Class(worker) in each worker (docs/hooks.md)
-    logits_processors: list[str] | None = None
-    kv_transfer_config: dict[str, Any] | None = None
-    # vLLM's --structured-outputs-config: {"backend": "xgrammar" | "guidance" | a registered name | "auto"}.
-    # The default backend for requests that name none; read in the frontend and the engine core.
-    structured_outputs_config: dict[str, Any] | None = None
-    additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
-    # Op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel", "native"]}), over the
-    # platform's order (docs/custom_ops.md); the worker checks the names. Read in the worker.
-    op_priority: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    # Read in the engine core.
+    scheduler_cls: Annotated[str | None, doc(
+        "A Scheduler subclass, pkg.mod:Class, used instead of the built-in scheduler.")] = None
+    # "auto": the platform's check_and_update_config sets it (the built-in platforms: the built-in Worker).
+    # Read in the worker.
+    worker_cls: Annotated[str, doc(
+        "The worker class: auto (the platform's) or pkg.mod:Class, a subclass of "
+        "asyncengine.plugins_api.Worker.")] = "auto"
+    worker_extension_cls: Annotated[str, doc(
+        "A class, pkg.mod:Class, built as Class(worker) in each worker (docs/hooks.md).")] = ""
+    logits_processors: Annotated[list[str] | None, doc(
+        "Logits-processor classes, pkg.mod:Class, applied to every request.")] = None
+    kv_transfer_config: Annotated[dict[str, Any] | None, doc(
+        "The KV connector: {\"kv_connector\", \"kv_role\", \"kv_connector_module_path\", "
+        "\"kv_connector_extra_config\"}.")] = None
+    # Read in the frontend and the engine core.
+    structured_outputs_config: Annotated[dict[str, Any] | None, doc(
+        "Structured outputs: {\"backend\": xgrammar | guidance | a registered name | auto}, the backend of "
+        "requests that name none.")] = None
+    additional_config: Annotated[dict[str, Any], doc(
+        "Free-form options for platform plugins (vLLM's additional_config).")] = msgspec.field(default_factory=dict)
+    # The worker checks the names (docs/custom_ops.md). Read in the worker.
+    op_priority: Annotated[dict[str, list[str]], doc(
+        "Op name to the op providers to try first, in order ({\"rms_norm\": [\"my_kernel\", \"native\"]}), "
+        "over the platform's order.")] = msgspec.field(default_factory=dict)
 
     # Multi-LoRA serving (config/lora.py, docs/lora.md): vLLM's options.
-    enable_lora: bool = False
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    max_cpu_loras: int | None = None
-    lora_modules: list[str | dict[str, Any]] | None = None
-    lora_resolver_dir: str | None = None
+    enable_lora: Annotated[bool, doc("Serve LoRA adapters.")] = False
+    max_loras: Annotated[int, doc("The most adapters used in one step.")] = 1
+    max_lora_rank: Annotated[int, doc("The largest adapter rank served.")] = 16
+    max_cpu_loras: Annotated[int | None, doc(
+        "Adapters kept read in each worker's CPU cache; none: max_loras.")] = None
+    lora_modules: Annotated[list[str | dict[str, Any]] | None, doc(
+        "Adapters served from the start: name=path, or JSON {\"name\", \"path\", \"base_model_name\"}; "
+        "several values or the flag repeated.")] = None
+    lora_resolver_dir: Annotated[str | None, doc(
+        "The filesystem resolver's directory: one adapter per sub-directory, found by name on first use; "
+        "none: $ASYNCENGINE_LORA_RESOLVER_CACHE_DIR.")] = None
 
     # Plugins and start-up
-    plugins: str | None = None  # the allow-list; None: ASYNCENGINE_PLUGINS, else every plugin but endpoints
-    plugins_lenient: bool = False  # record a failed plugin and go on, instead of failing start-up
-    plugin_startup_timeout: float = 60.0  # seconds one plugin may take to import and run
-    startup_trace: str | None = None  # write the start-up records of every process here (JSON)
-    # The IO processor (entry-point name, asyncengine.io_processor_plugins) that POST /v1/io_process uses.
-    io_processor_plugin: str | None = None
+    plugins: Annotated[str | None, doc(
+        "The plugin allow-list, comma-separated entry-point names; none: $ASYNCENGINE_PLUGINS, else every "
+        "plugin but endpoint plugins; \"\": none.")] = None
+    plugins_lenient: Annotated[bool, doc(
+        "Record a plugin that fails and go on without it, instead of failing start-up.")] = False
+    plugin_startup_timeout: Annotated[float, doc("Seconds one plugin may take to import and run.")] = 60.0
+    startup_trace: Annotated[str | None, doc(
+        "Write the start-up records of every process to this file (JSON).")] = None
+    io_processor_plugin: Annotated[str | None, doc(
+        "The IO-processor plugin POST /v1/io_process uses, by entry-point name.")] = None
 
     # Statistics
-    stats_log_interval: float = 10.0  # seconds between calls of every stat logger's log()
+    stats_log_interval: Annotated[float, doc("Seconds between calls of every stat logger's log().")] = 10.0
 
     def __post_init__(self) -> None:
         struct_classes_to_paths(self)  # a class given as an object is kept as its path (class_paths.py)
+        self._normalize_vllm_forms()
         self._check_ranges()
         self._check_choices()
         self._check_placement()
@@ -149,6 +225,26 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         check_lora_options(self)
         check_runner(self.runner)
         check_pooler_config(self.pooler_config)
+
+    def _normalize_vllm_forms(self) -> None:
+        """vLLM's other spellings of a value, made ours: dtype half and float, max_model_len -1 (auto), one
+        served model name given as a list."""
+        if isinstance(self.dtype, str):
+            self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.max_model_len == -1:
+            self.max_model_len = None
+        names = self.served_model_name
+        if isinstance(names, list):
+            if not names or not all(isinstance(name, str) and name for name in names):
+                raise ConfigError(f"served_model_name must be a name or a non-empty list of names, got {names!r}",
+                                  field="served_model_name")
+            self.served_model_name = names[0] if len(names) == 1 else names
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """The names given to serve the model under (the first is the one reported); [] when none is."""
+        names = self.served_model_name
+        return list(names) if isinstance(names, list) else [names] if names else []
 
     def _check_ranges(self) -> None:
         positive = ("max_num_seqs", "block_size", "max_logprobs", "max_waiting_requests", "tensor_parallel_size",
@@ -178,7 +274,12 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
 
     def _check_choices(self) -> None:
         if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}", field="dtype")
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (or vLLM's half, float); got {self.dtype!r}",
+                              field="dtype")
+        if self.kv_cache_dtype != "auto":
+            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not built here: the KV cache is stored in "
+                              "the model's dtype, kv_cache_dtype auto (vLLM's fp8, fp8_e4m3 and fp8_e5m2 caches are "
+                              "not implemented); leave it out or give auto", field="kv_cache_dtype")
         if not isinstance(self.load_format, str) or not self.load_format:
             raise ConfigError("load_format must name a model loader (auto, safetensors, gguf, dummy, or a "
                               "plugin's)", field="load_format")
@@ -194,6 +295,10 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         ):
             raise ConfigError("op_priority must map op names to lists of provider names, as "
                               "{\"rms_norm\": [\"my_provider\", \"native\"]}", field="op_priority")
+        if self.chat_template_content_format not in CHAT_TEMPLATE_CONTENT_FORMATS:
+            raise ConfigError(f"chat_template_content_format must be one of "
+                              f"{', '.join(CHAT_TEMPLATE_CONTENT_FORMATS)}, got {self.chat_template_content_format!r}",
+                              field="chat_template_content_format")
         if not self.device:
             raise ConfigError("device must be 'auto', a built-in platform (cpu, cuda) or a platform plugin's name",
                               field="device")

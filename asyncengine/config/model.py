@@ -69,7 +69,8 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     or have a `model_class_overrides` entry. `tokenizer_dir` and `config_dir` are where `tokenizer` and
     `hf_config_path` resolved to (default: `tokenizer_path`, and the model's directory)."""
     config_dir = config_dir or model_dir
-    hf_config = complete_hf_config(config_dir, load_config_json(config_dir), config.hf_overrides)
+    hf_config = complete_hf_config(config_dir, load_config_json(config_dir), config.hf_overrides,
+                                   trust_remote_code=config.trust_remote_code)
     names = hf_config.get("architectures") or []
     if not isinstance(names, list) or not names:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
@@ -95,7 +96,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     model_config = ModelConfig(
         model_dir=str(model_dir),
         tokenizer_dir=None if config.skip_tokenizer_init else str(tokenizer_dir or tokenizer_path(config, model_dir)),
-        served_model_name=config.served_model_name or config.model or DEFAULT_MODEL_NAME,
+        served_model_name=next(iter(config.served_model_names), None) or config.model or DEFAULT_MODEL_NAME,
         architectures=list(names),
         hf_config=hf_config,
         dtype=default_dtype if config.dtype == "auto" else config.dtype,
@@ -108,14 +109,17 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     return apply_pooling(config, model_config, architectures)
 
 
-def complete_hf_config(model_dir: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def complete_hf_config(model_dir: Path, raw: dict[str, Any], overrides: dict[str, Any], *,
+                       trust_remote_code: bool = False) -> dict[str, Any]:
     """config.json plus overrides, completed with transformers' defaults when it knows the model type
-    (a plugin's own model type may be unknown to it: then the file's values are all there is)."""
+    (a plugin's own model type may be unknown to it: then the file's values are all there is; with
+    `trust_remote_code`, a configuration class the model's files ship is run)."""
     from transformers import AutoConfig
 
     merged = {**raw, **overrides}
     try:
-        completed = AutoConfig.from_pretrained(str(model_dir), **overrides).to_dict()
+        completed = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code,
+                                               **overrides).to_dict()
     except (ValueError, KeyError) as exc:
         logger.info("transformers does not know model type %r (%s): using config.json as is", raw.get("model_type"), exc)
         return merged

@@ -25,6 +25,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
         "hf_overrides": "hf_overrides", "enforce_eager": "enforce_eager", "max_logprobs": "max_logprobs",
         "generation_config": "generation_config", "revision": "revision",
         "tokenizer_revision": "tokenizer_revision", "hf_config_path": "hf_config_path",
+        "trust_remote_code": "trust_remote_code",
     },
     "parallel_config": {
         "tensor_parallel_size": "tensor_parallel_size",
@@ -42,7 +43,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
     "cache_config": {
         "block_size": "block_size", "gpu_memory_utilization": "gpu_memory_utilization",
         "enable_prefix_caching": "enable_prefix_caching", "num_gpu_blocks_override": "num_gpu_blocks_override",
-        "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+        "kv_cache_memory_bytes": "kv_cache_memory_bytes", "cache_dtype": "kv_cache_dtype",
     },
     "device_config": {"device": "device"},
     "load_config": {"load_format": "load_format", "download_dir": "download_dir"},

@@ -248,14 +248,16 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
     async def render_chat(self, messages: list[dict[str, Any]], *, chat_template: str | None = None,
                           add_generation_prompt: bool | None = None, continue_final_message: bool = False,
                           tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
-                          template_kwargs: dict[str, Any] | None = None) -> str:
+                          template_kwargs: dict[str, Any] | None = None, content_format: str | None = None) -> str:
         """The prompt text for a conversation through the chat template (`chat_template`, else the
-        engine's, else the tokenizer's); see `tokenizer.render_chat` for the arguments. A bad
-        conversation, or a template that fails on it, is a RequestError."""
+        engine's, else the tokenizer's); see `tokenizer.render_chat` for the arguments (`content_format`
+        None: the engine's chat_template_content_format). A bad conversation, or a template that fails
+        on it, is a RequestError."""
         return await self.tokenizer_pool.run(
             render_chat, self.tokenizer, messages, chat_template or self.chat_template,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
             tools=tools, documents=documents, template_kwargs=template_kwargs,
+            content_format=content_format or self.config.chat_template_content_format,
         )
 
     async def chat_prompt(self, messages: list[dict[str, Any]], **render_options: Any) -> dict[str, Any]:

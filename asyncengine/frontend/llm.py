@@ -100,15 +100,19 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         use_tqdm: bool | None = None,
+        chat_template_content_format: str | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the chat template.
 
         As in vLLM: `continue_final_message` (with `add_generation_prompt=False`) continues the last,
-        assistant, message instead of starting a new one; `chat_template_kwargs` reach the template."""
+        assistant, message instead of starting a new one; `chat_template_kwargs` reach the template;
+        messages are taken as the OpenAI API sends them (content parts, tool calls with null content, tool
+        messages), shaped for the template as `chat_template_content_format` says (None: the engine's
+        option, "auto" by default)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         render_options = dict(chat_template=chat_template, add_generation_prompt=add_generation_prompt,
                               continue_final_message=continue_final_message, tools=tools,
-                              template_kwargs=chat_template_kwargs)
+                              template_kwargs=chat_template_kwargs, content_format=chat_template_content_format)
         prompts = self._portal.call(self._chat_prompts, conversations, render_options)
         params_list = self._params_per_prompt(sampling_params, len(prompts))
         return self._run(prompts, params_list, use_tqdm)

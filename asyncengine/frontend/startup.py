@@ -9,10 +9,12 @@ from typing import Any
 
 import anyio
 
+from asyncengine.config.class_paths import is_class_path
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
+from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.loader.model_source import resolve_files_dir, resolve_model_dir
 from asyncengine.loader.registry import ModelLoaderRegistry
@@ -37,6 +39,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     # before a possibly long GGUF conversion; the worker builds the model with it.
     ModelLoaderRegistry.loader_class(config.load_format)
     quantization = None if config.quantization is None else QuantizationRegistry.config_class(config.quantization)
+    _check_attention_backend_name(config.attention_backend)
     if not config.skip_tokenizer_init:  # so is the tokenizer mode: an unknown one lists the known ones
         tokenizer_class(config.tokenizer_mode)
     if wants_default_pooling_model(config.model, config.runner):  # all-MiniLM-L6-v2, from its package
@@ -50,7 +53,8 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
                      if config.tokenizer and not config.skip_tokenizer_init else tokenizer_path(config, model_dir))
     config_dir = (resolve_files_dir(config.hf_config_path, cache_dir=config.download_dir, what="hf_config_path",
                                     revision=config.revision) if config.hf_config_path else None)
-    tokenizer = None if config.skip_tokenizer_init else load_tokenizer(tokenizer_dir, config.tokenizer_mode)
+    tokenizer = (None if config.skip_tokenizer_init
+                 else load_tokenizer(tokenizer_dir, config.tokenizer_mode, trust_remote_code=config.trust_remote_code))
     chat_template = read_chat_template(config.chat_template)
     model_config = build_model_config(config, model_dir=model_dir, default_dtype=platform.default_dtype,
                                       tokenizer=tokenizer, architectures=ModelRegistry, tokenizer_dir=tokenizer_dir,
@@ -58,6 +62,14 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     if quantization is not None:  # the method checks the model and the options before a worker builds it
         _verify_quantization(quantization, config, model_config)
     return FrontendSetup(model_config, tokenizer, chat_template)
+
+
+@reads("attention_backends", "frontend")  # the --attention-backend name (the worker builds the backend)
+def _check_attention_backend_name(name: str | None) -> None:
+    """An unknown name fails here, listing the registered ones, not once a worker has loaded the model."""
+    if name is not None and AttentionBackendRegistry.get(name) is None and not is_class_path(name):
+        AttentionBackendRegistry.backend_class(name, chosen_by="the attention_backend option",
+                                               field="attention_backend")  # raises, naming the registered ones
 
 
 def _verify_quantization(method: Any, config: EngineConfig, model_config: ModelConfig) -> None:

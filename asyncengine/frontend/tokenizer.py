@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncengine.errors import ConfigError, ModelLoadError, RequestError
+from asyncengine.frontend.chat_messages import conversation_for_template
 from asyncengine.interfaces.registry import describe, reads
 
 # The table is in the floor (a plugin fills it in every process), with "auto" naming HFAutoTokenizer
@@ -27,10 +28,10 @@ class HFAutoTokenizer:
     """The "auto" mode: a transformers tokenizer from a local directory (never a hub download)."""
 
     @classmethod
-    def from_pretrained(cls, path: str) -> Any:
+    def from_pretrained(cls, path: str, *, trust_remote_code: bool = False) -> Any:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 
@@ -54,11 +55,12 @@ def tokenizer_class(mode: str) -> Any:
     return implementation
 
 
-def load_tokenizer(path: str | Path, mode: str = AUTO) -> Any:
-    """The tokenizer of `mode`, built as `Class.from_pretrained(path)`; it must have encode and decode."""
+def load_tokenizer(path: str | Path, mode: str = AUTO, *, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of `mode`, built as `Class.from_pretrained(path)` (with `trust_remote_code=True` when set,
+    as vLLM passes it); it must have encode and decode."""
     cls = tokenizer_class(mode)
     try:
-        tokenizer = cls.from_pretrained(str(path))
+        tokenizer = cls.from_pretrained(str(path), **({"trust_remote_code": True} if trust_remote_code else {}))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"could not load a tokenizer from {path}: {exc}. Pass --tokenizer DIR, or skip_tokenizer_init=True "
@@ -139,8 +141,12 @@ _OVERRIDABLE = ("add_generation_prompt", "continue_final_message", "tools", "doc
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None, *,
                 add_generation_prompt: bool | None = None, continue_final_message: bool = False,
                 tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> str:
+                template_kwargs: dict[str, Any] | None = None, content_format: str = "auto") -> str:
     """The prompt text for a conversation, through the tokenizer's chat template or `chat_template`.
+
+    `messages` are taken as clients send them (null content beside tool calls, content parts, tool
+    messages) and given to the template in the shape it reads (chat_messages.py; `content_format`:
+    "auto", "string" or "openai", vLLM's --chat-template-content-format).
 
     `add_generation_prompt` (default: True, or False with `continue_final_message`) ends the text with
     the header of a new assistant message; `continue_final_message` leaves the last message open
@@ -194,7 +200,8 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
             )
     elif add_generation_prompt is None:
         add_generation_prompt = True
-    return _apply_template(tokenizer, messages, template, variables, add_generation_prompt=bool(add_generation_prompt),
+    conversation = conversation_for_template(messages, template, content_format)
+    return _apply_template(tokenizer, conversation, template, variables, add_generation_prompt=bool(add_generation_prompt),
                            continue_final_message=continue_final_message, tools=tools, documents=documents)
 
 
@@ -229,6 +236,9 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], template: st
         # ill-typed value, transformers' checks of the conversation): this request's fault, or the
         # template's, never the server's. A different exception is a bug and stays a 500.
         raise RequestError(f"the chat template failed on this request: {exc}", field="messages") from exc
+    except RecursionError as exc:  # data nested hundreds deep (in tool calls, say): the request's, not a bug
+        raise RequestError("the conversation nests lists or objects too deeply for the chat template: flatten it",
+                           field="messages") from exc
 
 
 def _short(value: Any) -> str:

@@ -41,7 +41,7 @@ def check_request(config: ServerConfig) -> Response | None:
     if _is_preflight():
         return _preflight_response(config)
     if config.api_key and request.path not in PUBLIC_PATHS and request.method != "OPTIONS" \
-            and not _authorized(config.api_key):
+            and not _authorized(config.api_keys):
         raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                        type="authentication_error", code="invalid_api_key")
     if id_problem:
@@ -101,6 +101,9 @@ def _origin_allowed(origin: str, config: ServerConfig) -> bool:
     return "*" in config.allowed_origins or origin in config.allowed_origins
 
 
-def _authorized(api_key: str) -> bool:
+def _authorized(api_keys: list[str]) -> bool:
+    """Whether the request's bearer token is one of the keys (each compared in constant time, all of them)."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+    given = token.strip().encode()
+    matches = [hmac.compare_digest(given, key.encode()) for key in api_keys]
+    return scheme.lower() == "bearer" and any(matches)

@@ -34,6 +34,10 @@ from asyncengine.registries.base import reads
 from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
 
 logger = logging.getLogger("asyncengine.server")
+# One line per request (--disable-log-requests: none; --enable-log-requests: and its body), at INFO;
+# --uvicorn-log-level sets this logger's level with Hypercorn's (run.py).
+REQUEST_LOGGER = "asyncengine.server.requests"
+request_log = logging.getLogger(REQUEST_LOGGER)
 
 
 class ApiApp(QuartTrio):
@@ -83,6 +87,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     model_config = engine_client.model_config
     context = ServingContext(
         engine=engine_client, model_name=model_config.served_model_name, max_model_len=model_config.max_model_len,
+        model_aliases=tuple(engine_client.config.served_model_names[1:]),
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
         tool_parser=_tool_parser(config), reasoning_parser=_reasoning_parser(config),
         io_processor=select_io_processor(engine_client.config,
@@ -182,14 +187,25 @@ def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
     @app.before_request
     async def identify_and_check_access() -> Any:
         g.started = time.perf_counter()
-        return access.check_request(config)  # a CORS preflight's answer, or None
+        answer = access.check_request(config)  # a CORS preflight's answer, or None
+        if config.enable_log_requests and answer is None and request.method in access.JSON_METHODS:
+            # Read (and kept) here: the route reads the body without keeping it. A body over the limit is
+            # its 413 here, as it would be in the route.
+            body: bytes = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+            g.logged_body = body.decode(errors="replace")[:config.max_log_len]
+        return answer
 
     @app.after_request
     async def finish_and_log(response: Response) -> Response:
         access.finish_response(response, config)
+        if config.disable_log_requests:
+            return response
         elapsed_ms = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000
-        logger.info("%s %s %s %s %.1f ms", request.method, request.path, response.status_code,
-                    getattr(g, "request_id", "-"), elapsed_ms)
+        request_id = getattr(g, "request_id", "-")
+        request_log.info("%s %s %s %s %.1f ms", request.method, request.path, response.status_code, request_id,
+                         elapsed_ms)
+        if getattr(g, "logged_body", None):
+            request_log.info("%s body: %s", request_id, g.logged_body)
         return response
 
     @app.errorhandler(ApiError)

@@ -32,17 +32,22 @@ class ServingContext:
     """What a route needs from the server: the engine and the names it answers to."""
 
     engine: Any  # AsyncEngine (or anything with its request methods)
-    model_name: str
+    model_name: str  # the name responses report: the first --served-model-name
     max_model_len: int
     chat_template: str | None = None
     tool_parser: type | None = None  # chosen by --tool-call-parser
     enable_auto_tool_choice: bool = False
     reasoning_parser: type | None = None  # chosen by --reasoning-parser
     io_processor: Any = None  # the SelectedIOProcessor chosen by --io-processor-plugin (serving_io_processor.py)
+    model_aliases: tuple[str, ...] = ()  # the other --served-model-name names, which requests may use too
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request's `model` names the served (base) model: absent, or one of its names."""
+        return model is None or model == self.model_name or model in self.model_aliases
 
 
 def check_model(context: ServingContext, model: str | None) -> None:
-    if model is not None and model != context.model_name:
+    if not context.serves(model):
         raise ApiError(404, f"The model `{model}` does not exist; this server serves {context.model_name!r}",
                        type="NotFoundError", param="model", code="model_not_found")
 

@@ -6,36 +6,66 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import msgspec
 
+from asyncengine.config.help import doc
 from asyncengine.errors import ConfigError
+
+# vLLM's --uvicorn-log-level values; trace is logging's DEBUG (there is no lower level).
+UVICORN_LOG_LEVELS = {"critical": "CRITICAL", "error": "ERROR", "warning": "WARNING", "info": "INFO",
+                      "debug": "DEBUG", "trace": "DEBUG"}
 
 
 class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # Bearer token required on every route but /health, /metrics and /version (server/access.py);
-    # default: the environment variable ASYNCENGINE_API_KEY.
-    api_key: str | None = None
-    max_request_body_bytes: int = 2 * 2**20  # a larger body is a 413
-    tool_call_parser: str | None = None
-    enable_auto_tool_choice: bool = False
-    reasoning_parser: str | None = None
-    tool_parser_plugin: str | None = None  # a module or .py file that registers tool parsers
-    reasoning_parser_plugin: str | None = None
-    middleware: list[str] = msgspec.field(default_factory=list)  # "pkg.mod:obj", applied in order
-    shutdown_grace_period: float = 30.0  # seconds streams may take to finish after SIGINT/SIGTERM
-    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
-    # After the engine dies the server exits with status 1 (a supervisor restarts it); this keeps it
-    # up instead, answering 503.
-    keep_serving_after_engine_death: bool = False
-    # Origins (scheme://host[:port]) browsers may call the API from, or "*"; none: no CORS headers.
-    allowed_origins: list[str] = msgspec.field(default_factory=list)
-    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (server/serving_lora.py); also enabled by the
-    # environment variable ASYNCENGINE_ALLOW_RUNTIME_LORA_UPDATING=1, as vLLM's.
-    enable_runtime_lora_updates: bool = False
+    host: Annotated[str, doc("The address to bind; 0.0.0.0 for every interface.")] = "127.0.0.1"
+    port: Annotated[int, doc("The port to bind; 0: a free one (printed).")] = 8000
+    # Required on every route but /health, /metrics and /version (server/access.py). After __post_init__ a
+    # list of keys (or None).
+    api_key: Annotated[str | list[str] | None, doc(
+        "API key(s) a request must send as 'Authorization: Bearer KEY'; several values or the flag repeated: "
+        "any of them; none: $ASYNCENGINE_API_KEY, else no key.")] = None
+    max_request_body_bytes: Annotated[int, doc(
+        "The largest request body in bytes; a larger one is a 413.")] = 2 * 2**20
+    tool_call_parser: Annotated[str | None, doc(
+        "The tool-call parser that finds tool calls in the model's text (hermes, ... or a plugin's).")] = None
+    enable_auto_tool_choice: Annotated[bool, doc(
+        "Let the model decide to call tools (tool_choice auto); needs --tool-call-parser.")] = False
+    reasoning_parser: Annotated[str | None, doc(
+        "The reasoning parser that separates the model's reasoning from its answer.")] = None
+    tool_parser_plugin: Annotated[str | None, doc(
+        "A module or .py file that registers tool parsers, loaded before --tool-call-parser is looked up.")] = None
+    reasoning_parser_plugin: Annotated[str | None, doc(
+        "A module or .py file that registers reasoning parsers.")] = None
+    middleware: Annotated[list[str], doc(
+        "ASGI middleware, pkg.mod:obj, applied in order; several values or the flag "
+        "repeated.")] = msgspec.field(default_factory=list)
+    shutdown_grace_period: Annotated[float, doc(
+        "Seconds running requests (streams too) may take to finish after SIGINT or SIGTERM.")] = 30.0
+    keep_alive_timeout: Annotated[float, doc("Seconds an idle keep-alive connection stays open.")] = 5.0
+    # Exit status 1 lets a supervisor restart the server.
+    keep_serving_after_engine_death: Annotated[bool, doc(
+        "Keep serving (every request a 503) after the engine dies, instead of exiting with status 1.")] = False
+    allowed_origins: Annotated[list[str], doc(
+        "Origins (scheme://host[:port]) browsers may call the API from, or *; none: no CORS "
+        "headers.")] = msgspec.field(default_factory=list)
+    # Also enabled by the environment variable ASYNCENGINE_ALLOW_RUNTIME_LORA_UPDATING=1, as vLLM's.
+    enable_runtime_lora_updates: Annotated[bool, doc(
+        "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.")] = False
+    # vLLM's request-logging flags, mapped onto the server's request log (app.py).
+    enable_log_requests: Annotated[bool, doc(
+        "Also log each request's body (its prompt or messages and sampling fields) after its one-line "
+        "entry.")] = False
+    disable_log_requests: Annotated[bool, doc(
+        "Log no line per request (vLLM's older flag).")] = False
+    max_log_len: Annotated[int | None, doc(
+        "The most characters of a request's body --enable-log-requests logs; none: all.")] = None
+    # vLLM names the HTTP server's logging after uvicorn; here it is Hypercorn's (server/run.py).
+    uvicorn_log_level: Annotated[str | None, doc(
+        "The log level of the HTTP server and of the per-request lines: critical, error, warning, info, debug "
+        "or trace (debug); none: --log-level's.")] = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -58,6 +88,28 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME", field="tool_call_parser")
         if self.api_key is None:
             self.api_key = os.environ.get("ASYNCENGINE_API_KEY") or None
+        keys = [self.api_key] if isinstance(self.api_key, str) else list(self.api_key or [])
+        if not all(isinstance(key, str) for key in keys):
+            raise ConfigError("api_key must be a key or a list of keys", field="api_key")
+        self.api_key = [key for key in keys if key] or None  # an empty key would let an empty token in
+        if self.enable_log_requests and self.disable_log_requests:
+            raise ConfigError("--enable-log-requests and --disable-log-requests contradict each other: give one",
+                              field="enable_log_requests")
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ConfigError(f"max_log_len must be 0 or more characters, got {self.max_log_len}", field="max_log_len")
+        if self.uvicorn_log_level is not None and self.uvicorn_log_level.lower() not in UVICORN_LOG_LEVELS:
+            raise ConfigError(f"uvicorn_log_level must be one of {', '.join(UVICORN_LOG_LEVELS)}, got "
+                              f"{self.uvicorn_log_level!r}", field="uvicorn_log_level")
+
+    @property
+    def api_keys(self) -> list[str]:
+        """The keys a request may send (any one of them); [] when none is required."""
+        return list(self.api_key or [])
+
+    @property
+    def log_level_of_requests(self) -> str | None:
+        """The `logging` level name of the server's loggers (--uvicorn-log-level); None: as --log-level set."""
+        return UVICORN_LOG_LEVELS[self.uvicorn_log_level.lower()] if self.uvicorn_log_level else None
 
 
 def server_config_from_dict(values: dict) -> ServerConfig:

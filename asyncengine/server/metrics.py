@@ -201,4 +201,5 @@ def _served_model_name(engine_config: Any) -> str:
     """The name the server serves the model under, as ModelConfig derives it."""
     if engine_config is None:
         return DEFAULT_MODEL_NAME
-    return getattr(engine_config, "served_model_name", None) or getattr(engine_config, "model", None) or DEFAULT_MODEL_NAME
+    names = getattr(engine_config, "served_model_names", None) or [getattr(engine_config, "served_model_name", None)]
+    return names[0] or getattr(engine_config, "model", None) or DEFAULT_MODEL_NAME

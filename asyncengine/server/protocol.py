@@ -124,19 +124,22 @@ class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
-    type: str
+    type: str  # text parts are read ("text", "input_text", "output_text", "refusal"); others are a 400
     text: str | None = None
+    refusal: str | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
     # Messages are taken as clients send them (an assistant message copied back from a response carries
-    # fields such as `refusal`); the template sees role, content, name, tool calls and tool call ids.
+    # fields such as `refusal`; one with tool calls has null or no content); frontend/chat_messages.py
+    # makes them what the template reads: role, content, name, tool calls, tool call ids, reasoning.
     role: str
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart | str] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None  # reasoning's older name
 
 
 class FunctionDefinition(msgspec.Struct, kw_only=True):

@@ -88,9 +88,9 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     created = int(time.time())
 
     async def models() -> Response:
-        card = ModelCard(id=context.model_name, created=created, max_model_len=context.max_model_len,
-                         root=engine.config.model)
-        return json_response(ModelList(data=[card, *model_cards(context, created)]))
+        cards = [ModelCard(id=name, created=created, max_model_len=context.max_model_len, root=engine.config.model)
+                 for name in (context.model_name, *context.model_aliases)]
+        return json_response(ModelList(data=[*cards, *model_cards(context, created)]))
 
     async def completions() -> Response:
         body = await decode_body(CompletionRequest)

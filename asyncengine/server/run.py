@@ -34,7 +34,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.runtime.signals import drain_on_signal
 from asyncengine.server import h11_errors
-from asyncengine.server.app import create_app
+from asyncengine.server.app import REQUEST_LOGGER, create_app
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.serving_io_processor import check_io_processor_name
 
@@ -85,6 +85,10 @@ def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
     config.keep_alive_timeout = server_config.keep_alive_timeout
     config.accesslog = None  # the app logs one line per request itself
     config.errorlog = logging.getLogger("hypercorn.error")  # through logging only, not also to stderr
+    level = server_config.log_level_of_requests
+    if level is not None:  # --uvicorn-log-level (vLLM's name): Hypercorn's messages and the per-request lines
+        for name in ("hypercorn.error", REQUEST_LOGGER):
+            logging.getLogger(name).setLevel(level)
     h11_errors.install(config)  # Hypercorn's own 400/431 replies in OpenAI's error shape
     return config
 

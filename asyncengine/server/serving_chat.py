@@ -41,26 +41,17 @@ from asyncengine.server.protocol import (
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template takes them; content parts other than text are refused."""
-    result = []
-    for index, message in enumerate(messages):
-        content = message.content
-        if isinstance(content, list):
-            texts = []
-            for part_index, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise bad_request(f"content part type {part.type!r} is not supported (only 'text')",
-                                      param=f"messages[{index}].content[{part_index}].type",
-                                      code="unsupported_parameter")
-                texts.append(part.text)
-            content = "\n".join(texts)
-        entry: dict[str, Any] = {"role": message.role, "content": content}
-        for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
-            value = getattr(message, name)
-            if value is not None:
-                entry[name] = value
-        result.append(entry)
-    return result
+    """Messages as the client sent them, as dicts (the fields it left out or sent null stay out); the
+    frontend shapes them for the chat template (frontend/chat_messages.py) and refuses what it cannot read."""
+    return [_without_nulls(msgspec.to_builtins(message)) for message in messages]
+
+
+def _without_nulls(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = [part if isinstance(part, str) else {k: v for k, v in part.items() if v is not None}
+                              for part in content]
+    return {key: value for key, value in message.items() if value is not None}
 
 
 def _tools_active(context: ServingContext, request: ChatCompletionRequest, forced: ForcedTools | None) -> bool:

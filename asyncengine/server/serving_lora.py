@@ -51,7 +51,7 @@ def not_found(model: str) -> ApiError:
 
 async def resolve_model(context: ServingContext, model: str | None) -> LoRARequest | None:
     """The adapter a request's `model` names; None for the served (base) model."""
-    if model is None or model == context.model_name:
+    if model is None or context.serves(model):
         return None
     adapters = getattr(context.engine, "lora_adapters", None)
     if adapters is None:

@@ -62,9 +62,10 @@ class GrammarStats:
 
 class StructuredOutputManager:
     def __init__(self, *, tokenizer_dir: str | None, vocab_size: int, eos_token_ids: list[int],
-                 structured_outputs_config: dict[str, Any] | None) -> None:
+                 structured_outputs_config: dict[str, Any] | None, trust_remote_code: bool = False) -> None:
         self.default_backend = configured_backend_name(structured_outputs_config)
         self.tokenizer_dir = tokenizer_dir
+        self.trust_remote_code = trust_remote_code  # --trust-remote-code: the tokenizer may ship its own code
         self.vocab_size = vocab_size
         self.num_words = bitmask_words(vocab_size)
         self.eos_token_ids = list(eos_token_ids)
@@ -137,7 +138,8 @@ class StructuredOutputManager:
                                  "skip_tokenizer_init")
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
+            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True,
+                                                            trust_remote_code=self.trust_remote_code)
         return cls(self._tokenizer, self.vocab_size, self.eos_token_ids)
 
     async def _compiled_grammar(self, backend: StructuredOutputBackend, key: str, spec: GrammarSpec) -> Any:

@@ -76,7 +76,8 @@ def routes_of(app) -> list[tuple[str, str]]:
 
 
 async def test_the_api_key_covers_every_route_but_health_metrics_and_version(llama):
-    async with serving(llama, api_key=KEY) as (app, client):
+    # vLLM's --api-key k1 --api-key k2: any of the keys is accepted
+    async with serving(llama, api_key=["second-key", KEY]) as (app, client):
         routes = routes_of(app)
         assert ("/tokenize", "POST") in routes and ("/plugin/hello", "GET") in routes  # what main left open
         open_routes = []
@@ -91,6 +92,9 @@ async def test_the_api_key_covers_every_route_but_health_metrics_and_version(lla
         # With the key: served (the plugin's routes too).
         response = await client.get("/plugin/hello", headers=AUTH)
         assert response.status_code == 200 and await response.get_json() == {"hello": "plugin"}
+        for token, status in (("second-key", 200), ("second-key" + KEY, 401), ("", 401)):
+            response = await client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+            assert response.status_code == status, token
         response = await client.post("/tokenize", headers=AUTH, json={"prompt": "hi"})
         assert response.status_code == 400  # past the key: no tokenizer here (skip_tokenizer_init)
         assert (await response.get_json())["error"]["code"] == "no_tokenizer"
@@ -189,6 +193,15 @@ async def test_a_500_names_only_the_request_id_and_the_log_has_the_traceback(lla
         assert (await client.post("/v1/completions", json=COMPLETION)).status_code == 200
 
 
+async def test_disable_log_requests_leaves_out_the_line_per_request(llama, caplog):
+    from asyncengine.server.app import REQUEST_LOGGER
+
+    async with serving(llama, disable_log_requests=True) as (_, client):
+        with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+            assert (await client.post("/v1/completions", json=COMPLETION)).status_code == 200
+    assert [r.getMessage() for r in caplog.records if r.name == REQUEST_LOGGER] == []
+
+
 def test_binding_a_non_loopback_address_without_a_key_warns():
     from asyncengine.server.run import exposure_warning
 
@@ -207,5 +220,8 @@ def test_serve_help_gives_its_own_default_for_in_process(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--in-process, --no-in-process default: False" in help_text  # main said True; serve runs it apart
-    assert "--keep-alive-timeout KEEP_ALIVE_TIMEOUT default: 5.0" in help_text
+    # main said True; serve runs it apart
+    assert "--in-process, --no-in-process Run the engine core in the caller's process (serve: its own). (default: " \
+           "False)" in help_text
+    assert "--keep-alive-timeout KEEP_ALIVE_TIMEOUT Seconds an idle keep-alive connection stays open. (default: " \
+           "5.0)" in help_text
