@@ -1,11 +1,13 @@
-"""The response's `reasoning` field (vLLM's current name) and its alias `reasoning_content`, through a real
-server on the default model with `--reasoning-parser deepseek_r1`, read by the official client.
+"""The response's `reasoning` field (vLLM's current name) and its alias `reasoning_content`, and a tool call
+after the reasoning, through a real server on the default model with `--reasoning-parser deepseek_r1`
+and `--tool-call-parser mistral`, read by the official client.
 
 What the model says is fixed by a regex (structured output, with `enable_in_reasoning` so the constraint
 covers the reasoning too): the text holds a `</think>`, which the parser must take out, putting what
-comes before it in `reasoning` and what follows in `content`, whole and streamed. Without a constraint
-the model (which does not think) never writes `</think>`: deepseek_r1 reads its whole output as
-reasoning, cut off before it finished.
+comes before it in `reasoning` and what follows in `content`, whole and streamed; then, with tools in
+the request, a Mistral call, which the route must turn into `tool_calls`. Without a constraint the
+model (which does not think) never writes `</think>`: deepseek_r1 reads its whole output as reasoning,
+cut off before it finished.
 """
 
 from __future__ import annotations
@@ -22,14 +24,23 @@ pytestmark = pytest.mark.slow
 
 REASONING = "Two plus two is four."
 ANSWER = "The answer is 4."
-FORCED = {"structured_outputs": {"regex": re.escape(REASONING + "</think>" + ANSWER)}}
+
+
+def literal(text: str) -> str:
+    """A regex matching exactly `text` (re.escape also escapes spaces, which xgrammar warns about)."""
+    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
+
+
+FORCED = {"structured_outputs": {"regex": literal(REASONING + "</think>" + ANSWER)}}
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 @pytest.fixture(scope="module")
 def client(default_model_dir):
     server = start_server([str(default_model_dir), "--served-model-name", MODEL_NAME, "--max-model-len", "512",
-                           "--reasoning-parser", "deepseek_r1",
+                           "--kv-cache-memory-bytes", str(64 * 2**20),
+                           "--reasoning-parser", "deepseek_r1", "--tool-call-parser", "mistral",
+                           "--enable-auto-tool-choice",
                            "--structured-outputs-config", json.dumps({"enable_in_reasoning": True})])
     try:
         with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
@@ -70,3 +81,27 @@ def test_without_think_end_the_whole_output_is_reasoning(client):
         messages=[*MESSAGES, {"role": "assistant", "content": "4", "reasoning": message.reasoning},
                   {"role": "user", "content": "And 3 + 3?"}])
     assert follow_up.choices[0].message.reasoning
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALLING = {"structured_outputs": {"regex": literal('Let me check.</think>[TOOL_CALLS]get_weather{"city": "Paris"}')}}
+
+
+def test_a_tool_call_after_the_reasoning_whole_and_streamed(client):
+    response = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, max_tokens=64,
+                                              temperature=0, extra_body=CALLING)
+    choice = response.choices[0]
+    assert (choice.message.reasoning, choice.message.content, choice.finish_reason) == ("Let me check.", None,
+                                                                                        "tool_calls")
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", call.id)
+
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, max_tokens=64,
+                                                 temperature=0, extra_body=CALLING, stream=True))
+    calls = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    assert calls[0].id and calls[0].function.name == "get_weather" and all(c.index == 0 for c in calls)
+    assert "".join(c.function.arguments or "" for c in calls) == '{"city": "Paris"}'
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == ""
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

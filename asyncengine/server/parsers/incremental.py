@@ -29,7 +29,13 @@ from asyncengine.interfaces.parsers import (
     ToolParser,
     new_tool_call_id,
 )
-from asyncengine.server.parsers.text_scan import MalformedText, find_marker, partial_marker_length, skip_space
+from asyncengine.server.parsers.text_scan import (
+    MalformedText,
+    find_growing,
+    find_marker,
+    partial_marker_length,
+    skip_space,
+)
 
 
 @dataclass
@@ -48,6 +54,9 @@ class ToolScan:
     calls: list[ScannedCall] = field(default_factory=list)
     failed_at: int | None = None
     reading_from: int = 0  # where the call being read begins: where the text broke, if it does
+    # How far long values were read (text_scan.json_value_end's memo): a stream's persists across its
+    # scans, so a long argument is read once, piece by piece, not again on every delta.
+    memo: dict[Any, Any] = field(default_factory=dict)
 
     def add_content(self, start: int, end: int) -> None:
         if end > start:
@@ -69,7 +78,7 @@ def add_leading_content(text: str, scan: ToolScan, final: bool, markers: tuple[s
 def content_up_to(text: str, scan: ToolScan, markers: tuple[str, ...]) -> tuple[int, str] | None:
     """The text before the first of `markers` is content: (where that marker begins, which it is); None
     when none occurs (the caller decides what the text is then)."""
-    found = find_marker(text, 0, markers)
+    found = find_marker(text, 0, markers, scan.memo)
     if found is not None:
         scan.add_content(0, found[0])
         scan.reading_from = found[0]
@@ -117,7 +126,7 @@ def read_marked_blocks(text: str, scan: ToolScan, final: bool, opening: str, clo
     position = 0
     while True:
         content_start = skip_space(text, position) if scan.calls else position
-        found = text.find(opening, position)
+        found = find_growing(text, opening, position, scan.memo)
         if found == -1:
             held = 0 if final else partial_marker_length(text[content_start:], (opening,))
             scan.add_content(content_start, len(text) - held)
@@ -147,10 +156,12 @@ class IncrementalToolParser(ToolParser):
         self._content_position = 0  # the text up to here is dealt with as content
         self._arguments_sent: list[str] = []  # per call index: the arguments sent so far
         self._plain_from: int | None = None  # set once the text broke: all from here is content
+        self._memo: dict[Any, Any] = {}  # the stream's ToolScan.memo
+        self._seen = ""  # the stream's text at the last scan: the memo holds for texts that extend it
 
-    def scan(self, text: str, request: Any, final: bool) -> ToolScan:
+    def scan(self, text: str, request: Any, final: bool, memo: dict[Any, Any] | None = None) -> ToolScan:
         """What `text` says; `final`: no more will come (a call left unfinished then breaks the text)."""
-        scan = ToolScan()
+        scan = ToolScan(memo={} if memo is None else memo)
         try:
             self.read(text, request, final, scan)
         except MalformedText:
@@ -188,7 +199,10 @@ class IncrementalToolParser(ToolParser):
             rest = current_text[self._plain_from:]
             self._plain_from = len(current_text)
             return DeltaMessage(content=rest) if rest else None
-        scan = self.scan(current_text, request, final=False)
+        if not current_text.startswith(self._seen):
+            self._memo = {}  # not the text the memo was read from (the route only ever extends it)
+        self._seen = current_text
+        scan = self.scan(current_text, request, final=False, memo=self._memo)
         content: list[str] = []
         for start, end in scan.content:
             if end > self._content_position:
@@ -224,35 +238,56 @@ class IncrementalToolParser(ToolParser):
         return deltas
 
 
+Split = tuple[tuple[int, int], tuple[int, int]]  # the (start, end) of the reasoning and of the content
+NOTHING = (0, 0)
+
+
 class SplitReasoningParser(ReasoningParser):
     """A reasoning parser defined by `split`; whole and streamed extraction come from it."""
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(tokenizer)
-        self._reasoning_sent = ""
-        self._content_sent = ""
+        # A stream's progress: where each part begins in the text and how much of it went out.
+        self._sent = [(0, 0), (0, 0)]  # (start, length sent) for the reasoning, then the content
+        self._memo: dict[Any, Any] = {}  # the stream's searches (text_scan.find_growing)
+        self._seen = ""  # the stream's text at the last split: the memo holds for texts that extend it
+        self._streaming = False
 
-    def split(self, text: str, request: Any, final: bool) -> tuple[str, str]:
-        """(reasoning, content) of `text`; while not `final`, only what no continuation can change."""
+    def split(self, text: str, request: Any, final: bool) -> Split:
+        """Where the reasoning and the content of `text` are (NOTHING for an empty part); while not
+        `final`, only what no continuation can change: a later text's parts extend these."""
         raise NotImplementedError
 
+    def find(self, text: str, marker: str, start: int) -> int:
+        """`text.find(marker, start)`, for `split`: while streaming, resuming the stream's earlier search."""
+        return find_growing(text, marker, start, self._memo if self._streaming else None)
+
     def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
-        reasoning, content = self.split(model_output, request, final=True)
-        return reasoning or None, content or None
+        (reasoning_start, reasoning_end), (content_start, content_end) = self.split(model_output, request, final=True)
+        return (model_output[reasoning_start:reasoning_end] or None, model_output[content_start:content_end] or None)
 
     def extract_reasoning_streaming(
         self, previous_text: str, current_text: str, delta_text: str, request: Any
     ) -> DeltaMessage | None:
-        reasoning, content = self.split(current_text, request, final=False)
-        new_reasoning = _extension(reasoning, self._reasoning_sent)
-        new_content = _extension(content, self._content_sent)
-        self._reasoning_sent += new_reasoning
-        self._content_sent += new_content
-        if not new_reasoning and not new_content:
+        if not current_text.startswith(self._seen):
+            self._memo = {}  # not the text the memo was read from (the route only ever extends it)
+        self._seen, self._streaming = current_text, True
+        try:
+            parts = self.split(current_text, request, final=False)
+        finally:
+            self._streaming = False
+        new = [self._advance(index, current_text, span) for index, span in enumerate(parts)]
+        if not any(new):
             return None
-        return DeltaMessage(reasoning=new_reasoning or None, content=new_content or None)
+        return DeltaMessage(reasoning=new[0] or None, content=new[1] or None)
 
-
-def _extension(now: str, sent: str) -> str:
-    """What `now` adds to `sent`; nothing when it does not extend it (a split never takes text back)."""
-    return now[len(sent):] if len(now) > len(sent) and now.startswith(sent) else ""
+    def _advance(self, index: int, text: str, span: tuple[int, int]) -> str:
+        """The part's text not sent yet (only what it adds: a split never takes text back)."""
+        start, end = span
+        sent_start, sent = self._sent[index]
+        if end - start <= sent:
+            return ""
+        if sent and start != sent_start:
+            return ""  # the part moved: nothing that extends what went out
+        self._sent[index] = (start, end - start)
+        return text[start + sent:end]

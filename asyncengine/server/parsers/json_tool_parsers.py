@@ -35,6 +35,7 @@ from asyncengine.server.parsers.incremental import (
 )
 from asyncengine.server.parsers.text_scan import (
     MalformedText,
+    find_growing,
     is_prefix_of_any,
     json_value_end,
     object_has_begun,
@@ -49,7 +50,7 @@ def read_call_object(text: str, start: int, scan: ToolScan, *, require_arguments
     while the text has not ended it. `require_arguments`: an object without arguments is not a call
     (for formats with no marker, where a JSON answer with a "name" key would otherwise be one)."""
     scan.reading_from = start
-    call = scan_json_call(text, start)
+    call = scan_json_call(text, start, scan.memo)
     # A stream starts a call once its arguments object has begun (or the call is complete): a name
     # alone, or arguments that are not an object, may still turn out not to be a call.
     begun = call.end is not None or (call.arguments_start is not None
@@ -83,7 +84,7 @@ def read_arguments_object(text: str, position: int, name: str, scan: ToolScan,
     if text[position] != "{":
         raise MalformedText("a call's arguments must be a JSON object")
     call = ScannedCall(name=name)
-    end = json_value_end(text, position)
+    end = json_value_end(text, position, scan.memo)
     if end is None:
         if object_has_begun(text, position):
             call.arguments = text[position:]
@@ -114,7 +115,7 @@ class Llama3JsonToolParser(IncrementalToolParser):
     streamed one does not: here both read the same)."""
 
     def read(self, text: str, request: Any, final: bool, scan: ToolScan) -> None:
-        tag = text.find(PYTHON_TAG)
+        tag = find_growing(text, PYTHON_TAG, 0, scan.memo)
         if tag != -1:
             scan.add_content(0, tag)
             position = tag + len(PYTHON_TAG)

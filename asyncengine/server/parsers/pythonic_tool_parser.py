@@ -103,7 +103,7 @@ class PythonicToolParser(IncrementalToolParser):
             if not started:
                 scan.calls.append(call)
                 started = True
-            end = python_value_end(text, equals + 1)
+            end = python_value_end(text, equals + 1, scan.memo)
             if end is None:
                 return None
             members.append(json_member(keyword.group(), python_literal_as_json(text[equals + 1:end])))

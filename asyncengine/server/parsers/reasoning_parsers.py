@@ -17,13 +17,14 @@ Built in (vLLM's names):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # The base class and the table are in the floor (a plugin subclasses and fills them); imported here
 # for the names code and plugins have used.
 from asyncengine.interfaces.parsers import DeltaMessage, ReasoningParser, ReasoningParserManager
-from asyncengine.server.parsers.incremental import SplitReasoningParser
-from asyncengine.server.parsers.text_scan import is_prefix_of_any, partial_marker_length
+from asyncengine.server.parsers.incremental import NOTHING, Split, SplitReasoningParser
+from asyncengine.server.parsers.text_scan import find_marker, partial_marker_length, skip_space
 from asyncengine.server.parsers.tool_parsers import partial_tag_length
 
 
@@ -128,19 +129,15 @@ class DeepSeekR1ReasoningParser(SplitReasoningParser):
     stream holds back only what could be the start of a tag.
     """
 
-    def split(self, text: str, request: Any, final: bool) -> tuple[str, str]:
-        begun = text.lstrip()
-        if not final and is_prefix_of_any(begun, (THINK_START,)) and begun != THINK_START:
-            return "", ""  # only whitespace, or what may become the opening tag: wait
-        body = begun[len(THINK_START):] if begun.startswith(THINK_START) else text
-        reasoning, closed, content = body.partition(THINK_END)
-        if closed:
-            return reasoning, content
-        return self._open_reasoning(body, final), ""
-
-    @staticmethod
-    def _open_reasoning(body: str, final: bool) -> str:
-        return body if final else body[:len(body) - partial_marker_length(body, (THINK_END,))]
+    def split(self, text: str, request: Any, final: bool) -> Split:
+        begun = skip_space(text, 0)
+        if not final and is_proper_prefix(text, begun, THINK_START):
+            return NOTHING, NOTHING  # only whitespace, or what may become the opening tag: wait
+        body = begun + len(THINK_START) if text.startswith(THINK_START, begun) else 0
+        end = self.find(text, THINK_END, body)
+        if end != -1:
+            return (body, end), (end + len(THINK_END), len(text))
+        return (body, open_end(text, body, final, (THINK_END,))), NOTHING
 
     def is_reasoning_end(self, token_ids: list[int]) -> bool:
         """`</think>` after the last `<think>` in these tokens' text (on text: see the think parser)."""
@@ -162,14 +159,14 @@ class Qwen3ReasoningParser(DeepSeekR1ReasoningParser):
     reasoning: the call is content, for the tool parser.
     """
 
-    def split(self, text: str, request: Any, final: bool) -> tuple[str, str]:
+    def split(self, text: str, request: Any, final: bool) -> Split:
         if not thinking_enabled(request):
-            return "", text
+            return NOTHING, (0, len(text))
         reasoning, content = super().split(text, request, final)
-        if content or THINK_END in text:
+        if content != NOTHING or reasoning == NOTHING or self.find(text, THINK_END, reasoning[0]) != -1:
             return reasoning, content
-        cut, confirmed = _implicit_end(reasoning, final)
-        return reasoning[:cut], reasoning[cut:] if confirmed else ""
+        cut, confirmed = _implicit_end(text, reasoning, final, self.find)
+        return (reasoning[0], cut), ((cut, len(text)) if confirmed else NOTHING)
 
     def is_reasoning_end(self, token_ids: list[int]) -> bool:
         text = _decoded(self, token_ids)
@@ -182,26 +179,25 @@ def thinking_enabled(request: Any) -> bool:
     return kwargs.get("enable_thinking", True) is not False
 
 
-def _implicit_end(reasoning: str, final: bool) -> tuple[int, bool]:
+def _implicit_end(text: str, reasoning: tuple[int, int], final: bool,
+                  find: Callable[[str, str, int], int]) -> tuple[int, bool]:
     """Where still-open reasoning ends: (index, True) at a `<tool_call>` that opens a function call;
     while streaming, (index, False) at one not yet followed far enough to tell, or at what may become
-    one, which is held back; else (its length, False)."""
-    position = 0
-    while (start := reasoning.find(QWEN3_TOOL_CALL, position)) != -1:
-        after = reasoning[start + len(QWEN3_TOOL_CALL):].lstrip()
-        if after.startswith(QWEN3_FUNCTION):
+    one, which is held back; else (the reasoning's end, False). `find`: the parser's."""
+    position = reasoning[0]
+    while (start := find(text, QWEN3_TOOL_CALL, position)) != -1:
+        after = skip_space(text, start + len(QWEN3_TOOL_CALL))
+        if text.startswith(QWEN3_FUNCTION, after):
             return start, True
-        if not final and QWEN3_FUNCTION.startswith(after):
+        if not final and (after == len(text) or is_proper_prefix(text, after, QWEN3_FUNCTION)):
             return start, False
         position = start + 1
-    if final:
-        return len(reasoning), False
-    return len(reasoning) - partial_marker_length(reasoning, (QWEN3_TOOL_CALL,)), False
+    return open_end(text, reasoning[0], final, (QWEN3_TOOL_CALL,), end=reasoning[1]), False
 
 
 def _last_implicit_end(text: str) -> int:
     start = text.rfind(QWEN3_TOOL_CALL)
-    if start != -1 and text[start + len(QWEN3_TOOL_CALL):].lstrip().startswith(QWEN3_FUNCTION):
+    if start != -1 and text.startswith(QWEN3_FUNCTION, skip_space(text, start + len(QWEN3_TOOL_CALL))):
         return start
     return -1
 
@@ -220,21 +216,18 @@ class GraniteReasoningParser(SplitReasoningParser):
     content; here it is what a stream of it shows, reasoning).
     """
 
-    def split(self, text: str, request: Any, final: bool) -> tuple[str, str]:
-        begun = text.lstrip()
-        opening = next((phrase for phrase in GRANITE_THOUGHT if begun.startswith(phrase)), None)
+    def split(self, text: str, request: Any, final: bool) -> Split:
+        begun = skip_space(text, 0)
+        opening = next((phrase for phrase in GRANITE_THOUGHT if text.startswith(phrase, begun)), None)
         if opening is None:
-            if not final and is_prefix_of_any(begun, GRANITE_THOUGHT):
-                return "", ""  # may still become the opening phrase: wait
-            return "", text
-        body = begun[len(opening):]
-        starts = [(index, phrase) for phrase in GRANITE_RESPONSE if (index := body.find(phrase)) != -1]
-        if starts:
-            index, phrase = min(starts)
-            return body[:index], body[index + len(phrase):]
-        if final:
-            return body, ""
-        return body[:len(body) - partial_marker_length(body, GRANITE_RESPONSE)], ""
+            if not final and any(is_proper_prefix(text, begun, phrase) for phrase in GRANITE_THOUGHT):
+                return NOTHING, NOTHING  # may still become the opening phrase: wait
+            return NOTHING, (0, len(text))
+        body = begun + len(opening)
+        found = find_marker(text, body, GRANITE_RESPONSE, self._memo if self._streaming else None)
+        if found is not None:
+            return (body, found[0]), (found[0] + len(found[1]), len(text))
+        return (body, open_end(text, body, final, GRANITE_RESPONSE)), NOTHING
 
     def is_reasoning_end(self, token_ids: list[int]) -> bool:
         """The response phrase after the last thought phrase; with no thought phrase, no reasoning (so a
@@ -242,3 +235,17 @@ class GraniteReasoningParser(SplitReasoningParser):
         text = _decoded(self, token_ids)
         thought = max(text.rfind(phrase) for phrase in GRANITE_THOUGHT)
         return thought == -1 or max(text.rfind(phrase) for phrase in GRANITE_RESPONSE) > thought
+
+
+def is_proper_prefix(text: str, start: int, word: str) -> bool:
+    """Whether the text from `start` to its end is a beginning of `word` and shorter than it."""
+    return len(text) - start < len(word) and word.startswith(text[start:])
+
+
+def open_end(text: str, start: int, final: bool, markers: tuple[str, ...], end: int | None = None) -> int:
+    """Where an open span from `start` ends: at `end` (the text's end by default), less, while
+    streaming, what could be the start of one of `markers` there."""
+    end = len(text) if end is None else end
+    if final:
+        return end
+    return end - min(partial_marker_length(text[max(start, end - 32):end], markers), end - start)

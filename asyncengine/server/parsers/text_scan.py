@@ -23,21 +23,36 @@ def partial_marker_length(text: str, markers: tuple[str, ...]) -> int:
     """How many characters at the end of `text` could be the start of one of `markers` (0 if none).
 
     Streaming holds these back: sending "[TOOL" as content and then finding "_CALLS]" would leak a marker.
+    Only the text's last characters are read.
     """
     longest = 0
     for marker in markers:
-        for length in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:length]):
-                longest = length
+        position = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+        while position != -1:
+            if marker.startswith(text[position:]):
+                longest = max(longest, len(text) - position)
                 break
+            position = text.find(marker[0], position + 1)
     return longest
 
 
-def find_marker(text: str, start: int, markers: tuple[str, ...]) -> tuple[int, str] | None:
+def find_growing(text: str, marker: str, start: int, memo: dict[Any, Any] | None) -> int:
+    """`text.find(marker, start)`; with a stream's `memo` (its text only grows), resuming where an earlier
+    search stopped, so each part of a long text is searched once, not again on every delta."""
+    if memo is None:
+        return text.find(marker, start)
+    key = ("find", marker, start)
+    index = text.find(marker, memo.get(key, start))
+    memo[key] = index if index != -1 else max(start, len(text) - len(marker) + 1)
+    return index
+
+
+def find_marker(text: str, start: int, markers: tuple[str, ...],
+                memo: dict[Any, Any] | None = None) -> tuple[int, str] | None:
     """The first of `markers` in `text` from `start`: (its index, which marker); None if none occurs."""
     found: tuple[int, str] | None = None
     for marker in markers:
-        index = text.find(marker, start)
+        index = find_growing(text, marker, start, memo)
         if index != -1 and (found is None or index < found[0]):
             found = (index, marker)
     return found
@@ -55,9 +70,6 @@ def is_prefix_of_any(text: str, words: tuple[str, ...]) -> bool:
 
 # -- JSON ----------------------------------------------------------------------------------------------
 
-# A complete string, a lone quote (a string the text has not closed yet), or a bracket: the only tokens
-# that decide where a JSON container ends. Matching strings whole skips brackets inside them.
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|"|[{}\[\]]', re.DOTALL)
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_SCALAR = re.compile(r"[-+\w.]+")
 # What may stand between a container's strings and brackets: numbers, literals, separators, space.
@@ -66,38 +78,77 @@ _JSON_WORDS = ("true", "false", "null")
 _CLOSING = {"}": "{", "]": "["}
 
 
-def json_value_end(text: str, start: int) -> int | None:
+def json_value_end(text: str, start: int, memo: dict[Any, Any] | None = None) -> int | None:
     """Where the JSON value that begins at `start` ends (exclusive); None while the text may still
-    complete it. Only the value's extent is checked here: json.loads judges its content."""
+    complete it. Only the value's extent is checked here: json.loads judges its content.
+
+    `memo` (a stream's, for a text that only grows) keeps how far each value was read, so each new
+    piece of a long value is read once, not the whole value again on every delta."""
     if start >= len(text):
         return None
-    first = text[start]
-    if first == '"':
-        match = _JSON_STRING.match(text, start)
-        return match.end() if match else None
-    if first in "{[":
-        stack: list[str] = []
-        gap_start = start
-        for token in _JSON_TOKENS.finditer(text, start):
-            _check_gap(text, gap_start, token.start(), at_end=False)
-            gap_start = token.end()
-            value = token.group()
-            if value == '"':
-                return None  # a string still open at the end of the text
-            if value[0] == '"':
-                continue
-            if value in "{[":
-                stack.append(value)
-            elif not stack or stack.pop() != _CLOSING[value]:
-                raise MalformedText(f"unbalanced {value!r} at {token.start()}")
-            if not stack:
-                return token.end()
-        _check_gap(text, gap_start, len(text), at_end=True)
-        return None
+    if text[start] in '{["':
+        extent = memo.setdefault(("json", start), _JsonExtent(start)) if memo is not None else _JsonExtent(start)
+        return extent.advance(text)
     scalar = _JSON_SCALAR.match(text, start)
     if scalar is None:
         raise MalformedText(f"no JSON value at {start}")
     return scalar.end() if scalar.end() < len(text) else None  # "12" may still become "123"
+
+
+_JSON_STRUCTURE = re.compile(r'["{}\[\]]')
+_STRING_STOP = re.compile(r'["\\]')
+
+
+class _JsonExtent:
+    """Reads a JSON container or string from where it begins, resuming where it stopped."""
+
+    def __init__(self, start: int) -> None:
+        self.position = start  # read up to here
+        self.gap_start = start  # where the text between tokens began
+        self.stack: list[str] = []
+        self.in_string = False
+        self.end: int | None = None
+
+    def advance(self, text: str) -> int | None:
+        while self.end is None:
+            if self.in_string:
+                self.position, closed = read_string(text, self.position, _STRING_STOP)
+                if not closed:
+                    return None
+                self.in_string = False
+                self.gap_start = self.position
+                if not self.stack:
+                    self.end = self.position  # the value was a string
+                continue
+            token = _JSON_STRUCTURE.search(text, self.position)
+            if token is None:
+                _check_gap(text, self.gap_start, len(text), at_end=True)
+                self.position = len(text)
+                return None
+            _check_gap(text, self.gap_start, token.start(), at_end=False)
+            self.position = self.gap_start = token.end()
+            value = token.group()
+            if value == '"':
+                self.in_string = True
+            elif value in "{[":
+                self.stack.append(value)
+            elif not self.stack or self.stack.pop() != _CLOSING[value]:
+                raise MalformedText(f"unbalanced {value!r} at {token.start()}")
+            elif not self.stack:
+                self.end = token.end()
+        return self.end
+
+
+def read_string(text: str, position: int, stops: re.Pattern[str]) -> tuple[int, bool]:
+    """Read inside a string from `position` to its closing quote (`stops` finds it or a backslash): where
+    the reading stopped, and whether the string closed there (else the text ended inside it)."""
+    while (stop := stops.search(text, position)) is not None:
+        if stop.group() != "\\":
+            return stop.end(), True
+        if stop.end() >= len(text):
+            return stop.start(), False  # the escaped character is still to come
+        position = stop.end() + 1
+    return len(text), False
 
 
 def _check_gap(text: str, start: int, end: int, *, at_end: bool) -> None:
@@ -145,9 +196,10 @@ class JsonCall:
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 
-def scan_json_call(text: str, start: int) -> JsonCall:
+def scan_json_call(text: str, start: int, memo: dict[Any, Any] | None = None) -> JsonCall:
     """Read the call object that begins at `start` (a "{") as far as the text goes. Keys other than the
-    name and the arguments are skipped. MalformedText when it is not an object of string keys."""
+    name and the arguments are skipped. MalformedText when it is not an object of string keys. `memo`:
+    as json_value_end's."""
     call = JsonCall()
     if not text.startswith("{", start):
         raise MalformedText(f"a call object must begin with '{{' at {start}")
@@ -175,7 +227,7 @@ def scan_json_call(text: str, start: int) -> JsonCall:
             return call
         if key in ARGUMENT_KEYS and call.arguments_start is None:
             call.arguments_start = position
-        end = json_value_end(text, position)
+        end = json_value_end(text, position, memo)
         if end is None:
             return call
         if key == "name":
@@ -203,36 +255,59 @@ def _json_string(source: str) -> str:
 
 # -- Python literals -----------------------------------------------------------------------------------
 
-# Strings (triple-quoted first), brackets and the separators that end an argument at depth 0.
-_PYTHON_TOKENS = re.compile(
-    r"'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\"|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|'|\"|[()\[\]{},]",
-    re.DOTALL,
-)
+# What decides where a Python literal ends: quotes (triple first), brackets, and the "," that ends an
+# argument at depth 0.
+_PYTHON_STRUCTURE = re.compile(r"'''|\"\"\"|['\"()\[\]{},]")
 _PYTHON_CLOSING = {")": "(", "]": "[", "}": "{"}
 
 
-def python_value_end(text: str, start: int) -> int | None:
+def python_value_end(text: str, start: int, memo: dict[Any, Any] | None = None) -> int | None:
     """Where the Python literal that begins at `start` ends: the index of the "," or ")" that follows it
-    at depth 0; None while the text may still complete it."""
-    stack: list[str] = []
-    for token in _PYTHON_TOKENS.finditer(text, start):
-        value = token.group()
-        if value in ("'", '"'):
-            return None  # a string still open (or a lone quote a later one may close)
-        if value[0] in "'\"":
-            continue
-        if value in "([{":
-            stack.append(value)
-        elif value in ")]}":
-            if not stack:
-                if value == ")":
-                    return token.start()
-                raise MalformedText(f"unbalanced {value!r} at {token.start()}")
-            if stack.pop() != _PYTHON_CLOSING[value]:
-                raise MalformedText(f"unbalanced {value!r} at {token.start()}")
-        elif not stack:  # a "," at depth 0
-            return token.start()
-    return None
+    at depth 0; None while the text may still complete it. `memo`: as json_value_end's."""
+    extent = memo.setdefault(("python", start), _PythonExtent(start)) if memo is not None else _PythonExtent(start)
+    return extent.advance(text)
+
+
+class _PythonExtent:
+    """Reads a Python literal from where it begins, resuming where it stopped."""
+
+    def __init__(self, start: int) -> None:
+        self.position = start
+        self.stack: list[str] = []
+        self.quote: re.Pattern[str] | None = None  # inside a string: what ends it (or escapes in it)
+        self.end: int | None = None
+
+    def advance(self, text: str) -> int | None:
+        while self.end is None:
+            if self.quote is not None:
+                position, closed = read_string(text, self.position, self.quote)
+                if not closed:
+                    # the text may end in the first quotes of a closing triple quote: read them again
+                    self.position = max(self.position, min(position, len(text) - 2))
+                    return None
+                self.quote, self.position = None, position
+                continue
+            token = _PYTHON_STRUCTURE.search(text, self.position)
+            if token is None:
+                self.position = len(text)
+                return None
+            value = token.group()
+            if value in ("'", '"') and token.end() + 2 > len(text):
+                self.position = token.start()  # a quote near the end may begin a triple quote: wait
+                return None
+            self.position = token.end()
+            if value[0] in "'\"":
+                self.quote = re.compile(r"\\|" + re.escape(value))
+            elif value in "([{":
+                self.stack.append(value)
+            elif value in ")]}":
+                if not self.stack and value == ")":
+                    self.end = token.start()
+                elif not self.stack or self.stack.pop() != _PYTHON_CLOSING[value]:
+                    raise MalformedText(f"unbalanced {value!r} at {token.start()}")
+            elif not self.stack:  # a "," at depth 0
+                self.end = token.start()
+        return self.end
 
 
 def python_literal_as_json(source: str) -> Any:
