@@ -3,8 +3,8 @@ the shapes they hand back to the chat completions route, and the two tables of t
 
 `ToolParserManager` maps a name (`--tool-call-parser NAME`) to a ToolParser class, `ReasoningParserManager`
 one (`--reasoning-parser NAME`) to a ReasoningParser class; plugins add to them with
-`@ToolParserManager.register_module("name")` (vLLM's shape). The built-in parsers (json_tags, alias
-hermes; think) are registered here by path, so every process knows their names; their code, and the
+`@ToolParserManager.register_module("name")` (vLLM's shape). The built-in parsers (BUILT_IN_TOOL_PARSERS,
+BUILT_IN_REASONING_PARSERS) are registered here by path, so every process knows their names; their code, and the
 loading of a parser plugin file given on the command line (`--tool-parser-plugin`,
 `--reasoning-parser-plugin`), are the server's (asyncengine/server/parsers/), which passes its loader
 in here when it is imported.
@@ -60,10 +60,21 @@ class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class DeltaMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One chunk's change. `reasoning` is vLLM's current name for the reasoning text; `reasoning_content`,
+    its earlier name, carries the same text for one more release (docs/server.md): a parser may set
+    either, and both are sent. Set both to different texts and `reasoning` wins, as in vLLM."""
+
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+
+    def __post_init__(self) -> None:
+        if self.reasoning is None:
+            self.reasoning = self.reasoning_content
+        else:
+            self.reasoning_content = self.reasoning
 
 
 class ExtractedToolCalls(msgspec.Struct, kw_only=True):
@@ -283,11 +294,31 @@ class _ReasoningParserRegistry(ParserRegistry):
 ToolParserManager = _ToolParserRegistry()
 ReasoningParserManager = _ReasoningParserRegistry()
 
-# The built-in parsers, by path: their code is the server's.
-for _name in ("json_tags", "hermes"):
-    ToolParserManager.register(_name, "asyncengine.server.parsers.tool_parsers:JsonTagsToolParser", owner=BUILT_IN)
-ReasoningParserManager.register("think", "asyncengine.server.parsers.reasoning_parsers:ThinkReasoningParser",
-                                owner=BUILT_IN)
+# The built-in parsers, by path (vLLM's names): their code is the server's (asyncengine/server/parsers/).
+BUILT_IN_TOOL_PARSERS = {
+    "json_tags": "tool_parsers:JsonTagsToolParser",
+    "hermes": "tool_parsers:JsonTagsToolParser",
+    "llama3_json": "json_tool_parsers:Llama3JsonToolParser",
+    "llama4_json": "json_tool_parsers:Llama3JsonToolParser",
+    "mistral": "json_tool_parsers:MistralToolParser",
+    "granite": "json_tool_parsers:GraniteToolParser",
+    "internlm": "json_tool_parsers:InternLMToolParser",
+    "deepseek_v3": "json_tool_parsers:DeepSeekV3ToolParser",
+    "deepseek_v31": "json_tool_parsers:DeepSeekV31ToolParser",
+    "pythonic": "pythonic_tool_parser:PythonicToolParser",
+    "llama4_pythonic": "pythonic_tool_parser:PythonicToolParser",
+    "qwen3_coder": "qwen3_coder_tool_parser:Qwen3CoderToolParser",
+}
+BUILT_IN_REASONING_PARSERS = {
+    "think": "ThinkReasoningParser",
+    "deepseek_r1": "DeepSeekR1ReasoningParser",
+    "qwen3": "Qwen3ReasoningParser",
+    "granite": "GraniteReasoningParser",
+}
+for _name, _where in BUILT_IN_TOOL_PARSERS.items():
+    ToolParserManager.register(_name, f"asyncengine.server.parsers.{_where}", owner=BUILT_IN)
+for _name, _class in BUILT_IN_REASONING_PARSERS.items():
+    ReasoningParserManager.register(_name, f"asyncengine.server.parsers.reasoning_parsers:{_class}", owner=BUILT_IN)
 
 
 __all__ = [

@@ -81,7 +81,7 @@ READER_MODULES = (
     "asyncengine.interfaces.pooler",
     "asyncengine.interfaces.custom_op_registry",
     "asyncengine.models.layers.op_registry",
-    "asyncengine.server.app",
+    "asyncengine.server.parsers.selection",
     "asyncengine.attention.selector",
     "asyncengine.compat.attention_selector",  # vLLM's older selector, for plugin tests
     "asyncengine.kv_transfer.factory",

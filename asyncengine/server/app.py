@@ -30,8 +30,7 @@ from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.server.response_scope import ResponseScopedConnection
 from asyncengine.server.serving_io_processor import select_io_processor
 from asyncengine.server.transport import ResponseCounter, end_of_response_shielded
-from asyncengine.registries.base import reads
-from asyncengine.server.parsers import ReasoningParserManager, ToolParserManager
+from asyncengine.server.parsers.selection import configured_reasoning_parser, configured_tool_parser
 
 logger = logging.getLogger("asyncengine.server")
 # One line per request (--disable-log-requests: none; --enable-log-requests: and its body), at INFO;
@@ -89,7 +88,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
         engine=engine_client, model_name=model_config.served_model_name, max_model_len=model_config.max_model_len,
         model_aliases=tuple(engine_client.config.served_model_names[1:]),
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
-        tool_parser=_tool_parser(config), reasoning_parser=_reasoning_parser(config),
+        tool_parser=configured_tool_parser(config), reasoning_parser=configured_reasoning_parser(config),
         io_processor=select_io_processor(engine_client.config,
                                          dict(getattr(engine_client.plugins, "io_processors", {}))),
     )
@@ -114,23 +113,6 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
             await app.nursery.start(plugin.serve, engine_client if has_engine else None)
 
     return app
-
-
-# -- parsers ---------------------------------------------------------------------------------------------
-
-
-@reads("tool_parsers", "frontend")
-def _tool_parser(config: ServerConfig) -> type | None:
-    if config.tool_parser_plugin:
-        ToolParserManager.import_tool_parser(config.tool_parser_plugin)
-    return ToolParserManager.get_tool_parser(config.tool_call_parser) if config.tool_call_parser else None
-
-
-@reads("reasoning_parsers", "frontend")
-def _reasoning_parser(config: ServerConfig) -> type | None:
-    if config.reasoning_parser_plugin:
-        ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)
-    return ReasoningParserManager.get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None
 
 
 # -- endpoint plugins ------------------------------------------------------------------------------------

@@ -138,8 +138,8 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-    reasoning: str | None = None
-    reasoning_content: str | None = None  # reasoning's older name
+    reasoning: str | None = None  # vLLM's current name; `reasoning_content` its earlier one: either is read
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(msgspec.Struct, kw_only=True):
@@ -263,7 +263,8 @@ class ChatLogprobs(msgspec.Struct, kw_only=True):
 class ResponseMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's current name for the reasoning text
+    reasoning_content: str | None = None  # the same text under its earlier name, for one more release
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
 
 

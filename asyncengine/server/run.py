@@ -35,6 +35,7 @@ from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.runtime.signals import drain_on_signal
 from asyncengine.server import h11_errors
 from asyncengine.server.app import REQUEST_LOGGER, create_app
+from asyncengine.server.parsers.selection import check_configured_parsers
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.serving_io_processor import check_io_processor_name
 
@@ -55,6 +56,8 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *, eng
     # A wrong --io-processor-plugin fails here, before the model loads (create_app checks again); in a
     # thread, as the entry-point scan reads every installed distribution's metadata.
     await anyio.to_thread.run_sync(check_io_processor_name, engine_config.io_processor_plugin, engine_config.plugins)
+    # So is an unknown --tool-call-parser / --reasoning-parser (or a parser plugin that does not load).
+    await anyio.to_thread.run_sync(check_configured_parsers, server_config, engine_config.plugins)
     exit_status = EXIT_OK
     async with engine_class.start(engine_config) as engine:
         app = create_app(engine, server_config)

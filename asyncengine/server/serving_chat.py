@@ -5,9 +5,10 @@ The template is rendered and its text tokenized in the engine's tokenizer pool, 
 a conversation the template cannot render is a 400. The request's outputs belong to the response
 (response_scope.py): a client that leaves, at whatever moment, aborts it.
 
-Parsers run per choice, on the text as it grows: the reasoning parser first (it separates
-`reasoning_content` from content), then the tool parser on the content. Each choice has parser
-instances of its own, since streaming parsers keep state.
+Parsers run per choice, on the text as it grows: the reasoning parser first (it separates the
+reasoning from content), then the tool parser on the content. Each choice has parser instances of its
+own, since streaming parsers keep state. The reasoning goes out as `reasoning` (vLLM's current name)
+and, for one more release, also as `reasoning_content` (docs/server.md).
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ async def chat_parts(context: ServingContext, request: ChatCompletionRequest) ->
     check_supported(request)
     forced = forced_tools(request)  # a 400 naming tool_choice when it is malformed
     tools_active = _tools_active(context, request, forced)
+    if tools_active and forced is None and context.tool_parser is not None:
+        # vLLM's hook: a parser whose calls begin with special tokens keeps them in the output.
+        request = context.tool_parser(context.engine.tokenizer).adjust_request(request)
     if request.top_logprobs is not None and not request.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(request.messages)
@@ -153,7 +157,8 @@ class _ChoiceState:
     # What the stream has sent, to send at the end what a parser still held back (see `_flush`).
     reasoning_sent: str = ""
     content_sent: str = ""
-    tool_calls_sent: int = 0
+    tool_calls_sent: int = 0  # calls begun: one more than the highest index sent
+    arguments_sent: dict[int, str] = dataclasses.field(default_factory=dict)  # per call index
 
 
 class _ChatShaper:
@@ -198,7 +203,8 @@ class _ChatShaper:
             finish_reason = "tool_calls"
         return ChatChoice(
             index=completion.index,
-            message=ResponseMessage(content=content, reasoning_content=reasoning, tool_calls=tool_calls),
+            message=ResponseMessage(content=content, reasoning=reasoning, reasoning_content=reasoning,
+                                    tool_calls=tool_calls),
             logprobs=self._logprobs(completion), finish_reason=finish_reason, stop_reason=completion.stop_reason,
         )
 
@@ -272,9 +278,9 @@ class _ChatShaper:
                                                               self.request)
         if tool_delta is not None and tool_delta.tool_calls:
             state.tool_called = True
-        if delta.reasoning_content is None and tool_delta is None:
+        if delta.reasoning is None and tool_delta is None:
             return None
-        return DeltaMessage(reasoning_content=delta.reasoning_content,
+        return DeltaMessage(reasoning=delta.reasoning,
                             content=tool_delta.content if tool_delta else None,
                             tool_calls=tool_delta.tool_calls if tool_delta else None)
 
@@ -284,14 +290,19 @@ class _ChatShaper:
         reasoning, content, tool_calls = self._parse_whole(state.text)
         rest_reasoning = _rest(reasoning, state.reasoning_sent)
         rest_content = _rest(content, state.content_sent)
-        missing = [DeltaToolCall(index=index, id=call.id, type=call.type,
-                                 function=DeltaFunctionCall(name=call.function.name, arguments=call.function.arguments))
-                   for index, call in enumerate(tool_calls) if index >= state.tool_calls_sent]
+        missing = []
+        for index, call in enumerate(tool_calls):
+            if index >= state.tool_calls_sent:
+                missing.append(DeltaToolCall(index=index, id=call.id, type=call.type, function=DeltaFunctionCall(
+                    name=call.function.name, arguments=call.function.arguments)))
+            elif rest_arguments := _rest(call.function.arguments, state.arguments_sent.get(index, "")):
+                # a call the parser began streaming and the text ended before it sent all of it
+                missing.append(DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=rest_arguments)))
         if missing:
             state.tool_called = True
         if not (rest_reasoning or rest_content or missing):
             return None
-        return DeltaMessage(reasoning_content=rest_reasoning, content=rest_content, tool_calls=missing or None)
+        return DeltaMessage(reasoning=rest_reasoning, content=rest_content, tool_calls=missing or None)
 
     def _chunk(self, index: int, delta: DeltaMessage, logprobs: ChatLogprobs | None = None,
                finish_reason: str | None = None, stop_reason: Any = None) -> ChatCompletionChunk:
@@ -304,9 +315,13 @@ class _ChatShaper:
 
 def _count_sent(state: _ChoiceState, delta: DeltaMessage | None) -> DeltaMessage | None:
     if delta is not None:
-        state.reasoning_sent += delta.reasoning_content or ""
+        state.reasoning_sent += delta.reasoning or ""
         state.content_sent += delta.content or ""
-        state.tool_calls_sent += len(delta.tool_calls or [])
+        # A parser may send a call whole or in pieces (its id and name, then fragments of its arguments).
+        for call in delta.tool_calls or []:
+            state.tool_calls_sent = max(state.tool_calls_sent, call.index + 1)
+            if call.function is not None and call.function.arguments:
+                state.arguments_sent[call.index] = state.arguments_sent.get(call.index, "") + call.function.arguments
     return delta
 
 
@@ -323,6 +338,6 @@ def _merge(first: DeltaMessage | None, second: DeltaMessage | None) -> DeltaMess
     def join(a, b):
         return a + b if a is not None and b is not None else (a if b is None else b)
     return DeltaMessage(role=first.role or second.role,
-                        reasoning_content=join(first.reasoning_content, second.reasoning_content),
+                        reasoning=join(first.reasoning, second.reasoning),
                         content=join(first.content, second.content),
                         tool_calls=(first.tool_calls or []) + (second.tool_calls or []) or None)

@@ -5,7 +5,6 @@ Registrations are process-global, so every test registers under names of its own
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import sys
@@ -32,6 +31,7 @@ from asyncengine.server.parsers import (
     new_tool_call_id,
 )
 from asyncengine.server.parsers.tool_parsers import TOOL_CALL_START
+from support.parser_streams import feed, sized_chunks as chunks
 
 REQUEST = SimpleNamespace(tools=None)
 
@@ -39,25 +39,9 @@ REQUEST = SimpleNamespace(tools=None)
 SPLITS = [[1], [2], [3], [1, 4, 2, 7], [5, 1, 1, 3], [11], [10_000]]
 
 
-def chunks(text: str, sizes: list[int]) -> list[str]:
-    out, position = [], 0
-    for size in itertools.cycle(sizes):
-        if position >= len(text):
-            return out
-        out.append(text[position:position + size])
-        position += size
-
-
 def stream(method, text: str, sizes: list[int]) -> list[DeltaMessage]:
     """Feed `text` to a streaming method delta by delta, as the route does; the non-None results."""
-    previous, results = "", []
-    for delta in chunks(text, sizes):
-        current = previous + delta
-        result = method(previous, current, delta, REQUEST)
-        if result is not None:
-            results.append(result)
-        previous = current
-    return results
+    return feed(method, chunks(text, sizes), REQUEST)
 
 
 def joined(deltas: list[DeltaMessage], field: str) -> str:
