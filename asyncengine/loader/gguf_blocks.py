@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncengine.errors import ModelLoadError
+from asyncengine.loader import gguf_kquants
 
 if TYPE_CHECKING:
     import torch
@@ -52,8 +53,6 @@ def split_blocks(raw: np.ndarray, ggml_type: str, rows: int, cols: int) -> tuple
     """A tensor's raw blocks (`rows * cols / 32` of them, row-major) as (q int8 `[rows, cols]`, scale and offset
     float32 `[rows, cols / 32]`; offset None for the types without a minimum), with `scale * q + offset` the
     weight. Q4_1's `d * q4 + m` becomes `d * (q4 - 8) + (m + 8 d)`, so that q is signed."""
-    from asyncengine.loader import gguf_kquants  # it reads BLOCK from here
-
     if ggml_type in gguf_kquants.READERS:
         return gguf_kquants.READERS[ggml_type](raw, rows, cols)
     size, has_min, bits = _LAYOUT[ggml_type]

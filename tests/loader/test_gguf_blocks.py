@@ -103,3 +103,9 @@ def test_a_tensor_parallel_part_takes_whole_blocks():
 def test_a_model_without_blocks_is_refused_by_the_loader(tmp_path: Path):
     with pytest.raises(ModelLoadError, match="no GGUF blocks"):
         list(gguf_blocks.with_blocks(iter([("x", torch.zeros(1))]), tmp_path))
+
+
+def test_the_k_quant_readers_use_the_kept_block_size():
+    from asyncengine.loader import gguf_kquants
+
+    assert gguf_kquants.BLOCK == gguf_blocks.BLOCK == 32
