@@ -5,9 +5,9 @@ for the routes that stream, the Struct each server-sent event carries. `openapi_
 into one document with `msgspec.json.schema_components`, so the schemas are the very types the routes
 decode and encode: a field added to a Struct is in the document, and a bound declared on it
 (`msgspec.Meta(ge=..., le=...)`, or `request_bounds.limit` for one the configuration sets) becomes the
-schema's minimum and maximum, with the value this server enforces. The document is built once, when the
-app is created, from the app's URL map (routes.openapi_of): every route served is in it, and a built-in
-route without a contract is an error then, not a gap in the document. Routes an endpoint plugin adds are
+schema's minimum and maximum, with the value this server enforces. The document covers the app's URL map
+(routes.publish_openapi): every route served is in it, and a route without a contract is an error when the
+app is created, not a gap in the document; it is built on its first request (in a worker thread) and kept. Routes an endpoint plugin adds are
 listed by path and method, without schemas (the plugin owns them).
 
 Required fields: a request field without a default is required. A response Struct sends every field
@@ -87,13 +87,13 @@ class Contract:
 
 
 _CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
-_COMPLETION_EXAMPLES = ({"prompt": "The capital of France is", "max_tokens": 8},
-                        {"prompt": ["Once upon a time", "The sky is"], "max_tokens": 8, "n": 2, "temperature": 0.7,
+_COMPLETION_EXAMPLES = ({"prompt": "The capital of France is", "max_tokens": 4},
+                        {"prompt": ["Once upon a time", "The sky is"], "max_tokens": 4, "n": 2, "temperature": 0.7,
                          "stream": True, "stream_options": {"include_usage": True}})
-_CHAT_EXAMPLES = ({"messages": _CHAT, "max_tokens": 8},
-                  {"messages": _CHAT, "max_completion_tokens": 8, "logprobs": True, "top_logprobs": 2, "stream": True,
+_CHAT_EXAMPLES = ({"messages": _CHAT, "max_tokens": 4},
+                  {"messages": _CHAT, "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 2, "stream": True,
                    "stream_options": {"include_usage": True}},
-                  {"messages": _CHAT, "max_tokens": 16, "response_format": {"type": "json_schema", "json_schema": {
+                  {"messages": _CHAT, "max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": {
                       "name": "colour", "schema": {"type": "object", "properties": {"colour": {"type": "string"}},
                                                    "required": ["colour"]}}}})
 _RERANK_EXAMPLES = ({"query": "pets", "documents": ["A cat sat on the mat.", "Stocks fell."], "top_n": 1},)
@@ -165,9 +165,7 @@ def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, vers
     `plugin_routes` ((rule, method) an endpoint plugin serves). Request schemas carry `bounds` (this
     server's limits; without them, the fallback int64 bounds). With `api_key` every route but
     `open_routes` requires `Authorization: Bearer KEY` and lists a 401."""
-    missing = sorted({name for _, _, name in routes if name not in CONTRACTS})
-    if missing:  # a bug of ours: a route was added without its contract
-        raise RuntimeError(f"the routes of the views {missing} have no Contract in asyncengine/server/openapi.py")
+    check_contracts(routes)
     contracts = {name: _bounded_contract(CONTRACTS[name], bounds) for _, _, name in routes}
     requests = [c.request for c in contracts.values() if c.request is not None]
     responses = [ErrorResponse, *(t for c in contracts.values() for t in (c.response, c.stream_event)
@@ -204,6 +202,13 @@ def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, vers
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
                                                                 "description": "--api-key KEY"}}
     return document
+
+
+def check_contracts(routes: Sequence[tuple[str, str, str]]) -> None:
+    """RuntimeError when a route's view has no Contract (a bug of ours: a route added without its contract)."""
+    missing = sorted({name for _, _, name in routes if name not in CONTRACTS})
+    if missing:
+        raise RuntimeError(f"the routes of the views {missing} have no Contract in asyncengine/server/openapi.py")
 
 
 def _bounded_contract(contract: Contract, bounds: RequestBounds | None) -> Contract:

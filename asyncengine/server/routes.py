@@ -8,10 +8,11 @@ answer 503 with code `no_engine`; the others answer as they do over an engine.""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 from quart import Response, g, request
 
@@ -19,7 +20,7 @@ from asyncengine.errors import RequestError
 from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
-from asyncengine.server.openapi import openapi_document
+from asyncengine.server.openapi import check_contracts, openapi_document
 from asyncengine.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
     IOProcessRequest, ModelCard, ModelList, TokenizeRequest, too_deep_field,
@@ -169,8 +170,9 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
 
     served = [(rule, method, name) for rule, method, name in _BUILTIN if (rule, method) not in skip]
 
-    async def openapi() -> Response:  # built once, when create_app has added every route (publish_openapi)
-        return Response(app.extensions["asyncengine"]["openapi"], status=200, content_type="application/json")
+    async def openapi() -> Response:  # the document of every route, built once (publish_openapi)
+        return Response(await app.extensions["asyncengine"]["openapi"].encoded(), status=200,
+                        content_type="application/json")
 
     views = {"models": models, "completions": completions, "chat_completions": chat_completions,
              "io_process": io_process, "startup": startup, "tokenize": tokenize, "detokenize": detokenize,
@@ -203,19 +205,35 @@ def served_routes(app: Any) -> list[tuple[str, str, str]]:
 
 
 def publish_openapi(app: Any, engine_client: Any, plugin_routes: Collection[tuple[str, str]]) -> None:
-    """Build /openapi.json from every route in the app's URL map, once they are all added: the routes
-    endpoint plugins added (`plugin_routes`: (rule, method)) without schemas, every other route by its view's
-    Contract (a route without one is a RuntimeError here, at start-up), request bounds this server's."""
+    """Make /openapi.json the document of every route in the app's URL map, once they are all added: the
+    routes endpoint plugins added (`plugin_routes`: (rule, method)) without schemas, every other route by its
+    view's Contract (a route without one is a RuntimeError here, at start-up), request bounds this server's.
+    The document itself is built on its first request, in a worker thread (its schemas take a few hundred
+    ms to generate: not on the event loop), and kept."""
     from asyncengine import __version__
 
     routes = [(rule, method, name) for rule, method, name in served_routes(app) if (rule, method) not in plugin_routes]
     plugins = [(rule, method) for rule, method, _ in served_routes(app) if (rule, method) in plugin_routes]
+    check_contracts(routes)
     server_config = app.extensions["asyncengine"].get("server_config")
-    document = openapi_document(routes, title="asyncengine", version=__version__, plugin_routes=plugins,
-                                api_key=bool(server_config is not None and server_config.api_key),
-                                open_routes=PUBLIC_PATHS,  # served without the key (access.py)
-                                bounds=RequestBounds.of(engine_client))
-    app.extensions["asyncengine"]["openapi"] = msgspec.json.encode(document)
+    app.extensions["asyncengine"]["openapi"] = OpenApiDocument(partial(
+        openapi_document, routes, title="asyncengine", version=__version__, plugin_routes=plugins,
+        api_key=bool(server_config is not None and server_config.api_key),
+        open_routes=PUBLIC_PATHS,  # served without the key (access.py)
+        bounds=RequestBounds.of(engine_client)))
+
+
+class OpenApiDocument:
+    """The encoded document, built once, when first asked for."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
+        self.build = build
+        self._encoded: bytes | None = None
+
+    async def encoded(self) -> bytes:
+        if self._encoded is None:  # (two first requests at once both build it: the same bytes)
+            self._encoded = await anyio.to_thread.run_sync(lambda: msgspec.json.encode(self.build()))
+        return self._encoded
 
 
 def _tokenizer(engine: Any) -> Any:

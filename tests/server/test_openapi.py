@@ -237,7 +237,7 @@ def test_every_route_an_app_serves_is_in_its_document(tiny_model):
                                      max_lora_rank=4, skip_tokenizer_init=True) as engine:
             app = create_app(engine, ServerConfig(api_key="k", enable_runtime_lora_updates=True))
             served = {(rule, method) for rule, method, _ in routes.served_routes(app)}
-            return served, json.loads(app.extensions["asyncengine"]["openapi"])
+            return served, json.loads(await app.extensions["asyncengine"]["openapi"].encoded())
 
     served, doc = anyio.run(app_routes_and_document, backend="trio")
     listed = {(path, method.upper()) for path, item in doc["paths"].items() for method in item}
