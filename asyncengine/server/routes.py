@@ -20,7 +20,7 @@ from asyncengine.errors import RequestError
 from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
-from asyncengine.server.openapi import check_contracts, openapi_document
+from asyncengine.server.openapi import CONTRACTS, check_contracts, openapi_document
 from asyncengine.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
     IOProcessRequest, ModelCard, ModelList, TokenizeRequest, too_deep_field,
@@ -91,7 +91,11 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     engine = context.engine
     has_engine = getattr(engine, "has_engine", True)
     created = int(time.time())
-    decode = partial(decode_body, bounds=RequestBounds.of(engine))  # with this server's bounds
+    bounds = RequestBounds.of(engine)
+    for contract in CONTRACTS.values():  # each request Struct with this server's bounds, made now, not by a request
+        if contract.request is not None:
+            bounded(contract.request, bounds)
+    decode = partial(decode_body, bounds=bounds)
 
     async def models() -> Response:
         card = ModelCard(id=context.model_name, created=created, max_model_len=context.max_model_len,
