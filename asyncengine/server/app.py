@@ -78,7 +78,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     middleware, an endpoint plugin or the IO processor cannot be used, naming it (ConfigError when
     --io-processor-plugin names no installed, allowed IO processor)."""
     config = config or ServerConfig()
-    app = ApiApp("asyncengine.server")
+    app = ApiApp("asyncengine.server", static_folder=None)  # serves no files: every route is in /openapi.json
     app.config.update(MAX_CONTENT_LENGTH=config.max_request_body_bytes, RESPONSE_TIMEOUT=None,
                       BACKGROUND_TASK_SHUTDOWN_TIMEOUT=config.shutdown_grace_period)
     app.http_middlewares = []
@@ -103,6 +103,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
                                                engine_client, config)
     plugin_routes = _attach_endpoint_plugins(app, endpoint_plugins)
     routes.add_builtin_routes(app, context, metrics, skip=_overridden_builtins(plugin_routes))
+    routes.publish_openapi(app, engine_client, plugin_routes)  # every route is added now
     _add_hooks(app, config)
     _apply_middleware(app, config.middleware)
 
