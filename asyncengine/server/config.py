@@ -28,6 +28,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     middleware: list[str] = msgspec.field(default_factory=list)  # "pkg.mod:obj", applied in order
     shutdown_grace_period: float = 30.0  # seconds streams may take to finish after SIGINT/SIGTERM
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    # Seconds from a request's headers to the end of its body; later, a 408 and the connection closed
+    # (server/body_deadline.py). 30 s: a 2 MiB body (the default limit) at 70 KB/s.
+    request_body_timeout: float = 30.0
     # After the engine dies the server exits with status 1 (a supervisor restarts it); this keeps it
     # up instead, answering 503.
     keep_serving_after_engine_death: bool = False
@@ -48,6 +51,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.keep_alive_timeout <= 0:
             raise ConfigError(f"keep_alive_timeout must be positive (seconds), got {self.keep_alive_timeout}",
                               field="keep_alive_timeout")
+        if self.request_body_timeout <= 0:
+            raise ConfigError(f"request_body_timeout must be positive (seconds), got {self.request_body_timeout}",
+                              field="request_body_timeout")
         for origin in self.allowed_origins:
             parts = urlsplit(origin)
             if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc
