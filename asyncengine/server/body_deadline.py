@@ -46,8 +46,8 @@ HTTP2_AND_LATER = frozenset({"2", "3"})  # connection-specific headers (Connecti
 
 
 def body_timeout_error(timeout: float) -> ApiError:
-    return ApiError(408, f"the request body did not arrive within {timeout:g} s of its headers "
-                         "(--request-body-timeout): send the whole body at once", code="request_timeout")
+    return ApiError(408, f"the request body did not all arrive within {timeout:g} s of its headers (the server's "
+                         "--request-body-timeout): send it without pauses", code="request_timeout")
 
 
 class BodyDeadline:
@@ -83,7 +83,7 @@ class BodyDeadline:
         logger.info("%s %s 408: its body did not arrive within %g s of its headers (client %s)",
                     scope["method"], scope["path"], self.timeout, f"{client[0]}:{client[1]}" if client else "-")
         if response_started:
-            return  # Hypercorn closes a connection whose response ended before the app did
+            return  # cut where it is: HTTP/1.1 closes the connection, over HTTP/2 the idle timer does
         error = body_timeout_error(self.timeout)
         body = error.body()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
