@@ -79,7 +79,10 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     --io-processor-plugin names no installed, allowed IO processor)."""
     config = config or ServerConfig()
     app = ApiApp("asyncengine.server", static_folder=None)  # serves no files: every route is in /openapi.json
+    # BODY_TIMEOUT: Quart's own, from the moment a route reads the body; it bounds an embedder's server.
+    # `asyncengine serve` enforces the same limit from the request's head on (server/body_deadline.py).
     app.config.update(MAX_CONTENT_LENGTH=config.max_request_body_bytes, RESPONSE_TIMEOUT=None,
+                      BODY_TIMEOUT=config.request_body_timeout,
                       BACKGROUND_TASK_SHUTDOWN_TIMEOUT=config.shutdown_grace_period)
     app.http_middlewares = []
     app.responses = ResponseCounter()
