@@ -178,3 +178,22 @@ def test_scaling_and_a_shared_expert_without_a_gate_are_added_as_deepseek_does()
     with torch.no_grad():
         routed = fused_moe_reference(hidden, logits, layer.w13_weight, layer.w2_weight, None, None, layer.config)
         assert torch.allclose(layer(hidden, logits), 2.5 * routed + shared(hidden), atol=1e-5)
+
+
+def test_a_ported_plugins_fused_moe_replacement_is_built_in_its_place(monkeypatch):
+    monkeypatch.setattr("asyncengine.plugin_runtime.records._process_role", "worker rank 0")
+    from asyncengine.plugins_api import FusedMoE as ExportedFusedMoE
+    from asyncengine.porting.codemod import port_python
+
+    assert ExportedFusedMoE is FusedMoE
+    assert "from asyncengine.plugins_api import FusedMoE" in port_python(
+        "from vllm.model_executor.layers.fused_moe import FusedMoE\n").text
+
+    @FusedMoE.register_oot
+    class PluginFusedMoE(FusedMoE):  # vLLM's form: registered under the in-tree op's name
+        def forward_oot(self, hidden, router_logits):
+            return super().forward_oot(hidden, router_logits)
+
+    built = FusedMoE(EXPERTS, TOP_K, SIZE, INNER, dtype=torch.float32)
+    assert type(built) is PluginFusedMoE and built.w13_weight.shape == (EXPERTS, 2 * INNER, SIZE)
+    assert "custom op:FusedMoE" in {r.plugin for r in op_registry.startup_records("load model")}
