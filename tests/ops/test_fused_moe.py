@@ -62,7 +62,19 @@ def test_the_cpu_kernel_matches_the_reference(cases, dtype, weights):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_the_torch_combine_where_the_c_kernel_is_not_built_gives_the_same(cases, dtype, monkeypatch):
+def test_the_cpu_kernel_takes_widths_that_are_no_multiple_of_its_vectors(dtype):
+    # The small-batch kernel's dot products run 32 (bfloat16) or 16 (float32) values at a time, masked at the end.
+    for seed in range(12):
+        case = make_case(seed, dtype, sizes=(40, 72), inners=(24, 36))
+        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, cpu_moe.DenseExperts.pack(
+            case.w13, case.w2, case.w13_bias, case.w2_bias), case.config)
+        error, allowed = max_error(got, fused_moe_reference(*case.args))
+        assert error <= allowed, f"{case.name}: max error {error:.3g} > {allowed:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_without_the_c_kernels_torch_does_the_same(cases, dtype, monkeypatch):
+    # (the grouping, the small-batch experts and the combine: all C where it is built)
     with_kernel = {case.name: cpu_moe.fused_moe_cpu(case.hidden, case.router_logits,
                                                     cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias,
                                                                          case.w2_bias), case.config)
