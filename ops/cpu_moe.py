@@ -101,13 +101,6 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #include <immintrin.h>
 #endif
 
-static inline float in_dtype(float v, int is_bf16) { return is_bf16 ? bf(to_bf(v)) : v; }
-static inline float load(const void *p, int64_t i, int is_bf16) {
-    return is_bf16 ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline void store(void *p, int64_t i, float v, int is_bf16) {
-    if (is_bf16) ((uint16_t *)p)[i] = to_bf(v); else ((float *)p)[i] = v;
-}
 
 /* A tile of dot products: out[i][j] = x_i . w_j over K, for nr <= RT rows of x and OT rows of w (row strides xs,
    ws, in elements); outputs past no repeat the last valid one (computed, not stored by the caller). One
