@@ -21,7 +21,7 @@ from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.fused_moe import FusedMoE
 from asyncengine.models.layers.op_registry import register_op_impl
 from asyncengine.ops import cpu_moe
-from asyncengine.ops.fused_moe import fused_moe_reference
+from asyncengine.ops.fused_moe import MoeConfig, fused_moe_reference
 
 SIZE, INNER, EXPERTS, TOP_K = 64, 32, 8, 2
 
@@ -197,3 +197,46 @@ def test_a_ported_plugins_fused_moe_replacement_is_built_in_its_place(monkeypatc
     built = FusedMoE(EXPERTS, TOP_K, SIZE, INNER, dtype=torch.float32)
     assert type(built) is PluginFusedMoE and built.w13_weight.shape == (EXPERTS, 2 * INNER, SIZE)
     assert "custom op:FusedMoE" in {r.plugin for r in op_registry.startup_records("load model")}
+
+
+def test_the_triton_provider_is_registered_and_left_out_where_it_cannot_run():
+    from asyncengine.interfaces.imports import import_by_path
+    from asyncengine.ops import triton_moe
+
+    entry = op_registry.OpProviderRegistry.registered("fused_moe/triton")
+    assert import_by_path(entry.implementation, what="fused_moe/triton") is triton_moe.fused_moe_triton
+    assert op_registry.providers_of("fused_moe") == ["native", "triton"]
+    if not op_registry.triton_runs_here():
+        assert op_registry.provider_order("fused_moe")[0] == ["native"]
+    cpu_args = (torch.zeros(2, 8), torch.zeros(2, 4), torch.zeros(4, 8, 8), torch.zeros(4, 8, 4), None, None,
+                MoeConfig(2))
+    assert not op_registry._options["fused_moe/triton"].supported(*cpu_args)  # CPU tensors: the next provider
+
+
+def test_tensor_parallel_ranks_hold_slices_of_every_expert_and_their_sum_is_the_whole(monkeypatch):
+    from asyncengine import parallel_state as parallel
+
+    generator = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(EXPERTS, 2 * INNER, SIZE, generator=generator) * 0.2
+    down = torch.randn(EXPERTS, SIZE, INNER, generator=generator) * 0.2
+    biases = torch.randn(EXPERTS, 2 * INNER, generator=generator), torch.randn(EXPERTS, SIZE, generator=generator)
+    hidden, logits = torch.randn(6, SIZE, generator=generator), torch.randn(6, EXPERTS, generator=generator)
+
+    def built(rank: int, ranks: int) -> FusedMoE:
+        monkeypatch.setattr(parallel, "rank", lambda: rank)
+        monkeypatch.setattr(parallel, "world_size", lambda: ranks)
+        layer = FusedMoE(EXPERTS, TOP_K, SIZE, INNER, dtype=torch.float32, has_bias=True, reduce_results=False)
+        for param, tensor in (("w13_weight", gate_up), ("w2_weight", down), ("w13_bias", biases[0]),
+                              ("w2_bias", biases[1])):
+            layer.load_stacked(tensor, param=param, name=param)
+        return layer
+
+    with torch.no_grad():
+        whole = built(0, 1)(hidden, logits)
+        parts = []
+        for rank in (0, 1):
+            layer = built(rank, 2)
+            assert layer.w13_weight.shape == (EXPERTS, INNER, SIZE)  # half of gate's rows, half of up's
+            assert torch.equal(layer.w13_weight[:, INNER // 2:], gate_up[:, INNER + rank * INNER // 2:][:, :INNER // 2])
+            parts.append(layer(hidden, logits))  # (rank 1 leaves the down bias out: the sum adds it once)
+    assert torch.allclose(parts[0] + parts[1], whole, atol=1e-4)

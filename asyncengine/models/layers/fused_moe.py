@@ -43,8 +43,8 @@ class FusedMoE(CustomOp):
 
     `renormalize`, `routing`, `activation` (and `swiglu_alpha`, `swiglu_limit`) are ops/fused_moe.py's
     MoeConfig fields; `shared_expert` (a module on `[M, H]`) is added to the routed experts' sum, scaled
-    by `sigmoid(shared_expert_gate(hidden))` when a gate is given (Qwen2-MoE); `routed_scaling_factor`
-    multiplies the routed sum (DeepSeek).
+    by `sigmoid(shared_expert_gate(hidden))` when a gate is given (Qwen2-MoE); the model owns both modules
+    (this layer only calls them). `routed_scaling_factor` multiplies the routed sum (DeepSeek).
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
@@ -72,8 +72,10 @@ class FusedMoE(CustomOp):
         self.w2_weight = param(experts, hidden_size, inner)
         self.w13_bias = param(experts, 2 * inner) if has_bias else None
         self.w2_bias = param(experts, hidden_size) if has_bias else None
-        self.shared_expert = shared_expert
-        self.shared_expert_gate = shared_expert_gate
+        # Called, not owned: the model holds them (their parameters keep the checkpoint's names there), so they
+        # are kept out of this module's children.
+        object.__setattr__(self, "shared_expert", shared_expert)
+        object.__setattr__(self, "shared_expert_gate", shared_expert_gate)
         self.routed_scaling_factor = routed_scaling_factor
         self.reduce_results = reduce_results
         self._cpu_experts: tuple[tuple[Any, ...], cpu_moe.DenseExperts] | None = None
