@@ -47,6 +47,9 @@ class FusedMoE(CustomOp):
     (this layer only calls them). `routed_scaling_factor` multiplies the routed sum (DeepSeek).
     """
 
+    shared_expert: nn.Module | None
+    shared_expert_gate: nn.Module | None
+
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  dtype: torch.dtype, renormalize: bool = False, routing: str = "softmax_topk",
                  activation: str = "silu", has_bias: bool = False, swiglu_alpha: float = 1.702,
