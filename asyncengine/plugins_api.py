@@ -117,7 +117,7 @@ from asyncengine.interfaces.logits import (  # read in: worker (what update_stat
 
 
 _IN_TREE_OPS = {"RMSNorm": "asyncengine.models.layers.norm", "SiluAndMul": "asyncengine.models.layers.activation",
-                "RotaryEmbedding": "asyncengine.models.layers.rotary"}
+                "RotaryEmbedding": "asyncengine.models.layers.rotary", "FusedMoE": "asyncengine.models.layers.fused_moe"}
 
 
 def __getattr__(name: str):
@@ -133,6 +133,12 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_IN_TREE_OPS[name]), name)
+    # The MoE op's arguments and its torch reference (op "fused_moe", read in: worker): a provider receives a
+    # MoeConfig, and may call the shared routing (select_experts) or the reference. Imports torch too.
+    if name in ("MoeConfig", "select_experts", "fused_moe_reference"):
+        from asyncengine.ops import fused_moe
+
+        return getattr(fused_moe, name)
     # LlamaForCausalLM (read in: worker, which builds the model; frontend, which checks the architecture):
     # subclass it for an out-of-tree architecture (ModelRegistry.register_model). Imports torch too.
     if name == "LlamaForCausalLM":
@@ -168,6 +174,10 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "SiluAndMul",
+    "FusedMoE",
+    "MoeConfig",
+    "select_experts",
+    "fused_moe_reference",
     "register_op_impl",
     "AttentionBackend",
     "AttentionBackendRegistry",

@@ -33,14 +33,6 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #include <immintrin.h>
 #endif
 
-/* A value as torch would hold it in the tensor's dtype: rounded to bfloat16 when the op runs in bfloat16. */
-static inline float in_dtype(float v, int is_bf16) { return is_bf16 ? bf(to_bf(v)) : v; }
-static inline float load(const void *p, int64_t i, int is_bf16) {
-    return is_bf16 ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline void store(void *p, int64_t i, float v, int is_bf16) {
-    if (is_bf16) ((uint16_t *)p)[i] = to_bf(v); else ((float *)p)[i] = v;
-}
 
 /* out[r] = weight * norm(s[r]), s = x (+ residual_in); residual_out[r] <- s when given. Rows of `width`;
    x, residual_in and out have row strides (elements), residual_out is contiguous. */

@@ -34,6 +34,8 @@ _API_NAMES = {
     "vllm.model_executor.layers.rotary_embedding": ["RotaryEmbedding"],
     "vllm.model_executor.layers.layernorm": ["RMSNorm"],
     "vllm.model_executor.layers.activation": ["SiluAndMul"],
+    "vllm.model_executor.layers.fused_moe": ["FusedMoE"],
+    "vllm.model_executor.layers.fused_moe.layer": ["FusedMoE"],
     "vllm.attention.backends.abstract": ["AttentionBackend"],
     "vllm.model_executor.layers.quantization": ["register_quantization_config"],
     "vllm.model_executor.layers.quantization.base_config": ["QuantizationConfig"],
@@ -114,8 +116,8 @@ ATTRIBUTE_PATHS = {
 
 # What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.
 UNMAPPED = [
-    ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul and "
-     "RotaryEmbedding are exported"),
+    ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul, "
+     "RotaryEmbedding and FusedMoE are exported"),
     ("vllm.attention", "attention-backends",
      "of vLLM's attention modules only the older selector's get_attn_backend and PlaceholderAttentionBackend are "
      "here; a descriptor subclassing AttentionBackend is accepted, and the class its get_impl_cls() returns "
