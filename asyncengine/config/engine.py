@@ -16,7 +16,15 @@ from asyncengine.config.class_paths import classes_to_paths, is_class_path, stru
 from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
-from asyncengine.config.structured_outputs import configured_backend_name
+from asyncengine.config.structured_outputs import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_COMPILE_TIMEOUT,
+    DEFAULT_MAX_GRAMMAR_BYTES,
+    DEFAULT_MAX_REGEX_BYTES,
+    DEFAULT_MAX_SCHEMA_BYTES,
+    check_structured_outputs_bounds,
+    configured_backend_name,
+)
 from asyncengine.config.lora import check_lora_options
 from asyncengine.pooling.config import check_pooler_config, check_runner
 
@@ -109,6 +117,15 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     # vLLM's --structured-outputs-config: {"backend": "xgrammar" | "guidance" | a registered name | "auto"}.
     # The default backend for requests that name none; read in the frontend and the engine core.
     structured_outputs_config: dict[str, Any] | None = None
+    # Structured outputs' bounds (docs/structured_outputs.md, "Bounds"): the compiled-grammar cache's byte budget
+    # (least recently used grammars evicted past it), the seconds one compile may take, and the size of a
+    # constraint's source: a JSON schema's text, a regex (and a whitespace_pattern), a grammar or a choice
+    # list's JSON. Read in the frontend (the sizes) and the engine core (the cache and the time limit).
+    structured_outputs_cache_bytes: int = DEFAULT_CACHE_BYTES
+    structured_outputs_compile_timeout: float = DEFAULT_COMPILE_TIMEOUT
+    structured_outputs_max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES
+    structured_outputs_max_regex_bytes: int = DEFAULT_MAX_REGEX_BYTES
+    structured_outputs_max_grammar_bytes: int = DEFAULT_MAX_GRAMMAR_BYTES
     additional_config: dict[str, Any] = msgspec.field(default_factory=dict)
     # Op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel", "native"]}), over the
     # platform's order (docs/custom_ops.md); the worker checks the names. Read in the worker.
@@ -141,6 +158,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
         configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
+        check_structured_outputs_bounds(self)
         check_lora_options(self)
         check_runner(self.runner)
         check_pooler_config(self.pooler_config)
