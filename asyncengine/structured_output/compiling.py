@@ -148,11 +148,14 @@ class Compilations:
                 if not isinstance(refused, CompilerUnavailable):
                     self.failures.put(job.key, refused, 1)
             else:
-                job.compiled = compiled
-                kept, evicted = self.cache.put(job.key, compiled, size)
-                if not kept:
-                    self.stats.num_uncached += 1
-                self.free(evicted, trim=True)
+                if job.scope.cancel_called:  # it finished just as its last request left: not kept either
+                    self.free([compiled], trim=True)
+                else:
+                    job.compiled = compiled
+                    kept, evicted = self.cache.put(job.key, compiled, size)
+                    if not kept:
+                        self.stats.num_uncached += 1
+                    self.free(evicted, trim=True)
         if self._jobs.get(job.key) is job:
             del self._jobs[job.key]
         job.done.set()
