@@ -56,6 +56,8 @@ class EngineCore:
             eos_token_ids=model_config.eos_token_ids,
             structured_outputs_config=engine_config.structured_outputs_config,
             trust_remote_code=engine_config.trust_remote_code,
+            cache_bytes=engine_config.structured_outputs_cache_bytes,
+            compile_timeout=engine_config.structured_outputs_compile_timeout,
         )
         # Multi-LoRA: a step never uses more adapters than each worker has slots.
         self.scheduler.max_loras = engine_config.max_loras if engine_config.enable_lora else None

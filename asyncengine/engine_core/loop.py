@@ -95,6 +95,8 @@ class EngineCoreLoop:
     async def serve(self, inbox: AsyncIterator[Any]) -> None:
         """Run until `Shutdown`, the end of `inbox`, or a dead executor (reported with EngineCoreDead)."""
         async with anyio.create_task_group() as tg:
+            # Grammar compiles (and the grammar-compile process) live as long as the step loop.
+            await tg.start(self.scheduler.structured_output.serve)
             tg.start_soon(self._read_inbox, inbox, tg)
             in_flight: deque[_InFlight] = deque()
             try:
@@ -177,7 +179,7 @@ class EngineCoreLoop:
             worker_method, worker_args, worker_kwargs = args
             return round_trip(await self.executor.call(worker_method, *worker_args, **(worker_kwargs or {})))
         if method == "get_structured_output_stats":
-            return self.scheduler.structured_output.stats.as_dict()
+            return self.scheduler.structured_output.stats_dict()
         if method == "get_scheduler_stats":
             return round_trip(self.scheduler.stats())
         if method == "reset_prefix_cache":

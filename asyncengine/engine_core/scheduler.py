@@ -33,6 +33,7 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
 from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRequest
+from asyncengine.structured_output.backend import GrammarBroken
 from asyncengine.wire.engine_core import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -275,9 +276,18 @@ class Scheduler:
             seq.num_pending_tokens -= 1
             token_id = runner_output.sampled_token_ids[position]
             seq.append_token(token_id)
+            # The grammar first: a token from a mask that allowed none is not the output's, whatever else it is
+            # (an EOS, the last token of max_tokens).
+            try:
+                grammar_complete = self.structured_output is not None and self.structured_output.accept(
+                    request_id, token_id)
+            except GrammarBroken as broken:  # the request ends with the error, never unconstrained
+                failed = self.fail_request(request_id, broken.message, broken.field)
+                if failed is not None:
+                    outputs.append(failed)
+                continue
             finish_reason, stop_reason = self._check_stop(seq, token_id)
-            if (finish_reason is None and self.structured_output is not None
-                    and self.structured_output.accept(request_id, token_id)):
+            if finish_reason is None and grammar_complete:
                 finish_reason = FinishReason.STOP  # its grammar is complete
             token_logprobs = logprobs[position] if logprobs is not None else None
             output = EngineCoreOutput(
@@ -329,6 +339,8 @@ class Scheduler:
             prefix_cache_hits=manager.prefix_cache_hits,
             num_prompt_tokens_computed=self.num_prompt_tokens_computed,
             num_kv_connector_loaded_tokens=self.num_kv_connector_loaded_tokens,
+            structured_outputs_cache_bytes=self.structured_output.cache_bytes if self.structured_output else 0,
+            structured_outputs_cache_entries=self.structured_output.cache_entries if self.structured_output else 0,
         )
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -378,7 +390,7 @@ class Scheduler:
         return GrammarBitmask(request_ids=request_ids, words=words, num_words=self.structured_output.num_words)
 
     def fail_request(self, request_id: str, message: str, field: str | None) -> EngineCoreOutput | None:
-        """Finish a request with "error" before it ran (its grammar was refused); None if it is gone."""
+        """Finish a request with "error" (its grammar was refused, or could not go on); None if it is gone."""
         seq = self.sequences.get(request_id)
         if seq is None:
             return None

@@ -201,8 +201,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
             return self.processor.process(request_id, prompt, params, lora_request)
-        if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized
-            if params is None or not params.bad_words:
+        if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized or a grammar parsed
+            if params is None or not (params.bad_words or params.structured_outputs is not None):
                 return self.processor.process(request_id, prompt, params, lora_request)
             return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request)
         return await self.tokenizer_pool.run(self._process_text, request_id, text, params, lora_request)

@@ -26,6 +26,7 @@ from asyncengine.frontend.lora import LoRAAdapters
 from asyncengine.lora.request import LoRARequest
 from asyncengine.sampling_params import INT64_MIN, SamplingParams
 from asyncengine.structured_output.backend import GrammarError
+from asyncengine.structured_output.limits import SourceLimits
 from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
@@ -67,6 +68,7 @@ class InputProcessor:
         self.structured_outputs_backend = configured_backend_name(engine_config.structured_outputs_config)
         backend_class_for_request(self.structured_outputs_backend, per_request=False)
         self._checked_grammars: dict[str, None] = {}
+        self.grammar_source_limits = SourceLimits.of(engine_config)
         # The adapters known by name, and the check of a request's adapter (frontend/lora.py).
         self.lora = LoRAAdapters(engine_config)
 
@@ -259,8 +261,9 @@ class InputProcessor:
         return tuple(sequences)
 
     def _grammar_spec(self, params: SamplingParams) -> GrammarSpec | None:
-        """The request's constraint, checked by its backend (parsing only: no tokenizer, a few ms; the
-        engine core compiles it). Checked grammars are remembered, so a repeated one costs nothing."""
+        """The request's constraint, within the source limits and checked by its backend (parsing only: no
+        tokenizer; the engine core compiles it). Checked grammars are remembered, so a repeated one costs nothing.
+        Parsing a large one takes a while: AsyncEngine.process_request_async calls this in its tokenizer pool."""
         if params.structured_outputs is None:
             return None
         if self.tokenizer is None:
@@ -271,6 +274,7 @@ class InputProcessor:
         cls = backend_class_for_request(name, per_request=spec.backend is not None)
         key = spec.cache_key(name)
         if key not in self._checked_grammars:
+            self.grammar_source_limits.check(spec)  # before the backend parses it (limits.py: parsing can be slow)
             try:
                 cls.validate(spec)
             except ValueError as exc:

@@ -83,6 +83,13 @@ class PrometheusStatLogger(StatLoggerBase):
                              registry=self.registry),
             "kv": Gauge("asyncengine:kv_cache_usage_perc", "Fraction of KV-cache blocks in use: 0 is empty, 1 is full.",
                         scheduler_labels, registry=self.registry),
+            # The compiled-grammar cache (ours only: vLLM has no such metric), within --structured-outputs-cache-bytes.
+            "grammar_bytes": Gauge("asyncengine:structured_outputs_cache_bytes",
+                                   "Bytes the compiled grammars in the structured-output cache hold (as charged to "
+                                   "its budget).", scheduler_labels, registry=self.registry),
+            "grammar_entries": Gauge("asyncengine:structured_outputs_cache_entries",
+                                     "Compiled grammars in the structured-output cache.", scheduler_labels,
+                                     registry=self.registry),
             # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector. The
             # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
             "num_prompt_tokens_computed": Counter(
@@ -158,6 +165,8 @@ class PrometheusStatLogger(StatLoggerBase):
         series.running.set(stats.num_running_reqs)
         series.waiting.set(stats.num_waiting_reqs)
         series.kv.set(stats.kv_cache_usage)
+        series.grammar_bytes.set(stats.structured_outputs_cache_bytes)
+        series.grammar_entries.set(stats.structured_outputs_cache_entries)
         # Counters from the scheduler's totals: each stats object may be seen more than once (a step's,
         # then a scrape's), so add what grew since the last one.
         for name, counter in series.counters.items():
@@ -173,7 +182,8 @@ class PrometheusStatLogger(StatLoggerBase):
             families = self._scheduler_families
             series = self._engine_series[engine_index] = _SchedulerSeries(
                 running=families["running"].labels(*values), waiting=families["waiting"].labels(*values),
-                kv=families["kv"].labels(*values),
+                kv=families["kv"].labels(*values), grammar_bytes=families["grammar_bytes"].labels(*values),
+                grammar_entries=families["grammar_entries"].labels(*values),
                 counters={name: families[name].labels(*values)
                           for name in ("num_prompt_tokens_computed", "num_kv_connector_loaded_tokens")},
             )
@@ -192,6 +202,8 @@ class _SchedulerSeries:
     running: Any
     waiting: Any
     kv: Any
+    grammar_bytes: Any
+    grammar_entries: Any
     counters: dict[str, Any]
     totals: dict[str, int] = field(default_factory=lambda: {"num_prompt_tokens_computed": 0,
                                                             "num_kv_connector_loaded_tokens": 0})

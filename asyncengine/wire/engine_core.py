@@ -108,6 +108,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # recomputation counts again), and prompt tokens whose KV a KV connector supplied instead.
     num_prompt_tokens_computed: int = 0
     num_kv_connector_loaded_tokens: int = 0
+    # The compiled-grammar cache (structured_output/compiling.py): what its grammars hold, and how many.
+    structured_outputs_cache_bytes: int = 0
+    structured_outputs_cache_entries: int = 0
     # With data parallelism (frontend/dp_router.py): the engine core these stats are of, and in the
     # frontend's sum over engine cores (get_scheduler_stats) each one's own, for /metrics' engine label.
     engine_index: int = 0
