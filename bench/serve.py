@@ -115,10 +115,10 @@ async def run_in_process(args, prompts: list[list[int]]) -> dict:
 # -- HTTP ----------------------------------------------------------------------------------------------
 
 
-def start_server(args, directory: Path) -> tuple[subprocess.Popen, str, str]:
-    """`asyncengine serve` on a free port; returns once it printed its address (the process, URL, model name)."""
-    command = [sys.executable, "-m", "asyncengine", "serve", *([args.model] if args.model else []),
-               "--port", "0", "--max-num-seqs", str(args.num_clients)]
+def start_server(model: str | None, options: list[str], directory: Path) -> tuple[subprocess.Popen, str, str]:
+    """`asyncengine serve [MODEL] OPTIONS` on a free port; returns once it printed its address (the process,
+    URL, model name)."""
+    command = [sys.executable, "-m", "asyncengine", "serve", *([model] if model else []), "--port", "0", *options]
     stdout_path, stderr_path = directory / "stdout", directory / "stderr"
     with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
         process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
@@ -170,7 +170,7 @@ async def run_http_clients(args, prompts: list[list[int]], url: str, name: str) 
 
 def run_http(args, prompts: list[list[int]]) -> dict:
     directory = Path(tempfile.mkdtemp(prefix="asyncengine-serve-bench-"))
-    process, url, name = start_server(args, directory)
+    process, url, name = start_server(args.model, ["--max-num-seqs", str(args.num_clients)], directory)
     try:
         result = asyncio.run(run_http_clients(args, prompts, url, name))
     finally:

@@ -15,18 +15,15 @@ hand in serving_completions.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 import msgspec
 
+from asyncengine.json_nesting import json_tokens
 from asyncengine.server.parsers.types import DeltaMessage, ToolCall
 
 # -- requests ------------------------------------------------------------------------------------------
 
-
-# JSON strings (skipped whole, escapes included) and brackets, in order: enough to follow nesting.
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _TOO_DEEP = 256  # far below msgspec's recursion limit, far above any request's honest nesting
 
 
@@ -35,7 +32,7 @@ def too_deep_field(body: bytes) -> str | None:
     top-level field that holds the nesting, found by a scan that follows strings and brackets without
     decoding anything; None when the body is not an object holding such a field."""
     depth, key = 0, None
-    for match in _JSON_TOKENS.finditer(body):
+    for match in json_tokens(body):
         token = match.group()
         if token[0] == 0x22:  # a string: at depth 1, followed by ':', it is a top-level key
             if depth == 1 and body[match.end():match.end() + 64].lstrip()[:1] == b":":
