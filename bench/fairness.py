@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import signal
 import statistics
 import subprocess
@@ -90,10 +91,13 @@ def main() -> int:
     parser.add_argument("--stream-tokens", type=int, default=8, help="tokens of the short stream")
     parser.add_argument("--delay", type=float, default=4.0, help="seconds between the fan-out and the stream")
     parser.add_argument("--model", default=None, help="model directory or .gguf (default: the default model)")
+    parser.add_argument("--serve-args", default="", help="more `asyncengine serve` options, as one string "
+                        "(e.g. \"--cpu-threads 1 --kv-cache-memory-bytes 536870912\")")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="asyncengine-fairness-bench-"))
-    process, url, name = start_server(args.model, ["--max-num-seqs", str(args.max_num_seqs)], directory)
+    process, url, name = start_server(args.model, ["--max-num-seqs", str(args.max_num_seqs),
+                                                   *shlex.split(args.serve_args)], directory)
     try:
         result = asyncio.run(measure(args, url, name))
     finally:
