@@ -115,9 +115,10 @@ async def run_in_process(args, prompts: list[list[int]]) -> dict:
 # -- HTTP ----------------------------------------------------------------------------------------------
 
 
-def start_server(args, directory: Path) -> tuple[subprocess.Popen, str, str]:
-    """`asyncengine serve` on a free port; returns once it printed its address (the process, URL, model name)."""
-    return launch_server([*([args.model] if args.model else []), "--max-num-seqs", str(args.num_clients)], directory)
+def start_server(model: str | None, options: list[str], directory: Path) -> tuple[subprocess.Popen, str, str]:
+    """`asyncengine serve [MODEL] OPTIONS` on a free port; returns once it printed its address (the process,
+    URL, model name)."""
+    return launch_server([*([model] if model else []), *options], directory)
 
 
 def launch_server(serve_args: list[str], directory: Path) -> tuple[subprocess.Popen, str, str]:
@@ -186,7 +187,7 @@ async def run_http_clients(args, prompts: list[list[int]], url: str, name: str) 
 
 def run_http(args, prompts: list[list[int]]) -> dict:
     directory = Path(tempfile.mkdtemp(prefix="asyncengine-serve-bench-"))
-    process, url, name = start_server(args, directory)
+    process, url, name = start_server(args.model, ["--max-num-seqs", str(args.num_clients)], directory)
     try:
         result = asyncio.run(run_http_clients(args, prompts, url, name))
     finally:

@@ -10,10 +10,13 @@ sequences are admitted after them while the budget, `max_num_seqs` and free KV b
 running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted: its blocks are freed and it is recomputed later (its prefix may still be in the cache).
 
-Fairness between requests (docs/server.md, "Limits"): the `n` completions of one request (sequences
-sharing a `parent_id`) get at most half of the slots (`max_num_seqs // 2`, at least 1) and at most half
-of a step's token budget while any other request waits. Their sequences beyond that share stay waiting
-and later requests are admitted past them; with nobody else waiting they may take the whole step.
+Fairness between requests (docs/server.md, "Fairness"): the sequences of one request (sharing a
+`parent_id`: its `n` completions, and over HTTP every prompt of one completions request) never hold
+more than half of the slots at once (`max_num_seqs // 2`, at least 1), alone in the engine or not, so a
+request arriving behind a large fan-out finds a free slot at the next step. While any other request
+waits they also get at most half of a step's token budget (with nobody else waiting they may take the
+whole step's tokens). Their sequences beyond the share stay waiting, keeping their place, and later
+requests are admitted past them.
 
 A request a worker could not take (ModelRunnerOutput.failed_requests) finishes with finish_reason
 "error" and the worker's message; the other requests and the engine go on.
@@ -80,7 +83,8 @@ class Scheduler:
         self.kv_connector: KVConnectorBase | None = None
         self.num_prompt_tokens_computed = 0
         self.num_kv_connector_loaded_tokens = 0
-        # Sequence id -> its parent request's id, for the completions of requests with n > 1.
+        # Sequence id -> its parent request's id: the completions of a request with n > 1, the prompts of
+        # one HTTP completions request (EngineCoreRequest.parent_id).
         self._parent_of: dict[str, str] = {}
         # Structured outputs (structured_output/manager.py), set by the engine core like kv_connector:
         # grammars and matchers of constrained requests, which wait here until theirs is compiled.
@@ -137,7 +141,7 @@ class Scheduler:
         cached_requests: list[CachedRequestData] = []
         preempted_this_step = False
 
-        shares = _Shares(self) if self._parent_of and self.waiting else None
+        shares = _Shares(self) if self._parent_of else None
         micro_batches = self.micro_batches
         if micro_batches is not None:
             micro_batches.begin_step(len(self.running))
@@ -464,10 +468,12 @@ class Scheduler:
 
 
 class _Shares:
-    """One step's accounting of what each parent request's completions took, while others wait.
+    """One step's accounting of what each parent request's sequences hold and take.
 
-    A parent is held to its share only while some sequence that is not its own is waiting (counted
-    as the step goes: those admitted no longer wait), so a request alone in the engine is never slowed.
+    The slots are a hard share: a parent never runs more than `max_seqs` sequences at once, so a slot
+    is always left for a request that arrives later. The token budget is held to its share only while
+    some sequence that is not the parent's own is waiting (counted as the step goes: those admitted no
+    longer wait), so a request alone in the engine prefills at the step's full budget.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -491,9 +497,9 @@ class _Shares:
         return self.max_tokens - self.tokens[parent]
 
     def admission_tokens_left(self, seq: Sequence) -> int:
-        """As `tokens_left`, and 0 once its parent holds its share of the slots."""
+        """As `tokens_left`, and 0 once its parent holds its share of the slots (contended or not)."""
         parent = self._parent_of.get(seq.request_id)
-        if self._contended(parent) and self.running[parent] >= self.max_seqs:
+        if parent is not None and self.running[parent] >= self.max_seqs:
             return 0
         return self.tokens_left(seq)
 

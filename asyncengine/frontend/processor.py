@@ -5,7 +5,8 @@ the prompt's form and length, token ids outside the vocabulary, sampling values 
 honour (docs/sampling.md, "Limits": n at most max_n, top_k at or above the vocabulary is off, one
 context-length rule for max_tokens and min_tokens). `n > 1` fans out into `n` engine-core requests
 (children) that share the prompt and a parent id, by which the scheduler keeps one request's
-completions to their share of a step while others wait.
+completions to their share of the slots and of a step (docs/server.md, "Fairness"); the prompts of
+one HTTP completions request join one such group (`new_group_id`, `ProcessedRequest.join_group`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class ProcessedRequest:
     params: SamplingParams  # with the model's defaults filled in
     children: list[EngineCoreRequest]  # one per completion index
 
+    def join_group(self, group: str) -> None:
+        """Make this request's sequences part of `group` (InputProcessor.new_group_id): the prompts of one
+        HTTP completions request, whose sequences together get one request's share of the slots."""
+        self.children = [msgspec.structs.replace(child, parent_id=group) for child in self.children]
+
 
 def child_request_id(request_id: str, index: int, n: int, submission: int) -> str:
     """The engine core's id of completion `index`: unique per submission, so a user's request id may
@@ -70,7 +76,12 @@ class InputProcessor:
         self._checked_grammars: dict[str, None] = {}
         self.grammar_source_limits = SourceLimits.of(engine_config)
         # The adapters known by name, and the check of a request's adapter (frontend/lora.py).
-        self.lora = LoRAAdapters(engine_config)
+        self.lora = LoRAAdapters(engine_config, served_model_name=model_config.served_model_name)
+
+    def new_group_id(self) -> str:
+        """An id for the sequences of several requests that the scheduler counts as one
+        (ProcessedRequest.join_group); never equal to another group's or a request's parent id."""
+        return f"group-{next(self._submissions)}"
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams().with_defaults(self.model_config.generation_defaults)

@@ -17,21 +17,18 @@ checked by hand in serving_completions.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 import msgspec
 
 from asyncengine.sampling_params import _FLOAT32_TINY as FLOAT32_TINY  # the smallest normal float32
 from asyncengine.sampling_params import FLOAT32_MAX, INT64_MAX, INT64_MIN
+from asyncengine.json_nesting import json_tokens
 from asyncengine.server.parsers.types import DeltaMessage, ToolCall
 from asyncengine.server.request_bounds import limit
 
 # -- requests ------------------------------------------------------------------------------------------
 
-
-# JSON strings (skipped whole, escapes included) and brackets, in order: enough to follow nesting.
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _TOO_DEEP = 256  # far below msgspec's recursion limit, far above any request's honest nesting
 
 
@@ -40,7 +37,7 @@ def too_deep_field(body: bytes) -> str | None:
     top-level field that holds the nesting, found by a scan that follows strings and brackets without
     decoding anything; None when the body is not an object holding such a field."""
     depth, key = 0, None
-    for match in _JSON_TOKENS.finditer(body):
+    for match in json_tokens(body):
         token = match.group()
         if token[0] == 0x22:  # a string: at depth 1, followed by ':', it is a top-level key
             if depth == 1 and body[match.end():match.end() + 64].lstrip()[:1] == b":":

@@ -162,8 +162,11 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return Response("", status=200, content_type="text/plain")
 
     async def metrics_route() -> Response:
-        if has_engine and engine.dead_error is None:
-            metrics.update_scheduler_stats(await engine.get_scheduler_stats())  # current even when idle
+        if has_engine:
+            for index in engine.dead_engine_indexes():  # engine_up 0 and its gauges zeroed, never stale
+                metrics.mark_engine_dead(index)
+            if engine.dead_error is None:
+                metrics.update_scheduler_stats(await engine.get_scheduler_stats())  # current even when idle
         body, content_type = metrics.render()
         return Response(body, status=200, content_type=content_type)
 

@@ -58,8 +58,9 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_token_ids: list[int]
     sampling: SamplingOptions
     arrival_time: float = 0.0
-    # For the `n` completions of one request (n > 1): an id they share, unique per submission. While
-    # other requests wait, the scheduler bounds the share of a step that one parent's completions take.
+    # The sequences of one request (its `n` completions when n > 1, and over HTTP every prompt of one
+    # completions request): an id they share, unique per submission. The scheduler holds them to their
+    # share of the slots (and of a step's tokens while others wait): docs/server.md, "Fairness".
     parent_id: str | None = None
     # The LoRA adapter this request runs with (None: the base model); its id keys scheduling, the prefix
     # cache and the workers' adapter slots.
