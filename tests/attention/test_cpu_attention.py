@@ -114,7 +114,7 @@ def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference
     metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
     calls = []
     real = cpu_attention.paged_decode
-    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
     backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
     caches = (key_cache.clone(), value_cache.clone())
     ours = backend.forward(query, new_key, new_value, caches, metadata)
