@@ -1,0 +1,113 @@
+"""The native architectures on every engine path, against transformers: the matrix the suite samples.
+
+    python bench/model_matrix.py                        # every architecture, every path
+    python bench/model_matrix.py --models gemma3 olmo2 --paths tp2 pp2
+
+Each architecture is a tiny random model of tests/support/native_models.py (sliding windows of 16 tokens where
+it has them); each path runs prompts longer than the window through the engine and compares every sequence
+with transformers decoding it alone (greedy tokens identical up to a tie, top-5 logprobs within 1e-3, as
+tests/models/test_native_architectures.py does): `batch` (plain), `chunked` (prefill in chunks of 16 tokens),
+`prefix` (a shared 40-token prefix, run twice: prefix-cache hits), `preempt` (a KV cache too small for the
+batch), `tp2` (two tensor-parallel ranks, mp workers), `pp2` (two pipeline stages). One line per (model, path),
+then a summary line; the exit status is 1 when any cell failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+os.environ.setdefault("ASYNCENGINE_CPU_AUTO_DTYPE", "float32")
+
+NUM_TOKENS = 24
+PATHS = {
+    "batch": dict(),
+    "chunked": dict(max_num_batched_tokens=16),
+    "prefix": dict(block_size=8),
+    "preempt": dict(max_model_len=96, block_size=8, max_num_batched_tokens=32, num_gpu_blocks_override=40),
+    "tp2": dict(tensor_parallel_size=2, kv_cache_memory_bytes=4 * 2**20),
+    "pp2": dict(pipeline_parallel_size=2, kv_cache_memory_bytes=4 * 2**20),
+}
+
+
+def prompts_for(vocab_size: int, path: str) -> list[list[int]]:
+    rng = random.Random(11)
+    prefix = [rng.randrange(3, vocab_size) for _ in range(40 if path == "prefix" else 0)]
+    lengths = (60, 33, 47, 25, 58, 40) if path == "preempt" else (3, 40, 17, 64)
+    return [prefix + [rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
+
+
+def run_cell(model, path: str, references: dict) -> tuple[int, int, float, str]:
+    """(sequences, tokens compared, largest logprob error, note); raises on a mismatch."""
+    from asyncengine import LLM, SamplingParams
+    from support.hf_reference import check_greedy, hf_greedy
+
+    options = dict(skip_tokenizer_init=True, max_model_len=256, **PATHS[path])
+    prompts = prompts_for(model.vocab_size, path)
+    llm = LLM(str(model.path), **options)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
+        runs = 2 if path == "prefix" else 1
+        tokens, worst, ties = 0, 0.0, 0
+        for _ in range(runs):
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            for prompt, output in zip(prompts, outputs):
+                key = tuple(prompt)
+                if key not in references:
+                    references[key] = hf_greedy(model.hf_model, prompt, NUM_TOKENS)
+                result = check_greedy(output.outputs[0], references[key])
+                tokens, worst, ties = tokens + result.num_compared, max(worst, result.max_logprob_error), ties + result.tie
+        stats = llm.get_scheduler_stats()
+        if stats.kv_cache_usage != 0.0:
+            raise AssertionError(f"KV blocks still in use after the batch: {stats}")
+        note = f"ties {ties}"
+        if path == "prefix":
+            note += f", prefix hits {stats.prefix_cache_hits} of {stats.prefix_cache_queries} tokens"
+            if stats.prefix_cache_hits == 0:
+                raise AssertionError("no prefix-cache hit")
+        if path == "preempt":
+            note += f", preemptions {stats.num_preemptions}"
+        return len(prompts) * runs, tokens, worst, note
+    finally:
+        llm.close()
+
+
+def main() -> int:
+    from support.native_models import SPECS, build_native_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", default=list(SPECS), choices=list(SPECS))
+    parser.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
+    args = parser.parse_args()
+    failed = cells = 0
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="model-matrix-") as root:
+        for name in args.models:
+            model = build_native_model(name, Path(root) / name)
+            references: dict = {}
+            for path in args.paths:
+                cells += 1
+                cell_started = time.perf_counter()
+                try:
+                    sequences, tokens, worst, note = run_cell(model, path, references)
+                    verdict = f"ok    {sequences} sequences, {tokens} tokens, max logprob error {worst:.1e}, {note}"
+                except Exception as exc:  # a failed cell is reported and the matrix goes on
+                    failed += 1
+                    verdict = f"FAIL  {type(exc).__name__}: {str(exc)[:300]}"
+                    traceback.print_exc(file=sys.stderr)
+                print(f"{name:8} {path:8} {verdict} ({time.perf_counter() - cell_started:.1f} s)", flush=True)
+    print(f"model matrix: {cells - failed}/{cells} cells agree with transformers "
+          f"({len(args.models)} models x {len(args.paths)} paths, {time.perf_counter() - started:.0f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
