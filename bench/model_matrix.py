@@ -8,8 +8,10 @@ it has them); each path runs prompts longer than the window through the engine a
 with transformers decoding it alone (greedy tokens identical up to a tie, top-5 logprobs within 1e-3, as
 tests/models/test_native_architectures.py does): `batch` (plain), `chunked` (prefill in chunks of 16 tokens),
 `prefix` (a shared 40-token prefix, run twice: prefix-cache hits), `preempt` (a KV cache too small for the
-batch), `tp2` (two tensor-parallel ranks, mp workers), `pp2` (two pipeline stages). One line per (model, path),
-then a summary line; the exit status is 1 when any cell failed.
+batch), `tp2` (two tensor-parallel ranks, mp workers), `pp2` (two pipeline stages), `lora` (a random PEFT
+adapter on q_proj, v_proj, o_proj and down_proj, where the checkpoint has them unfused; transformers with the
+adapter applied is then the reference; peft is installed into a temporary folder when missing). One line per
+(model, path), then a summary line; the exit status is 1 when any cell failed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,21 @@ PATHS = {
     "preempt": dict(max_model_len=96, block_size=8, max_num_batched_tokens=32, num_gpu_blocks_override=40),
     "tp2": dict(tensor_parallel_size=2, kv_cache_memory_bytes=4 * 2**20),
     "pp2": dict(pipeline_parallel_size=2, kv_cache_memory_bytes=4 * 2**20),
+    "lora": dict(enable_lora=True, max_loras=1, max_lora_rank=8),
 }
+# The projections a LoRA adapter targets, where the checkpoint holds them apart (Phi-3 fuses q/k/v: an adapter
+# on its `qkv_proj` is refused, docs/models.md).
+LORA_TARGETS = {"phi3": ["o_proj", "down_proj"]}
+
+
+class _Folders:
+    """tests/support/lora_adapters.py's peft_module asks pytest's tmp_path_factory for a folder: a stand-in."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
 
 
 def prompts_for(vocab_size: int, path: str) -> list[list[int]]:
@@ -45,25 +61,33 @@ def prompts_for(vocab_size: int, path: str) -> list[list[int]]:
     return [prefix + [rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
 
 
-def run_cell(model, path: str, references: dict) -> tuple[int, int, float, str]:
+def run_cell(model, path: str, references: dict, folders: _Folders) -> tuple[int, int, float, str]:
     """(sequences, tokens compared, largest logprob error, note); raises on a mismatch."""
-    from asyncengine import LLM, SamplingParams
+    from asyncengine import LLM, LoRARequest, SamplingParams
     from support.hf_reference import check_greedy, hf_greedy
 
     options = dict(skip_tokenizer_init=True, max_model_len=256, **PATHS[path])
     prompts = prompts_for(model.vocab_size, path)
+    reference_model, lora, cache = model.hf_model, None, references
+    if path == "lora":
+        from support.lora_adapters import make_adapter, peft_module
+
+        targets = LORA_TARGETS.get(model.name, ["q_proj", "v_proj", "o_proj", "down_proj"])
+        adapter = make_adapter(peft_module(folders), model.path, folders.mktemp("adapter"), name="matrix",
+                               rank=8, targets=targets, scale=0.5)
+        reference_model, lora, cache = adapter.reference, LoRARequest("matrix", 1, str(adapter.path)), {}
     llm = LLM(str(model.path), **options)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
         runs = 2 if path == "prefix" else 1
         tokens, worst, ties = 0, 0.0, 0
         for _ in range(runs):
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=lora)
             for prompt, output in zip(prompts, outputs):
                 key = tuple(prompt)
-                if key not in references:
-                    references[key] = hf_greedy(model.hf_model, prompt, NUM_TOKENS)
-                result = check_greedy(output.outputs[0], references[key])
+                if key not in cache:
+                    cache[key] = hf_greedy(reference_model, prompt, NUM_TOKENS)
+                result = check_greedy(output.outputs[0], cache[key])
                 tokens, worst, ties = tokens + result.num_compared, max(worst, result.max_logprob_error), ties + result.tie
         stats = llm.get_scheduler_stats()
         if stats.kv_cache_usage != 0.0:
@@ -90,6 +114,7 @@ def main() -> int:
     failed = cells = 0
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="model-matrix-") as root:
+        folders = _Folders(Path(root))
         for name in args.models:
             model = build_native_model(name, Path(root) / name)
             references: dict = {}
@@ -97,7 +122,7 @@ def main() -> int:
                 cells += 1
                 cell_started = time.perf_counter()
                 try:
-                    sequences, tokens, worst, note = run_cell(model, path, references)
+                    sequences, tokens, worst, note = run_cell(model, path, references, folders)
                     verdict = f"ok    {sequences} sequences, {tokens} tokens, max logprob error {worst:.1e}, {note}"
                 except Exception as exc:  # a failed cell is reported and the matrix goes on
                     failed += 1

@@ -222,7 +222,7 @@ class ModelRunner:
         num_blocks = -(-num_tokens // self.block_size)
         self._allocate_kv_cache(num_blocks)
         state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions(),
-                             extra_block_ids=[list(range(num_blocks))] * (self.block_rows.num_groups - 1))
+                             extra_block_ids=[list(range(num_blocks)) for _ in range(self.block_rows.num_groups - 1)])
         if self.model_config.runner == "pooling":  # a pooling model has no LM head: it profiles its pooler
             state.pooling = PoolingOptions(task="encode")
         self._add_request("__profile__", state)

@@ -3,7 +3,7 @@
 The kernel attends every query row: decodes, and each row of a prefill as a causal query over its context
 up to its own position (whole prompts and chunks after a cached prefix). Batches mix prefills and decodes
 over shuffled cache blocks, with GQA groups of 1, 3 and 4 query heads per
-KV head, head dims with a vector path (64, 128) and without (40), contexts of one token, of whole blocks
+KV head, head dims with a vector path (64, 128, 256) and without (40), contexts of one token, of whole blocks
 and ragged; float32 must match the reference to rounding, bfloat16 to bfloat16's resolution.
 """
 
@@ -51,11 +51,13 @@ CASES = [
     (4, 4, 40, [1, 1, 7], [3, 64, 7]),  # no GQA, a head_dim with no vector path, a whole new prompt
     # W3's shape: a whole 200-token prompt, a 37-row chunk after 363 cached tokens, a one-block prompt
     (9, 3, 64, [1, 200, 37, 16, 1], [300, 200, 400, 16, 17]),
+    (4, 1, 256, [1, 1, 20], [300, 17, 100]),  # Gemma 3 270M's heads: 4 query heads on one KV head of 256
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40", "gqa3-d64-prefills"])
+@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40", "gqa3-d64-prefills",
+                                             "gqa4-d256"])
 def test_kernel_matches_the_torch_reference(dtype, case):
     num_heads, num_kv_heads, head_dim, query_lens, seq_lens = case
     query, key_cache, value_cache, tables = make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens)

@@ -84,8 +84,9 @@ CASES = [
     (6, 3, 40, [9, 1, 1], [9, 50, 18], 17, 50.0),  # both, a head size with no vector path
     (8, 2, 64, [1, 200, 12], [250, 200, 140], None, 30.0),  # soft cap alone, a whole prompt
     (8, 4, 128, [1, 1, 33], [700, 64, 100], 64, 20.0),  # Gemma 2's shape of things
+    (4, 1, 256, [1, 1, 20], [300, 30, 100], 64, None),  # Gemma 3 270M's heads
 ]
-IDS = ["decodes", "block-window", "window-and-cap-d40", "cap-only", "gemma2-like"]
+IDS = ["decodes", "block-window", "window-and-cap-d40", "cap-only", "gemma2-like", "gemma3-d256"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -304,8 +304,10 @@ class RotaryEmbedding(CustomOp):
         cos, sin = cos_sin
         if (type(self).forward_native is RotaryEmbedding.forward_native and self.is_neox_style
                 and native_first("rotary")):
-            rotary_dim = self.rotary_dim
-            if cpu_fused.rotary_supported(query[..., :rotary_dim], key[..., :rotary_dim], cos, sin):
+            if self.rotary_dim == query.shape[-1]:
+                if cpu_fused.rotary_supported(query, key, cos, sin):
+                    return cpu_fused.rotary(query, key, cos, sin)
+            elif cpu_fused.rotary_supported(query[..., :self.rotary_dim], key[..., :self.rotary_dim], cos, sin):
                 return self._partial(lambda q, k: cpu_fused.rotary(q, k, cos, sin), query, key)
         return self.forward_native(query, key, cos_sin)
 
