@@ -10,8 +10,9 @@ tests/models/test_native_architectures.py does): `batch` (plain), `chunked` (pre
 `prefix` (a shared 40-token prefix, run twice: prefix-cache hits), `preempt` (a KV cache too small for the
 batch), `tp2` (two tensor-parallel ranks, mp workers), `pp2` (two pipeline stages), `lora` (a random PEFT
 adapter on q_proj, v_proj, o_proj and down_proj, where the checkpoint has them unfused; transformers with the
-adapter applied is then the reference; peft is installed into a temporary folder when missing). One line per
-(model, path), then a summary line; the exit status is 1 when any cell failed.
+adapter applied is then the reference; peft is installed into a temporary folder when missing), `pooling`
+(`--runner pooling`: each prompt's embedding, the last token's final hidden state normalized, within 1e-4 of
+transformers'). One line per (model, path), then a summary line; the exit status is 1 when any cell failed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ PATHS = {
     "tp2": dict(tensor_parallel_size=2, kv_cache_memory_bytes=4 * 2**20),
     "pp2": dict(pipeline_parallel_size=2, kv_cache_memory_bytes=4 * 2**20),
     "lora": dict(enable_lora=True, max_loras=1, max_lora_rank=8),
+    "pooling": dict(runner="pooling"),
 }
+# Models whose every layer has a sliding window (one KV cache group that keeps only the window's blocks), and the
+# KV cache that makes their batch preempt: the smallest that holds one sequence (its window, a 32-token step).
+EVERY_LAYER_SLIDES = {"mistral": 10, "phi3": 9}
 # The projections a LoRA adapter targets, where the checkpoint holds them apart (Phi-3 fuses q/k/v: an adapter
 # on its `qkv_proj` is refused, docs/models.md).
 LORA_TARGETS = {"phi3": ["o_proj", "down_proj"]}
@@ -57,8 +62,28 @@ class _Folders:
 def prompts_for(vocab_size: int, path: str) -> list[list[int]]:
     rng = random.Random(11)
     prefix = [rng.randrange(3, vocab_size) for _ in range(40 if path == "prefix" else 0)]
-    lengths = (60, 33, 47, 25, 58, 40) if path == "preempt" else (3, 40, 17, 64)
+    # At most 64 tokens: the tiny Phi-3's LongRoPE original context, past which a prompt is rotated per position
+    # here and by its whole length in transformers (docs/models.md); its decode goes past 64 as transformers'.
+    lengths = {"preempt": (60, 33, 47, 25, 58, 40), "prefix": (3, 20, 17, 9)}.get(path, (3, 40, 17, 64))
     return [prefix + [rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
+
+
+def run_pooling(model, prompts: list[list[int]]) -> tuple[int, int, float, str]:
+    import torch
+
+    from asyncengine import LLM
+
+    with LLM(str(model.path), skip_tokenizer_init=True, max_model_len=256, **PATHS["pooling"]) as llm:
+        outputs = llm.embed([{"prompt_token_ids": p} for p in prompts])
+    worst = 0.0
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            last = model.hf_model.model(input_ids=torch.tensor([prompt])).last_hidden_state[0, -1]
+        expected = torch.nn.functional.normalize(last, dim=-1)
+        worst = max(worst, float((torch.tensor(output.outputs.embedding) - expected).abs().max()))
+    if worst >= 1e-4:
+        raise AssertionError(f"embeddings differ from transformers' by {worst:.3g}")
+    return len(prompts), 0, worst, "embedding error (not logprobs)"
 
 
 def run_cell(model, path: str, references: dict, folders: _Folders) -> tuple[int, int, float, str]:
@@ -66,8 +91,12 @@ def run_cell(model, path: str, references: dict, folders: _Folders) -> tuple[int
     from asyncengine import LLM, LoRARequest, SamplingParams
     from support.hf_reference import check_greedy, hf_greedy
 
-    options = dict(skip_tokenizer_init=True, max_model_len=256, **PATHS[path])
+    options = {"skip_tokenizer_init": True, "max_model_len": 256, **PATHS[path]}
+    if path == "preempt" and model.name in EVERY_LAYER_SLIDES:  # a sequence holds its window only: a smaller cache
+        options["num_gpu_blocks_override"] = EVERY_LAYER_SLIDES[model.name]
     prompts = prompts_for(model.vocab_size, path)
+    if path == "pooling":
+        return run_pooling(model, prompts)
     reference_model, lora, cache = model.hf_model, None, references
     if path == "lora":
         from support.lora_adapters import make_adapter, peft_module
@@ -99,6 +128,8 @@ def run_cell(model, path: str, references: dict, folders: _Folders) -> tuple[int
                 raise AssertionError("no prefix-cache hit")
         if path == "preempt":
             note += f", preemptions {stats.num_preemptions}"
+            if stats.num_preemptions == 0:
+                raise AssertionError("the batch fit: nothing was preempted")
         return len(prompts) * runs, tokens, worst, note
     finally:
         llm.close()
