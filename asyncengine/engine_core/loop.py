@@ -187,8 +187,10 @@ class EngineCoreLoop:
             return True
         if method == "kv_cache_info":
             manager = self.scheduler.block_manager
+            # Per KV cache group (one unless the model has sliding-window layers): its window and blocks in use.
             return {"num_blocks": manager.num_blocks, "num_free_blocks": manager.num_free_blocks,
-                    "block_size": manager.block_size}
+                    "block_size": manager.block_size, "sliding_windows": list(manager.sliding_windows),
+                    "group_blocks_in_use": list(manager.group_blocks_in_use)}
         if method == "start_step_trace":
             self._trace = []
             return True

@@ -101,7 +101,8 @@ class Scheduler:
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.sequences:
             raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
-        seq = Sequence(request, self.block_manager.block_size, self._num_arrivals)
+        seq = Sequence(request, self.block_manager.block_size, self._num_arrivals,
+                       self.block_manager.num_groups)
         self._num_arrivals += 1
         self.sequences[seq.request_id] = seq
         self.waiting.append(seq)
@@ -156,7 +157,7 @@ class Scheduler:
                     or (micro_batches is not None and micro_batches.sits_out(seq))):
                 index += 1  # its last token is still in flight (or its request used its share): nothing now
                 continue
-            num_blocks_before = len(seq.block_ids)
+            num_blocks_before = [len(table) for table in seq.block_tables]
             while not self.block_manager.allocate(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -175,8 +176,10 @@ class Scheduler:
                 cached_requests.append(
                     CachedRequestData(
                         request_id=seq.request_id,
-                        new_block_ids=seq.block_ids[num_blocks_before:],
+                        new_block_ids=seq.block_ids[num_blocks_before[0]:],
                         num_computed_tokens=seq.num_computed_tokens,
+                        extra_group_block_ids=[table[before:] for table, before in
+                                               zip(seq.block_tables[1:], num_blocks_before[1:])] or None,
                     )
                 )
             index += 1
@@ -202,8 +205,8 @@ class Scheduler:
                 deferred.append(self.waiting.popleft())
                 continue
             # A pooling request needs every prompt token's hidden state: no prefix cache, no chunks.
-            cached_blocks = self.block_manager.find_cached_prefix(seq) if seq.pooling is None else []
-            num_cached = len(cached_blocks) * self.block_manager.block_size
+            cached_groups = self.block_manager.cached_prefix(seq) if seq.pooling is None else None
+            num_cached = len(cached_groups[0]) * self.block_manager.block_size if cached_groups else 0
             num_external = self._external_tokens(seq, num_cached) if self.kv_connector is not None else 0
             num_new = seq.num_tokens - num_cached - num_external
             if num_new > limit:
@@ -213,7 +216,7 @@ class Scheduler:
                         continue
                     break
                 num_new = limit
-            if not self.block_manager.allocate(seq, num_external + num_new, cached_blocks):
+            if not self.block_manager.allocate(seq, num_external + num_new, cached_groups=cached_groups):
                 break
             self.waiting.popleft()
             if shares is not None:
@@ -461,6 +464,7 @@ class Scheduler:
             output_token_ids=seq.output_token_ids,
             sampling=seq.sampling,
             block_ids=list(seq.block_ids),
+            extra_group_block_ids=[list(table) for table in seq.block_tables[1:]] or None,
             num_computed_tokens=seq.num_computed_tokens,
             lora_request=seq.lora_request,
             pooling=seq.pooling,

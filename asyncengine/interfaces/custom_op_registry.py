@@ -43,9 +43,11 @@ BUILT_IN_PROVIDERS = {
 # The in-tree ops, by path: importing them needs torch.
 IN_TREE_OPS = {
     "RMSNorm": "asyncengine.models.layers.norm:RMSNorm",
+    "GemmaRMSNorm": "asyncengine.models.layers.norm:GemmaRMSNorm",
     "RotaryEmbedding": "asyncengine.models.layers.rotary:RotaryEmbedding",
     "SiluAndMul": "asyncengine.models.layers.activation:SiluAndMul",
     "FusedMoE": "asyncengine.models.layers.fused_moe:FusedMoE",
+    "GeluAndMul": "asyncengine.models.layers.activation:GeluAndMul",
 }
 
 

@@ -1,6 +1,6 @@
 """Worker: owns one device (one tensor-parallel rank), the model shard on it and its KV cache.
 
-The engine core drives it by method name (`init_device`, `load_model`, `determine_num_blocks`,
+The engine core drives it by method name (`init_device`, `load_model`, `kv_cache_spec`, `determine_num_blocks`,
 `initialize_kv_cache`, `execute_model`), in a thread of the engine-core process or in a process of
 its own; `collective_rpc` reaches its other public methods the same way, and then the methods of its
 extension (`worker_extension_cls`, composed: see worker/extension.py).
@@ -27,6 +27,7 @@ from asyncengine.platforms.torch_device import check_torch_device
 from asyncengine.interfaces.worker import WorkerBase
 from asyncengine.lora.peft import LoRAAdapterError
 from asyncengine.registries.base import reads
+from asyncengine.wire.kv_cache import KVCacheLayout
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine import parallel_state as parallel
 from asyncengine.worker import cpu_threads
@@ -106,11 +107,17 @@ class Worker(WorkerBase):
         runner.load_model()
         return msgspec.to_builtins(runner.startup_records + op_registry.startup_records("load model"))
 
-    def determine_num_blocks(self) -> int:
-        return self._runner().determine_num_blocks()
+    def kv_cache_spec(self) -> list[list[int | None]]:
+        """`[layer index, sliding window or None]` of each attention layer of this rank."""
+        return self._runner().kv_cache_spec()
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._runner().initialize_kv_cache(num_blocks)
+    def determine_num_blocks(self, layout: Any = None) -> int:
+        """The KV blocks this rank can hold under the engine core's layout (a KVCacheLayout, or the dict a
+        worker process decodes it into; None: one group of every layer)."""
+        return self._runner().determine_num_blocks(_as_layout(layout))
+
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> None:
+        self._runner().initialize_kv_cache(num_blocks, _as_layout(layout))
 
     def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
         """One step; `grammar`: its deferred masks (ModelRunner.execute_model), from an in-process executor."""
@@ -165,6 +172,12 @@ class Worker(WorkerBase):
         """The LoRA pool of this rank (slots, CPU cache, pool bytes: lora/pool.py), None without enable_lora."""
         lora = self.model_runner.lora if self.model_runner else None
         return lora.info() if lora is not None else None
+
+
+def _as_layout(layout: Any) -> KVCacheLayout | None:
+    if layout is None or isinstance(layout, KVCacheLayout):
+        return layout
+    return msgspec.convert(layout, KVCacheLayout)
 
 
 @reads("hook:worker_cls", "worker")
