@@ -93,7 +93,6 @@ def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
     if level is not None:  # --uvicorn-log-level (vLLM's name): Hypercorn's messages and the per-request lines
         for name in ("hypercorn.error", REQUEST_LOGGER):
             logging.getLogger(name).setLevel(level)
-    h11_errors.install(config)  # Hypercorn's own 400/431 replies in OpenAI's error shape
     return config
 
 
