@@ -86,6 +86,10 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     load_format: Annotated[str, doc(
         "How weights are read: auto, safetensors, gguf, dummy (random weights) or a loader a plugin "
         "registered.")] = "auto"
+    # vLLM's --model-loader-extra-config: read by a plugin's loader (LoadConfig.model_loader_extra_config).
+    model_loader_extra_config: Annotated[dict[str, Any] | None, doc(
+        "Options for the model loader load_format names, as a JSON object; the built-in loaders take "
+        "none.")] = None
     download_dir: Annotated[str | None, doc(
         "Where ORG/NAME models are downloaded (the hub cache) and converted GGUF models are cached; none: "
         "$HF_HUB_CACHE (or $HF_HOME/hub) and $ASYNCENGINE_CACHE_DIR or ~/.cache/asyncengine.")] = None

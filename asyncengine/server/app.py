@@ -28,6 +28,7 @@ from asyncengine.server.errors import ApiError
 from asyncengine.server.fastapi_endpoints import served_endpoint_plugins
 from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.server.response_scope import ResponseScopedConnection
+from asyncengine.interfaces.io_processor import Renderer
 from asyncengine.server.serving_io_processor import select_io_processor
 from asyncengine.server.transport import ResponseCounter, end_of_response_shielded
 from asyncengine.server.parsers.selection import configured_reasoning_parser, configured_tool_parser
@@ -93,7 +94,9 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
         tool_parser=configured_tool_parser(config), reasoning_parser=configured_reasoning_parser(config),
         io_processor=select_io_processor(engine_client.config,
-                                         dict(getattr(engine_client.plugins, "io_processors", {}))),
+                                         dict(getattr(engine_client.plugins, "io_processors", {})),
+                                         Renderer(getattr(engine_client, "tokenizer", None),
+                                                  engine_client.config.model_config)),
     )
     metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name)
     has_engine = getattr(engine_client, "has_engine", True)

@@ -41,7 +41,7 @@ class PoolingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
 
     input: EmbeddingInput | None = None
     data: Any = None
-    task: Literal["encode", "embed", "classify"] | None = None
+    task: Literal["encode", "embed", "classify", "token_embed", "token_classify", "plugin"] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Positive | None = None
     normalize: bool | None = None

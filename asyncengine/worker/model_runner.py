@@ -41,6 +41,7 @@ from asyncengine.lora.pool import LoRAPool
 from asyncengine.lora.request import LoRARequest
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
 from asyncengine.wire.pooling import PoolingOptions
 from asyncengine import parallel_state as parallel
@@ -131,6 +132,7 @@ class ModelRunner:
             model_class_overrides=self.engine_config.model_class_overrides,
             seed=self.engine_config.seed,
             quantization=self.engine_config.quantization,
+            engine_config=self.engine_config,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
@@ -214,8 +216,10 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
         num_tokens = min(self.engine_config.effective_max_num_batched_tokens, self.model_config.max_model_len)
         self._profile_forward(num_tokens)
-        peak = self.platform.get_current_memory_usage(self.device)
-        total = self.platform.get_device_total_memory(self.device)
+        with plugin_hook(self.platform, "get_current_memory_usage"):
+            peak = self.platform.get_current_memory_usage(self.device)
+        with plugin_hook(self.platform, "get_device_total_memory"):
+            total = self.platform.get_device_total_memory(self.device)
         return int(total * self.engine_config.gpu_memory_utilization) - peak
 
     def _profile_forward(self, num_tokens: int) -> None:
