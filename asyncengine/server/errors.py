@@ -57,6 +57,7 @@ def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError,
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return bad_request(f"the request body is not valid JSON: {text}", code="invalid_json")
     match = _PATH.search(text)
+    in_dict = bool(match) and match.group(1).endswith("[...]")  # type: ignore[union-attr]
     parent = match.group(1).replace("[...]", "") if match else ""  # a dict's value: the dict names the field
     missing = _MISSING.match(text)
     if missing:
@@ -69,7 +70,8 @@ def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError,
                            code="unsupported_parameter")
     message = _PATH.sub("", text)
     if parent and (_RANGE.match(message) or _LENGTH.match(message)):
-        return bad_request(_bound_message(parent, message, struct), param=parent, code="invalid_value")
+        text = _bound_message(parent, message, struct)
+        return bad_request(f"each value of {text}" if in_dict else text, param=parent, code="invalid_value")
     return bad_request(f"invalid value for {parent or 'the body'!r}: {message}" if parent else
                        f"invalid request body: {message}", param=parent or None, code="invalid_value")
 
