@@ -89,6 +89,8 @@ def run_asyncengine(args, model: str | None, prompts, max_tokens, load_format: s
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.max_model_len:
         options["max_model_len"] = args.max_model_len
+    if args.kv_cache_memory_bytes:
+        options["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     llm = LLM(model, **options)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
     requests = [{"prompt_token_ids": p} for p in prompts]
@@ -255,6 +257,7 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, help="the engine's KV cache (default: 2 GiB on CPU)")
     parser.add_argument("--compare", choices=["hf", "llama.cpp"],
                         help="also run transformers in the same process, or llama.cpp's server (bench/llama_server.py)")
     parser.add_argument("--gguf-type", help="with --compare llama.cpp: F32, BF16, Q8_0 or Q4_1 (default: the "

@@ -35,7 +35,8 @@ from asyncengine.loader.packaged_models import GEMMA3_270M, gguf_path, packaged_
 from support.hf_reference import TIE_GAP, hf_greedy
 from support.server import start_server
 
-pytestmark = pytest.mark.slow
+# The session fixture converts the file (30 s of CPU, several minutes of wall time when the team's 2 cores are drowned).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 TEXTS = ["The capital of France is", "  Hello,\n\tworld! 1234567 héllo 世界 🙂", "<start_of_turn>user\nhi<end_of_turn>"]
 
 
