@@ -142,7 +142,7 @@ def gemma3_server(gemma3_model_dir):
     a small KV cache; stopped at the end of the module."""
     env = dict(os.environ, ASYNCENGINE_CACHE_DIR=str(gemma3_model_dir.parent.parent))
     server = start_server(["gemma-3-270m-Q4_K_M", "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
-                           "--kv-cache-memory-bytes", str(32 * 2**20)], env=env)
+                           "--kv-cache-memory-bytes", str(32 * 2**20)], env=env, timeout=600)
     yield server
     assert server.stop() == 0
 
