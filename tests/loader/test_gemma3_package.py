@@ -6,7 +6,7 @@ of the file's projection types: Q5_0, Q4_K, Q6_K and Q8_0, the norms stored as 1
 transformers' model of the same weights, top-1 logprobs within 1e-3.
 
 The transformers reference is built from the converted directory, not with `from_pretrained(gguf_file=...)` (85 s
-here, most of this module's time before): the same weights. transformers reads a gemma3 GGUF file as gguf's
+of a loaded machine to build): the same weights. transformers reads a gemma3 GGUF file as gguf's
 `dequantize` of each tensor in float32, minus 1 on the norms (its Gemma tensor processor), and nothing else; the
 converter applies the same rule (test_tensors_are_the_files_values here; every tensor of tiny gemma3 files with
 K-quants against transformers' own reading in test_gguf_architectures.py), and test_config_is_what_transformers_reads
