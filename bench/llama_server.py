@@ -140,10 +140,11 @@ def _free_port() -> int:
 
 
 def run_w3(prompts: list[list[int]], max_tokens: list[int], gguf_type: str, threads: int,
-           kv_type: str | None = None) -> tuple[float, int]:
-    """(seconds, output tokens) of the whole batch through llama-server on the default model's GGUF at `gguf_type`,
-    its KV cache in `kv_type` (f32, bf16, f16; None: llama.cpp's default, f16)."""
-    server, model = find_binary("llama-server"), gguf_file(gguf_type)
+           kv_type: str | None = None, model_file: Path | None = None) -> tuple[float, int]:
+    """(seconds, output tokens) of the whole batch through llama-server on the default model's GGUF at `gguf_type`
+    (or on `model_file`, another model's GGUF file as it is), its KV cache in `kv_type` (f32, bf16, f16; None:
+    llama.cpp's default, f16)."""
+    server, model = find_binary("llama-server"), model_file or gguf_file(gguf_type)
     port, slots = _free_port(), len(prompts)
     context = slots * (max(len(p) for p in prompts) + max(max_tokens) + 16)
     command = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),

@@ -1,11 +1,13 @@
-"""Quantized weights on the default model: accuracy against float32 and the cost of a W3 decode step.
+"""Quantized weights: accuracy against float32 and the cost of a W3 decode step (the default model, or --model).
 
     .venv/bin/python bench/quantization.py                      # float32, int8, int8_dynamic
     .venv/bin/python bench/quantization.py --methods none,int8,int8_dynamic --dtype bfloat16
+    .venv/bin/python bench/quantization.py --model gemma-3-270m-Q4_K_M --methods gguf --transformers
 
 Accuracy (teacher forcing over one fixed text, every position): top-1 agreement with the float32 model
 (the same argmax token), each model's perplexity on the text, and the mean absolute difference of the
-text tokens' log-probabilities. Speed: the CPU time (`time.thread_time`, so a loaded machine inflates it
+text tokens' log-probabilities. With --transformers, transformers' own model of the same directory in float32
+is measured first, and every row (our float32 one included) is compared with it instead. Speed: the CPU time (`time.thread_time`, so a loaded machine inflates it
 less than wall time) of the same W3 decode step as bench/profile_step.py (32 sequences halfway through
 their outputs), median of 8, run with one thread so that the thread's CPU time is the step's.
 """
@@ -39,7 +41,7 @@ TEXT = (
 )
 
 
-def build_runner(dtype: str, quantization: str | None):
+def build_runner(model: str | None, dtype: str, quantization: str | None):
     import torch
 
     from asyncengine.config.engine import config_from_dict
@@ -50,9 +52,9 @@ def build_runner(dtype: str, quantization: str | None):
     from asyncengine.plugin_runtime.records import StartupTrace
     from asyncengine.worker.model_runner import ModelRunner
 
-    config = config_from_dict({"model": None, "dtype": dtype, "skip_tokenizer_init": True, "max_model_len": 2048,
+    config = config_from_dict({"model": model, "dtype": dtype, "skip_tokenizer_init": True, "max_model_len": 2048,
                                "quantization": quantization})
-    model_config = build_model_config(config, model_dir=resolve_model_dir(None), default_dtype="float32",
+    model_config = build_model_config(config, model_dir=resolve_model_dir(model), default_dtype="float32",
                                       tokenizer=None)
     StartupTrace("frontend")
     set_current_platform(CpuPlatform)
@@ -69,11 +71,30 @@ def text_logprobs(runner, block_size: int, token_ids: list[int]):
 
     n = len(token_ids)
     blocks = -(-n // block_size)
-    metadata = AttentionMetadata(torch.arange(n), None, [n], [n], torch.arange(blocks).unsqueeze(0),
-                                 block_size=block_size)
+
+    def group_metadata(group: int) -> AttentionMetadata:
+        # Each KV cache group (sliding-window layers: wire/kv_cache.py) writes blocks of its own.
+        first = group * blocks
+        return AttentionMetadata(torch.arange(n) + first * block_size, None, [n], [n],
+                                 torch.arange(first, first + blocks).unsqueeze(0), block_size=block_size)
+
+    metadata = group_metadata(0)
+    if len(runner.kv_layout.groups) > 1:
+        metadata.group_metadata = [group_metadata(g) for g in range(len(runner.kv_layout.groups))]
     with torch.inference_mode():
         hidden = runner.model(torch.tensor(token_ids), torch.arange(n), metadata)
         return torch.log_softmax(runner.model.compute_logits(hidden).float(), dim=-1)
+
+
+def transformers_logprobs(model_dir: str, token_ids: list[int]):
+    """transformers' float32 log-probabilities over `token_ids` (the same teacher forcing as `text_logprobs`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([token_ids])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def decode_step_cpu_time(runner, block_size: int, steps: int = 8) -> float:
@@ -107,28 +128,37 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", help="the quantized models' activation dtype")
     parser.add_argument("--methods", default="int8,int8_dynamic", help="comma-separated quantization methods")
+    parser.add_argument("--model", help="a model directory, .gguf file or packaged model name (default: the default "
+                        "model)")
+    parser.add_argument("--transformers", action="store_true",
+                        help="compare every row with transformers' float32 model of the same directory")
     args = parser.parse_args()
 
     import torch
     from transformers import AutoTokenizer
 
     from asyncengine.loader.model_source import resolve_model_dir
+    from asyncengine.wire.kv_cache import build_layout
 
     torch.set_num_threads(1)
-    token_ids = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))(TEXT)["input_ids"]
+    model_dir = str(resolve_model_dir(args.model))
+    token_ids = AutoTokenizer.from_pretrained(model_dir)(TEXT)["input_ids"]
     targets = torch.tensor(token_ids[1:])
     load = open("/proc/loadavg").read().split()[:3]
-    print(f"{len(token_ids)} tokens of fixed text; 1 thread; load average {' '.join(load)} at start")
+    print(f"{model_dir}: {len(token_ids)} tokens of fixed text; 1 thread; load average {' '.join(load)} at start")
     rows = []
-    reference = None
+    reference = transformers_logprobs(model_dir, token_ids)[:-1] if args.transformers else None
+    against = "transformers float32" if args.transformers else "float32"
     # The float32 model first (the reference), then each method in --dtype ("none": no quantization).
     for index, name in enumerate(["none", *[m for m in args.methods.split(",") if m]]):
         method = None if name == "none" else name
         dtype = "float32" if index == 0 else args.dtype
-        runner, block_size = build_runner(dtype, method)
-        runner.initialize_kv_cache(1024)  # enough for the text, then for the W3 step's contexts
+        runner, block_size = build_runner(args.model, dtype, method)
+        layout = build_layout({index: window for index, window in runner.kv_cache_spec()})
+        runner.initialize_kv_cache(1024, layout)  # enough for the text, then for the W3 step's contexts
         logprobs = text_logprobs(runner, block_size, token_ids)[:-1]
-        step = decode_step_cpu_time(runner, block_size)
+        # The W3 step is built with one KV cache group: not measured for a sliding-window model (several groups).
+        step = decode_step_cpu_time(runner, block_size) if len(layout.groups) == 1 else None
         if reference is None:
             reference = logprobs
         text_lp = logprobs.gather(1, targets[:, None]).squeeze(1)
@@ -137,10 +167,10 @@ def main() -> int:
                      float((logprobs.argmax(-1) == reference.argmax(-1)).float().mean()),
                      float((text_lp - ref_lp).abs().mean()), step))
         del runner
-    print("| method | perplexity | top-1 agreement with float32 | mean abs logprob diff | W3 decode step, CPU s |")
+    print(f"| method | perplexity | top-1 agreement with {against} | mean abs logprob diff | W3 decode step, CPU s |")
     print("|---|---|---|---|---|")
     for name, ppl, agree, diff, step in rows:
-        print(f"| {name} | {ppl:.3f} | {100 * agree:.1f}% | {diff:.4f} | {step:.3f} |")
+        print(f"| {name} | {ppl:.3f} | {100 * agree:.1f}% | {diff:.4g} | {'-' if step is None else f'{step:.3f}'} |")
     print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])} at end")
     return 0
 

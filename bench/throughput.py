@@ -4,6 +4,8 @@
     python bench/throughput.py --dtype auto         # W3-auto: the same in the CPU's default dtype
     python bench/throughput.py --compare hf         # ... and transformers' padded generate, same run
     python bench/throughput.py --compare llama.cpp  # ... and llama.cpp's server on the same GGUF weights, same run
+    python bench/throughput.py --model gemma-3-270m-Q4_K_M --quantization gguf --compare llama.cpp
+                                                    # W3 on Gemma 3 270M, llama.cpp on its Q4_K_M file as it is
     python bench/throughput.py --acceptance         # issue 17's figures: W3 float32, W3-auto, int8_dynamic, gguf, each
                                                     # against llama.cpp at its precision, in one run
     python bench/throughput.py --workload w1 --random-model qwen3-0.6b --num-seqs 8 --max-input 256 --max-output 64
@@ -87,6 +89,8 @@ def run_asyncengine(args, model: str | None, prompts, max_tokens, load_format: s
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.max_model_len:
         options["max_model_len"] = args.max_model_len
+    if args.kv_cache_memory_bytes:
+        options["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     llm = LLM(model, **options)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
     requests = [{"prompt_token_ids": p} for p in prompts]
@@ -157,7 +161,9 @@ def compare_llama_cpp(args, prompts, max_tokens, threads: int, engine_tok_s: flo
     precision, or why it could not run (said plainly, not an error)."""
     from llama_server import GGUF_TYPES, Unavailable, run_w3
 
-    gguf_type = args.gguf_type or GGUF_TYPES.get(engine_precision(args))
+    model_file = model_gguf_file(args.model)
+    # Another model than the default one runs as its file is (Gemma 3 270M's Q4_K_M), whatever the engine's precision.
+    gguf_type = f"{model_file.name} as it is" if model_file else args.gguf_type or GGUF_TYPES.get(engine_precision(args))
     if gguf_type is None:
         return {"llama_cpp": f"no GGUF type matches {engine_precision(args)}", "line": " | llama.cpp: no GGUF type "
                 f"matches {engine_precision(args)} (pass --gguf-type)"}
@@ -169,7 +175,7 @@ def compare_llama_cpp(args, prompts, max_tokens, threads: int, engine_tok_s: flo
             break  # the default run already is the matched one
         label = f"{gguf_type}, KV {kv_type or 'f16 (its default)'}"
         try:
-            seconds, generated = run_w3(prompts, max_tokens, gguf_type, threads, kv_type)
+            seconds, generated = run_w3(prompts, max_tokens, gguf_type, threads, kv_type, model_file)
         except Unavailable as exc:
             figures.setdefault("llama_cpp", f"unavailable: {exc}")
             return {**figures, "line": line + f" | llama.cpp could not run: {exc}"}
@@ -181,6 +187,22 @@ def compare_llama_cpp(args, prompts, max_tokens, threads: int, engine_tok_s: flo
                         f"{key}_ratio": round(engine_tok_s / tok_s, 3)})
         line += f" | llama.cpp llama-server {label} {tok_s:.1f} tok/s ({seconds:.1f} s), ratio {engine_tok_s / tok_s:.2f}x"
     return {**figures, "line": line}
+
+
+def model_gguf_file(model: str | None) -> Path | None:
+    """The GGUF file behind --model, for llama.cpp (None: the default model's, at the engine's precision): a packaged
+    model's (assembled in the engine's cache) or a .gguf path."""
+    if model is None:
+        return None
+    from asyncengine.loader.gguf import default_cache_root
+    from asyncengine.loader.packaged_models import gguf_path, packaged_model
+
+    packaged = packaged_model(model)
+    if packaged is not None:
+        return gguf_path(packaged, default_cache_root())
+    if model.endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    raise SystemExit(f"--compare llama.cpp needs a GGUF model: {model!r} is neither a packaged model nor a .gguf file")
 
 
 # issue 17's acceptance: (label, arguments of one throughput.py run), each against llama.cpp at its precision.
@@ -235,6 +257,7 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, help="the engine's KV cache (default: 2 GiB on CPU)")
     parser.add_argument("--compare", choices=["hf", "llama.cpp"],
                         help="also run transformers in the same process, or llama.cpp's server (bench/llama_server.py)")
     parser.add_argument("--gguf-type", help="with --compare llama.cpp: F32, BF16, Q8_0 or Q4_1 (default: the "
@@ -291,9 +314,8 @@ def main() -> int:
             f"({hf_elapsed:.1f} s) | ratio {ratio:.2f}x"
         )
     if args.compare == "llama.cpp":
-        if args.random_model or args.model:
-            print("error: --compare llama.cpp runs the default model's GGUF file; drop --model/--random-model",
-                  file=sys.stderr)
+        if args.random_model:
+            print("error: --compare llama.cpp runs a GGUF file; drop --random-model", file=sys.stderr)
             return 2
         result.update(compare_llama_cpp(args, prompts, max_tokens, threads, generated / elapsed))
         line += result.pop("line")
