@@ -170,8 +170,7 @@ def transformers_cannot_run(names: list[str], hf_config: dict[str, Any], *, trus
     under one of the architecture names, or, with trust_remote_code, the model files' own (`auto_map`)."""
     import transformers
 
-    auto_map = hf_config.get("auto_map") if isinstance(hf_config.get("auto_map"), dict) else {}
-    remote = "AutoModelForCausalLM" in auto_map
+    remote = "AutoModelForCausalLM" in auto_map_of(hf_config)
     if remote and trust_remote_code:
         return None
     for name in names:
@@ -182,6 +181,12 @@ def transformers_cannot_run(names: list[str], hf_config: dict[str, Any], *, trus
                 "trust_remote_code (--trust-remote-code) set")
     return (f"transformers {transformers.__version__} has no causal language model class of that name, and the "
             "model ships no modelling code of its own (auto_map)")
+
+
+def auto_map_of(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json's `auto_map` (the classes a model's own code files define, by "module.Class"), {} without one."""
+    auto_map = hf_config.get("auto_map")
+    return auto_map if isinstance(auto_map, dict) else {}
 
 
 def complete_hf_config(model_dir: Path, raw: dict[str, Any], overrides: dict[str, Any], *,

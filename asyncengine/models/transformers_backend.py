@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from asyncengine.config.model import ModelConfig
+from asyncengine.config.model import ModelConfig, auto_map_of
 from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
-from asyncengine.ops.paged_attention import soft_cap
+from asyncengine.models.layers.logits import finish_logits, some_names
 from asyncengine import parallel_state as parallel
 
 # The name our attention function is registered under in transformers' AttentionInterface (never in its mask
@@ -153,7 +153,7 @@ class TransformersForCausalLM(nn.Module):
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
         data = dict(model_config.hf_config)
-        auto_map = data.get("auto_map") if isinstance(data.get("auto_map"), dict) else {}
+        auto_map = auto_map_of(data)
         if model_config.trust_remote_code and "AutoConfig" in auto_map:
             config_cls = get_class_from_dynamic_module(auto_map["AutoConfig"], model_config.model_dir)
         elif data.get("model_type") in transformers.CONFIG_MAPPING:
@@ -201,14 +201,8 @@ class TransformersForCausalLM(nn.Module):
         return output[0][0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.hf.get_output_embeddings()(hidden)
-        if self.logit_scale is not None:
-            logits = logits * self.logit_scale
-        if self.logits_divisor is not None:
-            logits = logits / self.logits_divisor
-        if self.final_logit_soft_cap is not None:
-            logits = soft_cap(logits, self.final_logit_soft_cap)
-        return logits
+        return finish_logits(self.hf.get_output_embeddings()(hidden), multiplier=self.logit_scale,
+                             divisor=self.logits_divisor, cap=self.final_logit_soft_cap)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (transformers' names, as save_pretrained writes them) into transformers' model;
@@ -234,14 +228,14 @@ class TransformersForCausalLM(nn.Module):
                 loaded.add(id(target))
         if unexpected:
             raise ModelLoadError(f"the checkpoint has tensors transformers' {type(self.hf).__name__} does not have: "
-                                 f"{_some(unexpected)} (a checkpoint transformers renames on load is not supported "
+                                 f"{some_names(unexpected)} (a checkpoint transformers renames on load is not supported "
                                  "by the transformers backend)")
         missing = [name for key, name in required.items() if key not in loaded]
         if missing:
-            raise ModelLoadError(f"the checkpoint lacks weights for: {_some(missing)}")
+            raise ModelLoadError(f"the checkpoint lacks weights for: {some_names(missing)}")
 
 
-def _causal_lm_class(spec: TransformersModelSpec) -> type:
+def _causal_lm_class(spec: TransformersModelSpec) -> Any:
     """The model files' own class (trust_remote_code, auto_map), else transformers' class of the architecture."""
     import transformers
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
@@ -254,8 +248,3 @@ def _causal_lm_class(spec: TransformersModelSpec) -> type:
         if name.endswith("ForCausalLM") and isinstance(model_cls, type):
             return model_cls
     raise ModelLoadError(f"transformers has no causal language model class for {config.architectures}")
-
-
-def _some(names: list[str], limit: int = 8) -> str:
-    names = sorted(names)
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
