@@ -139,6 +139,10 @@ class TransformersForCausalLM(nn.Module):
                                  "cache: this architecture cannot run through the transformers backend")
         self.hf = model_cls._from_config(config, dtype=dtype, attn_implementation=ATTENTION_NAME)
         self.hf.eval()
+        if self.hf.base_model is self.hf:  # forward() runs the decoder without the head: it must be reachable
+            raise ModelLoadError(f"{model_cls.__name__} names no decoder submodule (its base_model_prefix "
+                                 f"{getattr(model_cls, 'base_model_prefix', '')!r} is not an attribute of it): the "
+                                 "transformers backend needs the hidden states before the LM head")
         self.step = StepContext()
         self.num_attention_layers = self._attach_attention(config)
         self.logit_scale = getattr(self.hf, "logit_scale", None)  # Cohere multiplies the logits by it
