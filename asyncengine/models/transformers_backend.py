@@ -75,8 +75,9 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         raise RuntimeError(f"{ATTENTION_NAME} attention ran outside TransformersForCausalLM.forward (no step metadata)")
     _check_call(layer, query, key, scaling, kwargs)
     cache_dtype = layer.kv_cache[0].dtype if layer.kv_cache is not None else query.dtype
-    # [1, heads, tokens, head_dim] -> [tokens, heads, head_dim]; keys and values contiguous as the cache store wants.
-    out = layer(query[0].transpose(0, 1).to(cache_dtype),
+    # [1, heads, tokens, head_dim] -> [tokens, heads, head_dim], contiguous as the kernels want (a no-op for most
+    # models, whose [1, heads, tokens, head_dim] is itself a transposed view of [1, tokens, heads, head_dim]).
+    out = layer(query[0].transpose(0, 1).to(cache_dtype).contiguous(),
                 key[0].transpose(0, 1).to(cache_dtype).contiguous(),
                 value[0].transpose(0, 1).to(cache_dtype).contiguous(), metadata)
     return out.view(1, out.shape[0], layer.num_heads, layer.head_dim).to(query.dtype), None
@@ -94,7 +95,7 @@ def _check_call(layer: TransformersAttention, query: torch.Tensor, key: torch.Te
         raise ModelLoadError(f"attention layer {layer.layer_index} was called with scaling {scaling}, built with "
                              f"{layer.scale}")
     window, cap = kwargs.get("sliding_window"), kwargs.get("softcap")
-    if window is not None and window != layer.sliding_window:
+    if (int(window) if window else None) != layer.sliding_window:  # both ways: a window must never be dropped
         raise ModelLoadError(f"attention layer {layer.layer_index} was called with sliding window {window}, built "
                              f"with {layer.sliding_window}")
     if cap is not None and cap != layer.logits_soft_cap:
@@ -180,7 +181,10 @@ class TransformersForCausalLM(nn.Module):
                 continue
             head_dim = int(getattr(module, "head_dim", None) or getattr(config, "head_dim", None)
                            or config.hidden_size // num_heads)
-            window = getattr(module, "sliding_window", None)
+            # The module's own (Qwen2, Gemma 2/3: per layer type), else the config's (Mistral and Phi-3 pass
+            # config.sliding_window on every layer); a call that disagrees is an error (_check_call).
+            window = getattr(module, "sliding_window", None) if hasattr(module, "sliding_window") \
+                else getattr(config, "sliding_window", None)
             cap = getattr(module, "attn_logit_softcapping", None)
             module.asyncengine_attention = TransformersAttention(
                 self.step, num_heads, num_kv_heads, head_dim, float(getattr(module, "scaling", head_dim**-0.5)),
