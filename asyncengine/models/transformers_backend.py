@@ -152,8 +152,9 @@ class TransformersForCausalLM(nn.Module):
 
     @classmethod
     def spec_of(cls, model_config: ModelConfig) -> TransformersModelSpec:
-        """transformers' config object for the model: its config class (the model files' own with
-        trust_remote_code and an auto_map) over the resolved config.json (hf_overrides applied)."""
+        """What to build the model from: transformers' config object (its config class, the model files' own with
+        trust_remote_code and an auto_map, over the resolved config.json with hf_overrides applied), and where
+        the files' own modelling code is when trust_remote_code lets it run."""
         import transformers
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
@@ -183,7 +184,7 @@ class TransformersForCausalLM(nn.Module):
                            or config.hidden_size // num_heads)
             # The module's own (Qwen2, Gemma 2/3: per layer type), else the config's (Mistral and Phi-3 pass
             # config.sliding_window on every layer); a call that disagrees is an error (_check_call).
-            window = getattr(module, "sliding_window", None) if hasattr(module, "sliding_window") \
+            window = module.sliding_window if hasattr(module, "sliding_window") \
                 else getattr(config, "sliding_window", None)
             cap = getattr(module, "attn_logit_softcapping", None)
             module.asyncengine_attention = TransformersAttention(
