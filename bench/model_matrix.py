@@ -2,6 +2,7 @@
 
     python bench/model_matrix.py                        # every architecture, every path
     python bench/model_matrix.py --models gemma3 olmo2 --paths tp2 pp2
+    python bench/model_matrix.py --model-impl transformers --paths batch chunked prefix preempt
 
 Each architecture is a tiny random model of tests/support/native_models.py (sliding windows of 16 tokens where
 it has them); each path runs prompts longer than the window through the engine and compares every sequence
@@ -13,6 +14,8 @@ adapter on q_proj, v_proj, o_proj and down_proj, where the checkpoint has them u
 adapter applied is then the reference; peft is installed into a temporary folder when missing), `pooling`
 (`--runner pooling`: each prompt's embedding, the last token's final hidden state normalized, within 1e-4 of
 transformers'). One line per (model, path), then a summary line; the exit status is 1 when any cell failed.
+`--model-impl transformers` runs the same cells through the transformers backend (docs/models.md), which
+refuses tp2, pp2, lora and pooling by design.
 """
 
 from __future__ import annotations
@@ -86,12 +89,13 @@ def run_pooling(model, prompts: list[list[int]]) -> tuple[int, int, float, str]:
     return len(prompts), 0, worst, "embedding error (not logprobs)"
 
 
-def run_cell(model, path: str, references: dict, folders: _Folders) -> tuple[int, int, float, str]:
+def run_cell(model, path: str, references: dict, folders: _Folders,
+             model_impl: str = "auto") -> tuple[int, int, float, str]:
     """(sequences, tokens compared, largest logprob error, note); raises on a mismatch."""
     from asyncengine import LLM, LoRARequest, SamplingParams
     from support.hf_reference import check_greedy, hf_greedy
 
-    options = {"skip_tokenizer_init": True, "max_model_len": 256, **PATHS[path]}
+    options = {"skip_tokenizer_init": True, "max_model_len": 256, "model_impl": model_impl, **PATHS[path]}
     if path == "preempt" and model.name in EVERY_LAYER_SLIDES:  # a sequence holds its window only: a smaller cache
         options["num_gpu_blocks_override"] = EVERY_LAYER_SLIDES[model.name]
     prompts = prompts_for(model.vocab_size, path)
@@ -141,6 +145,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=list(SPECS), choices=list(SPECS))
     parser.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
+    parser.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"])
     args = parser.parse_args()
     failed = cells = 0
     started = time.perf_counter()
@@ -153,7 +158,7 @@ def main() -> int:
                 cells += 1
                 cell_started = time.perf_counter()
                 try:
-                    sequences, tokens, worst, note = run_cell(model, path, references, folders)
+                    sequences, tokens, worst, note = run_cell(model, path, references, folders, args.model_impl)
                     verdict = f"ok    {sequences} sequences, {tokens} tokens, max logprob error {worst:.1e}, {note}"
                 except Exception as exc:  # a failed cell is reported and the matrix goes on
                     failed += 1

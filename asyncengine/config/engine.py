@@ -39,6 +39,9 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's names for two 
 CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
+# vLLM's --model-impl values (vLLM's "terratorch" has no counterpart here).
+MODEL_IMPLS = ("auto", "native", "transformers")
+
 # The KV cache on CPU has no device memory to measure, so it gets a fixed budget unless
 # `kv_cache_memory_bytes` or `num_gpu_blocks_override` say otherwise (docs/configuration.md).
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
@@ -108,10 +111,15 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     quantization: Annotated[str | None, doc(
         "The quantization method of the linear layers: int8, int8_dynamic, gguf or one a plugin "
         "registered.")] = None
-    # Passed to transformers where the model's config and tokenizer are loaded.
+    # Passed to transformers where the model's config, tokenizer and (model_impl transformers) model are loaded.
     trust_remote_code: Annotated[bool, doc(
-        "Let transformers run the Python code a model's or tokenizer's files ship (their configuration and "
-        "tokenizer classes).")] = False
+        "Let transformers run the Python code a model's or tokenizer's files ship (their configuration, "
+        "tokenizer and, run through transformers, modelling classes).")] = False
+    # vLLM's --model-impl (docs/models.md): the transformers backend, asyncengine/models/transformers_backend.py.
+    model_impl: Annotated[str, doc(
+        "Which implementation runs the model: native (ours; an architecture without one is an error), "
+        "transformers (transformers' modelling code over our paged KV cache, TP=1) or auto (native where we "
+        "have it, else transformers).")] = "auto"
 
     # Scheduling and KV cache
     max_num_seqs: Annotated[int, doc("The most sequences in one step's batch.")] = 256
@@ -329,6 +337,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
             raise ConfigError(f"chat_template_content_format must be one of "
                               f"{', '.join(CHAT_TEMPLATE_CONTENT_FORMATS)}, got {self.chat_template_content_format!r}",
                               field="chat_template_content_format")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ConfigError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}",
+                              field="model_impl")
         if not self.device:
             raise ConfigError("device must be 'auto', a built-in platform (cpu, cuda) or a platform plugin's name",
                               field="device")

@@ -22,6 +22,9 @@ from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
 
+# ModelConfig.model_impl: which implementation builds the model (EngineConfig.model_impl resolved).
+NATIVE, TRANSFORMERS = "native", "transformers"
+
 # The model served when none is named (`model=None`; the loader finds or fetches it, loader/model_source.py).
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -45,6 +48,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # model's pooler (asyncengine/pooling/config.py).
     runner: str = "generate"
     pooler: PoolerConfig | None = None
+    # "native" (a registered class) or "transformers" (EngineConfig.model_impl resolved against the
+    # architecture: asyncengine/models/transformers_backend.py); the worker builds the model accordingly.
+    model_impl: str = NATIVE
+    trust_remote_code: bool = False  # the transformers backend may run the model's own modelling code
 
     @property
     def model(self) -> str:
@@ -78,12 +85,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     names = hf_config.get("architectures") or []
     if not isinstance(names, list) or not names:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
-    if architectures is not None and not any(architectures.is_supported(a) or a in config.model_class_overrides
-                                             for a in names):
-        raise UnsupportedArchitectureError(
-            f"model architecture(s) {', '.join(names)} of {model_dir} are not supported for now; "
-            f"supported: {', '.join(architectures.get_supported_archs())}"
-        )
+    model_impl = resolve_model_impl(config, names, hf_config, model_dir, architectures)
 
     max_model_len = _max_model_len(config, hf_config)
     generation_config = _load_generation_config(model_dir) if config.generation_config == "auto" else {}
@@ -109,8 +111,82 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         hf_overrides=dict(config.hf_overrides),
+        model_impl=model_impl,
+        trust_remote_code=config.trust_remote_code,
     )
-    return apply_pooling(config, model_config, architectures)
+    model_config = apply_pooling(config, model_config, architectures)
+    if model_config.model_impl == TRANSFORMERS and model_config.runner == "pooling":
+        raise ConfigError(f"the pooling runner needs a native architecture; {', '.join(names)} runs through "
+                          "transformers (model_impl), which is built for generation here", field="runner")
+    return model_config
+
+
+def resolve_model_impl(config: EngineConfig, names: list[str], hf_config: dict[str, Any], model_dir: Path,
+                       architectures: ArchitectureTable | None) -> str:
+    """NATIVE or TRANSFORMERS for the model's `names` (config.json's architectures), as `config.model_impl`
+    asks: auto runs an architecture through transformers only when no class of ours (or a plugin's, or a
+    model_class_overrides entry) has it, and says so in the log. Without `architectures` (a caller that
+    checks none) auto means native. An architecture neither side can build is an error naming it."""
+    native = architectures is None or any(architectures.is_supported(a) or a in config.model_class_overrides
+                                          for a in names)
+    if config.model_impl == NATIVE or (config.model_impl == "auto" and native):
+        if not native:
+            raise UnsupportedArchitectureError(
+                f"model architecture(s) {', '.join(names)} of {model_dir} have no native implementation here and "
+                f"model_impl is native, which forbids running them through transformers (model_impl auto or "
+                f"transformers would); native: {', '.join(architectures.get_supported_archs())}"
+                if architectures is not None else f"model architecture(s) {', '.join(names)} are not supported")
+        return NATIVE
+    reason = transformers_cannot_run(names, hf_config, trust_remote_code=config.trust_remote_code)
+    if reason is not None:
+        supported = f"; native: {', '.join(architectures.get_supported_archs())}" if architectures is not None else ""
+        raise UnsupportedArchitectureError(f"model architecture(s) {', '.join(names)} of {model_dir}: {reason}"
+                                           f"{supported}")
+    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+        raise ConfigError(
+            f"model architecture(s) {', '.join(names)} run through transformers' modelling code (model_impl "
+            f"{config.model_impl}), which is built for one rank: tensor_parallel_size and pipeline_parallel_size "
+            "must be 1 (only native architectures split over ranks, docs/models.md)",
+            field="tensor_parallel_size" if config.tensor_parallel_size > 1 else "pipeline_parallel_size")
+    if config.quantization is not None:
+        raise ConfigError(f"quantization {config.quantization} applies to native architectures' layers; "
+                          f"{', '.join(names)} runs through transformers (model_impl {config.model_impl})",
+                          field="quantization")
+    if config.enable_lora:
+        raise ConfigError(f"LoRA adapters need a native architecture; {', '.join(names)} runs through transformers "
+                          f"(model_impl {config.model_impl})", field="enable_lora")
+    if config.model_impl == "auto":
+        logger.warning("model architecture(s) %s have no native implementation here: running transformers' "
+                       "modelling code over the paged KV cache (model_impl auto -> transformers; slower than "
+                       "native, docs/models.md)", ", ".join(names))
+    else:
+        logger.info("model architecture(s) %s run through transformers' modelling code (model_impl transformers)",
+                    ", ".join(names))
+    return TRANSFORMERS
+
+
+def transformers_cannot_run(names: list[str], hf_config: dict[str, Any], *, trust_remote_code: bool) -> str | None:
+    """Why transformers cannot build a causal LM for this config (None: it can): a class transformers exports
+    under one of the architecture names, or, with trust_remote_code, the model files' own (`auto_map`)."""
+    import transformers
+
+    remote = "AutoModelForCausalLM" in auto_map_of(hf_config)
+    if remote and trust_remote_code:
+        return None
+    for name in names:
+        if name.endswith("ForCausalLM") and isinstance(getattr(transformers, name, None), type):
+            return None
+    if remote:
+        return ("the model ships its own modelling code (auto_map AutoModelForCausalLM), which runs only with "
+                "trust_remote_code (--trust-remote-code) set")
+    return (f"transformers {transformers.__version__} has no causal language model class of that name, and the "
+            "model ships no modelling code of its own (auto_map)")
+
+
+def auto_map_of(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json's `auto_map` (the classes a model's own code files define, by "module.Class"), {} without one."""
+    auto_map = hf_config.get("auto_map")
+    return auto_map if isinstance(auto_map, dict) else {}
 
 
 def complete_hf_config(model_dir: Path, raw: dict[str, Any], overrides: dict[str, Any], *,

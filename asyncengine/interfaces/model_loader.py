@@ -13,7 +13,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asyncengine.config.model import ModelConfig
+from asyncengine.config.model import TRANSFORMERS, ModelConfig
 from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.models import ModelRegistry
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 AUTO = "auto"
+
+# The model class of ModelConfig.model_impl "transformers", by path (this floor module imports no models).
+TRANSFORMERS_BACKEND = "asyncengine.models.transformers_backend:TransformersForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,18 @@ class BaseModelLoader:
     def _build_and_fill(self, model_config: ModelConfig, device: torch.device) -> nn.Module:
         from asyncengine.interfaces.torch_bases import build_on_device  # torch, when a model is built
 
-        _, model_cls = ModelRegistry.resolve(model_config.architectures, self.load_config.model_class_overrides)
-        if model_config.runner == "pooling" and not getattr(model_cls, "is_pooling_model", False):
-            # A generation model run as an embedder (--runner pooling): the same layers, no LM head.
-            adapt = import_by_path("asyncengine.models.pooling_adapters:as_pooling_model", what="pooling adapter",
-                                   error=ModelLoadError)
-            model_cls = adapt(model_cls)
-        hf_config = model_config.load_hf_config()
+        hf_config: Any
+        if model_config.model_impl == TRANSFORMERS:  # transformers' modelling code over our KV cache (docs/models.md)
+            model_cls = import_by_path(TRANSFORMERS_BACKEND, what="the transformers backend", error=ModelLoadError)
+            hf_config = model_cls.spec_of(model_config)
+        else:
+            _, model_cls = ModelRegistry.resolve(model_config.architectures, self.load_config.model_class_overrides)
+            if model_config.runner == "pooling" and not getattr(model_cls, "is_pooling_model", False):
+                # A generation model run as an embedder (--runner pooling): the same layers, no LM head.
+                adapt = import_by_path("asyncengine.models.pooling_adapters:as_pooling_model",
+                                       what="pooling adapter", error=ModelLoadError)
+                model_cls = adapt(model_cls)
+            hf_config = model_config.load_hf_config()
         quant_config = None
         if self.load_config.quantization is not None:
             quant_config = QuantizationRegistry.config_class(self.load_config.quantization).from_model_config(hf_config)

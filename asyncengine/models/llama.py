@@ -34,10 +34,10 @@ from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.activation import gated_activation
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from asyncengine.models.layers.logits import finish_logits, some_names
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, check_shape, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
-from asyncengine.ops.paged_attention import soft_cap
 from asyncengine import parallel_state as parallel
 
 # checkpoint projection name -> (fused parameter name, shard index)
@@ -338,12 +338,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
-        if self.logits_divisor is not None:
-            logits = logits / self.logits_divisor
-        if self.final_logit_soft_cap is not None:
-            logits = soft_cap(logits, self.final_logit_soft_cap)
-        return logits
+        return finish_logits(self.lm_head(hidden), divisor=self.logits_divisor, cap=self.final_logit_soft_cap)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (transformers names) into the parameters; every parameter must be set."""
@@ -382,11 +377,11 @@ class LlamaForCausalLM(nn.Module):
         if unexpected:
             raise ModelLoadError(
                 f"the checkpoint has tensors this {type(self).__name__} does not have: "
-                f"{_some(unexpected)}; is config.json's architecture right for these weights?"
+                f"{some_names(unexpected)}; is config.json's architecture right for these weights?"
             )
         missing = [name if shard is None else f"{name} (shard {shard})" for name, shard in required - loaded]
         if missing:
-            raise ModelLoadError(f"the checkpoint lacks weights for: {_some(missing)}")
+            raise ModelLoadError(f"the checkpoint lacks weights for: {some_names(missing)}")
 
     def _required_pieces(self, params: dict[str, nn.Parameter]) -> set[tuple[str, int | None]]:
         """(parameter, shard) pairs a checkpoint must provide; shard None for unfused parameters."""
@@ -417,11 +412,6 @@ class LlamaForCausalLM(nn.Module):
         if name.startswith(("model.norm.", "lm_head.")):
             return not parallel.is_last_stage()
         return False
-
-
-def _some(names: list[str], limit: int = 8) -> str:
-    names = sorted(names)
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _fused_target(name: str) -> tuple[str, int | None]:

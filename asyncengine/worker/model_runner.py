@@ -269,6 +269,7 @@ class ModelRunner:
                 and self.engine_config.tensor_parallel_size == 1
                 and self.engine_config.pipeline_parallel_size == 1
                 and self.lora is None  # the adapters' per-step assignment is not in the captured buffers
+                and getattr(self.model, "supports_cuda_graphs", True)  # the transformers backend's is False
                 and self.model_config.runner != "pooling"  # a pooling model never decodes
                 and self.block_rows.num_groups == 1  # the graphs' buffers hold one block table per sequence
                 and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
