@@ -16,6 +16,7 @@ error is `{"error": {...}}` (server/errors.py): their shapes are declared below,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.plugin_runtime.records import StartupRecord
-from asyncengine.server import protocol, protocol_pooling
+from asyncengine.server import protocol, protocol_pooling, protocol_responses
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"
@@ -67,8 +68,10 @@ class Contract:
     summary: str
     request: type | None = None  # the JSON body's Struct (POST routes)
     response: Any = None  # the 200 JSON body's type; None with `response_media` for a non-JSON body
-    stream_event: type | None = None  # with `stream: true` the 200 is server-sent events, each `data:` this
+    stream_event: Any = None  # with `stream: true` the 200 is server-sent events, each `data:` this (a type)
     response_media: str | None = None  # a 200 that is not JSON: its content type
+    stream_note: str = ("`data: <JSON>` events (an error mid-stream is an ErrorResponse event), ending with "
+                        "`data: [DONE]`")
 
 
 # Keyed by the view name of routes._BUILTIN.
@@ -107,7 +110,26 @@ CONTRACTS: dict[str, Contract] = {
                        request=protocol_pooling.RerankRequest, response=protocol_pooling.RerankResponse),
     "v1_rerank": Contract("Documents ranked against a query (as /rerank)", request=protocol_pooling.RerankRequest,
                           response=protocol_pooling.RerankResponse),
+    # OpenAI's Responses API (docs/server.md; server/serving_responses.py).
+    "responses_create": Contract("A response (OpenAI's Responses API); streamed as typed events, each `event: TYPE`",
+                                 request=protocol_responses.ResponsesRequest,
+                                 response=protocol_responses.ResponsesResponse,
+                                 stream_event=protocol_responses.ResponseStreamEvent,
+                                 stream_note="`event: TYPE` and `data: <JSON>` pairs, numbered by sequence_number, "
+                                             "from response.created to response.completed, response.incomplete or "
+                                             "(after an `error` event) response.failed; no [DONE]"),
+    "responses_retrieve": Contract("A stored response (store: true), by id", response=protocol_responses.ResponsesResponse),
+    "responses_cancel": Contract("Cancel a background response (an empty JSON body)",
+                                 response=protocol_responses.ResponsesResponse),
 }
+
+# A path parameter as Werkzeug writes it in a rule (`<response_id>`), and as OpenAPI does (`{response_id}`).
+_RULE_PARAMETER = re.compile(r"<(?:[a-z_]+:)?([A-Za-z_][A-Za-z0-9_]*)>")
+
+
+def openapi_path(rule: str) -> str:
+    """The OpenAPI path of a route's rule: /v1/responses/<response_id> is /v1/responses/{response_id}."""
+    return _RULE_PARAMETER.sub(r"{\1}", rule)
 
 
 def openapi_document(routes: list[tuple[str, str, str]], *, title: str, version: str, api_key: bool,
@@ -130,13 +152,14 @@ def openapi_document(routes: list[tuple[str, str, str]], *, title: str, version:
     paths: dict[str, dict[str, Any]] = {}
     for rule, method, name in routes:
         contract = CONTRACTS[name]
-        paths.setdefault(rule, {})[method.lower()] = _operation(name, contract, schema_of, error_ref,
-                                                                secured=api_key and rule not in open_routes)
+        operation = _operation(name, contract, schema_of, error_ref, secured=api_key and rule not in open_routes)
+        paths.setdefault(openapi_path(rule), {})[method.lower()] = {**operation, **_path_parameters(rule)}
     for rule, method in plugin_routes:
-        paths.setdefault(rule, {})[method.lower()] = {
+        paths.setdefault(openapi_path(rule), {})[method.lower()] = {
             "summary": "Added by an endpoint plugin (--plugins); its body is the plugin's own",
             "responses": {"default": {"description": "the plugin's answer"}},
             **({"security": [{"bearer": []}]} if api_key and rule not in open_routes else {}),
+            **_path_parameters(rule),
         }
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
@@ -152,6 +175,12 @@ def openapi_document(routes: list[tuple[str, str, str]], *, title: str, version:
     return document
 
 
+def _path_parameters(rule: str) -> dict[str, Any]:
+    parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in _RULE_PARAMETER.findall(rule)]
+    return {"parameters": parameters} if parameters else {}
+
+
 def _operation(name: str, contract: Contract, schema_of: dict[Any, Any], error_ref: dict[str, Any], *,
                secured: bool) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": error_ref}}}
@@ -164,8 +193,7 @@ def _operation(name: str, contract: Contract, schema_of: dict[Any, Any], error_r
         ok["description"] = "JSON; with `stream: true` server-sent events"
         ok.setdefault("content", {})["text/event-stream"] = {
             # OpenAPI 3.1 has no schema for one event; x-event-data names what each `data:` line holds.
-            "schema": {"type": "string", "description": "`data: <JSON>` events (an error mid-stream is an "
-                                                        "ErrorResponse event), ending with `data: [DONE]`"},
+            "schema": {"type": "string", "description": contract.stream_note},
             "x-event-data": schema_of[contract.stream_event],
         }
     responses: dict[str, Any] = {"200": ok}

@@ -21,7 +21,7 @@ from openapi_spec_validator import validate
 
 from asyncengine.server import openapi, routes
 from asyncengine.server.access import PUBLIC_PATHS
-from asyncengine.server.openapi import CONTRACTS, openapi_document
+from asyncengine.server.openapi import CONTRACTS, openapi_document, openapi_path
 
 
 def document(*, api_key: bool = True) -> dict[str, Any]:
@@ -50,12 +50,17 @@ def test_the_document_is_valid_openapi_3_1_with_every_builtin_route():
     doc = document()
     validate(doc)  # raises on anything that is not OpenAPI 3.1
     assert doc["openapi"] == "3.1.0"
-    for rule, method in routes.builtin_route_keys():
-        operation = doc["paths"][rule][method.lower()]
+    for rule, method, name in routes._BUILTIN:
+        operation = doc["paths"][openapi_path(rule)][method.lower()]
         assert "200" in operation["responses"]
         assert {"4XX", "5XX"} <= operation["responses"].keys()
-        if method == "POST":
+        if CONTRACTS[name].request is not None:
             assert "application/json" in operation["requestBody"]["content"]
+    # A path parameter is OpenAPI's {name}, declared (Werkzeug's <name> in the rule).
+    retrieve = doc["paths"]["/v1/responses/{response_id}"]["get"]
+    assert retrieve["parameters"] == [{"name": "response_id", "in": "path", "required": True,
+                                       "schema": {"type": "string"}}]
+    assert not any("<" in path for path in doc["paths"])
     for ref in refs(doc):
         resolve(doc, ref)  # every $ref resolves (KeyError otherwise)
     assert len(set(refs(doc))) > 10
@@ -74,7 +79,13 @@ def test_errors_streams_and_auth_are_declared():
     assert "text/event-stream" not in doc["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]
     # --api-key covers every route but /health, /metrics and /version; /openapi.json included.
     secured = {rule for rule, item in doc["paths"].items() for op in item.values() if op.get("security")}
-    assert secured == {rule for rule, _ in routes.builtin_route_keys()} - {"/health", "/metrics", "/version"}
+    assert secured == {openapi_path(rule) for rule, _ in routes.builtin_route_keys()} - {"/health", "/metrics",
+                                                                                         "/version"}
+    responses_ok = doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]
+    assert responses_ok["text/event-stream"]["schema"]["description"].startswith("`event: TYPE`")
+    event_refs = refs(responses_ok["text/event-stream"]["x-event-data"])  # one schema per event type
+    assert {"#/components/schemas/ResponseCompletedEvent", "#/components/schemas/OutputTextDeltaEvent"} <= set(
+        event_refs) and len(event_refs) >= 16
     assert "401" in doc["paths"]["/tokenize"]["post"]["responses"]
     assert "bearer" in doc["components"]["securitySchemes"]
     without_key = document(api_key=False)
@@ -149,6 +160,18 @@ def client_bodies() -> list[tuple[str, dict]]:
                                                response_format={"type": "text"}, seed=1, stop="x",
                                                extra_body={"chat_template_kwargs": {"enable_thinking": False},
                                                            "repetition_penalty": 1.1}),
+        lambda: client.responses.create(model="m", input="Hi"),
+        lambda: client.responses.create(
+            model="m", instructions="Be brief.", max_output_tokens=4, temperature=0.5, top_p=0.9, store=True,
+            metadata={"k": "v"}, previous_response_id="resp_1", parallel_tool_calls=False, tool_choice="required",
+            tools=[{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"},
+                    "strict": True}],
+            text={"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": True}},
+            reasoning={"effort": "low"}, include=["message.output_text.logprobs"], top_logprobs=2, user="u",
+            truncation="disabled", stream=True,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "x"}]},
+                   {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                   {"type": "function_call_output", "call_id": "c", "output": "done"}]),
     ]
     try:
         for call in calls:
@@ -162,7 +185,8 @@ def client_bodies() -> list[tuple[str, dict]]:
     return list(_Recorder.bodies)
 
 
-REQUEST_SCHEMAS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+REQUEST_SCHEMAS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
+                   "/v1/responses": "ResponsesRequest"}
 
 
 def validator(doc: dict[str, Any], name: str) -> jsonschema.Validator:
@@ -172,7 +196,7 @@ def validator(doc: dict[str, Any], name: str) -> jsonschema.Validator:
 def test_request_schemas_accept_the_openai_clients_bodies_and_reject_unknown_fields():
     doc = document()
     bodies = client_bodies()
-    assert len(bodies) == 5
+    assert len(bodies) == 7
     for path, body in bodies:
         request_schema = validator(doc, REQUEST_SCHEMAS[path])
         request_schema.validate(body)  # raises jsonschema.ValidationError naming the field
