@@ -78,6 +78,16 @@ def world_size() -> int:
     return _state.world_size
 
 
+def global_rank() -> int:
+    """This rank among all of the engine's (tensor_parallel_size x pipeline_parallel_size)."""
+    return _state.global_rank
+
+
+def tensor_group() -> Any:
+    """The stage's tensor-parallel process group (None: the whole world, or no group: one rank)."""
+    return _state.tensor_group
+
+
 def pipeline_rank() -> int:
     return _state.pipeline_rank
 

@@ -24,7 +24,15 @@ from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core 
 from asyncengine.errors import RequestError  # raise it to refuse a request (LogitsProcessor.validate_params)
 from asyncengine.errors import ConfigError  # raise it to refuse an option (check_and_update_config, validators)
 from asyncengine.interfaces.endpoint import EndpointPlugin  # read in: frontend (opt-in)
-from asyncengine.interfaces.io_processor import IOProcessor  # read in: frontend (`--io-processor-plugin NAME`)
+from asyncengine.interfaces.io_processor import (  # read in: frontend (`--io-processor-plugin NAME`)
+    IOProcessor,
+    IOProcessorInput,
+    IOProcessorOutput,
+    IOProcessorResponse,
+    PromptType,
+    TextPrompt,
+    TokensPrompt,
+)
 from asyncengine.outputs import CompletionOutput, RequestOutput  # what IOProcessor.post_process receives
 from asyncengine.server.protocol import IOProcessRequest  # read in: frontend (what IOProcessor.pre_process receives)
 from asyncengine.interfaces.stat_logger import StatLoggerBase  # read in: frontend
@@ -59,14 +67,15 @@ from asyncengine.interfaces.pooler import (  # read in: worker (a pooling model'
     register_pooler,
 )
 from asyncengine.pooling.params import PoolingParams  # what a pooling request carries (LLM.embed, encode, ...)
-from asyncengine.pooling.outputs import PoolingRequestOutput  # what IOProcessor.post_process gets on /pooling
+from asyncengine.pooling.outputs import PoolingOutput, PoolingRequestOutput  # what post_process gets on /pooling
 from asyncengine.interfaces.platform import Platform, PlatformEnum  # read in: every process
+from asyncengine.interfaces.platform import AttentionSelectorConfig, DeviceCapability  # what platform hooks take
 from asyncengine.platforms.cpu import CpuPlatform  # the built-in platforms, to subclass (vLLM's plugins do)
-from asyncengine.platforms.cuda import CudaPlatform
+from asyncengine.platforms.cuda import CudaPlatform, CudaPlatformBase, NonNvmlCudaPlatform, NvmlCudaPlatform
 from asyncengine.config.engine import EngineConfig  # what check_and_update_config receives
 from asyncengine.config.engine import EngineConfig as VllmConfig  # vLLM's name: sub-config views read through
+from asyncengine.compat import envs  # vLLM's environment flags, the few that mean something here
 from asyncengine.plugin_runtime.vllm_compat import (  # vLLM's helpers for plugin tests
-    envs,
     load_endpoint_plugins,
     load_general_plugins,
     load_plugins_by_group,
@@ -117,7 +126,7 @@ from asyncengine.interfaces.logits import (  # read in: worker (what update_stat
 
 
 _IN_TREE_OPS = {"RMSNorm": "asyncengine.models.layers.norm", "SiluAndMul": "asyncengine.models.layers.activation",
-                "RotaryEmbedding": "asyncengine.models.layers.rotary"}
+                "RotaryEmbedding": "asyncengine.models.layers.rotary", "FusedMoE": "asyncengine.models.layers.fused_moe"}
 
 
 def __getattr__(name: str):
@@ -133,6 +142,12 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_IN_TREE_OPS[name]), name)
+    # The MoE op's arguments and its torch reference (op "fused_moe", read in: worker): a provider receives a
+    # MoeConfig, and may call the shared routing (select_experts) or the reference. Imports torch too.
+    if name in ("MoeConfig", "select_experts", "fused_moe_reference"):
+        from asyncengine.ops import fused_moe
+
+        return getattr(fused_moe, name)
     # LlamaForCausalLM (read in: worker, which builds the model; frontend, which checks the architecture):
     # subclass it for an out-of-tree architecture (ModelRegistry.register_model). Imports torch too.
     if name == "LlamaForCausalLM":
@@ -150,6 +165,12 @@ def __getattr__(name: str):
         from asyncengine.worker.worker import Worker
 
         return Worker
+    # CPUWorker (read in: worker): vLLM's CPU worker's name and shape (constructor, vLLM's method names), for a
+    # platform's worker_cls to subclass as vLLM's platform plugins do (worker/cpu_worker.py). Imports torch too.
+    if name in ("CPUWorker", "KVCacheConfig"):
+        from asyncengine.worker import cpu_worker
+
+        return getattr(cpu_worker, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -157,6 +178,20 @@ def __getattr__(name: str):
 # public methods collective_rpc reaches after the worker's own (docs/hooks.md).
 
 __all__ = [
+    "AttentionSelectorConfig",
+    "CPUWorker",
+    "CudaPlatformBase",
+    "DeviceCapability",
+    "IOProcessorInput",
+    "IOProcessorOutput",
+    "IOProcessorResponse",
+    "KVCacheConfig",
+    "NonNvmlCudaPlatform",
+    "NvmlCudaPlatform",
+    "PoolingOutput",
+    "PromptType",
+    "TextPrompt",
+    "TokensPrompt",
     "Pooler",
     "PoolerRegistry",
     "PoolingParams",
@@ -168,6 +203,10 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "SiluAndMul",
+    "FusedMoE",
+    "MoeConfig",
+    "select_experts",
+    "fused_moe_reference",
     "register_op_impl",
     "AttentionBackend",
     "AttentionBackendRegistry",

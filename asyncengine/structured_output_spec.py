@@ -75,15 +75,18 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, kw_only=True):
         value = getattr(self, kind)
         field = f"structured_outputs.{kind}"
         if kind == "json":
-            if isinstance(value, str):
-                try:
-                    value = _json.loads(value)
-                except ValueError as exc:
-                    raise RequestError(f"{field} is not valid JSON: {exc}", field=field) from exc
-            if not isinstance(value, (dict, bool)):
-                raise RequestError(f"{field} must be a JSON schema (an object), got {type(value).__name__}",
-                                   field=field)
-            text = _json.dumps(value, sort_keys=True, separators=(",", ":"))
+            try:
+                if isinstance(value, str):
+                    try:
+                        value = _json.loads(value)
+                    except ValueError as exc:
+                        raise RequestError(f"{field} is not valid JSON: {exc}", field=field) from exc
+                if not isinstance(value, (dict, bool)):
+                    raise RequestError(f"{field} must be a JSON schema (an object), got {type(value).__name__}",
+                                       field=field)
+                text = _json.dumps(value, sort_keys=True, separators=(",", ":"))
+            except RecursionError as exc:  # hundreds of levels: the frontend's depth limit refuses far less
+                raise RequestError(f"{field} nests objects and arrays too deep to read", field=field) from exc
         elif kind == "choice":
             if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
                 raise RequestError(f"{field} must be a non-empty list of strings", field=field)

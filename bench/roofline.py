@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 
-def gemm_peak(dtype, size: int = 2048, repeats: int = 8) -> dict[str, float]:
+def gemm_peak(dtype, size: int = 2048, repeats: int = 8, clock=time.perf_counter) -> dict[str, float]:
     """FLOP/s of the best of `repeats` square matmuls, two ways: torch.mm (BLAS: MKL on x86, which on AMD
     CPUs takes a slow path) and the engine's own linear path (oneDNN on a weight reordered once,
-    asyncengine/models/layers/cpu_gemm.py). The machine's peak is the better of the two."""
+    asyncengine/models/layers/cpu_gemm.py). The machine's peak is the better of the two. `clock`: wall time,
+    or `time.thread_time` for a single-threaded measurement's CPU time (bench/moe.py --clock cpu)."""
     import torch
 
     from asyncengine.models.layers import cpu_gemm
@@ -48,15 +49,15 @@ def gemm_peak(dtype, size: int = 2048, repeats: int = 8) -> dict[str, float]:
         run()
         best = float("inf")
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = clock()
             run()
-            best = min(best, time.perf_counter() - start)
+            best = min(best, clock() - start)
         peaks[name] = 2 * size**3 / best
     return peaks
 
 
-def copy_bandwidth(megabytes: int = 256, repeats: int = 8) -> float:
-    """Bytes/s moved by a large copy (read and written bytes both counted)."""
+def copy_bandwidth(megabytes: int = 256, repeats: int = 8, clock=time.perf_counter) -> float:
+    """Bytes/s moved by a large copy (read and written bytes both counted); `clock` as in `gemm_peak`."""
     import torch
 
     source = torch.ones(megabytes * 2**20 // 4)
@@ -64,9 +65,9 @@ def copy_bandwidth(megabytes: int = 256, repeats: int = 8) -> float:
     target.copy_(source)
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         target.copy_(source)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return 2 * source.numel() * 4 / best
 
 

@@ -115,10 +115,16 @@ async def run_in_process(args, prompts: list[list[int]]) -> dict:
 # -- HTTP ----------------------------------------------------------------------------------------------
 
 
-def start_server(args, directory: Path) -> tuple[subprocess.Popen, str, str]:
-    """`asyncengine serve` on a free port; returns once it printed its address (the process, URL, model name)."""
-    command = [sys.executable, "-m", "asyncengine", "serve", *([args.model] if args.model else []),
-               "--port", "0", "--max-num-seqs", str(args.num_clients)]
+def start_server(model: str | None, options: list[str], directory: Path) -> tuple[subprocess.Popen, str, str]:
+    """`asyncengine serve [MODEL] OPTIONS` on a free port; returns once it printed its address (the process,
+    URL, model name)."""
+    return launch_server([*([model] if model else []), *options], directory)
+
+
+def launch_server(serve_args: list[str], directory: Path) -> tuple[subprocess.Popen, str, str]:
+    """`asyncengine serve SERVE_ARGS --port 0`, its output in `directory`; returns once it printed its address
+    (the process, URL, model name)."""
+    command = [sys.executable, "-m", "asyncengine", "serve", *serve_args, "--port", "0"]
     stdout_path, stderr_path = directory / "stdout", directory / "stderr"
     with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
         process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
@@ -133,6 +139,17 @@ def start_server(args, directory: Path) -> tuple[subprocess.Popen, str, str]:
     process.kill()
     process.wait()
     raise RuntimeError(f"the server did not start; stderr:\n{stderr_path.read_text(errors='replace')[-3000:]}")
+
+
+def stop_server(process: subprocess.Popen) -> int:
+    """SIGTERM, and the exit code (killed when it has not exited 60 s later)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 async def run_http_clients(args, prompts: list[list[int]], url: str, name: str) -> dict:
@@ -170,17 +187,11 @@ async def run_http_clients(args, prompts: list[list[int]], url: str, name: str) 
 
 def run_http(args, prompts: list[list[int]]) -> dict:
     directory = Path(tempfile.mkdtemp(prefix="asyncengine-serve-bench-"))
-    process, url, name = start_server(args, directory)
+    process, url, name = start_server(args.model, ["--max-num-seqs", str(args.num_clients)], directory)
     try:
         result = asyncio.run(run_http_clients(args, prompts, url, name))
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            code = process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait()
+        code = stop_server(process)
     if code != 0:
         stderr = (directory / "stderr").read_text(errors="replace")
         raise RuntimeError(f"the server exited with {code} after SIGTERM; stderr:\n{stderr[-3000:]}")

@@ -56,6 +56,14 @@ static inline uint16_t float_to_bf16(float f) {
 #define LOAD_F32(p, i) ((const float *)(p))[i]
 #define LOAD_BF16(p, i) bf16_to_float(((const uint16_t *)(p))[i])
 
+/* A row's scores before its softmax: soft-capped (Gemma 2's `cap * tanh(s / cap)`, when softcap > 0), and the
+   first `skip` (keys of the row's first block that lie before its sliding window) taken out. */
+static inline void adjust_scores(float *s, int64_t L, int64_t skip, float softcap) {
+    if (softcap > 0.0f)
+        for (int64_t t = 0; t < L; t++) s[t] = softcap * tanhf(s[t] / softcap);
+    for (int64_t t = 0; t < skip; t++) s[t] = -INFINITY;
+}
+
 /* One (sequence, KV head): G query heads over the sequence's L cached tokens. q: [G, D] float32, already
    scaled; scores: [G, L] scratch; acc: [G, D] gets the unnormalized output, inv[g] its normalizer.
    Always inlined with constant G and D where the dispatch below knows them, so the loops over D unroll
@@ -63,7 +71,8 @@ static inline uint16_t float_to_bf16(float f) {
 #define DEFINE_TASK(NAME, LOAD, ELEM)                                                                \
 static inline __attribute__((always_inline)) void NAME(                                              \
         const float *q, const void *kc, const void *vc, const int64_t *table, int64_t L, int64_t h,   \
-        int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv) { \
+        int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv, \
+        int64_t skip, float softcap) {                                                               \
     for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
         const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
         const ELEM *kblock = (const ELEM *)kc + ((h * NB + table[b]) * BS) * D;                      \
@@ -80,6 +89,7 @@ static inline __attribute__((always_inline)) void NAME(                         
     }                                                                                                \
     for (int64_t g = 0; g < G; g++) {                                                                \
         float *s = scores + g * L, mx = -INFINITY, sum = 0.0f;                                       \
+        adjust_scores(s, L, skip, softcap);                                                          \
         for (int64_t t = 0; t < L; t++) mx = s[t] > mx ? s[t] : mx;                                  \
         _Pragma("omp simd")                                                                          \
         for (int64_t t = 0; t < L; t++) s[t] = expf(s[t] - mx);                                      \
@@ -161,7 +171,7 @@ static inline __m512 load16_bf16(const uint16_t *p) {
 static inline __attribute__((always_inline)) void NAME(                                              \
         const float *q, const void *kc, const void *vc, const int64_t *table, int64_t L, int64_t h,   \
         int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv, \
-        const uint16_t *qraw, float scale) {                                                         \
+        int64_t skip, float softcap, const uint16_t *qraw, float scale) {                            \
     const int64_t C = D / 16;                                                                        \
     __m512 qv[G * C], av[G * C];                                                                     \
     for (int64_t j = 0; j < G * C; j++) { qv[j] = _mm512_loadu_ps(q + j * 16); av[j] = _mm512_setzero_ps(); } \
@@ -192,7 +202,10 @@ static inline __attribute__((always_inline)) void NAME(                         
             }                                                                                        \
         }                                                                                            \
     }                                                                                                \
-    for (int64_t g = 0; g < G; g++) inv[g] = softmax_row_avx512(scores + g * L, L);                 \
+    for (int64_t g = 0; g < G; g++) {                                                                \
+        adjust_scores(scores + g * L, L, skip, softcap);                                             \
+        inv[g] = softmax_row_avx512(scores + g * L, L);                                              \
+    }                                                                                                \
     if (PV_PAIRS(vc, table, L, h, NB, BS, G, D, scores, acc)) return;                                \
     for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
         const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
@@ -308,17 +321,22 @@ DEFINE_AVX512_TASK(task_bf16_avx512, load16_bf16, uint16_t, DOT16_BF16, PV_PAIRS
 #define HAVE_AVX512_TASKS 1
 #endif
 
-/* Constant head_dim (64, 128) and group size (1-8) for the common shapes, the generic loop otherwise. */
+/* Constant head_dim (64, 128, 256) and group size (1-8) for the common shapes, the generic loop otherwise.
+   256 (Gemma 3) keeps more vectors than the registers hold, and still runs a decode batch 2.2x (float32) to
+   3.2x (bfloat16) faster than the generic loop (32 sequences of 512 tokens, 4 query heads on one KV head). */
 #ifdef HAVE_AVX512_TASKS
 #define DISPATCH_D(TASK, GV)                                                                         \
-    if (D == 64) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, qraw, scale);   \
-    else if (D == 128) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, qraw, scale); \
-    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv);
+    if (D == 64) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, skip, softcap, qraw, scale); \
+    else if (D == 128) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, skip, softcap, qraw, \
+                                     scale);                                                          \
+    else if (D == 256) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 256, scores, acc, inv, skip, softcap, qraw, \
+                                     scale);                                                          \
+    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv, skip, softcap);
 #else
 #define DISPATCH_D(TASK, GV)                                                                         \
-    if (D == 64) TASK(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv);                     \
-    else if (D == 128) TASK(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv);              \
-    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv);
+    if (D == 64) TASK(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, skip, softcap);       \
+    else if (D == 128) TASK(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, skip, softcap); \
+    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv, skip, softcap);
 #endif
 #define DISPATCH(TASK)                                                                               \
     switch (G) {                                                                                     \
@@ -332,17 +350,24 @@ DEFINE_AVX512_TASK(task_bf16_avx512, load16_bf16, uint16_t, DOT16_BF16, PV_PAIRS
 
 /* q, out: [tokens, H, D]; kc, vc: [KVH, NB, BS, D]; tables: [*, table_stride] int64;
    for decode i: its context length seq_lens[i] (int32), its row seqs[i] of tables and its query row rows[i].
+   window > 0: each row sees only its last `window` keys (a sliding-window layer): the blocks before the one
+   holding the window's first key are not read (their table entries may be stale or the null block), and the
+   keys of that block before the window are masked. softcap > 0: scores soft-capped before the softmax.
    Returns 0, or -1 when scratch memory could not be allocated. */
 int paged_decode(const void *qv, const void *kc, const void *vc, const int64_t *tables, int64_t table_stride,
                  const int32_t *seq_lens, const int64_t *seqs, const int64_t *rows, void *outv, int64_t n,
-                 int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale, int bf16, int threads) {
+                 int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale, int bf16, int64_t window,
+                 float softcap, int threads) {
     const int64_t G = H / KVH;
     int failed = 0;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
     for (int64_t i = 0; i < n; i++) {
         for (int64_t h = 0; h < KVH; h++) {
-            const int64_t L = seq_lens[i];
-            const int64_t *table = tables + seqs[i] * table_stride;
+            const int64_t context = seq_lens[i];
+            const int64_t start = window > 0 && context > window ? context - window : 0;
+            const int64_t first_block = start / BS, skip = start - first_block * BS;
+            const int64_t L = context - first_block * BS;  /* keys from the window's first block on */
+            const int64_t *table = tables + seqs[i] * table_stride + first_block;
             float *scratch = (float *)malloc(sizeof(float) * (G * L + 2 * G * D + G));
             if (scratch == NULL) { failed = 1; continue; }
             float *scores = scratch, *q = scratch + G * L, *acc = q + G * D, *inv = acc + G * D;
@@ -402,7 +427,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.paged_decode.restype = ctypes.c_int
     library.paged_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                                               ctypes.c_void_p, ctypes.c_void_p] + \
-        [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_int]
 
 
 _kernels = KernelLibrary("cpu_attention", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
@@ -422,9 +447,11 @@ def unavailable_reason() -> str | None:
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, seqs: torch.Tensor, rows: torch.Tensor, scale: float,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, *, sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
     """Write into `out` `[tokens, heads, dim]` the attention of query row `rows[i]` over the first
-    `seq_lens[i]` tokens of the blocks in row `seqs[i]` of `block_tables`, for every i.
+    `seq_lens[i]` tokens of the blocks in row `seqs[i]` of `block_tables`, for every i; with `sliding_window`,
+    over the last `sliding_window` of them only (the blocks before are not read), and with `logits_soft_cap`,
+    the scores capped as `cap * tanh(score / cap)` before the softmax.
 
     `query`, `out` `[tokens, heads, dim]` contiguous; caches `[kv_heads, num_blocks, block_size, dim]`
     contiguous; `block_tables` int64 with unit column stride, `seq_lens` int32, `seqs`/`rows` int64."""
@@ -443,7 +470,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), seqs.data_ptr(), rows.data_ptr(), out.data_ptr(), seqs.numel(),
         query.shape[1], num_kv_heads, num_blocks, block_size, head_dim, scale, int(query.dtype == torch.bfloat16),
-        torch.get_num_threads(),
+        int(sliding_window or 0), float(logits_soft_cap or 0.0), torch.get_num_threads(),
     )
     if status != 0:
         raise MemoryError("paged_decode could not allocate its scratch memory")

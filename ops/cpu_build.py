@@ -24,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 DISABLE_VARIABLE = "ASYNCENGINE_CPU_KERNELS"
 
-# C sources' shared start: the headers, and bfloat16 <-> float32 (`to_bf` rounds to nearest-even as torch
-# does, and keeps a NaN a NaN).
+# C sources' shared start: the headers, bfloat16 <-> float32 (`to_bf` rounds to nearest-even as torch
+# does, and keeps a NaN a NaN), and reading and writing elements of either dtype.
 C_PRELUDE = r"""
 #include <stdint.h>
 #include <string.h>
@@ -37,6 +37,15 @@ static inline uint16_t to_bf(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+}
+/* A value as torch would hold it in the tensor's dtype: rounded to bfloat16 when the op runs in bfloat16; and
+   element i of a float32 or bfloat16 array. */
+static inline float in_dtype(float v, int is_bf16) { return is_bf16 ? bf(to_bf(v)) : v; }
+static inline float load(const void *p, int64_t i, int is_bf16) {
+    return is_bf16 ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void store(void *p, int64_t i, float v, int is_bf16) {
+    if (is_bf16) ((uint16_t *)p)[i] = to_bf(v); else ((float *)p)[i] = v;
 }
 """  # "0" keeps every layer on its torch reference
 

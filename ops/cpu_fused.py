@@ -33,20 +33,14 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #include <immintrin.h>
 #endif
 
-/* A value as torch would hold it in the tensor's dtype: rounded to bfloat16 when the op runs in bfloat16. */
-static inline float in_dtype(float v, int is_bf16) { return is_bf16 ? bf(to_bf(v)) : v; }
-static inline float load(const void *p, int64_t i, int is_bf16) {
-    return is_bf16 ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline void store(void *p, int64_t i, float v, int is_bf16) {
-    if (is_bf16) ((uint16_t *)p)[i] = to_bf(v); else ((float *)p)[i] = v;
-}
 
 /* out[r] = weight * norm(s[r]), s = x (+ residual_in); residual_out[r] <- s when given. Rows of `width`;
-   x, residual_in and out have row strides (elements), residual_out is contiguous. */
+   x, residual_in and out have row strides (elements), residual_out is contiguous. With `weight_f32` the
+   weight is float32 whatever the dtype and multiplies the float32 norm before the one rounding (Gemma's
+   `(norm(x) * (1 + w)).to(dtype)` and OLMo 2's `(w * norm(x)).to(dtype)`), not after it as Llama's does. */
 int rms_norm(const void *x, int64_t x_stride, const void *residual_in, int64_t res_stride, void *residual_out,
              void *out, int64_t out_stride, const void *weight, int64_t rows, int64_t width, float eps,
-             int is_bf16, int threads) {
+             int is_bf16, int weight_f32, int threads) {
     int failed = 0;
     #pragma omp parallel for num_threads(threads) schedule(static) if(rows * width >= 32768)
     for (int64_t r = 0; r < rows; r++) {
@@ -63,7 +57,10 @@ int rms_norm(const void *x, int64_t x_stride, const void *residual_in, int64_t r
         for (int64_t i = 0; i < width; i++) acc += s[i] * s[i];
         const float inv = 1.0f / sqrtf(acc / (float)width + eps);
         if (residual_out) for (int64_t i = 0; i < width; i++) store(residual_out, r * width + i, s[i], is_bf16);
-        if (is_bf16) {
+        if (is_bf16 && weight_f32) {
+            const float *w = (const float *)weight;
+            for (int64_t i = 0; i < width; i++) store(out, r * out_stride + i, w[i] * (s[i] * inv), 1);
+        } else if (is_bf16) {
             for (int64_t i = 0; i < width; i++)
                 store(out, r * out_stride + i, load(weight, i, 1) * bf(to_bf(s[i] * inv)), 1);
         } else {
@@ -202,7 +199,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 def _declare(library: ctypes.CDLL) -> None:
     library.rms_norm.restype = library.silu_and_mul.restype = library.rotary.restype = ctypes.c_int
-    library.rms_norm.argtypes = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    library.rms_norm.argtypes = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, ctypes.c_float, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_int]
     library.silu_and_mul.argtypes = [_P, _I, _P, _I, _I, ctypes.c_int, ctypes.c_int]
     library.rotary.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, _I, _I, ctypes.c_int, ctypes.c_int]
 
@@ -231,17 +229,20 @@ def _rows_view(t: torch.Tensor) -> int | None:
     return t.shape[-1] if t.is_contiguous() else None
 
 
-def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
-    return (x.dtype in SUPPORTED_DTYPES and weight.dtype == x.dtype and weight.is_contiguous()
+def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, *,
+                       weight_f32: bool = False) -> bool:
+    weight_dtype = torch.float32 if weight_f32 else x.dtype
+    return (x.dtype in SUPPORTED_DTYPES and weight.dtype == weight_dtype and weight.is_contiguous()
             and x.shape[-1] == weight.shape[0] <= MAX_NORM_WIDTH and _rows_view(x) is not None
             and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape
                                       and _rows_view(residual) is not None))
             and available(x.dtype))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`rms_norm_native(x, weight, eps)`; given `residual`, `(norm(x + residual), x + residual)` as RMSNorm returns."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
+             weight_f32: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`rms_norm_native(x, weight, eps)`; given `residual`, `(norm(x + residual), x + residual)` as RMSNorm returns.
+    `weight_f32`: a float32 weight applied before the rounding to x's dtype (norm.py's `rms_norm_float32_weight`)."""
     library = _kernels.get(x.dtype)
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
@@ -250,7 +251,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     status = library.rms_norm(
         x.data_ptr(), _rows_view(x), residual.data_ptr() if residual is not None else None,
         _rows_view(residual) if residual is not None else 0, summed.data_ptr() if summed is not None else None,
-        out.data_ptr(), width, weight.data_ptr(), rows, width, eps, int(x.dtype == torch.bfloat16),
+        out.data_ptr(), width, weight.data_ptr(), rows, width, eps, int(x.dtype == torch.bfloat16), int(weight_f32),
         torch.get_num_threads())
     if status != 0:
         raise ValueError(f"rms_norm: rows of {width} are wider than the kernel's {MAX_NORM_WIDTH}")

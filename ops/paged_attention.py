@@ -30,6 +30,7 @@ class DecodeGroup:
     rows: torch.Tensor  # [n] query rows, one per sequence
     block_tables: torch.Tensor  # [n, blocks] enough blocks for the longest member
     padding: torch.Tensor  # [1, n, 1, blocks * block_size] True where a slot is past a member's context
+    lengths: torch.Tensor  # [n] each member's context length
     # gather_rows(block_tables, ...) for the cache shape seen by the first layer, reused by the others
     cache_rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
@@ -56,10 +57,19 @@ class PrefillSequence:
         needs none."""
         if self.query_len == self.seq_len:
             return None
+        return self.mask()
+
+    def mask(self, sliding_window: int | None = None) -> torch.Tensor:
+        """`[query_len, seq_len]`, True where query i sees key j: causal (bottom-right aligned), and with a
+        sliding window only the last `sliding_window` keys up to its own position (transformers'
+        `kv_idx > q_idx - sliding_window`)."""
         device = self.block_table.device
-        rows = torch.arange(self.query_len, device=device).unsqueeze(1)
+        rows = torch.arange(self.query_len, device=device).unsqueeze(1) + (self.seq_len - self.query_len)
         cols = torch.arange(self.seq_len, device=device).unsqueeze(0)
-        return cols <= rows + (self.seq_len - self.query_len)
+        visible = cols <= rows
+        if sliding_window is not None:
+            visible &= cols > rows - sliding_window
+        return visible
 
 
 class AttentionPlan:
@@ -132,6 +142,7 @@ def _group_decodes(decoding: list[tuple[int, int, int]], block_tables: torch.Ten
                 rows=torch.tensor([m[1] for m in members], device=device),
                 block_tables=block_tables[[m[2] for m in members], :blocks],
                 padding=padding[None, :, None, :],
+                lengths=lengths,
             )
         )
     return groups
@@ -180,46 +191,75 @@ def paged_attention(
     *,
     new_key: torch.Tensor | None = None,
     new_value: torch.Tensor | None = None,
-    in_place: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float, torch.Tensor], None]
-    | None = None,
+    in_place: Callable[..., None] | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of `query` `[num_tokens, num_heads, head_dim]` over each sequence's paged context.
+    """Causal attention of `query` `[num_tokens, num_heads, head_dim]` over each sequence's paged context;
+    with `sliding_window`, each query sees only the last `sliding_window` keys up to its own position (the
+    blocks before them are never read: a sliding layer's cache holds only its window, see the hybrid KV
+    cache in docs/engine.md); with `logits_soft_cap`, scores are capped as `cap * tanh(score / cap)` before
+    the softmax (Gemma 2).
 
     When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
     a sequence whose whole context is new this step reads them directly instead of gathering them
-    back from the cache. `in_place(query, key_cache, value_cache, plan, scale, output)`, when given,
-    writes every row of `output` at once, prefills and decodes alike, reading the cache pages where they
-    lie (an in-place kernel, cpu_attention.py); without it, prefills run through torch's
-    scaled_dot_product_attention and decodes grouped through the torch reference.
-    Returns `[num_tokens, num_heads, head_dim]`.
+    back from the cache. `in_place(query, key_cache, value_cache, plan, scale, output, sliding_window=...,
+    logits_soft_cap=...)`, when given, writes every row of `output` at once, prefills and decodes alike, reading
+    the cache pages where they lie (an in-place kernel, cpu_attention.py); without it, prefills run through
+    torch's scaled_dot_product_attention (explicitly, with a soft cap) and decodes grouped through the torch
+    reference. Returns `[num_tokens, num_heads, head_dim]`.
     """
     output = torch.empty_like(query)
     if in_place is not None:
         if plan.prefills or plan.decoding:
-            in_place(query, key_cache, value_cache, plan, scale, output)
+            in_place(query, key_cache, value_cache, plan, scale, output, sliding_window=sliding_window,
+                     logits_soft_cap=logits_soft_cap)
         return output
     for seq in plan.prefills:
         rows = slice(seq.start, seq.start + seq.query_len)
-        mask = seq.causal_mask
-        if new_key is not None and mask is None:
+        windowed = sliding_window is not None and sliding_window < seq.seq_len
+        mask = seq.mask(sliding_window) if windowed else seq.causal_mask
+        if new_key is not None and seq.query_len == seq.seq_len:
             keys, values = new_key[rows], new_value[rows]
         else:
-            keys = gather_blocks(key_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
-            values = gather_blocks(value_cache, seq.block_table)[:, 0, : seq.seq_len].transpose(0, 1)
-        output[rows] = _prefill_attention(query[rows], keys, values, mask, scale)
+            # A sliding layer's blocks before the earliest window are freed: gather from the first one in use.
+            first = (seq.seq_len - seq.query_len - sliding_window + 1) // key_cache.shape[2] if windowed else 0
+            first = max(first, 0)
+            start = first * key_cache.shape[2]
+            keys = gather_blocks(key_cache, seq.block_table[:, first:])[:, 0, : seq.seq_len - start].transpose(0, 1)
+            values = gather_blocks(value_cache, seq.block_table[:, first:])[:, 0, : seq.seq_len - start].transpose(0, 1)
+            if mask is not None:
+                mask = mask[:, start:]
+        output[rows] = _prefill_attention(query[rows], keys, values, mask, scale, logits_soft_cap)
     for group in plan.decode_groups:
-        output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale)
+        output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale,
+                                               sliding_window, logits_soft_cap)
     return output
 
 
+def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's attention (and final-logit) soft cap, as transformers computes it: `tanh(s / cap) * cap`."""
+    return torch.tanh(scores / cap) * cap
+
+
 def _prefill_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """`query` `[query_len, heads, dim]` over `keys`/`values` `[context_len, kv_heads, dim]`."""
+    """`query` `[query_len, heads, dim]` over `keys`/`values` `[context_len, kv_heads, dim]`; `mask`
+    `[query_len, context_len]` (True: visible), None meaning causal from the first key."""
     q = query.transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
     k = keys.transpose(0, 1).unsqueeze(0)
     v = values.transpose(0, 1).unsqueeze(0)
-    if mask is None:
+    if logits_soft_cap is not None:  # the cap sits between the product and the softmax: no fused kernel has it
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = soft_cap(torch.matmul(q, k.transpose(-1, -2)) * scale, logits_soft_cap)
+        if mask is None:
+            mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+    elif mask is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
@@ -227,10 +267,13 @@ def _prefill_attention(
 
 
 def _decode_attention(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: DecodeGroup, scale: float
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: DecodeGroup, scale: float,
+    sliding_window: int | None = None, logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """One query per sequence, `[n, heads, dim]`. Query heads are grouped under their KV head
-    (`[kv_heads, n, heads_per_kv_head, dim]`), so GQA needs no copy of the keys per query head."""
+    (`[kv_heads, n, heads_per_kv_head, dim]`), so GQA needs no copy of the keys per query head. With a
+    sliding window the keys before it are masked (the torch reference gathers them anyway: a stale or null
+    block there holds finite values, zeroed at allocation)."""
     num_kv_heads, head_dim = key_cache.shape[0], key_cache.shape[3]
     num_seqs = query.shape[0]
     rows = group.rows_in(key_cache)
@@ -238,6 +281,11 @@ def _decode_attention(
     values = gather_blocks(value_cache, group.block_tables, rows)
     q = query.view(num_seqs, num_kv_heads, -1, head_dim).transpose(0, 1)
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scale  # [kv_heads, n, heads_per_kv_head, padded_len]
+    if logits_soft_cap is not None:
+        scores = soft_cap(scores, logits_soft_cap)
     scores.masked_fill_(group.padding, float("-inf"))
+    if sliding_window is not None:
+        before = torch.arange(keys.shape[2], device=keys.device) < (group.lengths - sliding_window).unsqueeze(1)
+        scores.masked_fill_(before[None, :, None, :], float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), values)
     return out.transpose(0, 1).reshape(num_seqs, -1, head_dim)

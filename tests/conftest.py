@@ -49,16 +49,21 @@ def gemma3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --- tiny_model --------------------------------------------------------------------------------
-# Tiny random-weight checkpoints (tests/support/tiny_models.py), built once per session and shared.
+# Tiny random-weight checkpoints, built once per session and shared: Llama, Qwen2, Qwen3
+# (tests/support/tiny_models.py) and the native architectures of issue 34 (tests/support/native_models.py:
+# Mistral, Gemma 2/3, Phi-3, OLMo 2, Granite, GLM-4).
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    from support.native_models import SPECS as NATIVE_SPECS
+    from support.native_models import build_native_model
     from support.tiny_models import build_tiny_model
 
     built = {}
 
     def get(name: str):
         if name not in built:
-            built[name] = build_tiny_model(name, tmp_path_factory.mktemp(f"tiny-{name}"))
+            build = build_native_model if name in NATIVE_SPECS else build_tiny_model
+            built[name] = build(name, tmp_path_factory.mktemp(f"tiny-{name}"))
         return built[name]
 
     return get

@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.outputs",
             "asyncengine.sampling_params",
             "asyncengine.structured_output_spec",
+            "asyncengine.json_nesting",
             # Pooling's params, runner and pooler choice, built-in poolers (torch only) and outputs.
             "asyncengine.pooling",
             "asyncengine.lora.request",  # LoRARequest travels on the wire; the rest of lora/ sits with models

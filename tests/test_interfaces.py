@@ -133,7 +133,7 @@ def test_the_built_in_op_providers_are_in_the_floors_table_and_get_their_options
     from asyncengine.models.layers import op_registry
 
     assert set(BUILT_IN_PROVIDERS) <= set(OpProviderRegistry.keys())
-    ops = ("rms_norm", "rotary", "silu_and_mul", "sample")
+    ops = ("rms_norm", "rotary", "silu_and_mul", "sample", "fused_moe")
     op_registry.set_op_priority({op: [op_registry.NATIVE] for op in ops})  # no platform needed to order them
     try:
         for op in ops:  # the order reads each provider's options: a built-in without them fails here

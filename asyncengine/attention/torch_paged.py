@@ -22,15 +22,20 @@ from asyncengine.ops.paged_attention import AttentionPlan, paged_attention, stor
 
 
 def attend_in_place(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, plan: AttentionPlan,
-                    scale: float, output: torch.Tensor) -> None:
+                    scale: float, output: torch.Tensor, *, sliding_window: int | None = None,
+                    logits_soft_cap: float | None = None) -> None:
     seqs, rows, lens = plan.query_index
     # Named for torch.profiler (a ctypes call is no torch op); next to nothing when no profiler runs.
     with torch.profiler.record_function("asyncengine::cpu_paged_attention"):
         cpu_attention.paged_decode(query.contiguous(), key_cache, value_cache, plan.block_tables, lens, seqs, rows,
-                                   scale, output)
+                                   scale, output, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
 
 
 class TorchPagedBackend(AttentionBackend):
+    # Both in the C kernel (a window start per row, the cap before the softmax) and in the torch reference.
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata) -> torch.Tensor:
         key_cache, value_cache = kv_cache
@@ -45,4 +50,5 @@ class TorchPagedBackend(AttentionBackend):
         # This step's keys and values are passed too: on the torch reference, a prompt computed whole this
         # step reads them directly instead of gathering them back from the cache.
         return paged_attention(query, key_cache, value_cache, metadata.plan, self.scale, new_key=key,
-                               new_value=value, in_place=in_place)
+                               new_value=value, in_place=in_place, sliding_window=self.sliding_window,
+                               logits_soft_cap=self.logits_soft_cap)

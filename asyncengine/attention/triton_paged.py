@@ -12,6 +12,10 @@ from asyncengine.ops.triton_attention import paged_decode_attention, paged_prefi
 
 
 class TritonPagedBackend(AttentionBackend):
+    # No sliding window and no soft cap in the kernels yet: layers needing them get TORCH_PAGED (selector.py).
+    supports_sliding_window = False
+    supports_logits_soft_cap = False
+
     # Decode reads only device tensors and sizes its grid from block_tables' width when max_seq_len is
     # None; padding rows (slot -1, context 0) store nothing and come out as zeros.
     cuda_graph_safe = True

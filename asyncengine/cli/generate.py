@@ -36,7 +36,10 @@ def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
                         help="Sample among the K likeliest tokens; 0: all. (default: 0)")
     add_engine_arguments(parser)
     if platform is not None:
-        platform.pre_register_and_update(parser)
+        from asyncengine.interfaces.plugin_code import plugin_hook
+
+        with plugin_hook(platform, "pre_register_and_update"):
+            platform.pre_register_and_update(parser)
     parser.set_defaults(handler=run)
 
 

@@ -13,8 +13,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "port", help="rewrite a vLLM plugin's names to asyncengine's (a dry run unless --write)",
         description="Rewrite a vLLM plugin's imports (vllm.* -> asyncengine.plugins_api), entry-point groups "
         "(pyproject.toml, setup.py, setup.cfg), dotted class paths and environment variable names. Prints each "
-        "rewrite and each use it cannot map (file:line and the docs/porting.md section). Exit status 1 when "
-        "some use cannot be mapped.")
+        "rewrite and each use it cannot map (file:line and the docs/porting.md section), then three counts: "
+        "uses mapped by the table, uses provided by a name of ours the table has no row for (the import works), "
+        "and uses that cannot be mapped. Exit status 1 when some use cannot be mapped.")
     port.add_argument("path", metavar="PATH", help="the plugin's source tree (or one file)")
     port.add_argument("--write", action="store_true", help="write the rewritten files (default: only print)")
     port.set_defaults(handler=run_port)
@@ -34,5 +35,6 @@ def run_port(args: argparse.Namespace) -> int:
         report.write()
     done = "written" if args.write else "dry run, nothing written (--write applies them)"
     print(f"{report.num_rewrites} rewrite(s) in {len(report.changed)} file(s), {done}; "
+          f"uses of vLLM names: {report.num_mapped} mapped, {report.num_provided} provided by name, "
           f"{report.num_unmapped} use(s) cannot be mapped")
     return 1 if report.num_unmapped else 0

@@ -48,7 +48,10 @@ def add_server_arguments(parser: argparse.ArgumentParser, platform=None) -> None
     add_struct_arguments(parser, ServerConfig, "server options (ServerConfig fields)")
     add_engine_arguments(parser, defaults=SERVE_ENGINE_DEFAULTS)
     if platform is not None:
-        platform.pre_register_and_update(parser)
+        from asyncengine.interfaces.plugin_code import plugin_hook
+
+        with plugin_hook(platform, "pre_register_and_update"):
+            platform.pre_register_and_update(parser)
 
 
 def run(args: argparse.Namespace) -> int:

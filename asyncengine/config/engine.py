@@ -17,7 +17,15 @@ from asyncengine.config.class_paths import classes_to_paths, is_class_path, stru
 from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
-from asyncengine.config.structured_outputs import configured_backend_name
+from asyncengine.config.structured_outputs import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_COMPILE_TIMEOUT,
+    DEFAULT_MAX_GRAMMAR_BYTES,
+    DEFAULT_MAX_REGEX_BYTES,
+    DEFAULT_MAX_SCHEMA_BYTES,
+    check_structured_outputs_bounds,
+    configured_backend_name,
+)
 from asyncengine.config.lora import check_lora_options
 from asyncengine.pooling.config import check_pooler_config, check_runner
 
@@ -78,6 +86,10 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     load_format: Annotated[str, doc(
         "How weights are read: auto, safetensors, gguf, dummy (random weights) or a loader a plugin "
         "registered.")] = "auto"
+    # vLLM's --model-loader-extra-config: read by a plugin's loader (LoadConfig.model_loader_extra_config).
+    model_loader_extra_config: Annotated[dict[str, Any] | None, doc(
+        "Options for the model loader load_format names, as a JSON object; the built-in loaders take "
+        "none.")] = None
     download_dir: Annotated[str | None, doc(
         "Where ORG/NAME models are downloaded (the hub cache) and converted GGUF models are cached; none: "
         "$HF_HUB_CACHE (or $HF_HOME/hub) and $ASYNCENGINE_CACHE_DIR or ~/.cache/asyncengine.")] = None
@@ -178,6 +190,23 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     structured_outputs_config: Annotated[dict[str, Any] | None, doc(
         "Structured outputs: {\"backend\": xgrammar | guidance | a registered name | auto}, the backend of "
         "requests that name none.")] = None
+    # Structured outputs' bounds (docs/structured_outputs.md, "Bounds"). Read in the frontend (the source sizes)
+    # and the engine core (the cache and the time limit).
+    structured_outputs_cache_bytes: Annotated[int, doc(
+        "The compiled-grammar cache's budget in bytes; the least recently used grammars are evicted past it.")] = \
+        DEFAULT_CACHE_BYTES
+    structured_outputs_compile_timeout: Annotated[float, doc(
+        "Seconds one grammar compile may take before the request gets a 400 and the compile is killed.")] = \
+        DEFAULT_COMPILE_TIMEOUT
+    structured_outputs_max_schema_bytes: Annotated[int, doc(
+        "The largest JSON schema (its JSON text, in bytes) a request may constrain its output with.")] = \
+        DEFAULT_MAX_SCHEMA_BYTES
+    structured_outputs_max_regex_bytes: Annotated[int, doc(
+        "The largest regex (and whitespace_pattern), in bytes, a request may constrain its output with.")] = \
+        DEFAULT_MAX_REGEX_BYTES
+    structured_outputs_max_grammar_bytes: Annotated[int, doc(
+        "The largest grammar or choice list (its JSON), in bytes, a request may constrain its output with.")] = \
+        DEFAULT_MAX_GRAMMAR_BYTES
     additional_config: Annotated[dict[str, Any], doc(
         "Free-form options for platform plugins (vLLM's additional_config).")] = msgspec.field(default_factory=dict)
     # The worker checks the names (docs/custom_ops.md). Read in the worker.
@@ -222,6 +251,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
         configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
+        check_structured_outputs_bounds(self)
         check_lora_options(self)
         check_runner(self.runner)
         check_pooler_config(self.pooler_config)

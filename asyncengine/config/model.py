@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from asyncengine.config.context_length import derived_context_length
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from asyncengine.pooling.config import PoolerConfig, apply_pooling
@@ -24,8 +25,6 @@ logger = logging.getLogger(__name__)
 # The model served when none is named (`model=None`; the loader finds or fetches it, loader/model_source.py).
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
-# Keys under which configs give the longest context the model was trained for, in order of preference.
-_CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
 
 
 class ModelConfig(msgspec.Struct, kw_only=True):
@@ -46,6 +45,11 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # model's pooler (asyncengine/pooling/config.py).
     runner: str = "generate"
     pooler: PoolerConfig | None = None
+
+    @property
+    def model(self) -> str:
+        """vLLM's name for where the model is: its directory here (files already fetched)."""
+        return self.model_dir
 
     def load_hf_config(self) -> Any:
         """The model's config as attributes (`config.hidden_size`), for building the model."""
@@ -156,10 +160,7 @@ def _load_generation_config(model_dir: Path) -> dict[str, Any]:
 
 
 def _max_model_len(config: EngineConfig, hf_config: dict[str, Any]) -> int:
-    sources = [hf_config] + [hf_config[k] for k in ("text_config",) if isinstance(hf_config.get(k), dict)]
-    derived = next(
-        (int(src[key]) for src in sources for key in _CONTEXT_LENGTH_KEYS if isinstance(src.get(key), int)), None
-    )
+    derived = derived_context_length(hf_config)
     if config.max_model_len is None:
         if derived is None:
             raise ConfigError(

@@ -18,6 +18,31 @@ from asyncengine.errors import ConfigError
 DEFAULT_BACKEND = "xgrammar"
 KEYS = ("backend", "reasoning_parser", "enable_in_reasoning")
 
+# The bounds' defaults (EngineConfig's structured_outputs_* fields; docs/structured_outputs.md, "Bounds"). The
+# cache's is vLLM's for xgrammar's cache (VLLM_XGRAMMAR_CACHE_MB, 512). A compile past 30 s is far beyond any
+# schema measured in use (a 2,000-property schema compiles in about 1 s on 2 cores). The source sizes: a JSON
+# schema of 512 KiB holds over 10,000 properties; 64 KiB of regex alternation (8,000 words) compiles in under
+# a second, where 1.4 MB took minutes; grammars and choice lists get 128 KiB.
+DEFAULT_CACHE_BYTES = 512 * 1024**2
+DEFAULT_COMPILE_TIMEOUT = 30.0
+DEFAULT_MAX_SCHEMA_BYTES = 512 * 1024
+DEFAULT_MAX_REGEX_BYTES = 64 * 1024
+DEFAULT_MAX_GRAMMAR_BYTES = 128 * 1024
+SIZE_LIMIT_FIELDS = ("structured_outputs_cache_bytes", "structured_outputs_max_schema_bytes",
+                     "structured_outputs_max_regex_bytes", "structured_outputs_max_grammar_bytes")
+
+
+def check_structured_outputs_bounds(config: Any) -> None:
+    """EngineConfig's structured_outputs_* bounds: sizes at least 1 byte, a positive time limit."""
+    for name in SIZE_LIMIT_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a number of bytes, at least 1; got {value!r}", field=name)
+    timeout = config.structured_outputs_compile_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ConfigError(f"structured_outputs_compile_timeout must be a positive number of seconds; got {timeout!r}",
+                          field="structured_outputs_compile_timeout")
+
 
 def _checked(structured_outputs_config: dict[str, Any] | None) -> dict[str, Any]:
     config = structured_outputs_config or {}

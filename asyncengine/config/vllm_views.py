@@ -8,13 +8,24 @@ kept in the view, a read of a name never written gives None) and noted, and the 
 each note in the start-up report as "ignored", so nothing a plugin set vanishes unseen. Names that
 mean one derived thing here (`world_size` is tensor_parallel_size x pipeline_parallel_size) read that
 value and refuse another.
+
+Values show resolved, as vLLM's config does by the time a platform or a worker reads it: an option left to
+its default reads what it resolves to (`max_num_batched_tokens` 2048, `distributed_executor_backend` uni or
+mp, `model_config.max_model_len` the model's context length, `model_config.dtype` a torch.dtype), and the
+model's own questions (`hf_config`, `get_head_size()`, `get_num_kv_heads(parallel_config)`, ...) are
+answered from the model as this process resolved it (`remember_resolved_model`), or before that from its
+directory's config.json.
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from asyncengine.config.context_length import derived_context_length
 
 # section -> vLLM attribute -> our EngineConfig field
 FIELD_MAPS: dict[str, dict[str, str]] = {
@@ -46,7 +57,8 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
         "kv_cache_memory_bytes": "kv_cache_memory_bytes", "cache_dtype": "kv_cache_dtype",
     },
     "device_config": {"device": "device"},
-    "load_config": {"load_format": "load_format", "download_dir": "download_dir"},
+    "load_config": {"load_format": "load_format", "download_dir": "download_dir",
+                    "model_loader_extra_config": "model_loader_extra_config"},
     "compilation_config": {},  # nothing here is compiled by a config: every name is noted as ignored
 }
 
@@ -95,7 +107,10 @@ class SubConfigView:
             raise AttributeError(name)
         section = self._section
         if name in FIELD_MAPS[section]:
-            return getattr(self._config, FIELD_MAPS[section][name])
+            value = getattr(self._config, FIELD_MAPS[section][name])
+            return _resolved(self._config, section, name, value)
+        if section == "model_config" and name in _MODEL_QUESTIONS:
+            return _MODEL_QUESTIONS[name](_ModelFacts(self._config))
         if name == "world_size" and section == "parallel_config":
             return self._config.world_size
         if name in FIXED.get(section, {}):
@@ -111,6 +126,8 @@ class SubConfigView:
 
         section = self._section
         if name in FIELD_MAPS[section]:
+            if FIELD_MAPS[section][name] == "dtype" and not isinstance(value, str):
+                value = str(value).removeprefix("torch.")  # torch.float16, vLLM's type, is "float16" here
             setattr(self._config, FIELD_MAPS[section][name], class_to_path(value))
             return
         fixed = FIXED.get(section, {})
@@ -126,6 +143,158 @@ class SubConfigView:
     def __repr__(self) -> str:
         mapped = {name: getattr(self._config, field) for name, field in FIELD_MAPS[self._section].items()}
         return f"<{self._section} view: {mapped}>"
+
+
+# -- resolved values ---------------------------------------------------------------------------------------
+
+# What this process resolved: the model (our ModelConfig) per `model` option, and the platform (for what
+# dtype "auto" means before the model is resolved). Set by the frontend's start-up and by each worker.
+_resolved_models: dict[str | None, Any] = {}
+_platform: list[Any] = [None]
+
+
+def remember_resolved_model(model_option: str | None, model_config: Any) -> None:
+    """The model the `model` option `model_option` resolved to in this process (a ModelConfig)."""
+    _resolved_models[model_option] = model_config
+
+
+def resolved_model(config: Any) -> Any:
+    """The ModelConfig this process resolved for `config`'s model option; None before that."""
+    return _resolved_models.get(config.model)
+
+
+def remember_platform(platform: Any) -> None:
+    """This process's platform (its `default_dtype` is what dtype "auto" means before a model is resolved)."""
+    _platform[0] = platform
+
+
+class _ModelFacts:
+    """The model an EngineConfig names: as resolved in this process, else read from its directory."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.resolved = _resolved_models.get(config.model)
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        if self.resolved is not None:
+            return dict(self.resolved.hf_config)
+        model = self.config.model
+        path = Path(model).expanduser() / "config.json" if isinstance(model, str) else None
+        if path is not None and path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                return {}
+            return {**data, **self.config.hf_overrides} if isinstance(data, dict) else {}
+        return {}
+
+    def max_model_len(self) -> int | None:
+        if self.resolved is not None:
+            return int(self.resolved.max_model_len)
+        return derived_context_length(self.hf_config)
+
+    def dtype(self) -> Any:
+        name = self.resolved.dtype if self.resolved is not None else self.config.dtype
+        if name == "auto":
+            platform = _platform[0]
+            name = getattr(platform, "default_dtype", None) if platform is not None else None
+            if name is None:
+                return "auto"  # neither the model nor the platform is resolved yet
+        import torch  # a torch.dtype is what vLLM's code compares with (model_config.dtype == torch.bfloat16)
+
+        return getattr(torch, str(name))
+
+
+def _resolved(config: Any, section: str, name: str, value: Any) -> Any:
+    """An option's value as it resolves, where it was left to a default."""
+    if section == "model_config" and name == "dtype":
+        return _ModelFacts(config).dtype()
+    if name == "max_model_len" and value is None:
+        return _ModelFacts(config).max_model_len()
+    if section == "model_config" and name == "model" and value is None:
+        resolved = _resolved_models.get(None)
+        return resolved.model_dir if resolved is not None else None
+    if section == "model_config" and name == "tokenizer" and value is None:
+        resolved = _resolved_models.get(config.model)
+        return resolved.tokenizer_dir if resolved is not None else config.model
+    if section == "scheduler_config" and name == "max_num_batched_tokens":
+        return config.effective_max_num_batched_tokens
+    if section == "parallel_config" and name == "distributed_executor_backend":
+        return config.executor_backend
+    return value
+
+
+class AttrDict(dict):
+    """A config as a dict (ours reads it so) whose keys are attributes too (vLLM's code reads
+    `hf_config.hidden_size`); nested dicts are AttrDicts as well."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            value = self[name]
+        except KeyError:
+            raise AttributeError(f"the model's config has no {name!r}") from None
+        return AttrDict(value) if isinstance(value, dict) and not isinstance(value, AttrDict) else value
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def _hf(facts: _ModelFacts) -> AttrDict:
+    return AttrDict(facts.hf_config)
+
+
+def _text(facts: _ModelFacts) -> AttrDict:
+    config = facts.hf_config
+    text = config.get("text_config")
+    return AttrDict(text if isinstance(text, dict) and "num_attention_heads" in text else config)
+
+
+def _heads(facts: _ModelFacts) -> int:
+    return int(_text(facts).get("num_attention_heads") or 0)
+
+
+def _kv_heads(facts: _ModelFacts) -> int:
+    text = _text(facts)
+    return int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 0)
+
+
+def _head_size(facts: _ModelFacts) -> int:
+    text = _text(facts)
+    heads = _heads(facts)
+    return int(text.get("head_dim") or (int(text.get("hidden_size") or 0) // heads if heads else 0))
+
+
+def _tp(parallel_config: Any) -> int:
+    return int(getattr(parallel_config, "tensor_parallel_size", 1) or 1)
+
+
+def _architectures(facts: _ModelFacts) -> list[str]:
+    return list(facts.resolved.architectures if facts.resolved is not None else facts.hf_config.get("architectures") or [])
+
+
+# vLLM's ModelConfig questions (attributes, and methods as functions of the facts), answered from the model.
+_MODEL_QUESTIONS: dict[str, Any] = {
+    "hf_config": _hf,
+    "hf_text_config": _text,
+    "architectures": _architectures,
+    "architecture": lambda f: next(iter(_architectures(f)), None),
+    "runner_type": lambda f: f.resolved.runner if f.resolved is not None else f.config.runner,
+    "is_encoder_decoder": lambda f: False,
+    "is_multimodal_model": lambda f: False,
+    "uses_mrope": lambda f: False,
+    "get_hidden_size": lambda f: lambda: int(_text(f).get("hidden_size") or 0),
+    "get_head_size": lambda f: lambda: _head_size(f),
+    "get_total_num_attention_heads": lambda f: lambda: _heads(f),
+    "get_num_attention_heads": lambda f: lambda parallel_config=None: max(1, _heads(f) // _tp(parallel_config)),
+    "get_total_num_kv_heads": lambda f: lambda: _kv_heads(f),
+    "get_num_kv_heads": lambda f: lambda parallel_config=None: max(1, _kv_heads(f) // _tp(parallel_config)),
+    "get_num_layers": lambda f: lambda parallel_config=None: int(_text(f).get("num_hidden_layers") or 0),
+    "get_vocab_size": lambda f: lambda: int(_text(f).get("vocab_size") or 0),
+    "get_sliding_window": lambda f: lambda: _text(f).get("sliding_window"),
+}
 
 
 # Writes to names with no meaning here, per config and section (by id: Structs take no new attributes),

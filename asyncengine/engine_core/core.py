@@ -24,13 +24,14 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.executor import Executor, build_executor
 from asyncengine.engine_core.micro_batches import micro_batches_for
 from asyncengine.engine_core.scheduler import Scheduler
-from asyncengine.errors import ConfigError
+from asyncengine.errors import ConfigError, StartupError
 from asyncengine.kv_transfer.base import KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
 from asyncengine.registries.base import reads
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.structured_output.manager import StructuredOutputManager
+from asyncengine.wire.kv_cache import KVCacheLayout, build_layout
 
 
 class EngineCore:
@@ -56,6 +57,8 @@ class EngineCore:
             eos_token_ids=model_config.eos_token_ids,
             structured_outputs_config=engine_config.structured_outputs_config,
             trust_remote_code=engine_config.trust_remote_code,
+            cache_bytes=engine_config.structured_outputs_cache_bytes,
+            compile_timeout=engine_config.structured_outputs_compile_timeout,
         )
         # Multi-LoRA: a step never uses more adapters than each worker has slots.
         self.scheduler.max_loras = engine_config.max_loras if engine_config.enable_lora else None
@@ -97,12 +100,19 @@ async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig
                     for records in await executor.call("load_model"):
                         trace.extend(msgspec.convert(records or [], list[StartupRecord]))
                 async with trace.phase("kv cache"):
-                    num_blocks = min(await executor.call("determine_num_blocks"))
-                    await executor.call("initialize_kv_cache", num_blocks)
+                    layout = kv_cache_layout(await executor.call("kv_cache_spec"))
+                    if connector is not None and layout.has_sliding_window:
+                        raise ConfigError("kv_transfer_config: KV connectors move every block of a request's one block "
+                                          "table, and this model's sliding-window layers keep only their window's "
+                                          f"blocks ({len(layout.groups)} KV cache group(s)); serve it without a KV "
+                                          "connector", field="kv_transfer_config")
+                    num_blocks = min(await executor.call("determine_num_blocks", layout))
+                    await executor.call("initialize_kv_cache", num_blocks, layout)
                     # An object per block: 74 ms for 200k blocks, 1.2 s for 2M (a GPU's cache), so off the
                     # event loop, which an in-process engine shares with its caller.
                     block_manager = await anyio.to_thread.run_sync(
-                        BlockManager, num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
+                        BlockManager, num_blocks, engine_config.block_size, engine_config.enable_prefix_caching,
+                        layout.sliding_windows)
                     # The scheduler (with the block manager over these blocks) is built in this phase, so
                     # that a `scheduler_cls` whose constructor raises fails it, named, and the workers stop.
                     core = EngineCore(engine_config, model_config, executor, num_blocks, block_manager)
@@ -111,6 +121,19 @@ async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig
                 await executor.shutdown()
                 raise
             task_status.started(core)
+
+
+def kv_cache_layout(specs: list[Any]) -> KVCacheLayout:
+    """The KV cache layout from every rank's `kv_cache_spec` (tensor-parallel ranks name the same layers,
+    pipeline stages their own); a layer two ranks give different windows is a model bug, named."""
+    windows: dict[int, int | None] = {}
+    for rank, spec in enumerate(specs):
+        for index, window in spec or ():
+            if index in windows and windows[index] != window:
+                raise StartupError(f"attention layer {index} has sliding window {window} on rank {rank} but "
+                                   f"{windows[index]} on another: every rank must build the same model")
+            windows[index] = window
+    return build_layout(windows)
 
 
 @reads("hook:scheduler_cls", "engine core")

@@ -76,7 +76,7 @@ class UniExecutor(Executor):
     def _build_worker(self) -> Any:
         # On the worker's thread: importing the model runner and the models (torch's modules among them)
         # takes half a second on a busy machine, too long for the event loop.
-        from asyncengine.worker.worker import build_worker
+        from asyncengine.worker.build import build_worker
 
         # The class is the one `worker_cls` names, the built-in Worker by default.
         return build_worker(self.engine_config, self.model_config, self.platform,

@@ -95,6 +95,8 @@ class EngineCoreLoop:
     async def serve(self, inbox: AsyncIterator[Any]) -> None:
         """Run until `Shutdown`, the end of `inbox`, or a dead executor (reported with EngineCoreDead)."""
         async with anyio.create_task_group() as tg:
+            # Grammar compiles (and the grammar-compile process) live as long as the step loop.
+            await tg.start(self.scheduler.structured_output.serve)
             tg.start_soon(self._read_inbox, inbox, tg)
             in_flight: deque[_InFlight] = deque()
             try:
@@ -177,7 +179,7 @@ class EngineCoreLoop:
             worker_method, worker_args, worker_kwargs = args
             return round_trip(await self.executor.call(worker_method, *worker_args, **(worker_kwargs or {})))
         if method == "get_structured_output_stats":
-            return self.scheduler.structured_output.stats.as_dict()
+            return self.scheduler.structured_output.stats_dict()
         if method == "get_scheduler_stats":
             return round_trip(self.scheduler.stats())
         if method == "reset_prefix_cache":
@@ -185,8 +187,10 @@ class EngineCoreLoop:
             return True
         if method == "kv_cache_info":
             manager = self.scheduler.block_manager
+            # Per KV cache group (one unless the model has sliding-window layers): its window and blocks in use.
             return {"num_blocks": manager.num_blocks, "num_free_blocks": manager.num_free_blocks,
-                    "block_size": manager.block_size}
+                    "block_size": manager.block_size, "sliding_windows": list(manager.sliding_windows),
+                    "group_blocks_in_use": list(manager.group_blocks_in_use)}
         if method == "start_step_trace":
             self._trace = []
             return True

@@ -10,10 +10,13 @@ sequences are admitted after them while the budget, `max_num_seqs` and free KV b
 running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted: its blocks are freed and it is recomputed later (its prefix may still be in the cache).
 
-Fairness between requests (docs/server.md, "Limits"): the `n` completions of one request (sequences
-sharing a `parent_id`) get at most half of the slots (`max_num_seqs // 2`, at least 1) and at most half
-of a step's token budget while any other request waits. Their sequences beyond that share stay waiting
-and later requests are admitted past them; with nobody else waiting they may take the whole step.
+Fairness between requests (docs/server.md, "Fairness"): the sequences of one request (sharing a
+`parent_id`: its `n` completions, and over HTTP every prompt of one completions request) never hold
+more than half of the slots at once (`max_num_seqs // 2`, at least 1), alone in the engine or not, so a
+request arriving behind a large fan-out finds a free slot at the next step. While any other request
+waits they also get at most half of a step's token budget (with nobody else waiting they may take the
+whole step's tokens). Their sequences beyond the share stay waiting, keeping their place, and later
+requests are admitted past them.
 
 A request a worker could not take (ModelRunnerOutput.failed_requests) finishes with finish_reason
 "error" and the worker's message; the other requests and the engine go on.
@@ -33,6 +36,7 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
 from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRequest
+from asyncengine.structured_output.backend import GrammarBroken
 from asyncengine.wire.engine_core import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -79,7 +83,8 @@ class Scheduler:
         self.kv_connector: KVConnectorBase | None = None
         self.num_prompt_tokens_computed = 0
         self.num_kv_connector_loaded_tokens = 0
-        # Sequence id -> its parent request's id, for the completions of requests with n > 1.
+        # Sequence id -> its parent request's id: the completions of a request with n > 1, the prompts of
+        # one HTTP completions request (EngineCoreRequest.parent_id).
         self._parent_of: dict[str, str] = {}
         # Structured outputs (structured_output/manager.py), set by the engine core like kv_connector:
         # grammars and matchers of constrained requests, which wait here until theirs is compiled.
@@ -96,7 +101,8 @@ class Scheduler:
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.sequences:
             raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
-        seq = Sequence(request, self.block_manager.block_size, self._num_arrivals)
+        seq = Sequence(request, self.block_manager.block_size, self._num_arrivals,
+                       self.block_manager.num_groups)
         self._num_arrivals += 1
         self.sequences[seq.request_id] = seq
         self.waiting.append(seq)
@@ -136,7 +142,7 @@ class Scheduler:
         cached_requests: list[CachedRequestData] = []
         preempted_this_step = False
 
-        shares = _Shares(self) if self._parent_of and self.waiting else None
+        shares = _Shares(self) if self._parent_of else None
         micro_batches = self.micro_batches
         if micro_batches is not None:
             micro_batches.begin_step(len(self.running))
@@ -151,7 +157,7 @@ class Scheduler:
                     or (micro_batches is not None and micro_batches.sits_out(seq))):
                 index += 1  # its last token is still in flight (or its request used its share): nothing now
                 continue
-            num_blocks_before = len(seq.block_ids)
+            num_blocks_before = [len(table) for table in seq.block_tables]
             while not self.block_manager.allocate(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -170,8 +176,10 @@ class Scheduler:
                 cached_requests.append(
                     CachedRequestData(
                         request_id=seq.request_id,
-                        new_block_ids=seq.block_ids[num_blocks_before:],
+                        new_block_ids=seq.block_ids[num_blocks_before[0]:],
                         num_computed_tokens=seq.num_computed_tokens,
+                        extra_group_block_ids=[table[before:] for table, before in
+                                               zip(seq.block_tables[1:], num_blocks_before[1:])] or None,
                     )
                 )
             index += 1
@@ -197,8 +205,8 @@ class Scheduler:
                 deferred.append(self.waiting.popleft())
                 continue
             # A pooling request needs every prompt token's hidden state: no prefix cache, no chunks.
-            cached_blocks = self.block_manager.find_cached_prefix(seq) if seq.pooling is None else []
-            num_cached = len(cached_blocks) * self.block_manager.block_size
+            cached_groups = self.block_manager.cached_prefix(seq) if seq.pooling is None else None
+            num_cached = len(cached_groups[0]) * self.block_manager.block_size if cached_groups else 0
             num_external = self._external_tokens(seq, num_cached) if self.kv_connector is not None else 0
             num_new = seq.num_tokens - num_cached - num_external
             if num_new > limit:
@@ -208,7 +216,7 @@ class Scheduler:
                         continue
                     break
                 num_new = limit
-            if not self.block_manager.allocate(seq, num_external + num_new, cached_blocks):
+            if not self.block_manager.allocate(seq, num_external + num_new, cached_groups=cached_groups):
                 break
             self.waiting.popleft()
             if shares is not None:
@@ -275,9 +283,18 @@ class Scheduler:
             seq.num_pending_tokens -= 1
             token_id = runner_output.sampled_token_ids[position]
             seq.append_token(token_id)
+            # The grammar first: a token from a mask that allowed none is not the output's, whatever else it is
+            # (an EOS, the last token of max_tokens).
+            try:
+                grammar_complete = self.structured_output is not None and self.structured_output.accept(
+                    request_id, token_id)
+            except GrammarBroken as broken:  # the request ends with the error, never unconstrained
+                failed = self.fail_request(request_id, broken.message, broken.field)
+                if failed is not None:
+                    outputs.append(failed)
+                continue
             finish_reason, stop_reason = self._check_stop(seq, token_id)
-            if (finish_reason is None and self.structured_output is not None
-                    and self.structured_output.accept(request_id, token_id)):
+            if finish_reason is None and grammar_complete:
                 finish_reason = FinishReason.STOP  # its grammar is complete
             token_logprobs = logprobs[position] if logprobs is not None else None
             output = EngineCoreOutput(
@@ -329,6 +346,8 @@ class Scheduler:
             prefix_cache_hits=manager.prefix_cache_hits,
             num_prompt_tokens_computed=self.num_prompt_tokens_computed,
             num_kv_connector_loaded_tokens=self.num_kv_connector_loaded_tokens,
+            structured_outputs_cache_bytes=self.structured_output.cache_bytes if self.structured_output else 0,
+            structured_outputs_cache_entries=self.structured_output.cache_entries if self.structured_output else 0,
         )
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -378,7 +397,7 @@ class Scheduler:
         return GrammarBitmask(request_ids=request_ids, words=words, num_words=self.structured_output.num_words)
 
     def fail_request(self, request_id: str, message: str, field: str | None) -> EngineCoreOutput | None:
-        """Finish a request with "error" before it ran (its grammar was refused); None if it is gone."""
+        """Finish a request with "error" (its grammar was refused, or could not go on); None if it is gone."""
         seq = self.sequences.get(request_id)
         if seq is None:
             return None
@@ -445,6 +464,7 @@ class Scheduler:
             output_token_ids=seq.output_token_ids,
             sampling=seq.sampling,
             block_ids=list(seq.block_ids),
+            extra_group_block_ids=[list(table) for table in seq.block_tables[1:]] or None,
             num_computed_tokens=seq.num_computed_tokens,
             lora_request=seq.lora_request,
             pooling=seq.pooling,
@@ -452,10 +472,12 @@ class Scheduler:
 
 
 class _Shares:
-    """One step's accounting of what each parent request's completions took, while others wait.
+    """One step's accounting of what each parent request's sequences hold and take.
 
-    A parent is held to its share only while some sequence that is not its own is waiting (counted
-    as the step goes: those admitted no longer wait), so a request alone in the engine is never slowed.
+    The slots are a hard share: a parent never runs more than `max_seqs` sequences at once, so a slot
+    is always left for a request that arrives later. The token budget is held to its share only while
+    some sequence that is not the parent's own is waiting (counted as the step goes: those admitted no
+    longer wait), so a request alone in the engine prefills at the step's full budget.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -479,9 +501,9 @@ class _Shares:
         return self.max_tokens - self.tokens[parent]
 
     def admission_tokens_left(self, seq: Sequence) -> int:
-        """As `tokens_left`, and 0 once its parent holds its share of the slots."""
+        """As `tokens_left`, and 0 once its parent holds its share of the slots (contended or not)."""
         parent = self._parent_of.get(seq.request_id)
-        if self._contended(parent) and self.running[parent] >= self.max_seqs:
+        if parent is not None and self.running[parent] >= self.max_seqs:
             return 0
         return self.tokens_left(seq)
 

@@ -27,7 +27,7 @@ def hash_block(parent: bytes | None, token_ids: list[int]) -> bytes:
 class Sequence:
     """Token ids (prompt then output), progress, and the KV blocks that hold them."""
 
-    def __init__(self, request: EngineCoreRequest, block_size: int, arrival_index: int) -> None:
+    def __init__(self, request: EngineCoreRequest, block_size: int, arrival_index: int, num_kv_groups: int = 1) -> None:
         self.request_id = request.request_id
         self.sampling: SamplingOptions = request.sampling
         self.arrival_index = arrival_index
@@ -39,7 +39,8 @@ class Sequence:
         self.num_pending_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
         self.num_external_tokens = 0  # prompt tokens a KV connector supplied at the latest admission
-        self.block_ids: list[int] = []
+        # Per KV cache group (wire/kv_cache.py; one unless the model has sliding-window layers), its block ids.
+        self.block_tables: list[list[int]] = [[] for _ in range(num_kv_groups)]
         self.num_registered_blocks = 0  # leading blocks already named in the prefix cache
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -54,6 +55,11 @@ class Sequence:
         self.lora_request = request.lora_request
         self.lora_int_id = request.lora_request.lora_int_id if request.lora_request is not None else 0
         self._root_hash = None if self.lora_int_id == 0 else b"lora:%d" % self.lora_int_id
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The first KV cache group's blocks (the only group of a model without sliding windows)."""
+        return self.block_tables[0]
 
     @property
     def num_tokens(self) -> int:

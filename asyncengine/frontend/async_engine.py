@@ -118,6 +118,7 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         self._call_ids = itertools.count()
         self._request_ids = itertools.count()
         self._dead: EngineDeadError | None = None
+        self._lost_engines: set[int] = set()  # data-parallel engine cores that died while others serve on
         self._died = anyio.Event()
         self._accepting = True
         self._closing = False
@@ -160,6 +161,13 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
     def dead_error(self) -> EngineDeadError | None:
         return self._dead
 
+    def dead_engine_indexes(self) -> list[int]:
+        """The engine cores (data-parallel indexes) that have died: those lost while others serve on, or all
+        of them once the engine is dead (/metrics' engine_up)."""
+        if self._dead is not None:
+            return list(range(self.config.data_parallel_size))
+        return sorted(self._lost_engines)
+
     async def wait_dead(self) -> EngineDeadError:
         """Wait until the engine dies (its engine core or a worker gone, a stat logger failed); the
         error its requests got. A shutdown is not a death: this keeps waiting."""
@@ -201,8 +209,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
             return self.processor.process(request_id, prompt, params, lora_request)
-        if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized
-            if params is None or not params.bad_words:
+        if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized or a grammar parsed
+            if params is None or not (params.bad_words or params.structured_outputs is not None):
                 return self.processor.process(request_id, prompt, params, lora_request)
             return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request)
         return await self.tokenizer_pool.run(self._process_text, request_id, text, params, lora_request)
@@ -301,6 +309,7 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         final_only: bool = False,
         nowait: bool = False,
         lora_request: LoRARequest | None = None,
+        group: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The one hand-over of a request from the server: a text prompt, a list of token ids, a prompt
         dict as `generate` takes it, or a conversation (`messages`, rendered through the chat template
@@ -309,7 +318,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         tokenizer pool; the request is validated here, now, raising RequestError (or EngineDeadError);
         the returned stream is not queued until it is iterated (so that several requests can be
         validated before any runs). It yields deltas, or only the final output when `final_only`;
-        closing it aborts the request."""
+        closing it aborts the request. `group` (from `request_group()`): requests opened with the same
+        group share one request's share of the engine's slots (the prompts of one HTTP request)."""
         if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
             await self.lora_adapters.check_off_loop(lora_request)
         if messages is not None:
@@ -326,7 +336,14 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
             processed = self.process_request({"prompt_token_ids": prompt}, params, request_id, lora_request)
         else:
             processed = await self.process_request_async(prompt, params, request_id, lora_request)
+        if group is not None:
+            processed.join_group(group)
         return self.submit(processed, OutputKind.FINAL_ONLY if final_only else OutputKind.DELTA, nowait=nowait)
+
+    def request_group(self) -> str:
+        """A new group for `open_stream(..., group=...)`: requests that count as one for fairness
+        (docs/server.md, "Fairness")."""
+        return self.processor.new_group_id()
 
     async def submit(
         self, processed: ProcessedRequest, kind: OutputKind, *, nowait: bool = False
@@ -443,6 +460,7 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
                     else:
                         reply.set(message.result)
             elif isinstance(message, EngineLost):  # one data-parallel engine core of several (dp_router.py)
+                self._lost_engines.add(message.engine_index)
                 self._requests.fail_core_requests(message.core_request_ids, message.error)
             elif isinstance(message, EngineCoreDead):
                 dead = EngineDeadError(f"{message.process}: {message.cause}", cause_type=message.cause_type,

@@ -338,6 +338,8 @@ def combine(method: str, results: list[Any], indexes: list[int]) -> Any:
             prefix_cache_hits=sum(s.prefix_cache_hits for s in per_engine),
             num_prompt_tokens_computed=sum(s.num_prompt_tokens_computed for s in per_engine),
             num_kv_connector_loaded_tokens=sum(s.num_kv_connector_loaded_tokens for s in per_engine),
+            structured_outputs_cache_bytes=sum(s.structured_outputs_cache_bytes for s in per_engine),
+            structured_outputs_cache_entries=sum(s.structured_outputs_cache_entries for s in per_engine),
             engines=per_engine,
         )
         return msgspec.to_builtins(total)

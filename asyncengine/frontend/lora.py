@@ -8,6 +8,10 @@ adapter's id stays retired: the prefix cache keys blocks by it, and workers cach
 A `LoRARequest` given directly (`LLM.generate(..., lora_request=...)`) keeps the caller's id; one id
 must keep naming one directory, which `check` holds to.
 
+No adapter may take the served model's name (the name `/v1/models` lists it under, which a request's
+`model` selects it by): at start-up that is a configuration error, at a runtime load a 400. An adapter's
+files are read in a worker thread within ADAPTER_READ_TIMEOUT_S (lora/peft.py bounds what is read).
+
 A name is registered only for an adapter that fits the model: `load` and `resolve` ask the workers
 (`fits_on_workers`: every matrix's shape against the layers it targets, lora/pool.py), and the workers
 check `lora_modules` themselves at start-up. A `LoRARequest` given directly is checked by the worker
@@ -26,7 +30,7 @@ import anyio
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.lora import parse_lora_modules
-from asyncengine.errors import AsyncEngineError, RequestError
+from asyncengine.errors import AsyncEngineError, ConfigError, RequestError
 from asyncengine.interfaces.lora_resolver import LoRAResolverRegistry
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import reads
@@ -37,6 +41,10 @@ from asyncengine.wire.startup import StartupRecord
 
 # Ids the frontend hands out start here, far from the small ids callers of LLM.generate pick by hand.
 _FIRST_ASSIGNED_ID = 1_000_001
+
+# The most seconds the frontend waits for an adapter's files to be read and checked (docs/lora.md, "Limits"):
+# they are regular files of bounded size, so only a stalled filesystem gets near it.
+ADAPTER_READ_TIMEOUT_S = 10.0
 
 # The check that an adapter fits the served model (`fits_on_workers`, bound to an engine): RequestError if not.
 FitCheck = Callable[[LoRARequest], Awaitable[None]]
@@ -53,13 +61,18 @@ class LoRAResolverFailed(AsyncEngineError):
 
 
 class LoRAAdapters:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
         self.enabled = config.enable_lora
         self.max_rank = config.max_lora_rank
+        self.served_model_name = served_model_name
         self._ids = itertools.count(_FIRST_ASSIGNED_ID)
         self._by_name: dict[str, LoRARequest] = {}
         self._path_of_id: dict[int, str] = {}
         for module in parse_lora_modules(config.lora_modules):
+            if module.name == served_model_name:
+                raise ConfigError(f"lora_modules: the adapter name {module.name!r} is the served model's name; a "
+                                  "request's model would be both: give the adapter another name (or the model "
+                                  "another --served-model-name)", field="lora_modules")
             self._by_name[module.name] = self._named(module.name, module.path, module.base_model_name)
         resolver_dir = configured_resolver_dir(config.lora_resolver_dir) if self.enabled else None
         self.filesystem_resolver = FilesystemResolver(resolver_dir) if resolver_dir else None
@@ -87,6 +100,10 @@ class LoRAAdapters:
         return lora
 
     def _require_free(self, name: str) -> None:
+        if name == self.served_model_name:
+            raise RequestError(f"the LoRA adapter name {name!r} is the served model's name: a request's model "
+                               "would be both; give the adapter another name", field="lora_name",
+                               code="lora_name_taken")
         if name in self._by_name:
             raise RequestError(f"the LoRA adapter {name!r} is already loaded; unload it first", field="lora_name",
                                code="lora_already_loaded")
@@ -157,9 +174,15 @@ class LoRAAdapters:
             self._path_of_id[lora.lora_int_id] = lora.lora_path
 
     async def check_off_loop(self, lora: Any) -> None:
-        """`check`, reading an adapter's config in a worker thread the first time (never on the event loop)."""
+        """`check`, reading an adapter's config in a worker thread the first time (never on the event loop),
+        within ADAPTER_READ_TIMEOUT_S: past it, a RequestError (the thread is left to finish on its own)."""
         if isinstance(lora, LoRARequest) and self.enabled and lora.lora_int_id not in self._path_of_id:
-            await anyio.to_thread.run_sync(self.check, lora)
+            with anyio.move_on_after(ADAPTER_READ_TIMEOUT_S) as reading:
+                await anyio.to_thread.run_sync(self.check, lora, abandon_on_cancel=True)
+            if reading.cancelled_caught:
+                raise RequestError(f"LoRA adapter {lora.lora_name!r} ({lora.lora_path}): its files were not read "
+                                   f"within {ADAPTER_READ_TIMEOUT_S:g} s; is its filesystem stalled?",
+                                   field="lora_request.lora_path")
         else:
             self.check(lora)
 
@@ -200,4 +223,4 @@ def _resolver_object(key: str) -> Any:
     return implementation
 
 
-__all__ = ["FitCheck", "LoRAAdapters", "LoRAResolverFailed", "fits_on_workers"]
+__all__ = ["ADAPTER_READ_TIMEOUT_S", "FitCheck", "LoRAAdapters", "LoRAResolverFailed", "fits_on_workers"]

@@ -166,12 +166,12 @@ class PoolingEngine:
         if pooler is None:
             raise RequestError(f"model {model_config.served_model_name} cannot pool: its files ask for a pooling "
                                "asyncengine does not do (start it with --runner pooling to see why)", field="model")
-        if task in ("classify", "score") and not pooler.is_classifier:
+        if task in ("classify", "score", "token_classify") and not pooler.is_classifier:
             raise RequestError(f"task {task!r} needs a classification model (*ForSequenceClassification); "
                                f"{model_config.served_model_name} is an embedding model", field="task")
-        if task == "embed" and pooler.is_classifier:
-            raise RequestError(f"{model_config.served_model_name} is a classifier: use classify or score, not embed",
-                               field="task")
+        if task in ("embed", "token_embed") and pooler.is_classifier:
+            raise RequestError(f"{model_config.served_model_name} is a classifier: use classify, score or "
+                               f"token_classify, not {task}", field="task")
 
     def prepare_pooling(self, prompt: Any, params: PoolingParams | None, *, task: str | None = None,
                         pair: Any = None, field: str = "prompt") -> PoolingPrompt:
@@ -183,6 +183,8 @@ class PoolingEngine:
             raise RequestError(f"pooling_params must be a PoolingParams, got {type(params).__name__}",
                                field="pooling_params")
         task = task or params.task or self.pooling_task_default()
+        if task == "plugin":  # vLLM's task of an IO processor's requests: the model's own
+            task = self.pooling_task_default()
         self.check_pooling_task(task)
         model_config = self.model_config
         pooler = model_config.pooler

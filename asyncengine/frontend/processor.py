@@ -5,7 +5,8 @@ the prompt's form and length, token ids outside the vocabulary, sampling values 
 honour (docs/sampling.md, "Limits": n at most max_n, top_k at or above the vocabulary is off, one
 context-length rule for max_tokens and min_tokens). `n > 1` fans out into `n` engine-core requests
 (children) that share the prompt and a parent id, by which the scheduler keeps one request's
-completions to their share of a step while others wait.
+completions to their share of the slots and of a step (docs/server.md, "Fairness"); the prompts of
+one HTTP completions request join one such group (`new_group_id`, `ProcessedRequest.join_group`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from asyncengine.frontend.lora import LoRAAdapters
 from asyncengine.lora.request import LoRARequest
 from asyncengine.sampling_params import INT64_MIN, SamplingParams
 from asyncengine.structured_output.backend import GrammarError
+from asyncengine.structured_output.limits import SourceLimits
 from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
@@ -43,6 +45,11 @@ class ProcessedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams  # with the model's defaults filled in
     children: list[EngineCoreRequest]  # one per completion index
+
+    def join_group(self, group: str) -> None:
+        """Make this request's sequences part of `group` (InputProcessor.new_group_id): the prompts of one
+        HTTP completions request, whose sequences together get one request's share of the slots."""
+        self.children = [msgspec.structs.replace(child, parent_id=group) for child in self.children]
 
 
 def child_request_id(request_id: str, index: int, n: int, submission: int) -> str:
@@ -67,8 +74,14 @@ class InputProcessor:
         self.structured_outputs_backend = configured_backend_name(engine_config.structured_outputs_config)
         backend_class_for_request(self.structured_outputs_backend, per_request=False)
         self._checked_grammars: dict[str, None] = {}
+        self.grammar_source_limits = SourceLimits.of(engine_config)
         # The adapters known by name, and the check of a request's adapter (frontend/lora.py).
-        self.lora = LoRAAdapters(engine_config)
+        self.lora = LoRAAdapters(engine_config, served_model_name=model_config.served_model_name)
+
+    def new_group_id(self) -> str:
+        """An id for the sequences of several requests that the scheduler counts as one
+        (ProcessedRequest.join_group); never equal to another group's or a request's parent id."""
+        return f"group-{next(self._submissions)}"
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams().with_defaults(self.model_config.generation_defaults)
@@ -259,8 +272,9 @@ class InputProcessor:
         return tuple(sequences)
 
     def _grammar_spec(self, params: SamplingParams) -> GrammarSpec | None:
-        """The request's constraint, checked by its backend (parsing only: no tokenizer, a few ms; the
-        engine core compiles it). Checked grammars are remembered, so a repeated one costs nothing."""
+        """The request's constraint, within the source limits and checked by its backend (parsing only: no
+        tokenizer; the engine core compiles it). Checked grammars are remembered, so a repeated one costs nothing.
+        Parsing a large one takes a while: AsyncEngine.process_request_async calls this in its tokenizer pool."""
         if params.structured_outputs is None:
             return None
         if self.tokenizer is None:
@@ -271,6 +285,7 @@ class InputProcessor:
         cls = backend_class_for_request(name, per_request=spec.backend is not None)
         key = spec.cache_key(name)
         if key not in self._checked_grammars:
+            self.grammar_source_limits.check(spec)  # before the backend parses it (limits.py: parsing can be slow)
             try:
                 cls.validate(spec)
             except ValueError as exc:

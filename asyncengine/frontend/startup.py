@@ -11,6 +11,7 @@ import anyio
 
 from asyncengine.config.class_paths import is_class_path
 from asyncengine.config.engine import EngineConfig
+from asyncengine.config.vllm_views import remember_resolved_model
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
@@ -61,6 +62,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
                                       config_dir=config_dir)
     if quantization is not None:  # the method checks the model and the options before a worker builds it
         _verify_quantization(quantization, config, model_config)
+    remember_resolved_model(config.model, model_config)  # what vLLM's config views show a plugin from now on
     return FrontendSetup(model_config, tokenizer, chat_template)
 
 

@@ -8,6 +8,7 @@ Read in the frontend only (it tokenizes prompts and detokenizes outputs). The cl
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,12 +131,38 @@ def read_chat_template(value: str | None) -> str | None:
 # Arguments of apply_chat_template that are not template variables: the engine sets them (or they
 # make no sense for a prompt rendered to text), so a request's chat_template_kwargs may not.
 # `add_generation_prompt`, `continue_final_message`, `tools` and `documents` may be set there, as vLLM allows.
+# Besides these, every named parameter of the tokenizer's own apply_chat_template (`self` included:
+# `reserved_template_kwargs`) is refused, so a key never collides with the call's own arguments.
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "conversations", "messages", "chat_template", "tokenize", "padding", "truncation", "max_length",
     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
 })
 # The request fields a request's chat_template_kwargs may also set (vLLM: the kwargs win).
 _OVERRIDABLE = ("add_generation_prompt", "continue_final_message", "tools", "documents")
+
+
+_NAMED_PARAMETERS: dict[type, frozenset[str]] = {}  # by tokenizer class (a handful per process)
+
+
+def _named_parameters(tokenizer_type: type) -> frozenset[str]:
+    """The named parameters of `tokenizer_type.apply_chat_template` (`self` among them; not **kwargs)."""
+    known = _NAMED_PARAMETERS.get(tokenizer_type)
+    if known is not None:
+        return known
+    method = getattr(tokenizer_type, "apply_chat_template", None)
+    try:
+        parameters = list(inspect.signature(method).parameters.values()) if callable(method) else []
+    except (TypeError, ValueError):  # a C function without a signature: the static list alone
+        parameters = []
+    named = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    found = _NAMED_PARAMETERS[tokenizer_type] = frozenset(p.name for p in parameters if p.kind in named)
+    return found
+
+
+def reserved_template_kwargs(tokenizer: Any) -> frozenset[str]:
+    """The chat_template_kwargs keys a request may not set with this tokenizer: RESERVED_TEMPLATE_KWARGS and
+    the named parameters of its apply_chat_template, but those a request may override (_OVERRIDABLE)."""
+    return (RESERVED_TEMPLATE_KWARGS | _named_parameters(type(tokenizer))) - frozenset(_OVERRIDABLE)
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None, *,
@@ -164,13 +191,13 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
         )
     _check_messages(messages)
     variables = dict(template_kwargs or {})
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & variables.keys())
+    reserved = sorted(reserved_template_kwargs(tokenizer) & variables.keys())
     if reserved:
         raise RequestError(
             f"chat_template_kwargs may not set {', '.join(map(repr, reserved))}: "
-            f"{'it is an argument' if len(reserved) == 1 else 'they are arguments'} of the chat rendering that the "
-            "server sets itself (send messages in 'messages', and start the server with --chat-template to change "
-            "the template)",
+            f"{'it is an argument' if len(reserved) == 1 else 'they are arguments'} of the chat rendering call "
+            "itself, which the server sets, not a template variable: rename the template variable (send messages in "
+            "'messages', and start the server with --chat-template to change the template)",
             field=f"chat_template_kwargs.{reserved[0]}",
         )
     overrides = {name: variables.pop(name) for name in _OVERRIDABLE if name in variables}

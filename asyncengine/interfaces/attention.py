@@ -39,6 +39,15 @@ class AttentionBackend:
     # negative slots and writes finite output for rows whose `seq_lens_tensor` is 0: the model runner
     # may then replay decode steps from CUDA graphs (asyncengine/worker/cuda_graphs.py).
     cuda_graph_safe = False
+    # What a layer may need beyond causal attention (the worker sets them on the layer's instance, after
+    # building it): `sliding_window` (each query sees only its last N keys, and the blocks before them may be
+    # stale or the null block: docs/engine.md, the hybrid KV cache) and `logits_soft_cap` (scores become
+    # `cap * tanh(score / cap)` before the softmax, Gemma 2). A backend that does not declare the support
+    # serves no layer that needs it (the worker names the layer and the feature; see attention/selector.py).
+    supports_sliding_window = False
+    supports_logits_soft_cap = False
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -152,22 +161,41 @@ def descriptor_implementation(name: str, descriptor: type, origin: str) -> Any:
     return implementation
 
 
-def build_backend(backend: type, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> Any:
+def build_backend(backend: type, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, *,
+                  sliding_window: int | None = None, logits_soft_cap: float | None = None) -> Any:
     """One layer's backend instance: `backend(num_heads, num_kv_heads, head_dim, scale)`, ours, or by
-    vLLM's keywords (`num_heads, head_size, scale, num_kv_heads, ...`) when its constructor names head_size."""
+    vLLM's keywords (`num_heads, head_size, scale, num_kv_heads, ...`, the layer's `sliding_window` and
+    `logits_soft_cap` among them) when its constructor names head_size. The layer's sliding window and soft cap
+    are then set on the instance (the attributes AttentionBackend declares)."""
     try:
         parameters = dict(inspect.signature(backend).parameters)
     except (TypeError, ValueError):  # a constructor Python cannot inspect: ours, positionally
         parameters = {}
     if "head_size" not in parameters:
-        return backend(num_heads, num_kv_heads, head_dim, scale)
-    ours = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "scale": scale}
-    keywords = {vllm_name: ours[our_name] for vllm_name, our_name in _VLLM_INIT_NAMES.items()
-                if vllm_name in parameters}
-    keywords.update({name: value for name, value in _VLLM_INIT_DEFAULTS.items()
-                     if name in parameters and parameters[name].default is inspect.Parameter.empty})
-    return backend(**keywords)
+        instance = backend(num_heads, num_kv_heads, head_dim, scale)
+    else:
+        ours = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "scale": scale}
+        keywords: dict[str, Any] = {vllm_name: ours[our_name] for vllm_name, our_name in _VLLM_INIT_NAMES.items()
+                                    if vllm_name in parameters}
+        keywords.update({name: value for name, value in _VLLM_INIT_DEFAULTS.items()
+                         if name in parameters and parameters[name].default is inspect.Parameter.empty})
+        for name, value in (("sliding_window", sliding_window), ("logits_soft_cap", logits_soft_cap)):
+            if name in parameters:
+                keywords[name] = value
+        instance = backend(**keywords)
+    instance.sliding_window, instance.logits_soft_cap = sliding_window, logits_soft_cap
+    return instance
+
+
+def missing_features(backend: type, sliding_window: int | None, logits_soft_cap: float | None) -> list[str]:
+    """What a layer needs that `backend` (a class) does not declare it supports."""
+    missing = []
+    if sliding_window is not None and not getattr(backend, "supports_sliding_window", False):
+        missing.append(f"a sliding window ({sliding_window} tokens)")
+    if logits_soft_cap is not None and not getattr(backend, "supports_logits_soft_cap", False):
+        missing.append(f"attention logit soft-capping ({logits_soft_cap})")
+    return missing
 
 
 __all__ = ["TORCH_PAGED", "TRITON_PAGED", "AttentionBackend", "AttentionBackendRegistry", "build_backend",
-           "is_descriptor"]
+           "is_descriptor", "missing_features"]

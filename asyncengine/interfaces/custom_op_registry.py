@@ -32,17 +32,22 @@ BUILT_IN_PROVIDERS = {
     "rotary/native": "asyncengine.models.layers.rotary:rotary_native",
     "silu_and_mul/native": "asyncengine.models.layers.activation:silu_and_mul_native",
     "sample/native": "asyncengine.worker.sample_op:sample_native",
+    "fused_moe/native": "asyncengine.ops.fused_moe:fused_moe_reference",
     "rms_norm/triton": "asyncengine.ops.triton_norm:rms_norm_triton",
     "rotary/triton": "asyncengine.ops.triton_rotary:rotary_triton",
     "silu_and_mul/triton": "asyncengine.ops.triton_activation:silu_and_mul_triton",
     "sample/triton": "asyncengine.ops.triton_sampling:sample_triton",
+    "fused_moe/triton": "asyncengine.ops.triton_moe:fused_moe_triton",
 }
 
 # The in-tree ops, by path: importing them needs torch.
 IN_TREE_OPS = {
     "RMSNorm": "asyncengine.models.layers.norm:RMSNorm",
+    "GemmaRMSNorm": "asyncengine.models.layers.norm:GemmaRMSNorm",
     "RotaryEmbedding": "asyncengine.models.layers.rotary:RotaryEmbedding",
     "SiluAndMul": "asyncengine.models.layers.activation:SiluAndMul",
+    "FusedMoE": "asyncengine.models.layers.fused_moe:FusedMoE",
+    "GeluAndMul": "asyncengine.models.layers.activation:GeluAndMul",
 }
 
 

@@ -21,6 +21,13 @@ class _ModelRegistry(Registry):
             "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
             "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
             "Qwen3ForCausalLM": "asyncengine.models.qwen3:Qwen3ForCausalLM",
+            "MistralForCausalLM": "asyncengine.models.mistral:MistralForCausalLM",
+            "Gemma2ForCausalLM": "asyncengine.models.gemma2:Gemma2ForCausalLM",
+            "Gemma3ForCausalLM": "asyncengine.models.gemma3:Gemma3ForCausalLM",
+            "Phi3ForCausalLM": "asyncengine.models.phi3:Phi3ForCausalLM",
+            "Olmo2ForCausalLM": "asyncengine.models.olmo2:Olmo2ForCausalLM",
+            "GraniteForCausalLM": "asyncengine.models.granite:GraniteForCausalLM",
+            "Glm4ForCausalLM": "asyncengine.models.glm4:Glm4ForCausalLM",
             # Pooling models (docs/pooling.md): BERT-family encoders and classifiers on BERT and decoder bases.
             "BertModel": "asyncengine.models.bert:BertModel",
             "BertForSequenceClassification": "asyncengine.models.bert:BertForSequenceClassification",

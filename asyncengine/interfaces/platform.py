@@ -10,7 +10,8 @@ never at import.
 from __future__ import annotations
 
 import enum
-from typing import Any
+import os
+from typing import Any, NamedTuple
 
 from asyncengine.interfaces.attention import TORCH_PAGED
 
@@ -27,6 +28,43 @@ class PlatformEnum(enum.Enum):
     UNSPECIFIED = enum.auto()
 
 
+class DeviceCapability(NamedTuple):
+    """vLLM's compute capability of a device (CUDA's major.minor)."""
+
+    major: int
+    minor: int
+
+    def as_version_str(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    def to_int(self) -> int:
+        """7.5 as 75, the form `has_device_capability(75)` takes."""
+        return self.major * 10 + self.minor
+
+
+class AttentionSelectorConfig(NamedTuple):
+    """What vLLM's platforms receive as `attn_selector_config` in get_attn_backend_cls: the layer's shape and
+    kind, with vLLM's field names (this engine's layers are decoder self-attention, no MLA, sinks or sparse)."""
+
+    head_size: int
+    dtype: Any  # a torch.dtype
+    kv_cache_dtype: str | None
+    block_size: int | None
+    use_mla: bool = False
+    has_sink: bool = False
+    use_sparse: bool = False
+    use_mm_prefix: bool = False
+    use_per_head_quant_scales: bool = False
+    attn_type: str = "decoder"
+    use_non_causal: bool = False
+    use_batch_invariant: bool = False
+
+
+def _as_int(capability: tuple[int, int] | int) -> int:
+    """(8, 9) as 89, vLLM's integer form of a capability."""
+    return capability[0] * 10 + capability[1] if isinstance(capability, tuple) else capability
+
+
 class Platform:
     _enum: PlatformEnum = PlatformEnum.OOT  # the built-ins set theirs
     # Identity
@@ -36,6 +74,12 @@ class Platform:
     supported_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     supported_quantization: tuple[str, ...] = ()
     default_dtype: str = "float32"  # what dtype="auto" means here
+    # vLLM's other identity attributes, which its platforms set and its code reads.
+    dispatch_key: str = "CPU"  # the torch dispatch key of the device
+    ray_device_key: str = ""  # the resource name a Ray cluster schedules the device by
+    device_control_env_var: str = ""  # the variable that hides devices (CUDA_VISIBLE_DEVICES)
+    simple_compile_backend: str = "inductor"
+    additional_env_vars: list[str] = []  # variables a worker process inherits (processes here inherit them all)
     # Optional: op -> op-provider names to try first, in order ({"rms_norm": ["my_kernel"]}); providers not
     # named follow by registered priority, "native" (torch) last. Empty: registered priorities alone.
     # The config's `op_priority` wins per op (asyncengine/models/layers/op_registry.py).
@@ -101,6 +145,133 @@ class Platform:
     @classmethod
     def is_out_of_tree(cls) -> bool:
         return cls._enum == PlatformEnum.OOT
+
+    @classmethod
+    def is_rocm(cls) -> bool:
+        return cls._enum == PlatformEnum.ROCM
+
+    @classmethod
+    def is_tpu(cls) -> bool:
+        return cls._enum == PlatformEnum.TPU
+
+    @classmethod
+    def is_xpu(cls) -> bool:
+        return cls._enum == PlatformEnum.XPU
+
+    @classmethod
+    def is_cuda_alike(cls) -> bool:
+        """CUDA or ROCm: what vLLM's CUDA code paths (graphs, custom all-reduce) run on."""
+        return cls._enum in (PlatformEnum.CUDA, PlatformEnum.ROCM)
+
+    @classmethod
+    def is_unspecified(cls) -> bool:
+        return cls._enum == PlatformEnum.UNSPECIFIED
+
+    @classmethod
+    def is_sleep_mode_available(cls) -> bool:
+        return False  # vLLM's sleep mode (offloading weights between requests) is not built here
+
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability | None:
+        """A CUDA-like device's compute capability; None where the notion does not apply (CPU, others)."""
+        return None
+
+    @classmethod
+    def has_device_capability(cls, capability: tuple[int, int] | int, device_id: int = 0) -> bool:
+        """Whether the device's capability is at least `capability` ((8, 0) or 80); False without one."""
+        current = cls.get_device_capability(device_id=device_id)
+        return current is not None and current.to_int() >= _as_int(capability)
+
+    @classmethod
+    def is_device_capability(cls, capability: tuple[int, int] | int, device_id: int = 0) -> bool:
+        current = cls.get_device_capability(device_id=device_id)
+        return current is not None and current.to_int() == _as_int(capability)
+
+    @classmethod
+    def device_count(cls) -> int:
+        """Devices of this platform's kind this process can use (a host-only platform has one: the host)."""
+        return 1
+
+    @classmethod
+    def device_id_to_physical_device_id(cls, device_id: int) -> int:
+        """vLLM's mapping through the device-visibility variable (`device_control_env_var`, e.g.
+        CUDA_VISIBLE_DEVICES): the id it lists at `device_id`, else `device_id` itself."""
+        variable = getattr(cls, "device_control_env_var", None)
+        visible = os.environ.get(variable, "") if variable else ""
+        ids = [part.strip() for part in visible.split(",") if part.strip()]
+        if device_id < len(ids) and ids[device_id].isdigit():
+            return int(ids[device_id])
+        return device_id
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        raise NotImplementedError(f"platform {cls.device_name} has no device UUIDs")
+
+    @classmethod
+    def get_cpu_architecture(cls) -> str:
+        import platform
+
+        return platform.machine()
+
+    @classmethod
+    def supports_fp8(cls) -> bool:
+        return False
+
+    @classmethod
+    def is_fp8_fnuz(cls) -> bool:
+        return False
+
+    @classmethod
+    def use_all_gather(cls) -> bool:
+        return True  # the vocabulary-parallel logits are gathered to every rank here
+
+    @classmethod
+    def use_custom_allreduce(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_v1(cls, model_config: Any = None) -> bool:
+        return True  # this engine's design is vLLM's v1
+
+    @classmethod
+    def default_v1(cls, model_config: Any = None) -> bool:
+        return True
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        """vLLM's check of a quantization name against `supported_quantization` (empty: any is allowed)."""
+        supported = cls.supported_quantization
+        if supported and quant not in supported:
+            raise ValueError(f"{quant} quantization is currently not supported on {cls.device_name}; supported: "
+                             f"{', '.join(supported)}")
+
+    @classmethod
+    def verify_model_arch(cls, model_arch: str) -> None:
+        """vLLM's hook to refuse an architecture this platform cannot run; every one passes by default."""
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: Any) -> None:
+        """vLLM's hook to refuse a dtype; every one passes by default."""
+
+    @classmethod
+    def log_warnings(cls) -> None:
+        """vLLM's hook for platform warnings at start-up; none by default."""
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        """vLLM imports its compiled ops here; this engine's kernels are imported where they are used."""
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:

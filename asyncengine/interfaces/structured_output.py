@@ -1,7 +1,7 @@
 """The structured-output backend interface (EXTENSION_POINTS.md), and the table of backends.
 
-A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), in a thread off
-the engine core's step loop) and gives each request a matcher over it. The engine core asks each
+A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), off the engine core's
+event loop) and gives each request a matcher over it. The engine core asks each
 matcher for the next token's bitmask before a step and feeds it every sampled token after one.
 
 Bitmasks are vLLM's and xgrammar's layout: int32 words, bit `t % 32` of word `t // 32` set when
@@ -10,6 +10,7 @@ token `t` is allowed; one row per request, `ceil(vocab_size / 32)` words wide.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncengine.interfaces.registry import BUILT_IN, Registry
@@ -39,12 +40,18 @@ class StructuredOutputBackend:
     """Subclass and register with `register_structured_output_backend("name", "pkg.mod:Class")`.
 
     Built once per engine core, lazily, with the model's tokenizer (a Hugging Face tokenizer), the
-    logits' vocabulary size and the model's EOS token ids. `compile` runs in a worker thread, so it
-    must be safe to call from several threads; `validate` runs in the frontend, without a tokenizer,
+    logits' vocabulary size and the model's EOS token ids. `compile` and `matcher` run in worker threads, so
+    they must be safe to call from several threads; `validate` runs in the frontend, without a tokenizer,
     to answer a bad grammar with a 400 before the request reaches the engine.
     """
 
     name: ClassVar[str] = ""
+    # True: a compile of a large source (over structured_output/compiling.py's INLINE_COMPILE_BYTES) runs first
+    # in the engine core's grammar-compile process, where the time limit and an aborted request can stop it (it
+    # is killed), and only a compile that finished there runs again in the engine core. The class is built there
+    # from its "module:qualname" path, so it must be importable in a fresh interpreter. False: every compile
+    # runs in a thread of the engine core, which nothing can stop (docs/structured_outputs.md, "Bounds").
+    isolated_compile: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.tokenizer = tokenizer
@@ -63,6 +70,38 @@ class StructuredOutputBackend:
         """A fresh matcher at the start of `compiled`."""
         raise NotImplementedError
 
+    def compiled_size(self, compiled: Any) -> int:
+        """The bytes `compiled` holds, charged to the compiled-grammar cache's budget. Default: an estimate
+        from the Python objects it reaches (`estimate_size`), which sees no native memory: a backend whose
+        compiled grammars hold native memory says what it holds (as xgrammar's memory_size_bytes)."""
+        return estimate_size(compiled)
+
+
+def estimate_size(root: Any, *, max_objects: int = 1_000_000) -> int:
+    """sys.getsizeof of every object reachable from `root` through containers, instance dicts and slots,
+    each counted once (the first `max_objects` of them: a bound on the time it takes)."""
+    seen: set[int] = set()
+    total = 0
+    stack = [root]
+    while stack and len(seen) < max_objects:
+        value = stack.pop()
+        if id(value) in seen or isinstance(value, type):
+            continue
+        seen.add(id(value))
+        total += sys.getsizeof(value)
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+        elif not isinstance(value, (str, bytes, bytearray, int, float, bool)) and value is not None:
+            if hasattr(value, "__dict__"):
+                stack.append(vars(value))
+            for slot in getattr(type(value), "__slots__", ()):
+                if hasattr(value, slot):
+                    stack.append(getattr(value, slot))
+    return total
+
 
 # -- the table of backends (read in the frontend, which checks grammars, and the engine core) ------------
 
@@ -73,4 +112,4 @@ StructuredOutputBackendRegistry.register(
     "guidance", "asyncengine.structured_output.guidance_backend:GuidanceBackend", owner=BUILT_IN)
 
 
-__all__ = ["GrammarMatcher", "StructuredOutputBackend", "StructuredOutputBackendRegistry"]
+__all__ = ["GrammarMatcher", "StructuredOutputBackend", "StructuredOutputBackendRegistry", "estimate_size"]

@@ -151,6 +151,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def device(name: Any) -> Any:
+    """`torch.device(name)` (a model loader's target device)."""
+    return torch.device(name)
+
+
 def inference_mode() -> Any:
     """Platform.inference_mode's default."""
     return torch.inference_mode()

@@ -1,7 +1,7 @@
 """WorkerBase: what the engine core asks of a worker (`worker_cls`, EXTENSION_POINTS.md).
 
 The engine core drives a worker by method name, in a thread of the engine-core process or in a process
-of its own: `init_device`, `load_model`, `determine_num_blocks`, `initialize_kv_cache`, `execute_model`,
+of its own: `init_device`, `load_model`, `kv_cache_spec`, `determine_num_blocks`, `initialize_kv_cache`, `execute_model`,
 `shutdown`; `collective_rpc` reaches its other public methods the same way, then those of its extension
 (`worker_extension_cls`). The built-in Worker (asyncengine/worker/worker.py, torch) implements it, and a
 plugin's `worker_cls` subclasses that one (asyncengine.plugins_api.Worker). This base names the
@@ -38,10 +38,17 @@ class WorkerBase:
         """Load the model; this worker's start-up records (plain data) for the report."""
         raise NotImplementedError
 
-    def determine_num_blocks(self) -> int:
+    def kv_cache_spec(self) -> list[list[int | None]] | None:
+        """`[layer index, sliding window or None]` per attention layer of this rank, from which the engine core
+        builds the KV cache layout (asyncengine/wire/kv_cache.py); None: every layer attends over the whole
+        context (one group)."""
+        return None
+
+    def determine_num_blocks(self, layout: Any = None) -> int:
+        """How many KV blocks this rank can hold under `layout` (a KVCacheLayout or its dict form)."""
         raise NotImplementedError
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> None:
         raise NotImplementedError
 
     def execute_model(self, scheduler_output: Any) -> Any:

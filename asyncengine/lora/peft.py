@@ -11,6 +11,12 @@ extra vocabulary (trained embeddings or an LM head: `new_embeddings.safetensors`
 The config is checked in the frontend (a bad adapter is a 400 before the request is queued) and again
 in the worker, which checks every matrix's shape against the model's layers (lora/pool.py): when an
 adapter is loaded by name (from the safetensors header alone) and when a request brings it.
+
+Adapter files come from users (a load route, a resolver directory): each is opened once, without
+blocking, and read only when it is a regular file (a FIFO would block the reader until someone writes
+to it, a device could be endless); the config within MAX_CONFIG_BYTES and MAX_CONFIG_DEPTH levels of
+nesting (deeper JSON would exhaust the parser's recursion), the safetensors header within
+MAX_HEADER_BYTES. The frontend reads in a worker thread under a time limit (frontend/lora.py).
 """
 
 from __future__ import annotations
@@ -19,11 +25,22 @@ import json
 import math
 import os
 import re
+import stat
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from asyncengine.json_nesting import nested_deeper_than
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+# Bounds on what one adapter's files may make a reader do (docs/lora.md, "Limits"). PEFT writes configs
+# of a few KB nested 3 levels deep, and a safetensors header of about 150 bytes per matrix.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
+MAX_HEADER_BYTES = 16 << 20
 # Checkpoint projection names an adapter may target (transformers' names, before our fusing).
 SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _VOCAB_MODULES = ("embed_tokens", "lm_head", "wte", "word_embeddings")
@@ -55,20 +72,15 @@ def read_adapter_config(path: str, *, max_rank: int, name: str = "") -> AdapterC
     if not os.path.isdir(path):
         raise LoRAAdapterError(f"{label}: lora_path is not a directory; give a local directory holding "
                                f"{CONFIG_FILE} and {WEIGHTS_FILE}")
-    config_path = os.path.join(path, CONFIG_FILE)
-    try:
-        with open(config_path, encoding="utf-8") as file:
-            raw: Any = json.load(file)
-    except FileNotFoundError:
-        raise LoRAAdapterError(f"{label}: no {CONFIG_FILE}; is this a PEFT adapter directory?") from None
-    except (OSError, ValueError) as exc:
-        raise LoRAAdapterError(f"{label}: {CONFIG_FILE} cannot be read as JSON: {exc}") from exc
+    raw = _read_config_json(os.path.join(path, CONFIG_FILE), label)
     if not isinstance(raw, dict):
         raise LoRAAdapterError(f"{label}: {CONFIG_FILE} must hold a JSON object")
-    if not os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
+    if not os.path.lexists(os.path.join(path, WEIGHTS_FILE)):
         extra = " (adapter_model.bin is a pickle, which we do not load: save with safe_serialization)" if (
             os.path.isfile(os.path.join(path, "adapter_model.bin"))) else ""
         raise LoRAAdapterError(f"{label}: no {WEIGHTS_FILE}{extra}")
+    with _open_regular(os.path.join(path, WEIGHTS_FILE), label, WEIGHTS_FILE):
+        pass  # a regular file (a FIFO or a device is refused here, before anything reads it)
     _refuse_unsupported(raw, path, label)
     rank = raw.get("r")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
@@ -80,6 +92,72 @@ def read_adapter_config(path: str, *, max_rank: int, name: str = "") -> AdapterC
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise LoRAAdapterError(f"{label}: lora_alpha must be a number, got {alpha!r}", field="lora_alpha")
     return AdapterConfig(rank=rank, alpha=float(alpha), use_rslora=bool(raw.get("use_rslora", False)))
+
+
+@contextmanager
+def _open_regular(file_path: str, label: str, what: str) -> Iterator[int]:
+    """The file's descriptor, opened without blocking, once it is known to be a regular file; else
+    LoRAAdapterError. Opening a FIFO for reading blocks until a writer comes (O_NONBLOCK: it returns at
+    once), so the type is checked on the descriptor, never on the path (the file could be swapped between)."""
+    try:
+        fd = os.open(file_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise LoRAAdapterError(f"{label}: no {what}; is this a PEFT adapter directory?") from None
+    except OSError as exc:  # a socket (ENXIO), no permission, a loop of links, ...
+        raise LoRAAdapterError(f"{label}: {what} cannot be opened: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file")
+            raise LoRAAdapterError(f"{label}: {what} is {kind}; adapter files must be regular files")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read_bounded(fd: int, limit: int, label: str, what: str) -> bytes:
+    """All of a regular file's bytes, refused past `limit` (checked on what is read: the file may grow)."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise LoRAAdapterError(f"{label}: {what} is {size} bytes, more than the {limit} bytes allowed")
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = os.read(fd, limit + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise LoRAAdapterError(f"{label}: {what} is more than the {limit} bytes allowed")
+    return b"".join(chunks)
+
+
+def _read_config_json(config_path: str, label: str) -> Any:
+    with _open_regular(config_path, label, CONFIG_FILE) as fd:
+        data = _read_bounded(fd, MAX_CONFIG_BYTES, label, CONFIG_FILE)
+    if nested_deeper_than(data, MAX_CONFIG_DEPTH):  # before json, whose recursion it would exhaust
+        raise LoRAAdapterError(f"{label}: {CONFIG_FILE} is nested more than {MAX_CONFIG_DEPTH} levels deep (arrays "
+                               "and objects within each other); an adapter config needs a few")
+    try:
+        return json.loads(data)
+    except ValueError as exc:  # UnicodeDecodeError among them
+        raise LoRAAdapterError(f"{label}: {CONFIG_FILE} cannot be read as JSON: {exc}") from exc
+
+
+@contextmanager
+def _checked_weights_file(path: str, label: str) -> Iterator[str]:
+    """A path safetensors may open for the adapter's weights: a regular file whose header is within
+    MAX_HEADER_BYTES, opened once; the path names that very descriptor (/proc/self/fd), so the file
+    checked is the file read."""
+    with _open_regular(os.path.join(path, WEIGHTS_FILE), label, WEIGHTS_FILE) as fd:
+        prefix = os.pread(fd, 8, 0)
+        if len(prefix) == 8 and struct.unpack("<Q", prefix)[0] > MAX_HEADER_BYTES:
+            raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} declares a header of {struct.unpack('<Q', prefix)[0]} "
+                                   f"bytes, more than the {MAX_HEADER_BYTES} bytes allowed")
+        by_descriptor = f"/proc/self/fd/{fd}"
+        yield by_descriptor if os.path.exists(by_descriptor) else os.path.join(path, WEIGHTS_FILE)
 
 
 def _refuse_unsupported(raw: dict[str, Any], path: str, label: str) -> None:
@@ -124,10 +202,12 @@ def read_adapter_weights(path: str, *, name: str = "") -> AdapterWeights:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    label = _label(path, name)
     try:
-        tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
+        with _checked_weights_file(path, label) as file_path:
+            tensors = load_file(file_path, device="cpu")
     except (OSError, SafetensorError) as exc:
-        raise LoRAAdapterError(f"{_label(path, name)}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
+        raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
     return _pairs(tensors, path, name)
 
 
@@ -136,11 +216,12 @@ def read_adapter_shapes(path: str, *, name: str = "") -> AdapterShapes:
     read); LoRAAdapterError as `read_adapter_weights` raises it."""
     from safetensors import SafetensorError, safe_open
 
+    label = _label(path, name)
     try:
-        with safe_open(os.path.join(path, WEIGHTS_FILE), framework="pt") as file:
+        with _checked_weights_file(path, label) as file_path, safe_open(file_path, framework="pt") as file:
             shapes = {key: tuple(file.get_slice(key).get_shape()) for key in file.keys()}
     except (OSError, SafetensorError) as exc:
-        raise LoRAAdapterError(f"{_label(path, name)}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
+        raise LoRAAdapterError(f"{label}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
     return _pairs(shapes, path, name)
 
 

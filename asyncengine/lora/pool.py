@@ -122,6 +122,10 @@ class LoRAPool:
 
     def _read(self, lora: LoRARequest) -> _CachedAdapter:
         config = read_adapter_config(lora.lora_path, max_rank=self.max_rank, name=lora.lora_name)
+        # The shapes from the header first: matrices read only once they fit, so their bytes are bounded
+        # by the model's layers and max_lora_rank, whatever the file's size.
+        self._check_fit(lora.lora_name, lora.lora_path, config,
+                        read_adapter_shapes(lora.lora_path, name=lora.lora_name))
         weights = read_adapter_weights(lora.lora_path, name=lora.lora_name)
         self._check_fit(lora.lora_name, lora.lora_path, config,
                         {key: (tuple(a.shape), tuple(b.shape)) for key, (a, b) in weights.items()})

@@ -1,4 +1,5 @@
-"""Llama (and the Llama-shaped models of Qwen2 and Qwen3, which subclass this file's classes).
+"""Llama, and the decoder every native architecture here is built from (Qwen2, Qwen3, Mistral, Gemma 2 and 3,
+Phi-3, OLMo 2, Granite, GLM-4 subclass this file's classes and set its switches).
 
 Written against the paged KV cache: the batch is a flat run of tokens with their positions, and each
 attention layer reads keys and values from cache pages (asyncengine/models/layers/attention.py).
@@ -8,6 +9,17 @@ and of the vocabulary; every layer class loads its own part of each checkpoint t
 With pipeline parallelism each stage holds its range of decoder layers (the embedding on the first, the
 final norm and the head on the last; `PPMissingLayer` keeps the others' places, so checkpoint names stay
 as they are), receives the previous stage's hidden states and residual and sends its own on.
+
+What the architectures change is said by class attributes and hooks, each read once while building:
+- attention (`LlamaAttention`): the q/k/v and o biases, the scale of the scores, each layer's sliding window and
+  the soft cap of its scores, its rope parameters (per layer type: Gemma 3's local and global bases), a norm of
+  the query and key heads before rotary (`normalize_qk`: Qwen3, Gemma 3, OLMo 2);
+- the layer (`LlamaDecoderLayer`): which norms sit around attention and the MLP (`norm_names`: before each
+  block, on each block's output, or both), the norm's kind (`make_norm`), the MLP's activation, a multiplier
+  on each block's output before it joins the residual (Granite);
+- the model and the head: a scale on the embeddings (Gemma's sqrt(hidden_size), Granite's multiplier), a
+  divisor and a soft cap on the logits (Granite, Gemma 2).
+Checkpoints that store q/k/v or gate/up fused (Phi-3, GLM-4) load into the same fused layers (`load_weights`).
 """
 
 from __future__ import annotations
@@ -19,12 +31,13 @@ import torch
 from torch import nn
 
 from asyncengine.errors import ModelLoadError
-from asyncengine.models.layers.activation import SiluAndMul
+from asyncengine.models.layers.activation import gated_activation
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, copy_checked
+from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, check_shape, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
+from asyncengine.ops.paged_attention import soft_cap
 from asyncengine import parallel_state as parallel
 
 # checkpoint projection name -> (fused parameter name, shard index)
@@ -45,6 +58,12 @@ CosSin = tuple[torch.Tensor, torch.Tensor]
 
 def head_dim_of(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def layer_type(config: Any, layer_index: int) -> str | None:
+    """transformers' `layer_types[i]` ("full_attention", "sliding_attention"), None for a config without them."""
+    types = getattr(config, "layer_types", None)
+    return types[layer_index] if types and layer_index < len(types) else None
 
 
 def partition_heads(num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -72,9 +91,9 @@ def partition_heads(num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int],
 
 
 class LlamaAttention(nn.Module):
-    rotary_emb: RotaryEmbedding  # the model's one rotary op, set on every layer by LlamaModel
+    rotary_emb: RotaryEmbedding  # the model's rotary op for this layer's rope key, set by LlamaModel
 
-    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
@@ -82,6 +101,7 @@ class LlamaAttention(nn.Module):
         (q_start, q_end), (kv_start, kv_end) = partition_heads(total_heads, total_kv_heads)
         self.num_heads, self.num_kv_heads = q_end - q_start, kv_end - kv_start
         q_rows, kv_rows = (q_start * dim, q_end * dim), (kv_start * dim, kv_end * dim)
+        self.q_rows, self.kv_rows = q_rows, kv_rows  # this rank's rows of the q and of the k/v projections
         self.split_sizes = [self.num_heads * dim, self.num_kv_heads * dim, self.num_kv_heads * dim]
         q_total, kv_total = total_heads * dim, total_kv_heads * dim
         self.qkv_proj = ColumnParallelLinear(
@@ -89,7 +109,10 @@ class LlamaAttention(nn.Module):
             bias=self.qkv_bias(config), dtype=dtype,
         )
         self.o_proj = RowParallelLinear(q_rows, q_total, config.hidden_size, bias=self.o_bias(config), dtype=dtype)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.rope_key = self.rope_parameters_key(config, layer_index)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.attention_scale(config),
+                                   sliding_window=self.sliding_window(config, layer_index),
+                                   logits_soft_cap=self.logits_soft_cap(config), layer_index=layer_index)
 
     @staticmethod
     def qkv_bias(config: Any) -> bool:
@@ -98,6 +121,30 @@ class LlamaAttention(nn.Module):
     @staticmethod
     def o_bias(config: Any) -> bool:
         return bool(getattr(config, "attention_bias", False))
+
+    def attention_scale(self, config: Any) -> float:
+        """The factor on q.k (Gemma: query_pre_attn_scalar ** -0.5; Granite: attention_multiplier)."""
+        return self.head_dim**-0.5
+
+    @staticmethod
+    def sliding_window(config: Any, layer_index: int) -> int | None:
+        """This layer's window: `sliding_window` on the layers `layer_types` calls sliding (Gemma 2/3, and Qwen2/3
+        with use_sliding_window); Mistral and Phi-3 put it on every layer."""
+        window = getattr(config, "sliding_window", None)
+        return int(window) if window is not None and layer_type(config, layer_index) == "sliding_attention" else None
+
+    @staticmethod
+    def logits_soft_cap(config: Any) -> float | None:
+        """`cap` in `cap * tanh(score / cap)` on the attention scores (Gemma 2's attn_logit_softcapping)."""
+        return None
+
+    @staticmethod
+    def rope_parameters_key(config: Any, layer_index: int) -> str | None:
+        """Which of the config's rope parameters this layer uses: its layer type where `rope_parameters` is
+        given per type (Gemma 3: a local base for sliding layers, a global one for full layers), else None."""
+        params = getattr(config, "rope_parameters", None)
+        kind = layer_type(config, layer_index)
+        return kind if isinstance(params, dict) and isinstance(params.get(kind), dict) else None
 
     def normalize_qk(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook for architectures that normalize heads before rotary (Qwen3); Llama does not."""
@@ -122,7 +169,9 @@ class LlamaMLP(nn.Module):
         rows = parallel.split_evenly(size, parallel.world_size())[parallel.rank()]
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [rows, rows], [size, size], bias=bias, dtype=dtype)
         self.down_proj = RowParallelLinear(rows, size, config.hidden_size, bias=bias, dtype=dtype)
-        self.act = SiluAndMul()
+        # `act(gate) * up`: SiLU, or Gemma's GELU (`hidden_activation`, else `hidden_act`).
+        self.act = gated_activation(str(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+                                        or "silu"))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(hidden)))
@@ -130,13 +179,31 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     attention_cls: type[LlamaAttention] = LlamaAttention
+    # The norms around the two blocks, by their checkpoint names: (before attention, on attention's output,
+    # before the MLP, on the MLP's output); None where the architecture has none. Llama normalizes each
+    # block's input; Gemma 2/3 and GLM-4 also its output (sandwich); OLMo 2 only the outputs.
+    norm_names: tuple[str | None, str | None, str | None, str | None] = (
+        "input_layernorm", None, "post_attention_layernorm", None)
 
-    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0) -> None:
         super().__init__()
-        self.self_attn = self.attention_cls(config, dtype=dtype)
+        self.self_attn = self.attention_cls(config, dtype=dtype, layer_index=layer_index)
         self.mlp = LlamaMLP(config, dtype=dtype)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        for name in self.norm_names:
+            if name is not None:
+                setattr(self, name, self.make_norm(config, config.hidden_size, dtype))
+        self._norms = tuple(None if name is None else getattr(self, name) for name in self.norm_names)
+        self.residual_multiplier = self.block_output_multiplier(config)
+
+    @staticmethod
+    def make_norm(config: Any, size: int, dtype: torch.dtype) -> nn.Module:
+        """The architecture's norm (the model's final norm is one too): Llama's RMSNorm."""
+        return RMSNorm(size, config.rms_norm_eps, dtype=dtype)
+
+    @staticmethod
+    def block_output_multiplier(config: Any) -> float | None:
+        """A factor on each block's output before it joins the residual (Granite's residual_multiplier)."""
+        return None
 
     def forward(
         self,
@@ -145,14 +212,31 @@ class LlamaDecoderLayer(nn.Module):
         cos_sin: CosSin,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
+        """`hidden` + `residual` is the residual stream (`residual` None: `hidden` alone, at the first layer):
+        the addition is left to the next norm, which fuses it. Returns the stream the same way."""
+        before_attention, after_attention, before_mlp, after_mlp = self._norms
+        if before_attention is None:  # no norm to fuse the addition into: the stream is attention's input
+            hidden = residual = hidden if residual is None else hidden + residual
+        elif residual is None:
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            hidden = before_attention(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+            hidden, residual = before_attention(hidden, residual)
         hidden = self.self_attn(hidden, cos_sin, metadata)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        if after_attention is not None:
+            hidden = after_attention(hidden)
+        if self.residual_multiplier is not None:
+            hidden = hidden * self.residual_multiplier
+        if before_mlp is None:
+            hidden = residual = hidden + residual
+        else:
+            hidden, residual = before_mlp(hidden, residual)
+        hidden = self.mlp(hidden)
+        if after_mlp is not None:
+            hidden = after_mlp(hidden)
+        if self.residual_multiplier is not None:
+            hidden = hidden * self.residual_multiplier
+        return hidden, residual
 
 
 class PPMissingLayer(nn.Identity):
@@ -169,29 +253,49 @@ class LlamaModel(nn.Module):
         self.start_layer, self.end_layer = parallel.stage_layers(config.num_hidden_layers)
         self.embed_tokens: nn.Module = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
                                         if first else PPMissingLayer())
-        # One rotary table; its cos/sin are looked up once per step and passed to every layer.
-        self.rotary = RotaryEmbedding(head_dim_of(config), max_position, rope_parameters(config))
+        self.embed_scale = self.embedding_scale(config, dtype)
+        # One rotary table per rope key (one, unless the layer types have their own parameters, as Gemma 3's);
+        # their cos/sin are looked up once per step and passed to the layers.
+        self.rotaries: dict[str | None, RotaryEmbedding] = {}
+        self.rope_keys: list[str | None] = []  # of this stage's layers, in order
         layers: list[nn.Module] = []
         for index in range(config.num_hidden_layers):
             if not self.start_layer <= index < self.end_layer:
                 layers.append(PPMissingLayer())
                 continue
-            layer = self.layer_cls(config, dtype=dtype)
+            layer = self.layer_cls(config, dtype=dtype, layer_index=index)
+            key = layer.self_attn.rope_key
+            if key not in self.rotaries:
+                self.rotaries[key] = RotaryEmbedding(head_dim_of(config), max_position, self.rope_parameters(config, key))
             # Shared, not copied: one table, and one op a plugin may replace (CustomOp "RotaryEmbedding").
-            layer.self_attn.rotary_emb = self.rotary
+            layer.self_attn.rotary_emb = self.rotaries[key]
+            self.rope_keys.append(key)
             layers.append(layer)
         self.layers = nn.ModuleList(layers)
-        self.norm: nn.Module = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype) if last else PPMissingLayer()
+        self.norm: nn.Module = (self.layer_cls.make_norm(config, config.hidden_size, dtype) if last
+                                else PPMissingLayer())
+
+    @staticmethod
+    def embedding_scale(config: Any, dtype: torch.dtype) -> float | torch.Tensor | None:
+        """A factor on the embeddings (Gemma: sqrt(hidden_size) in the model's dtype; Granite's multiplier)."""
+        return None
+
+    @staticmethod
+    def rope_parameters(config: Any, key: str | None) -> dict[str, Any]:
+        """The rope parameters of rope key `key` (LlamaAttention.rope_parameters_key)."""
+        return rope_parameters(config, key)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         if parallel.is_first_stage():
             hidden, residual = self.embed_tokens(input_ids), None
+            if self.embed_scale is not None:
+                hidden = hidden * self.embed_scale
         else:  # the previous stage's hidden states and residual, one row per token of this step
             shape = (input_ids.shape[0], self.hidden_size)
             hidden, residual = parallel.receive_from_previous_stage([shape, shape], self.dtype, input_ids.device)
-        cos_sin = self.rotary.lookup(positions, hidden.dtype)
-        for layer in self.layers[self.start_layer:self.end_layer]:
-            hidden, residual = layer(hidden, residual, cos_sin, metadata)
+        cos_sins = {key: rotary.lookup(positions, hidden.dtype) for key, rotary in self.rotaries.items()}
+        for layer, key in zip(self.layers[self.start_layer:self.end_layer], self.rope_keys):
+            hidden, residual = layer(hidden, residual, cos_sins[key], metadata)
         if not parallel.is_last_stage():
             sent_residual = residual if residual is not None else hidden  # (every stage holds a layer)
             parallel.send_to_next_stage([hidden, sent_residual])
@@ -216,13 +320,30 @@ class LlamaForCausalLM(nn.Module):
         self.head_from_embedding = self.tie_word_embeddings and last and not first
         if self.shares_embedding:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.logits_divisor = self.logits_scaling(config)
+        self.final_logit_soft_cap = self.final_logit_softcapping(config)
+
+    @staticmethod
+    def logits_scaling(config: Any) -> float | None:
+        """A divisor on the logits (Granite's logits_scaling)."""
+        return None
+
+    @staticmethod
+    def final_logit_softcapping(config: Any) -> float | None:
+        """`cap` in `cap * tanh(logit / cap)` (Gemma 2's final_logit_softcapping)."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         """Final hidden states, one row per input token."""
         return self.model(input_ids, positions, metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.final_logit_soft_cap is not None:
+            logits = soft_cap(logits, self.final_logit_soft_cap)
+        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (transformers names) into the parameters; every parameter must be set."""
@@ -246,6 +367,13 @@ class LlamaForCausalLM(nn.Module):
                 continue
             module = self.get_submodule(target_name.rsplit(".", 1)[0])
             load = getattr(module, "load", None)
+            if shard is None and isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
+                # q/k/v or gate/up as one checkpoint tensor (Phi-3, GLM-4): each part into its shard.
+                check_shape(tensor, (sum(module.shard_sizes),) + tuple(tensor.shape[1:]), name)
+                for index, part in enumerate(tensor.split(module.shard_sizes, dim=0)):
+                    module.load(param, part, index, name)
+                    loaded.add((target_name, index))
+                continue
             if load is not None:  # a layer that keeps only its tensor-parallel part
                 load(param, tensor, shard, name)
             else:

@@ -11,8 +11,8 @@ from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaFor
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
-        super().__init__(config, dtype=dtype)
+    def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0) -> None:
+        super().__init__(config, dtype=dtype, layer_index=layer_index)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
 

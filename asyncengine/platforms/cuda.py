@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from asyncengine.interfaces.platform import DeviceCapability
 from asyncengine.platforms.interface import Platform, PlatformEnum
 
 
@@ -17,6 +18,32 @@ class CudaPlatform(Platform):
     device_type = "cuda"
     dist_backend = "nccl"
     default_dtype = "bfloat16"
+    dispatch_key = "CUDA"
+    ray_device_key = "GPU"
+    device_control_env_var = "CUDA_VISIBLE_DEVICES"
+
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability | None:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device_id)
+        return DeviceCapability(major=major, minor=minor)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        import torch
+
+        return str(torch.cuda.get_device_name(device_id))
+
+    @classmethod
+    def device_count(cls) -> int:
+        import torch
+
+        return int(torch.cuda.device_count())
+
+    @classmethod
+    def supports_fp8(cls) -> bool:
+        return cls.has_device_capability(89)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -64,6 +91,10 @@ class CudaPlatform(Platform):
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return True
+
+
+# vLLM's names of its CUDA platform's variants (device queries through NVML, or through torch): one class here.
+CudaPlatformBase = NvmlCudaPlatform = NonNvmlCudaPlatform = CudaPlatform
 
 
 def _nvidia_device_present() -> bool:

@@ -10,16 +10,30 @@ import inspect
 from typing import Any
 
 from asyncengine.interfaces.attention import AttentionBackend
-from asyncengine.interfaces.platform import Platform, PlatformEnum
+from asyncengine.interfaces.platform import AttentionSelectorConfig, Platform, PlatformEnum
 from asyncengine.interfaces.registry import describe
+from asyncengine.interfaces.plugin_code import plugin_hook
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    """A dtype named by a string ("bfloat16") as torch's object, which vLLM's platforms compare against."""
+    if isinstance(dtype, str):
+        import torch
+
+        return getattr(torch, dtype, dtype)
+    return dtype
 
 
 # What the worker knows when it asks for an attention backend, under each name vLLM's platforms use for
-# it (vLLM passes keywords; its signatures changed over releases), and our own names.
+# it (vLLM passes keywords; its signatures changed over releases), and our own names. The newest form is
+# one argument, `attn_selector_config` (vLLM's AttentionSelectorConfig, with the same fields).
 def _attn_backend_arguments(head_dim: int, dtype: Any, block_size: int, kv_cache_dtype: Any = None) -> dict[str, Any]:
+    selector = AttentionSelectorConfig(head_size=head_dim, dtype=_torch_dtype(dtype),
+                                       kv_cache_dtype=kv_cache_dtype or "auto", block_size=block_size)
     return {"head_size": head_dim, "head_dim": head_dim, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
             "block_size": block_size, "use_v1": True, "use_mla": False, "has_sink": False, "use_sparse": False,
-            "selected_backend": None, "backend_name": None, "backend": None, "attn_selector_config": None}
+            "selected_backend": None, "backend_name": None, "backend": None, "attn_selector_config": selector,
+            "num_heads": None}
 
 
 def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_size: int, *,
@@ -44,7 +58,8 @@ def ask_attn_backend(platform: type[Platform], head_dim: int, dtype: Any, block_
             raise StartupError(
                 f"platform {platform.device_name}: get_attn_backend_cls has a parameter {name!r} that asyncengine "
                 f"cannot fill; it passes {', '.join(sorted(known))} by keyword: give {name!r} a default")
-    return method(**arguments)
+    with plugin_hook(platform, "get_attn_backend_cls"):
+        return method(**arguments)
 
 
 def attn_backend_name(answer: Any) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from asyncengine.config.vllm_views import remember_platform
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.plugin_runtime.discovery import InstalledPlugin
 from asyncengine.plugin_runtime.groups import PHASE_PLATFORM
@@ -85,6 +86,7 @@ def requested_device() -> str | None:
 def set_current_platform(platform: type[Platform] | None, key: str | None = None) -> None:
     global _current, _current_key
     _current, _current_key = platform, key
+    remember_platform(platform)  # what dtype "auto" reads as in vLLM's config views
 
 
 async def resolve_platform(
@@ -104,6 +106,7 @@ async def resolve_platform(
         why = "detected"
         platform, key = await _detect(by_name, loader)
     check_platform(platform)
+    _check_cuda_is_usable(platform, key)
     set_current_platform(platform, key)
     trace.add(PHASE_PLATFORM, started=started, plugin=f"chosen: {platform.device_name}", reason=why)
     return platform
@@ -166,6 +169,26 @@ def _import_platform(path: str, plugin: InstalledPlugin) -> type[Platform]:
         return import_by_path(path, what=f"platform of {plugin.label}", error=StartupError)
     except Exception as exc:  # named with the plugin that pointed there
         raise StartupError(f"{plugin.label}: cannot import its platform {path!r}: {exc}") from exc
+
+
+def _check_cuda_is_usable(platform: type[Platform], key: str) -> None:
+    """A CUDA platform (the built-in one, or a plugin's subclass of CudaPlatform, as vLLM's are) on a host
+    where torch sees no CUDA device fails here, saying so, rather than with torch's words from the first
+    tensor a worker puts on the device."""
+    if not issubclass(platform, CudaPlatform):
+        return
+    try:
+        usable = CudaPlatform.is_available()
+    except Exception as exc:  # torch's own failure to ask (a broken driver): named, as the detector's is
+        raise StartupError(f"platform {key!r} ({platform.__module__}.{platform.__qualname__}) is a CudaPlatform, "
+                           f"and asking torch for a CUDA device raised {type(exc).__name__}: {exc}") from exc
+    if not usable:
+        what = ("the built-in CUDA platform" if platform is CudaPlatform else
+                f"platform {key!r} ({platform.__module__}.{platform.__qualname__}) subclasses CudaPlatform, so it")
+        raise StartupError(f"{what} needs a CUDA device, and this host has none that torch can use "
+                           "(torch.cuda.is_available() is False): run it on a CUDA host, choose another platform "
+                           "with --device (cpu), or, for a platform plugin that runs on the CPU, subclass "
+                           "CpuPlatform instead")
 
 
 def check_platform(platform: object) -> None:

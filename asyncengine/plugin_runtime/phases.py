@@ -235,7 +235,9 @@ def _updated_by_platform(config: EngineConfig, platform: type[Platform], trace: 
 
     started = time.time()
     config = msgspec.structs.replace(config)  # the platform's own copy: the caller's config stays as it was
-    with collecting_ignored() as ignored:
+    from asyncengine.interfaces.plugin_code import plugin_hook
+
+    with collecting_ignored() as ignored, plugin_hook(platform, "check_and_update_config"):
         returned = platform.check_and_update_config(config)
     for note in ignored:
         trace.add(g.PHASE_PLATFORM, started=started, plugin=f"platform {platform.device_name}: ignored",

@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 
 from asyncengine.errors import AsyncEngineError, StartupError
+from asyncengine.interfaces.plugin_code import set_role_source
 # The Struct travels in the hand-shake, so it lives on the wire; re-exported for the code that traces.
 from asyncengine.wire.startup import StartupRecord as StartupRecord
 
@@ -36,6 +37,7 @@ class PhaseFailure(StartupError):
 
 
 _process_role: str | None = None
+set_role_source(lambda: _process_role)  # plugin code that raises is named with this process's role
 
 
 def current_process_role() -> str:

@@ -1,12 +1,11 @@
 """vLLM's helpers that plugin tests call: `load_general_plugins()`, `load_stat_logger_plugin_factories()`,
-`load_endpoint_plugins()`, `load_plugins_by_group()` (which vLLM's tests stub) and `envs`.
+`load_endpoint_plugins()` and `load_plugins_by_group()` (which vLLM's tests stub); `envs` is
+asyncengine/compat/envs.py.
 
 `load_general_plugins()` runs the general-plugins phase of this process on its own, as vLLM's does for
 a test that registers models without starting an engine; a plugin already loaded in this process is
 not called again (the engine's phases share that memory). It honours the allow-list
 (ASYNCENGINE_PLUGINS) and is strict as the engine is: a failing plugin raises, naming itself.
-
-`envs` answers the few vLLM environment flags a plugin branches on, with the value they have here.
 """
 
 from __future__ import annotations
@@ -158,24 +157,3 @@ def load_endpoint_plugins(supported_tasks: tuple[str, ...] | None = None, plugin
         if required is None or set(required) & set(supported_tasks or ()):
             found.append(endpoint)
     return found
-
-
-class _Envs:
-    """vLLM's `envs` module, for the flags a plugin branches on. VLLM_USE_V1 is true (this engine's
-    design is vLLM's v1); VLLM_PLUGINS reads ASYNCENGINE_PLUGINS. Any other name is an AttributeError
-    saying so, rather than a guess."""
-
-    VLLM_USE_V1 = True
-    VLLM_ENABLE_V1_MULTIPROCESSING = True
-
-    @property
-    def VLLM_PLUGINS(self) -> list[str] | None:
-        value = os.environ.get("ASYNCENGINE_PLUGINS")
-        return None if value is None else [name.strip() for name in value.split(",")]
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"envs.{name}: asyncengine has no counterpart of vLLM's {name} "
-                             "(docs/porting.md, 'Environment variables'); read os.environ, or use an option")
-
-
-envs = _Envs()

@@ -7,11 +7,15 @@ long may a prompt be?) are the frontend's (asyncengine/frontend/pooling.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from asyncengine.errors import RequestError
 
-# What a pooling request may ask for (vLLM's pooling tasks).
-TASKS = ("embed", "classify", "score", "encode")
+# What a pooling request may ask for (vLLM's pooling tasks). The per-token ones give one output per prompt token
+# (ColBERT-style multi-vector embeddings, BGE-M3-style token weights); "plugin" (vLLM's task of an IO
+# processor's requests) is the model's own task: embed, or classify for a classifier.
+TASKS = ("embed", "classify", "score", "encode", "token_embed", "token_classify", "plugin")
+TOKEN_TASKS = ("token_embed", "token_classify")
 
 
 @dataclass
@@ -26,6 +30,8 @@ class PoolingParams:
     truncate_prompt_tokens: int | None = None
     task: str | None = None
     use_activation: bool | None = None
+    # vLLM's: values an IO processor attaches for its own use; kept on the params, not sent to the worker's pooler.
+    extra_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dimensions is not None and (isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int)

@@ -18,6 +18,7 @@ import torch
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.pooler import Pooler, PoolerRegistry
 from asyncengine.pooling.config import PoolerConfig
+from asyncengine.pooling.params import TOKEN_TASKS
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 from asyncengine.wire.startup import StartupRecord
 
@@ -43,22 +44,39 @@ class PoolingStep:
     def run(self, hidden: torch.Tensor, spans: list[tuple[str, int, int]], states: dict[str, Any]) -> list[PooledTensor]:
         """`spans`: (request id, first row, end row) of each pooling request in `hidden`, in batch order;
         `states`: the model runner's requests by id (each pooling one has its `pooling` options)."""
+        per_token = {span[0] for span in spans if states[span[0]].pooling.task in TOKEN_TASKS}
+        pooled: dict[str, torch.Tensor] = {}
+        sequence_spans = [span for span in spans if span[0] not in per_token]
+        if sequence_spans:
+            pooled.update(zip([rid for rid, _, _ in sequence_spans], self._pool(hidden, sequence_spans)))
+        for request_id, start, end in spans:
+            if request_id in per_token:
+                pooled[request_id] = self._per_token(hidden[start:end], states[request_id].pooling.task)
+        return [self._finish(pooled[request_id], states[request_id].pooling) for request_id, _, _ in spans]
+
+    def _pool(self, hidden: torch.Tensor, spans: list[tuple[str, int, int]]) -> list[torch.Tensor]:
         if len(spans) == 1 or all(spans[i][2] == spans[i + 1][1] for i in range(len(spans) - 1)):
             rows = hidden[spans[0][1]:spans[-1][2]]  # adjacent: one slice, no copy
         else:
             rows = torch.cat([hidden[start:end] for _, start, end in spans])
-        pooled = self.pooler.pool(rows, [end - start for _, start, end in spans])
-        return [self._finish(value, states[request_id].pooling) for (request_id, _, _), value in zip(spans, pooled)]
+        return list(self.pooler.pool(rows, [end - start for _, start, end in spans]))
+
+    def _per_token(self, rows: torch.Tensor, task: str) -> torch.Tensor:
+        """token_embed: the tokens' hidden states; token_classify: the model's head at every token (each token
+        pooled as a sequence of its own, so a classifier's head, or a plugin's pooler, scores each one)."""
+        if task == "token_embed":
+            return rows
+        return torch.stack(self.pooler.pool(rows, [1] * rows.shape[0]))
 
     @staticmethod
     def _finish(value: torch.Tensor, options: PoolingOptions) -> PooledTensor:
         value = value.float()
-        if options.task == "embed":
+        if options.task in ("embed", "token_embed"):  # per vector: the last dimension (each token's, per token)
             if options.dimensions is not None:
                 value = value[..., : options.dimensions]
             if options.normalize:
                 value = torch.nn.functional.normalize(value, p=2, dim=-1)
-        elif options.task in ("classify", "score") and options.activation:
+        elif options.task in ("classify", "score", "token_classify") and options.activation:
             value = torch.sigmoid(value) if value.shape[-1] == 1 else torch.softmax(value, dim=-1)
         array = value.detach().cpu().contiguous().numpy()
         return PooledTensor(array.astype("<f4").tobytes(), list(array.shape))

@@ -69,7 +69,9 @@ def _mapped(parts: list[str], bound: int) -> tuple[int, str, str] | None:
         head = parts[:length]
         if ".".join(head) in table.MODULE_IMPORTS:
             return length, *table.MODULE_IMPORTS[".".join(head)]
-        if length >= 2 and (".".join(head[:-1]), head[-1]) in table.IMPORTS:
+        # a module the table maps whole (vllm.envs) is rewritten as the module, not name by name
+        if length >= 2 and ".".join(head[:-1]) not in table.MODULE_IMPORTS and (
+                ".".join(head[:-1]), head[-1]) in table.IMPORTS:
             return length, *table.IMPORTS[(".".join(head[:-1]), head[-1])]
     return None
 
@@ -96,7 +98,7 @@ def _uses(alias: ast.alias, uses: ModuleUses) -> tuple[str, list[_Use]]:
 
 
 _ENVS = "vllm.envs"
-Replace = Callable[[ast.AST, str], None]
+Replace = Callable[..., None]  # (node, new text, uses=1): each use of a vLLM name it maps counts
 Cannot = Callable[..., None]
 
 
@@ -157,4 +159,4 @@ def port_bare_import(node: ast.Import, uses: ModuleUses, statement_starts_line: 
         body = getattr(uses.parent(node), "body", None)
         statements = ["pass"] if isinstance(body, list) and body == [node] else [""]
     separator = "\n" + " " * node.col_offset if statement_starts_line else "; "
-    replace(node, separator.join(statements))
+    replace(node, separator.join(statements), uses=0)  # the statement follows its uses, counted there

@@ -29,10 +29,23 @@ class PortReport:
             shown = path.relative_to(self.root) if path != self.root else path.name
             for rewrite in result.rewrites:
                 out.append(f"{shown}:{rewrite.line}: rewrite: {rewrite.old}  ->  {rewrite.new}")
+            for name in result.provided:
+                out.append(f"{shown}:{name.line}: provided by name: {name.what}  ->  {name.ours} (no row of the "
+                           "table: the import works; check that it behaves as vLLM's)")
             for use in result.unmapped:
                 hint = f": {use.hint}" if use.hint else ""
                 out.append(f"{shown}:{use.line}: cannot map {use.what}{hint} (see {DOCS_PAGE}#{use.section})")
         return out
+
+    @property
+    def num_mapped(self) -> int:
+        """Uses of vLLM names the table maps."""
+        return sum(result.mapped for result in self.results.values()) - self.num_provided
+
+    @property
+    def num_provided(self) -> int:
+        """Uses of vLLM names the table has no row for, that ours of the same name provides."""
+        return sum(len(result.provided) for result in self.results.values())
 
     @property
     def num_rewrites(self) -> int:

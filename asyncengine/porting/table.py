@@ -20,13 +20,19 @@ ENTRY_POINT_GROUPS = {
 
 ENVIRONMENT_VARIABLES = {"VLLM_PLUGINS": "ASYNCENGINE_PLUGINS"}
 
-# The vLLM environment flags asyncengine.plugins_api.envs answers (plugin_runtime/vllm_compat.py).
-ENVS_ANSWERED = ("VLLM_USE_V1", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PLUGINS")
+# The vLLM environment flags asyncengine.plugins_api.envs answers (asyncengine/compat/envs.py holds the same list).
+ENVS_ANSWERED = ("VLLM_USE_V1", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PLUGINS", "VLLM_LOGGING_LEVEL",
+                 "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_PREFIX", "VLLM_HOST_IP", "VLLM_PORT", "VLLM_CPU_KVCACHE_SPACE",
+                 "VLLM_CPU_OMP_THREADS_BIND")
 
 # (vLLM module, name) -> (our module, our name). `from MODULE import NAME` becomes `from OURS import NEW`.
 _API_NAMES = {
-    "vllm": ["ModelRegistry", "envs"],
-    "vllm.config": ["VllmConfig"],
+    "vllm": ["ModelRegistry", "envs", "PoolingParams", "PoolingRequestOutput", "TokensPrompt", "TextPrompt"],
+    "vllm.config": ["VllmConfig", "LoadConfig", "KVTransferConfig"],
+    "vllm.config.load": ["LoadConfig"],
+    "vllm.pooling_params": ["PoolingParams"],
+    "vllm.inputs": ["TokensPrompt", "TextPrompt", "PromptType"],
+    "vllm.inputs.data": ["TokensPrompt", "TextPrompt", "PromptType"],
     "vllm.envs": [],
     "vllm.model_executor.models": ["ModelRegistry"],
     "vllm.model_executor.models.llama": ["LlamaForCausalLM"],
@@ -34,10 +40,16 @@ _API_NAMES = {
     "vllm.model_executor.layers.rotary_embedding": ["RotaryEmbedding"],
     "vllm.model_executor.layers.layernorm": ["RMSNorm"],
     "vllm.model_executor.layers.activation": ["SiluAndMul"],
+    "vllm.model_executor.layers.fused_moe": ["FusedMoE"],
+    "vllm.model_executor.layers.fused_moe.layer": ["FusedMoE"],
     "vllm.attention.backends.abstract": ["AttentionBackend"],
-    "vllm.model_executor.layers.quantization": ["register_quantization_config"],
+    "vllm.v1.attention.backend": ["AttentionBackend"],
+    "vllm.v1.attention.backends.abstract": ["AttentionBackend"],
+    "vllm.attention.selector": ["AttentionSelectorConfig"],
+    "vllm.v1.attention.selector": ["AttentionSelectorConfig"],
+    "vllm.model_executor.layers.quantization": ["register_quantization_config", "QuantizationConfig"],
     "vllm.model_executor.layers.quantization.base_config": ["QuantizationConfig"],
-    "vllm.model_executor.model_loader": ["register_model_loader"],
+    "vllm.model_executor.model_loader": ["register_model_loader", "BaseModelLoader"],
     "vllm.model_executor.model_loader.base_loader": ["BaseModelLoader"],
     "vllm.distributed.kv_transfer.kv_connector.factory": ["KVConnectorFactory"],
     "vllm.entrypoints.openai.tool_parsers": ["ToolParserManager", "ToolParser"],
@@ -47,19 +59,24 @@ _API_NAMES = {
     "vllm.v1.core.sched.scheduler": ["Scheduler"],
     "vllm.core.scheduler": ["Scheduler"],
     "vllm.v1.worker.gpu_worker": ["Worker"],
+    "vllm.v1.worker.cpu_worker": ["CPUWorker"],
     "vllm.worker.worker": ["Worker"],
     "vllm.v1.sample.logits_processor": ["LogitsProcessor", "BatchUpdate", "MoveDirectionality"],
     "vllm.v1.executor.abstract": ["Executor"],
     "vllm.v1.metrics.loggers": ["StatLoggerBase", "load_stat_logger_plugin_factories"],
     "vllm.plugins": ["load_general_plugins", "load_endpoint_plugins", "load_plugins_by_group"],
-    "vllm.plugins.io_processors.interface": ["IOProcessor"],
+    "vllm.plugins.io_processors": ["IOProcessor"],
+    "vllm.plugins.io_processors.interface": ["IOProcessor", "IOProcessorInput", "IOProcessorOutput"],
+    "vllm.entrypoints.pooling.pooling.protocol": ["IOProcessorResponse"],
+    "vllm.entrypoints.openai.protocol": ["IOProcessorResponse"],
     "vllm.plugins.endpoint_plugins": ["EndpointPlugin"],
+    "vllm.entrypoints.serve.endpoint_plugin": ["EndpointPlugin"],
     "vllm.plugins.endpoint_plugins.interface": ["EndpointPlugin"],
     "vllm.platforms": ["current_platform", "Platform", "PlatformEnum"],
-    "vllm.platforms.interface": ["Platform", "PlatformEnum"],
+    "vllm.platforms.interface": ["Platform", "PlatformEnum", "DeviceCapability"],
     "vllm.platforms.cpu": ["CpuPlatform"],
-    "vllm.platforms.cuda": ["CudaPlatform"],
-    "vllm.outputs": ["RequestOutput", "CompletionOutput"],
+    "vllm.platforms.cuda": ["CudaPlatform", "CudaPlatformBase", "NvmlCudaPlatform", "NonNvmlCudaPlatform"],
+    "vllm.outputs": ["RequestOutput", "CompletionOutput", "PoolingRequestOutput", "PoolingOutput"],
 }
 IMPORTS: dict[tuple[str, str], tuple[str, str]] = {
     (module, name): (API, name) for module, names in _API_NAMES.items() for name in names
@@ -85,6 +102,28 @@ IMPORTS.update({
         (f"{_COMPAT}.attention_selector", "PlaceholderAttentionBackend"),
     ("vllm.platforms", "_init_trace"): (f"{_COMPAT}.platforms", "_init_trace"),
 })
+# vLLM's helpers that plugins call: its logger, its tensor-parallel state and collectives, its small utilities.
+_DISTRIBUTED = ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
+                "get_tensor_model_parallel_group", "get_tp_group", "get_pp_group", "get_pipeline_model_parallel_rank",
+                "get_pipeline_model_parallel_world_size", "tensor_model_parallel_all_reduce",
+                "tensor_model_parallel_all_gather"]
+_MATH = ["cdiv", "round_up", "round_down", "next_power_of_2"]
+_HELPERS = {
+    "vllm.logger": ("logger", ["init_logger"]),
+    "vllm.distributed": ("distributed", _DISTRIBUTED),
+    "vllm.distributed.parallel_state": ("distributed", _DISTRIBUTED),
+    "vllm.distributed.communication_op": ("distributed", ["tensor_model_parallel_all_reduce",
+                                                           "tensor_model_parallel_all_gather"]),
+    "vllm.utils": ("utils", [*_MATH, "random_uuid", "get_ip", "get_open_port", "is_pin_memory_available"]),
+    "vllm.utils.math_utils": ("utils", _MATH),
+    "vllm.utils.network_utils": ("utils", ["get_ip", "get_open_port"]),
+    "vllm.utils.platform_utils": ("utils", ["is_pin_memory_available"]),
+    "vllm.model_executor.utils": ("utils", ["set_weight_attrs"]),
+    # `from vllm.envs import VLLM_LOGGING_LEVEL`: the flags asyncengine's envs answers
+    "vllm.envs": ("envs", list(ENVS_ANSWERED)),
+}
+IMPORTS.update({(module, name): (f"{_COMPAT}.{target}", name)
+                for module, (target, names) in _HELPERS.items() for name in names})
 # vLLM environment variables that asyncengine reads under vLLM's name, left as they are by the tool.
 ENVIRONMENT_VARIABLES_READ = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "LLMEngine/EngineArgs (asyncengine/compat/llm_engine.py): 0 runs the engine "
@@ -96,6 +135,8 @@ MODULE_IMPORTS = {"vllm.envs": (API, "envs")}
 # Class paths written as strings (vLLM's dotted form) -> ours.
 CLASS_PATHS = {
     "vllm.v1.worker.gpu_worker.Worker": "asyncengine.worker.worker:Worker",
+    "vllm.v1.worker.cpu_worker.CPUWorker": "asyncengine.worker.cpu_worker:CPUWorker",
+    "vllm.platforms.cuda.NvmlCudaPlatform": "asyncengine.platforms.cuda:CudaPlatform",
     "vllm.worker.worker.Worker": "asyncengine.worker.worker:Worker",
     "vllm.v1.core.sched.scheduler.Scheduler": "asyncengine.engine_core.scheduler:Scheduler",
     "vllm.core.scheduler.Scheduler": "asyncengine.engine_core.scheduler:Scheduler",
@@ -114,8 +155,8 @@ ATTRIBUTE_PATHS = {
 
 # What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.
 UNMAPPED = [
-    ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul and "
-     "RotaryEmbedding are exported"),
+    ("vllm.model_executor.layers", "custom-ops", "of the in-tree layers only RMSNorm, SiluAndMul, "
+     "RotaryEmbedding and FusedMoE are exported"),
     ("vllm.attention", "attention-backends",
      "of vLLM's attention modules only the older selector's get_attn_backend and PlaceholderAttentionBackend are "
      "here; a descriptor subclassing AttentionBackend is accepted, and the class its get_impl_cls() returns "
@@ -139,6 +180,22 @@ UNMAPPED = [
     ("vllm.utils", "the-table-of-names", "vLLM's utilities are not part of the plugin interface"),
     ("vllm", "the-table-of-names", "no counterpart in asyncengine.plugins_api"),
 ]
+
+
+# Where a name the table has no row for may still be ours (the "provided by name" uses of the report).
+PROVIDING_MODULES = (API, f"{_COMPAT}.logger", f"{_COMPAT}.distributed", f"{_COMPAT}.utils")
+
+
+def provided_by_name(name: str) -> str | None:
+    """Our module that exports `name` (one of PROVIDING_MODULES' __all__), for a vLLM import the table lacks;
+    None when none does. The port rewrites such an import to it and reports it: the import works, and
+    whether the object behaves as vLLM's is for the plugin's tests to show."""
+    import importlib
+
+    for module in PROVIDING_MODULES:
+        if name in getattr(importlib.import_module(module), "__all__", ()):
+            return module
+    return None
 
 
 def unmapped_reason(dotted: str) -> tuple[str, str]:

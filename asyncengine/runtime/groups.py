@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+def leaves_of(group: BaseExceptionGroup) -> list[BaseException]:
+    """The exceptions in `group` and in the groups inside it, in order."""
     leaves: list[BaseException] = []
     for exc in group.exceptions:
-        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+        leaves.extend(leaves_of(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return leaves
 
 
@@ -24,7 +25,7 @@ def single_exceptions() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = leaves_of(group)
         if len(leaves) == 1:
             raise leaves[0] from group.__cause__
         raise

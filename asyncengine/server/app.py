@@ -28,6 +28,7 @@ from asyncengine.server.errors import ApiError
 from asyncengine.server.fastapi_endpoints import served_endpoint_plugins
 from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.server.response_scope import ResponseScopedConnection
+from asyncengine.interfaces.io_processor import Renderer
 from asyncengine.server.serving_io_processor import select_io_processor
 from asyncengine.server.transport import ResponseCounter, end_of_response_shielded
 from asyncengine.server.parsers.selection import configured_reasoning_parser, configured_tool_parser
@@ -78,8 +79,11 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
     middleware, an endpoint plugin or the IO processor cannot be used, naming it (ConfigError when
     --io-processor-plugin names no installed, allowed IO processor)."""
     config = config or ServerConfig()
-    app = ApiApp("asyncengine.server")
+    app = ApiApp("asyncengine.server", static_folder=None)  # serves no files: every route is in /openapi.json
+    # BODY_TIMEOUT: Quart's own, from the moment a route reads the body; it bounds an embedder's server.
+    # `asyncengine serve` enforces the same limit from the request's head on (server/body_deadline.py).
     app.config.update(MAX_CONTENT_LENGTH=config.max_request_body_bytes, RESPONSE_TIMEOUT=None,
+                      BODY_TIMEOUT=config.request_body_timeout,
                       BACKGROUND_TASK_SHUTDOWN_TIMEOUT=config.shutdown_grace_period)
     app.http_middlewares = []
     app.responses = ResponseCounter()
@@ -90,7 +94,9 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
         tool_parser=configured_tool_parser(config), reasoning_parser=configured_reasoning_parser(config),
         io_processor=select_io_processor(engine_client.config,
-                                         dict(getattr(engine_client.plugins, "io_processors", {}))),
+                                         dict(getattr(engine_client.plugins, "io_processors", {})),
+                                         Renderer(getattr(engine_client, "tokenizer", None),
+                                                  engine_client.config.model_config)),
     )
     metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name)
     has_engine = getattr(engine_client, "has_engine", True)
@@ -103,6 +109,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
                                                engine_client, config)
     plugin_routes = _attach_endpoint_plugins(app, endpoint_plugins)
     routes.add_builtin_routes(app, context, metrics, skip=_overridden_builtins(plugin_routes))
+    routes.publish_openapi(app, engine_client, plugin_routes)  # every route is added now
     _add_hooks(app, config)
     _apply_middleware(app, config.middleware)
 

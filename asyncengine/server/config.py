@@ -45,6 +45,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     shutdown_grace_period: Annotated[float, doc(
         "Seconds running requests (streams too) may take to finish after SIGINT or SIGTERM.")] = 30.0
     keep_alive_timeout: Annotated[float, doc("Seconds an idle keep-alive connection stays open.")] = 5.0
+    # From a request's headers to the end of its body (server/body_deadline.py); 30 s: a 2 MiB body (the
+    # default limit) at 70 KB/s.
+    request_body_timeout: Annotated[float, doc(
+        "Seconds from a request's headers to the end of its body; later: a 408 and the connection "
+        "closed.")] = 30.0
     # Exit status 1 lets a supervisor restart the server.
     keep_serving_after_engine_death: Annotated[bool, doc(
         "Keep serving (every request a 503) after the engine dies, instead of exiting with status 1.")] = False
@@ -85,6 +90,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.keep_alive_timeout <= 0:
             raise ConfigError(f"keep_alive_timeout must be positive (seconds), got {self.keep_alive_timeout}",
                               field="keep_alive_timeout")
+        if self.request_body_timeout <= 0:
+            raise ConfigError(f"request_body_timeout must be positive (seconds), got {self.request_body_timeout}",
+                              field="request_body_timeout")
         for origin in self.allowed_origins:
             parts = urlsplit(origin)
             if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc

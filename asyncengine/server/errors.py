@@ -12,6 +12,7 @@ import re
 import msgspec
 
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.server.request_bounds import REASONS, field_limit
 
 RETRY_AFTER_SECONDS = 1
 
@@ -41,15 +42,23 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+# A bound declared on a field (msgspec.Meta): "Expected `int` >= 1", "Expected `array` of length <= 8".
+_RANGE = re.compile(r"^Expected `[^`]*` (>=|<=|>|<) (\S+)$")
+_LENGTH = re.compile(r"^Expected `(str|array|object)` of length (>=|<=) (\d+)$")
+_RANGE_WORDS = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}
+_LENGTH_UNITS = {"str": "characters", "array": "items", "object": "entries"}
 
 
-def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
-    """A body msgspec could not decode or validate, as a 400 naming the field."""
+def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError,
+                          struct: type | None = None) -> ApiError:
+    """A body msgspec could not decode or validate, as a 400 naming the field. A value past a bound is said
+    in words, with what sets the bound when the server's configuration does (`struct`: the decoded type)."""
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return bad_request(f"the request body is not valid JSON: {text}", code="invalid_json")
     match = _PATH.search(text)
-    parent = match.group(1) if match else ""
+    in_dict = bool(match) and match.group(1).endswith("[...]")  # type: ignore[union-attr]
+    parent = match.group(1).replace("[...]", "") if match else ""  # a dict's value: the dict names the field
     missing = _MISSING.match(text)
     if missing:
         param = f"{parent}.{missing.group(1)}" if parent else missing.group(1)
@@ -60,8 +69,26 @@ def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) 
         return bad_request(f"unsupported parameter {param!r}: this server does not know it", param=param,
                            code="unsupported_parameter")
     message = _PATH.sub("", text)
+    if parent and (_RANGE.match(message) or _LENGTH.match(message)):
+        text = _bound_message(parent, message, struct)
+        return bad_request(f"each value of {text}" if in_dict else text, param=parent, code="invalid_value")
     return bad_request(f"invalid value for {parent or 'the body'!r}: {message}" if parent else
                        f"invalid request body: {message}", param=parent or None, code="invalid_value")
+
+
+def _bound_message(param: str, message: str, struct: type | None) -> str:
+    length = _LENGTH.match(message)
+    if length:
+        kind, op, value = length.groups()
+        unit = _LENGTH_UNITS[kind] if value != "1" else _LENGTH_UNITS[kind][:-1]
+        return f"{param} must hold {_RANGE_WORDS[op]} {value} {unit}"
+    op, value = _RANGE.match(message).groups()  # type: ignore[union-attr]  # (the caller matched one of the two)
+    text = f"{param} must be {_RANGE_WORDS[op]} {value}"
+    top_level = re.split(r"[.\[]", param, maxsplit=1)[0]
+    found = field_limit(struct, top_level) if struct is not None and op == "<=" else None
+    if found is not None and str(found[1]) == value:
+        text += f" ({found[0]}={found[1]}: {REASONS[found[0]]})"
+    return text
 
 
 def http_param(field: str | None) -> str | None:

@@ -13,6 +13,10 @@ vLLM's metric shapes carry over with the `asyncengine:` prefix.
 
 The gauges follow the scheduler stats of the last step, and the server refreshes them before each
 scrape, so an idle engine shows zero running requests instead of the last busy step's count.
+`asyncengine:engine_up{engine="i"}` is 1 while engine core i lives; once it is dead
+(`mark_engine_dead`, from the server before each scrape) it is 0, that engine core's gauges are 0 and
+stay so (its counters keep their totals, as Prometheus counters do), and stats that still arrive for
+it are ignored. vLLM has no such metric, so it has only our name.
 """
 
 from __future__ import annotations
@@ -83,6 +87,13 @@ class PrometheusStatLogger(StatLoggerBase):
                              registry=self.registry),
             "kv": Gauge("asyncengine:kv_cache_usage_perc", "Fraction of KV-cache blocks in use: 0 is empty, 1 is full.",
                         scheduler_labels, registry=self.registry),
+            # The compiled-grammar cache (ours only: vLLM has no such metric), within --structured-outputs-cache-bytes.
+            "grammar_bytes": Gauge("asyncengine:structured_outputs_cache_bytes",
+                                   "Bytes the compiled grammars in the structured-output cache hold (as charged to "
+                                   "its budget).", scheduler_labels, registry=self.registry),
+            "grammar_entries": Gauge("asyncengine:structured_outputs_cache_entries",
+                                     "Compiled grammars in the structured-output cache.", scheduler_labels,
+                                     registry=self.registry),
             # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector. The
             # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
             "num_prompt_tokens_computed": Counter(
@@ -94,8 +105,13 @@ class PrometheusStatLogger(StatLoggerBase):
                 "Prompt tokens whose KV a KV connector supplied, so that no prefill computed them.",
                 scheduler_labels, registry=self.registry),
         }
+        self._engine_up = Gauge("asyncengine:engine_up",
+                                "1 while the engine core (by data-parallel index) is alive, 0 once it has died.",
+                                labels + ["engine"], registry=self.registry)
+        self._dead_engines: set[int] = set()
         for index in range(num_engines):
             self._series(index)  # every engine's series from the start: zeros rather than missing series
+            self._engine_up.labels(model_name, str(index)).set(1)
         first = self._engine_series[0]
         self.num_requests_running = first.running
         self.num_requests_waiting = first.waiting
@@ -154,10 +170,15 @@ class PrometheusStatLogger(StatLoggerBase):
             for engine_stats in stats.engines:
                 self.update_scheduler_stats(engine_stats)
             return
-        series = self._series(stats.engine_index if self._per_engine else 0)
+        index = stats.engine_index if self._per_engine else 0
+        if index in self._dead_engines:
+            return  # its last step's stats, arriving after its death: it runs nothing
+        series = self._series(index)
         series.running.set(stats.num_running_reqs)
         series.waiting.set(stats.num_waiting_reqs)
         series.kv.set(stats.kv_cache_usage)
+        series.grammar_bytes.set(stats.structured_outputs_cache_bytes)
+        series.grammar_entries.set(stats.structured_outputs_cache_entries)
         # Counters from the scheduler's totals: each stats object may be seen more than once (a step's,
         # then a scrape's), so add what grew since the last one.
         for name, counter in series.counters.items():
@@ -166,6 +187,16 @@ class PrometheusStatLogger(StatLoggerBase):
                 counter.inc(total - series.totals[name])
                 series.totals[name] = total
 
+    def mark_engine_dead(self, engine_index: int) -> None:
+        """Engine core `engine_index` has died: engine_up 0, its gauges 0 (it holds no request and no block)."""
+        if engine_index in self._dead_engines:
+            return
+        self._dead_engines.add(engine_index)
+        self._engine_up.labels(self.model_name, str(engine_index)).set(0)
+        series = self._series(engine_index if self._per_engine else 0)
+        for gauge in (series.running, series.waiting, series.kv):
+            gauge.set(0)
+
     def _series(self, engine_index: int) -> _SchedulerSeries:
         series = self._engine_series.get(engine_index)
         if series is None:
@@ -173,7 +204,8 @@ class PrometheusStatLogger(StatLoggerBase):
             families = self._scheduler_families
             series = self._engine_series[engine_index] = _SchedulerSeries(
                 running=families["running"].labels(*values), waiting=families["waiting"].labels(*values),
-                kv=families["kv"].labels(*values),
+                kv=families["kv"].labels(*values), grammar_bytes=families["grammar_bytes"].labels(*values),
+                grammar_entries=families["grammar_entries"].labels(*values),
                 counters={name: families[name].labels(*values)
                           for name in ("num_prompt_tokens_computed", "num_kv_connector_loaded_tokens")},
             )
@@ -192,6 +224,8 @@ class _SchedulerSeries:
     running: Any
     waiting: Any
     kv: Any
+    grammar_bytes: Any
+    grammar_entries: Any
     counters: dict[str, Any]
     totals: dict[str, int] = field(default_factory=lambda: {"num_prompt_tokens_computed": 0,
                                                             "num_kv_connector_loaded_tokens": 0})

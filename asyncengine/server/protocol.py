@@ -4,29 +4,31 @@ Requests forbid unknown fields: a parameter we do not know is a 400 naming it, n
 ignored. Parameters we know but do not implement (`echo`, `suffix`, ...) are declared so that a request that sets them gets a 400 saying so
 (see `unsupported()`).
 
-Bounds at the edge (docs/server.md, "Limits"): every integer a sampling field carries is an int64
-(`Int64`), as the engine's tensors hold them, so msgspec refuses a larger one naming the field; the
-meaningful bounds (top_k, n, min_tokens against the context, ...) are SamplingParams' and the
-InputProcessor's, which the Python API shares. `prompt`, which OpenAI's clients send in several
-shapes, is typed so that it nests at most two lists deep: msgspec then stops at the first level
-too deep instead of decoding (recursively) whatever a client nests there; the shapes are checked by
-hand in serving_completions.
+Bounds at the edge (docs/server.md, "Limits"): every bound the server enforces on a field is declared on
+it as `msgspec.Meta` (the ranges SamplingParams checks, which the Python API shares; every integer an int64,
+as the engine's tensors hold them; floats within float32), so msgspec refuses a value out of range naming
+the field, and /openapi.json publishes the same bounds. Bounds that come from the configuration (`n` at most
+--max-n, token ids within the vocabulary, `max_tokens` within the context) are declared with `limit(...)`:
+the server decodes with the Structs `request_bounds.bounded` gives for its configuration. `prompt`, which
+OpenAI's clients send in several shapes, is typed so that it nests at most two lists deep: msgspec then stops
+at the first level too deep instead of decoding (recursively) whatever a client nests there; the shapes are
+checked by hand in serving_completions.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 import msgspec
 
+from asyncengine.sampling_params import _FLOAT32_TINY as FLOAT32_TINY  # the smallest normal float32
+from asyncengine.sampling_params import FLOAT32_MAX, INT64_MAX, INT64_MIN
+from asyncengine.json_nesting import json_tokens
 from asyncengine.server.parsers.types import DeltaMessage, ToolCall
+from asyncengine.server.request_bounds import limit
 
 # -- requests ------------------------------------------------------------------------------------------
 
-
-# JSON strings (skipped whole, escapes included) and brackets, in order: enough to follow nesting.
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _TOO_DEEP = 256  # far below msgspec's recursion limit, far above any request's honest nesting
 
 
@@ -35,7 +37,7 @@ def too_deep_field(body: bytes) -> str | None:
     top-level field that holds the nesting, found by a scan that follows strings and brackets without
     decoding anything; None when the body is not an object holding such a field."""
     depth, key = 0, None
-    for match in _JSON_TOKENS.finditer(body):
+    for match in json_tokens(body):
         token = match.group()
         if token[0] == 0x22:  # a string: at depth 1, followed by ':', it is a top-level key
             if depth == 1 and body[match.end():match.end() + 64].lstrip()[:1] == b":":
@@ -61,30 +63,39 @@ XargValue = XargScalar | list[XargScalar]
 
 
 # An integer the engine holds as an int64 (vLLM bounds seed the same way).
-Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-# A count or an index: never negative (the meaningful upper bounds are checked past the edge).
-Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+# A token id of the model's vocabulary.
+TokenId = Annotated[int, limit("max_token_id", ge=0)]
+# Token ids, at least one (an empty prompt is refused; an empty string is refused too where its tokens are none).
+TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 # A completion prompt: a string, a list of strings or token ids (and lists of token ids); see above.
-Prompt = str | list[str | Count | list[Count]]
+Prompt = str | Annotated[list[str | TokenId | TokenIds], msgspec.Meta(min_length=1)]
+# The ranges SamplingParams checks (sampling_params.py), which the Python API shares.
+Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+NumCompletions = Annotated[int, limit("max_n", ge=1)]
+NumTokens = Annotated[int, limit("max_model_len", ge=1)]  # max_tokens and the like: the prompt shares the context
+NumLogprobs = Annotated[int, limit("max_logprobs", ge=0)]
 
 
 class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What completions and chat completions share: OpenAI's sampling parameters and vLLM's extras."""
 
     model: str | None = None
-    n: Int64 = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int64 | None = None
-    min_p: float | None = None
+    n: NumCompletions = 1
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=FLOAT32_MAX)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None  # 0 and -1: off
+    min_p: Probability | None = None
     seed: Int64 | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # greater than 0: the worker divides by it, in float32
+    repetition_penalty: Annotated[float, msgspec.Meta(ge=FLOAT32_TINY, le=FLOAT32_MAX)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Int64] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    min_tokens: Int64 | None = None
+    min_tokens: Annotated[int, limit("max_model_len", ge=0)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
@@ -99,17 +110,17 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     structured_outputs: dict[str, Any] | None = None
     # OpenAI's token id (a string, as JSON keys are) -> bias in [-100, 100]; vLLM's extra-body token
     # filters (docs/sampling.md, "Logit bias, allowed tokens and bad words"). Checked by SamplingParams.
-    logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[Count] | None = None
+    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]] | None = None
+    allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
     # Known, not implemented: a request that sets it gets a 400 that says so.
-    best_of: Int64 | None = None
+    best_of: NumCompletions | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
-    prompt: Prompt | None = None  # str | list[str] | list[int] | list[list[int]], checked in serving_completions
-    max_tokens: Int64 | None = 16
-    logprobs: Int64 | None = None
+    prompt: Prompt  # str | list[str] | list[int] | list[list[int]], checked in serving_completions
+    max_tokens: NumTokens | None = 16
+    logprobs: NumLogprobs | None = None
     add_special_tokens: bool = True
     echo: bool = False
     suffix: str | None = None
@@ -155,11 +166,11 @@ class Tool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
-    messages: list[ChatMessage]
-    max_tokens: Int64 | None = None
-    max_completion_tokens: Int64 | None = None
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_tokens: NumTokens | None = None
+    max_completion_tokens: NumTokens | None = None
     logprobs: bool = False
-    top_logprobs: Int64 | None = None
+    top_logprobs: NumLogprobs | None = None
     tools: list[Tool] | None = None
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: bool | None = None
@@ -185,7 +196,7 @@ class IOProcessRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True)
     apply to every prompt its pre_process builds."""
 
     data: Any
-    max_tokens: Int64 | None = 16
+    max_tokens: NumTokens | None = 16
     add_special_tokens: bool = True
 
     def unsupported(self) -> list[tuple[str, str]]:
@@ -207,7 +218,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 # -- responses -----------------------------------------------------------------------------------------

@@ -7,17 +7,23 @@ of lists of token ids (typed two lists deep at most, so a deeper nesting stops m
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 
+from asyncengine.sampling_params import INT64_MAX
+from asyncengine.server.protocol import TokenId, TokenIds
+
 # (msgspec takes one array type per union: the list's items say which shape it is, checked in serving_pooling.)
-EmbeddingInput = str | list[str | int | list[int]]
+EmbeddingInput = str | Annotated[list[str | TokenId | TokenIds], msgspec.Meta(min_length=1)]
+# -1: truncate to max_model_len; 0 is refused by PoolingParams (a JSON schema range cannot leave out one value)
+TruncateTokens = Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]
+Positive = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 
 
 class _PoolingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: TruncateTokens | None = None
     add_special_tokens: bool = True
     user: str | None = None  # OpenAI's end-user id: accepted, used for nothing (as OpenAI's own server may)
 
@@ -25,7 +31,7 @@ class _PoolingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class EmbeddingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: Positive | None = None
     normalize: bool | None = None
 
 
@@ -35,9 +41,9 @@ class PoolingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
 
     input: EmbeddingInput | None = None
     data: Any = None
-    task: Literal["encode", "embed", "classify"] | None = None
+    task: Literal["encode", "embed", "classify", "token_embed", "token_classify", "plugin"] | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: Positive | None = None
     normalize: bool | None = None
 
 
@@ -53,7 +59,7 @@ class ScoreRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
 class RerankRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
     query: str
     documents: list[str]
-    top_n: int | None = None
+    top_n: Positive | None = None  # the best top_n documents (all of them when unset or larger)
     return_documents: bool = True
 
 

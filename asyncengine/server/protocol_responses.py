@@ -18,7 +18,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from asyncengine.server.protocol import Int64, XargValue
+from asyncengine.server.protocol import (
+    FLOAT32_MAX, FLOAT32_TINY, INT64_MAX, Int64, NumLogprobs, NumTokens, Penalty, Probability, XargValue,
+)
 
 # The most items `input` may hold. The body's byte limit bounds it too, but a body of empty items within
 # that limit would still be a list of hundreds of thousands of messages for the chat template to render.
@@ -94,7 +96,7 @@ class ReasoningConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     generate_summary: str | None = None  # its older name, the same
 
 
-class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ResponsesStreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     include_obfuscation: bool | None = None  # accepted, ignored: no obfuscation padding is sent
 
 
@@ -107,13 +109,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    max_output_tokens: Int64 | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_logprobs: Int64 | None = None
+    max_output_tokens: NumTokens | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=FLOAT32_MAX)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    top_logprobs: NumLogprobs | None = None
     include: list[str] | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: ResponsesStreamOptions | None = None
     store: bool = True
     background: bool = False
     metadata: Annotated[dict[MetadataKey, MetadataValue], msgspec.Meta(max_length=MAX_METADATA_PAIRS)] | None = None
@@ -124,22 +126,22 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    max_tool_calls: Int64 | None = None
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
     # Known and refused when set: a stored prompt template, a conversation object (OpenAI-hosted state).
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     # vLLM's extras on its Responses request (sampling and structured output as in chat completions).
-    top_k: Int64 | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None  # 0 and -1: off
+    min_p: Probability | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(ge=FLOAT32_TINY, le=FLOAT32_MAX)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: Int64 | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]] | None = None
     structured_outputs: dict[str, Any] | None = None
     vllm_xargs: dict[str, XargValue] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -148,7 +150,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 # -- the response object -------------------------------------------------------------------------------
 
 
-class TopLogprob(msgspec.Struct, kw_only=True):
+class ResponsesTopLogprob(msgspec.Struct, kw_only=True):
     token: str
     logprob: float
     bytes: list[int]
@@ -158,7 +160,7 @@ class Logprob(msgspec.Struct, kw_only=True):
     token: str
     logprob: float
     bytes: list[int]
-    top_logprobs: list[TopLogprob] = msgspec.field(default_factory=list)
+    top_logprobs: list[ResponsesTopLogprob] = msgspec.field(default_factory=list)
 
 
 class OutputText(msgspec.Struct, kw_only=True, tag_field="type", tag="output_text"):

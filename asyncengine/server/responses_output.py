@@ -29,7 +29,7 @@ from asyncengine.server.protocol_responses import (
     ContentPartAddedEvent, ContentPartDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent,
     FunctionCallItem, Logprob, OutputItem, OutputItemAddedEvent, OutputItemDoneEvent, OutputMessage, OutputText,
     OutputTextDeltaEvent, OutputTextDoneEvent, ReasoningItem, ReasoningText, ReasoningTextDeltaEvent,
-    ReasoningTextDoneEvent, TopLogprob, StreamEvent,
+    ReasoningTextDoneEvent, ResponsesTopLogprob, StreamEvent,
 )
 
 
@@ -40,7 +40,7 @@ def item_id(prefix: str) -> str:
 def response_logprobs(logprobs: ChatLogprobs | None) -> list[Logprob]:
     """Chat's token logprobs in the Responses' shape (the same fields)."""
     return [Logprob(token=entry.token, logprob=entry.logprob, bytes=entry.bytes or list(entry.token.encode()),
-                    top_logprobs=[TopLogprob(token=top.token, logprob=top.logprob,
+                    top_logprobs=[ResponsesTopLogprob(token=top.token, logprob=top.logprob,
                                              bytes=top.bytes or list(top.token.encode()))
                                   for top in entry.top_logprobs])
             for entry in (logprobs.content or [] if logprobs is not None else [])]

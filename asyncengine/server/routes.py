@@ -8,9 +8,11 @@ answer 503 with code `no_engine`; the others answer as they do over an engine.""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
+from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 from quart import Response, g, request
 
@@ -19,11 +21,12 @@ from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
-from asyncengine.server.openapi import openapi_document
+from asyncengine.server.openapi import CONTRACTS, check_contracts, openapi_document
 from asyncengine.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
     IOProcessRequest, ModelCard, ModelList, TokenizeRequest, too_deep_field,
 )
+from asyncengine.server.request_bounds import RequestBounds, bounded
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
 from asyncengine.server.response_scope import current_response_scope
@@ -73,14 +76,16 @@ def sse_response(events: AsyncIterator[bytes]) -> Response:
     return response
 
 
-async def decode_body(struct: type) -> Any:
+async def decode_body(struct: type, bounds: RequestBounds | None = None) -> Any:
+    """The request's JSON body as `struct`, with this server's `bounds` on its fields (request_bounds.py)."""
+    struct = bounded(struct, bounds)
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)  # 413 past MAX_CONTENT_LENGTH
     if not body:
         raise bad_request("the request has no body: send a JSON object", code="invalid_json")
     try:
         return msgspec.json.decode(body, type=struct)
     except msgspec.DecodeError as error:  # ValidationError is a DecodeError too
-        raise from_validation_error(error) from error
+        raise from_validation_error(error, struct) from error
     except RecursionError as error:  # a field typed Any, nested deeper than msgspec decodes
         param = too_deep_field(body)
         raise bad_request(f"{param or 'the request body'} nests JSON arrays or objects too deeply: flatten it",
@@ -91,6 +96,11 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     engine = context.engine
     has_engine = getattr(engine, "has_engine", True)
     created = int(time.time())
+    bounds = RequestBounds.of(engine)
+    for contract in CONTRACTS.values():  # each request Struct with this server's bounds, made now, not by a request
+        if contract.request is not None:
+            bounded(contract.request, bounds)
+    decode = partial(decode_body, bounds=bounds)
 
     async def models() -> Response:
         cards = [ModelCard(id=name, created=created, max_model_len=context.max_model_len, root=engine.config.model)
@@ -98,32 +108,32 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return json_response(ModelList(data=[*cards, *model_cards(context, created)]))
 
     async def completions() -> Response:
-        body = await decode_body(CompletionRequest)
+        body = await decode(CompletionRequest)
         result = await create_completion(context, body, g.request_id, current_response_scope())
         return json_response(result) if isinstance(result, CompletionResponse) else sse_response(result)
 
     async def chat_completions() -> Response:
-        body = await decode_body(ChatCompletionRequest)
+        body = await decode(ChatCompletionRequest)
         result = await create_chat_completion(context, body, g.request_id, current_response_scope())
         return json_response(result) if isinstance(result, ChatCompletionResponse) else sse_response(result)
 
     async def completions_render() -> Response:
-        body = await decode_body(CompletionRequest)
+        body = await decode(CompletionRequest)
         return json_response(await render_completion_request(context, body, g.request_id))
 
     async def chat_completions_render() -> Response:
-        body = await decode_body(ChatCompletionRequest)
+        body = await decode(ChatCompletionRequest)
         return json_response(await render_chat_request(context, body, g.request_id))
 
     async def io_process() -> Response:
-        body = await decode_body(IOProcessRequest)
+        body = await decode(IOProcessRequest)
         return json_response(await create_io_process(context, body, g.request_id))
 
     async def startup() -> Response:
         return json_response(engine.startup_report)
 
     async def tokenize() -> Response:
-        body = await decode_body(TokenizeRequest)
+        body = await decode(TokenizeRequest)
         check_model(context, body.model)
         _tokenizer(engine)
         if (body.prompt is None) == (body.messages is None):
@@ -140,7 +150,7 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return json_response({"count": len(tokens), "max_model_len": context.max_model_len, "tokens": tokens})
 
     async def detokenize() -> Response:
-        body = await decode_body(DetokenizeRequest)
+        body = await decode(DetokenizeRequest)
         check_model(context, body.model)
         _tokenizer(engine)
         try:  # checked and decoded in the engine's tokenizer pool, off the event loop
@@ -154,11 +164,14 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
                            code="engine_dead")
         if not engine.is_running:
             raise ApiError(503, "the server is shutting down", type="service_unavailable", code="shutting_down")
-        return Response("", status=200)
+        return Response("", status=200, content_type="text/plain")
 
     async def metrics_route() -> Response:
-        if has_engine and engine.dead_error is None:
-            metrics.update_scheduler_stats(await engine.get_scheduler_stats())  # current even when idle
+        if has_engine:
+            for index in engine.dead_engine_indexes():  # engine_up 0 and its gauges zeroed, never stale
+                metrics.mark_engine_dead(index)
+            if engine.dead_error is None:
+                metrics.update_scheduler_stats(await engine.get_scheduler_stats())  # current even when idle
         body, content_type = metrics.render()
         return Response(body, status=200, content_type=content_type)
 
@@ -168,25 +181,25 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return json_response({"version": __version__})
 
     served = [(rule, method, name) for rule, method, name in _BUILTIN if (rule, method) not in skip]
-    document = msgspec.json.encode(_document(app, served))  # built once, here: the routes are all known
 
-    async def openapi() -> Response:
-        return Response(document, status=200, content_type="application/json")
+    async def openapi() -> Response:  # the document of every route, built once (publish_openapi)
+        return Response(await app.extensions["asyncengine"]["openapi"].encoded(), status=200,
+                        content_type="application/json")
 
     views = {"models": models, "completions": completions, "chat_completions": chat_completions,
              "io_process": io_process, "startup": startup, "tokenize": tokenize, "detokenize": detokenize,
              "health": health, "metrics": metrics_route, "version": version, "openapi": openapi,
              "completions_render": completions_render, "chat_completions_render": chat_completions_render}
-    views.update(pooling_views(context, decode_body, json_response))
+    views.update(pooling_views(context, decode, json_response))
     server_config = app.extensions.get("asyncengine", {}).get("server_config") or ServerConfig()
     store = ResponseStore(server_config.responses_store_max_entries, server_config.responses_store_max_bytes)
-    views.update(responses_views(app, context, store, decode_body, json_response, sse_response))
+    views.update(responses_views(app, context, store, decode, json_response, sse_response))
     if not has_engine:
         views.update({name: _no_engine(rule) for rule, _, name in _BUILTIN if name in ENGINE_VIEWS})
     for rule, method, name in served:
         app.add_url_rule(rule, name, views[name], methods=[method])
     if has_engine and runtime_updates_enabled(server_config) and getattr(engine, "lora_adapters", None) is not None:
-        add_lora_routes(app, context, decode_body)
+        add_lora_routes(app, context, decode)
 
 
 def _no_engine(rule: str) -> Any:
@@ -198,19 +211,43 @@ def _no_engine(rule: str) -> Any:
     return no_engine
 
 
-def _document(app: Any, served: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """The OpenAPI document of the built-in routes served and of the routes endpoint plugins added
-    (attached before the built-in ones, so they are all in the url map now)."""
+def served_routes(app: Any) -> list[tuple[str, str, str]]:
+    """(rule, method, endpoint) of every route the app serves (HEAD and OPTIONS, which Quart adds to every
+    route, aside)."""
+    return [(rule.rule, method, rule.endpoint) for rule in app.url_map.iter_rules()
+            for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})]
+
+
+def publish_openapi(app: Any, engine_client: Any, plugin_routes: Collection[tuple[str, str]]) -> None:
+    """Make /openapi.json the document of every route in the app's URL map, once they are all added: the
+    routes endpoint plugins added (`plugin_routes`: (rule, method)) without schemas, every other route by its
+    view's Contract (a route without one is a RuntimeError here, at start-up), request bounds this server's.
+    The document itself is built on its first request, in a worker thread (its schemas take a few hundred
+    ms to generate: not on the event loop), and kept."""
     from asyncengine import __version__
 
-    builtin = {(rule, method) for rule, method, _ in served}
-    plugin_routes = [(rule.rule, method) for rule in app.url_map.iter_rules()
-                     for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
-                     if (rule.rule, method) not in builtin and rule.endpoint != "static"]
-    server_config = app.extensions.get("asyncengine", {}).get("server_config")
-    return openapi_document(served, title="asyncengine", version=__version__, plugin_routes=plugin_routes,
-                            api_key=bool(server_config is not None and server_config.api_key),
-                            open_routes=PUBLIC_PATHS)  # served without the key (access.py)
+    routes = [(rule, method, name) for rule, method, name in served_routes(app) if (rule, method) not in plugin_routes]
+    plugins = [(rule, method) for rule, method, _ in served_routes(app) if (rule, method) in plugin_routes]
+    check_contracts(routes)
+    server_config = app.extensions["asyncengine"].get("server_config")
+    app.extensions["asyncengine"]["openapi"] = OpenApiDocument(partial(
+        openapi_document, routes, title="asyncengine", version=__version__, plugin_routes=plugins,
+        api_key=bool(server_config is not None and server_config.api_key),
+        open_routes=PUBLIC_PATHS,  # served without the key (access.py)
+        bounds=RequestBounds.of(engine_client)))
+
+
+class OpenApiDocument:
+    """The encoded document, built once, when first asked for."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
+        self.build = build
+        self._encoded: bytes | None = None
+
+    async def encoded(self) -> bytes:
+        if self._encoded is None:  # (two first requests at once both build it: the same bytes)
+            self._encoded = await anyio.to_thread.run_sync(lambda: msgspec.json.encode(self.build()))
+        return self._encoded
 
 
 def _tokenizer(engine: Any) -> Any:

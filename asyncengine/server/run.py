@@ -1,16 +1,17 @@
-"""Serving the app: the engine and Hypercorn's trio worker in one task group, with graceful shutdown.
+"""Serving the app: the engine and the HTTP server (server/http_server.py: Hypercorn's protocols, our
+connection tasks) in one task group, with graceful shutdown.
 
-On SIGINT or SIGTERM: Hypercorn stops accepting connections, the engine stops admitting requests,
+On SIGINT or SIGTERM: the server stops accepting connections, the engine stops admitting requests,
 running requests (streams included) get `shutdown_grace_period` seconds to finish, what remains is
 aborted, and the process exits 0. A second signal cuts the grace period short.
 
 Idle keep-alive connections (an OpenAI client's connection pool keeps them) do not hold the exit:
-Hypercorn would wait its whole graceful timeout for them (measured: 32 s after the last request had
-finished), so once the engine's shutdown is over, responses get FLUSH_SECONDS to reach their clients
-and serving stops.
+the HTTP server would wait its whole graceful timeout for them (measured with Hypercorn's own worker:
+32 s after the last request had finished), so once the engine's shutdown is over, responses get
+FLUSH_SECONDS to reach their clients and serving stops.
 
 When the engine dies (its process killed, a worker failure), the requests in flight get their error
-(the engine fails them), Hypercorn stops accepting connections, and once the last of those responses
+(the engine fails them), the server stops accepting connections, and once the last of those responses
 is out (or after `shutdown_grace_period`) serve returns EXIT_ENGINE_DEAD: a server whose engine is
 gone cannot recover, and a supervisor (systemd, Kubernetes) restarts a process that exits.
 `keep_serving_after_engine_death` keeps it up instead, answering 503. The server learns of the
@@ -28,15 +29,14 @@ from typing import Any
 import anyio
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.runtime.signals import drain_on_signal
-from asyncengine.server import h11_errors
 from asyncengine.server.app import REQUEST_LOGGER, create_app
 from asyncengine.server.parsers.selection import check_configured_parsers
 from asyncengine.server.config import ServerConfig
+from asyncengine.server.http_server import serve_http
 from asyncengine.server.serving_io_processor import check_io_processor_name
 
 logger = logging.getLogger("asyncengine.server")
@@ -66,7 +66,8 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *, eng
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signals, engine, stop, server_config.shutdown_grace_period,
                                nursery.cancel_scope)
-            binds = await nursery.start(_serve_until_done, app, config, stop, nursery.cancel_scope)
+            binds = await nursery.start(_serve_until_done, app, config, server_config.request_body_timeout, stop,
+                                        nursery.cancel_scope)
             # The address a user (or a test with port 0) connects to, on stdout where scripts look for it.
             what = "" if getattr(engine, "has_engine", True) else " (a render server: no engine)"
             print(f"asyncengine: serving {engine.model_config.served_model_name}{what} on {', '.join(binds)}",
@@ -92,7 +93,6 @@ def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
     if level is not None:  # --uvicorn-log-level (vLLM's name): Hypercorn's messages and the per-request lines
         for name in ("hypercorn.error", REQUEST_LOGGER):
             logging.getLogger(name).setLevel(level)
-    h11_errors.install(config)  # Hypercorn's own 400/431 replies in OpenAI's error shape
     return config
 
 
@@ -124,17 +124,19 @@ async def _stop_after_engine_death(app, engine: AsyncEngine, stop: trio.Event, g
     serving.cancel()
 
 
-async def _serve_until_done(app, config: HypercornConfig, stop: trio.Event, serving: trio.CancelScope, *,
+async def _serve_until_done(app, config: HypercornConfig, request_body_timeout: float, stop: trio.Event,
+                            serving: trio.CancelScope, *,
                             task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Hypercorn until it returns (stopped, its connections done); then the signal task is done too."""
-    await hypercorn_serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+    """HTTP until it returns (stopped, its connections done); then the signal task is done too."""
+    await serve_http(app, config, request_body_timeout=request_body_timeout, shutdown_trigger=stop.wait,
+                     task_status=task_status)
     serving.cancel()
 
 
 async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: float,
                            serving: trio.CancelScope) -> None:
     async def drain() -> None:
-        stop.set()  # Hypercorn: no new connections
+        stop.set()  # the HTTP server: no new connections
         await engine.shutdown(grace_period)
 
     await drain_on_signal(
@@ -143,7 +145,7 @@ async def _stop_on_signals(engine: AsyncEngine, stop: trio.Event, grace_period: 
                                    "to finish"),
         announce_again=lambda name: _say(f"{name} received again: aborting running requests now"),
     )
-    # Every request has finished or been aborted; what Hypercorn may still wait for is idle
+    # Every request has finished or been aborted; what the HTTP server may still wait for is idle
     # keep-alive connections (module docstring).
     await trio.sleep(FLUSH_SECONDS)
     serving.cancel()

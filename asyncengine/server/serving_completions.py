@@ -5,7 +5,9 @@ tokenized in the engine's tokenizer pool, off the event loop. Without `stream` t
 concurrently and the response comes when all have finished. With `stream`, each output becomes an
 event as it comes; several prompts stream through one channel fed by a task per prompt. Those tasks
 and every request's outputs belong to the response (response_scope.py): when the client goes away,
-at whatever moment, they are cancelled and closed, which aborts the requests.
+at whatever moment, they are cancelled and closed, which aborts the requests. The prompts of one
+request share one request's fairness share of the engine's slots (docs/server.md, "Fairness"), and a
+request with more sequences (prompts x n) than --max-waiting-requests is a 400, never a 503.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ def prompts_of(request: CompletionRequest) -> list[str | list[int]]:
                       param="prompt", code="invalid_value")
 
 
+def _check_room(engine: Any, num_prompts: int, n: int) -> None:
+    """A request whose sequences (prompts x n) outnumber the places of the waiting queue could never be
+    admitted: a 400 saying so, not a 503 that no retry can fix. (`n` alone over it is the processor's
+    400 naming `n`; an n out of its range is refused there too.)"""
+    capacity = engine.config.max_waiting_requests
+    if num_prompts > 1 and 1 <= n <= capacity and num_prompts * n > capacity:
+        raise bad_request(f"this request has {num_prompts} prompts" + (f" with n={n} each" if n > 1 else "")
+                          + f": {num_prompts * n} sequences, more than the server ever queues at once "
+                          f"(--max-waiting-requests {capacity}); send at most {capacity // n} prompts per request, "
+                          "or start the server with a larger --max-waiting-requests",
+                          param="prompt", code="too_many_prompts")
+
+
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -61,15 +76,20 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     engine = context.engine
     response_id = new_id("cmpl", header_id)
     tokenizer = engine.tokenizer
+    prompts = prompts_of(request)
+    _check_room(engine, len(prompts), request.n)
+    # The prompts of one request count as one request for fairness: together they hold at most its share of
+    # the engine's slots (docs/server.md, "Fairness").
+    group = engine.request_group() if len(prompts) > 1 else None
     streams = []  # every prompt is validated before any runs
-    for index, prompt in enumerate(prompts_of(request)):
+    for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             check_tokenizer(engine)
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs)
         request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
         streams.append(await open_stream(engine, prompt, params, request_id,
                                          add_special_tokens=request.add_special_tokens,
-                                         final_only=not request.stream, nowait=True,
+                                         final_only=not request.stream, nowait=True, group=group,
                                          **({"lora_request": lora_request} if lora_request else {})))
     shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
     if request.stream:
@@ -178,11 +198,16 @@ async def _fan_in(streams: list[AsyncGenerator[RequestOutput, None]],
                   scope: ResponseScope) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Several prompts' outputs through one channel, each fed by a task of the response's scope. The
     returned generator cancels them all when it is closed; the scope does when the response ends
-    without it (the client left before the body started). Either way their requests are aborted."""
+    without it (the client left before the body started). Either way their requests are aborted.
+
+    The body starts with the first prompt's first output, not every prompt's: the prompts of one request
+    hold one request's share of the engine's slots, so the last may start only when the first end. A
+    failure before that (a full queue answers each prompt's admission at once, a refused request with its
+    first output) is the response's HTTP error; one after it, an error event in the stream."""
     send, receive = anyio.create_memory_object_stream[tuple[int, Any]](len(streams) * 4)
     scope.close_at_end(receive)
     scopes = [anyio.CancelScope() for _ in streams]
-    started: list[anyio.Event] = [anyio.Event() for _ in streams]
+    first = anyio.Event()  # some prompt produced its first output, or failed
     failures: list[BaseException] = []
 
     async def produce(index: int) -> None:
@@ -191,24 +216,24 @@ async def _fan_in(streams: list[AsyncGenerator[RequestOutput, None]],
                 # aclosing: a cancelled `async for` would leave the generator, and its request, open.
                 async with aclosing(streams[index]) as outputs:
                     async for output in outputs:
-                        started[index].set()
+                        first.set()
                         await send.send((index, output))
             except (RequestError, EngineOverloadedError, EngineDeadError) as error:
                 failures.append(error)
+                first.set()
                 await send.send((index, error))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # the body was closed: nobody reads any more, and the request is aborted already
             finally:
-                started[index].set()
+                first.set()
 
     for index in range(len(streams)):
         scope.start_soon(produce, index, name=f"completion prompt {index}")
-    for event in started:  # every prompt admitted and produced its first output, or one failed
-        await event.wait()
-        if failures:
-            for cancel_scope in scopes:
-                cancel_scope.cancel()
-            raise from_engine_error(failures[0])
+    await first.wait()
+    if failures:
+        for cancel_scope in scopes:
+            cancel_scope.cancel()
+        raise from_engine_error(failures[0])
     return _drain(receive, scopes, len(streams))
 
 

@@ -16,16 +16,13 @@ route is its own, under /v1 (the API key applies), with the completion route's s
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-import msgspec
-
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.interfaces.io_processor import IOProcessor
+from asyncengine.interfaces.plugin_code import describe_owner
 from asyncengine.plugin_runtime import groups
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
@@ -33,9 +30,8 @@ from asyncengine.server.common import (
     ServingContext, check_model, check_supported, final_outputs, new_id, open_stream, sampling_params, usage,
 )
 from asyncengine.server.errors import ApiError, bad_request
+from asyncengine.server.io_processor_calls import RequestCalls
 from asyncengine.server.protocol import IOProcessRequest, IOProcessResponse
-
-logger = logging.getLogger("asyncengine.server")
 
 FLAG = "--io-processor-plugin"
 
@@ -81,9 +77,10 @@ def check_io_processor_name(name: str | None, allow_list_option: str | None) -> 
                           "--plugins (or ASYNCENGINE_PLUGINS) too", field="io_processor_plugin")
 
 
-def select_io_processor(engine_config: Any, loaded: dict[str, type]) -> IOProcessorSetup:
+def select_io_processor(engine_config: Any, loaded: dict[str, type], renderer: Any = None) -> IOProcessorSetup:
     """The IO processor `engine_config.io_processor_plugin` names, built from the classes the frontend's
-    plugin phase loaded (`loaded`: entry-point name -> IOProcessor subclass)."""
+    plugin phase loaded (`loaded`: entry-point name -> IOProcessor subclass), with `renderer` (vLLM's: the
+    tokenizer and the model's config)."""
     installed = _installed()
     name = engine_config.io_processor_plugin
     if not name:
@@ -95,11 +92,19 @@ def select_io_processor(engine_config: Any, loaded: dict[str, type]) -> IOProces
                           "start-up report: GET /v1/startup, or `asyncengine plugins check`)",
                           field="io_processor_plugin")
     try:
-        processor = cls(engine_config)
+        processor = _build(cls, engine_config, renderer)
     except Exception as exc:  # the plugin's constructor: named, and start-up fails
-        raise StartupError(f"IO processor {name!r} ({cls.__module__}:{cls.__qualname__}) failed in its "
-                           f"constructor: {type(exc).__name__}: {exc}") from exc
+        raise StartupError(f"IO processor {name!r} ({describe_owner(cls)}) failed in its constructor: "
+                           f"{type(exc).__name__}: {exc}") from exc
     return IOProcessorSetup(name=name, processor=processor, installed=[p.name for p in installed])
+
+
+def _build(cls: type, engine_config: Any, renderer: Any) -> Any:
+    """vLLM's `cls(vllm_config, renderer)`; `cls(vllm_config)` for a constructor that takes one argument."""
+    parameters = list(inspect.signature(cls).parameters.values())
+    takes_two = any(p.kind is p.VAR_POSITIONAL for p in parameters) or len(
+        [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 2
+    return cls(engine_config, renderer) if takes_two else cls(engine_config)
 
 
 # -- serving a request -------------------------------------------------------------------------------------
@@ -116,12 +121,14 @@ async def create_io_process(context: ServingContext, request: IOProcessRequest,
     check_supported(request)
     engine = context.engine
     response_id = new_id("ioproc", header_id)
-    prompts = _prompt_list(setup.name, await _call_plugin(setup, "pre_process", request))
+    calls = RequestCalls(setup.name, setup.processor, header_id or response_id)
+    prompts = _prompt_list(setup.name, await calls.pre_process(await calls.parse(request)))
+    params = await calls.merge_params(sampling_params(request, max_tokens=request.max_tokens, logprobs=None),
+                                      "sampling")
     streams = []  # every prompt is validated before any runs
     for index, prompt in enumerate(prompts):
         engine_prompt = _engine_prompt(context, setup.name, index, prompt)
         try:
-            params = sampling_params(request, max_tokens=request.max_tokens, logprobs=None)
             streams.append(await open_stream(engine, engine_prompt, params, f"{header_id or response_id}-{index}",
                                              add_special_tokens=request.add_special_tokens, final_only=True,
                                              nowait=True))
@@ -132,42 +139,17 @@ async def create_io_process(context: ServingContext, request: IOProcessRequest,
             raise
     finals = await final_outputs(streams)
     outputs = [output for output in finals if output is not None]  # every task ran to its final output or raised
-    data = await _call_plugin(setup, "post_process", outputs)
-    try:
-        encoded = msgspec.json.encode(data)  # here, so that a value JSON cannot hold is the plugin's error
-    except (TypeError, ValueError, OverflowError, msgspec.MsgspecError) as exc:
-        raise _plugin_error(setup.name, "post_process", 500, f"returned a value that cannot be encoded as JSON: "
-                                                             f"{type(exc).__name__}: {exc}") from exc
+    # Encoded here, so that a value JSON cannot hold is the plugin's error, named.
+    encoded = calls.encode(await calls.response_value(await calls.post_process(outputs)))
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     completion_tokens = sum(len(c.token_ids) for output in outputs for c in output.outputs)
     return IOProcessResponse(id=response_id, created=int(time.time()),
-                             model=context.model_name, plugin=setup.name, data=msgspec.Raw(encoded),
+                             model=context.model_name, plugin=setup.name, data=encoded,
                              usage=usage(prompt_tokens, completion_tokens))
 
 
-async def _call_plugin(setup: IOProcessorSetup, method: str, argument: Any) -> Any:
-    """The plugin's method: an `async def` awaited here, a plain one in a worker thread (never blocking the
-    event loop). Its exceptions become this request's HTTP error, naming the plugin."""
-    function = getattr(setup.processor, method)
-    try:
-        if inspect.iscoroutinefunction(function):
-            return await function(argument)
-        result = await anyio.to_thread.run_sync(function, argument)
-        if inspect.isawaitable(result):  # a plain method that returned a coroutine
-            result = await result
-        return result
-    except ValueError as exc:  # RequestError is one too: the plugin refused this input
-        param = getattr(exc, "field", None) or "data"
-        raise _plugin_error(setup.name, method, 400, f"refused the request: {type(exc).__name__}: {exc}",
-                            param=param) from exc
-    except Exception as exc:
-        # A bug in the plugin (or input it did not expect): this request fails with a 500 that names it, the
-        # traceback goes to the log, and the server keeps serving the others.
-        logger.exception("IO processor %r failed in %s", setup.name, method)
-        raise _plugin_error(setup.name, method, 500, f"failed: {type(exc).__name__}: {exc}") from exc
-
-
 def _plugin_error(name: str | None, method: str, status: int, what: str, *, param: str | None = None) -> ApiError:
+    """An error the plugin's output caused (its prompts): named with its entry point and the method."""
     message = f"IO processor {name!r} ({method}) {what}"
     if status == 400:
         return bad_request(message, param=param, code="io_processor_refused")

@@ -27,7 +27,8 @@ from asyncengine.server.protocol_pooling import (
     EmbeddingResponse, PoolingData, PoolingIOResponse, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument,
     RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest, ScoreResponse,
 )
-from asyncengine.server.serving_io_processor import IOProcessorSetup, _call_plugin, _engine_prompt, _prompt_list
+from asyncengine.server.io_processor_calls import RequestCalls, plugin_error
+from asyncengine.server.serving_io_processor import IOProcessorSetup, _engine_prompt, _prompt_list
 
 # (rule, method, view name) of each pooling route, served next to the other built-in routes (routes.py).
 POOLING_ROUTES: list[tuple[str, str, str]] = [
@@ -166,8 +167,9 @@ def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitab
 
 
 async def _pool_with_io_processor(context: ServingContext, request: PoolingRequest) -> PoolingIOResponse:
-    """vLLM's IO processors on /pooling: `pre_process(request)` makes the prompts, each is pooled, and
-    `post_process(outputs)` (the PoolingRequestOutputs in prompt order) makes the response's `data`."""
+    """vLLM's IO processors on /pooling, in vLLM's order (server/io_processor_calls.py): parse the request's
+    `data`, `pre_process` makes the prompts, `merge_pooling_params` the parameters they are pooled with, each is
+    pooled, and `post_process` (the PoolingRequestOutputs in prompt order) makes the response's `data`."""
     setup: IOProcessorSetup = context.io_processor or IOProcessorSetup()
     if setup.processor is None or setup.name is None:
         installed = ", ".join(setup.installed) or "none is installed"
@@ -175,12 +177,18 @@ async def _pool_with_io_processor(context: ServingContext, request: PoolingReque
                             f"--io-processor-plugin NAME (installed IO processors: {installed})",
                        param="data", code="io_processor_not_configured")
     engine = context.engine
-    prompts = _prompt_list(setup.name, await _call_plugin(setup, "pre_process", request))
+    request_id = new_id("pool", g.request_id)
+    calls = RequestCalls(setup.name, setup.processor, g.request_id or request_id)
+    prompts = _prompt_list(setup.name, await calls.pre_process(await calls.parse(request)))
     engine_prompts = [_engine_prompt(context, setup.name, i, prompt) for i, prompt in enumerate(prompts)]
-    params = _params(request, dimensions=request.dimensions, normalize=request.normalize)
-    task = request.task or engine.pooling_task_default()
+    params = await calls.merge_params(_params(request, task=request.task, dimensions=request.dimensions,
+                                              normalize=request.normalize), "pooling")
+    if not isinstance(params, PoolingParams):
+        raise plugin_error(setup.name, setup.processor, "merge_pooling_params", 500,
+                           f"returned {type(params).__name__}, not a PoolingParams")
+    task = params.task if params.task not in (None, "plugin") else engine.pooling_task_default()
     outputs = await _run(pool_many(engine, [(p, None) for p in engine_prompts], [params] * len(engine_prompts), task,
                                    nowait=True))
-    data = await _call_plugin(setup, "post_process", outputs)
-    return PoolingIOResponse(id=new_id("pool", g.request_id), created=int(time.time()), model=context.model_name,
+    data = calls.encode(await calls.response_value(await calls.post_process(outputs)))
+    return PoolingIOResponse(id=request_id, created=int(time.time()), model=context.model_name,
                              plugin=setup.name, data=data, usage=_usage(outputs))

@@ -2,8 +2,8 @@
 StructuredOutputBackend are in the floor (asyncengine.interfaces.structured_output), imported here;
 GrammarError and the bitmask width are here.
 
-A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), in a thread off
-the engine core's step loop) and gives each request a matcher over it. The engine core asks each
+A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), off the engine core's
+event loop: compiling.py says where) and gives each request a matcher over it. The engine core asks each
 matcher for the next token's bitmask before a step and feeds it every sampled token after one.
 
 Bitmasks are vLLM's and xgrammar's layout: int32 words, bit `t % 32` of word `t // 32` set when
@@ -11,6 +11,8 @@ token `t` is allowed; one row per request, `ceil(vocab_size / 32)` words wide.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from asyncengine.errors import RequestError
 from asyncengine.interfaces.structured_output import GrammarMatcher, StructuredOutputBackend
@@ -27,8 +29,28 @@ class GrammarError(RequestError):
         self.reason = reason
 
 
+class GrammarBroken(RequestError):
+    """A constrained request cannot go on within its grammar: the grammar allows no next token (a dead end), or
+    the token sampled is outside it (something after the mask refused every token the mask allowed). The
+    request ends with this error rather than going on unconstrained."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}", field=field)
+
+
 def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-__all__ = ["GrammarError", "GrammarMatcher", "StructuredOutputBackend", "bitmask_words"]
+def load_tokenizer(tokenizer_dir: str | None, *, trust_remote_code: bool = False) -> Any:
+    """The model's Hugging Face tokenizer, which backends build their token tables from (slow: in a thread)."""
+    if tokenizer_dir is None:
+        raise ValueError("structured outputs need the model's tokenizer, and the engine runs with skip_tokenizer_init")
+    from transformers import AutoTokenizer
+
+    # --trust-remote-code: the tokenizer may ship its own code
+    return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
+__all__ = ["GrammarBroken", "GrammarError", "GrammarMatcher", "StructuredOutputBackend", "bitmask_words",
+           "load_tokenizer"]

@@ -1,4 +1,9 @@
-"""The second backend: llguidance (PyPI `llguidance`). JSON schemas, regexes, choices, Lark (or GBNF) grammars."""
+"""The second backend: llguidance (PyPI `llguidance`). JSON schemas, regexes, choices, Lark (or GBNF) grammars.
+
+Its compiles run in a thread of the engine core (not the grammar-compile process): llguidance bounds its own
+work with its parser limits (lexer states, lexer fuel), and refused the 1.44 MB regex alternation that xgrammar
+compiled for minutes in 1.2 s ("initial lexer configuration (grammar) too big").
+"""
 
 from __future__ import annotations
 
@@ -55,6 +60,11 @@ class _Matcher(GrammarMatcher):
         import llguidance.numpy
 
         llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask, row)
+        if self._matcher.is_error():
+            # A dead end (`root ::= root`, a regex matching nothing, a grammar that cannot go on from here):
+            # llguidance then allows only the EOS, which would end the output unmatched. No token at all is
+            # how the engine core recognises a dead end (manager.py): the request fails, naming its grammar.
+            bitmask[row] = 0
 
     def is_terminated(self) -> bool:
         return self._ended
@@ -89,3 +99,8 @@ class GuidanceBackend(StructuredOutputBackend):
         if matcher.is_error():
             raise ValueError(matcher.get_error())
         return _Matcher(matcher, frozenset(self.eos_token_ids))
+
+    def compiled_size(self, compiled: Any) -> int:
+        # The compiled form kept here is the grammar's text (llguidance builds its lexer per matcher, bounded by
+        # its own limits on lexer states and work): its size is what the cache holds.
+        return len(compiled.encode()) if isinstance(compiled, str) else super().compiled_size(compiled)

@@ -58,8 +58,9 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_token_ids: list[int]
     sampling: SamplingOptions
     arrival_time: float = 0.0
-    # For the `n` completions of one request (n > 1): an id they share, unique per submission. While
-    # other requests wait, the scheduler bounds the share of a step that one parent's completions take.
+    # The sequences of one request (its `n` completions when n > 1, and over HTTP every prompt of one
+    # completions request): an id they share, unique per submission. The scheduler holds them to their
+    # share of the slots (and of a step's tokens while others wait): docs/server.md, "Fairness".
     parent_id: str | None = None
     # The LoRA adapter this request runs with (None: the base model); its id keys scheduling, the prefix
     # cache and the workers' adapter slots.
@@ -108,6 +109,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # recomputation counts again), and prompt tokens whose KV a KV connector supplied instead.
     num_prompt_tokens_computed: int = 0
     num_kv_connector_loaded_tokens: int = 0
+    # The compiled-grammar cache (structured_output/compiling.py): what its grammars hold, and how many.
+    structured_outputs_cache_bytes: int = 0
+    structured_outputs_cache_entries: int = 0
     # With data parallelism (frontend/dp_router.py): the engine core these stats are of, and in the
     # frontend's sum over engine cores (get_scheduler_stats) each one's own, for /metrics' engine label.
     engine_index: int = 0

@@ -10,7 +10,10 @@ class PoolingOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     `task`: "embed" (one vector, truncated to `dimensions` then L2-normalized when `normalize`),
     "classify" (the model's class scores, through softmax or sigmoid when `activation`), "score" (as
-    classify, for a cross-encoder's pair), "encode" (the pooler's output as it is). `token_type_ids`:
+    classify, for a cross-encoder's pair), "encode" (the pooler's output as it is), and the per-token
+    tasks "token_embed" (every token's final hidden state, `[length, hidden]`, each L2-normalized when
+    `normalize`) and "token_classify" (the model's head at every token, `[length, labels]`, each through
+    softmax or sigmoid when `activation`). `token_type_ids`:
     BERT's segment ids, one per prompt token (a cross-encoder's pair), None for all zeros."""
 
     task: str = "embed"

@@ -19,16 +19,18 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     # Output tokens already sampled: non-empty when a preempted request resumes.
     output_token_ids: list[int]
     sampling: SamplingOptions
-    block_ids: list[int]
+    block_ids: list[int]  # its blocks in the first KV cache group (wire/kv_cache.py), the only one without sliding windows
     num_computed_tokens: int
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prefill, never sampled
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    extra_group_block_ids: list[list[int]] | None = None  # the other groups' blocks, in the layout's order
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    extra_group_block_ids: list[list[int]] | None = None  # the other KV cache groups' new blocks
 
 
 class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True):

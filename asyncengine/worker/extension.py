@@ -11,16 +11,21 @@ and both classes, found from the classes alone, so the frontend reports it befor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from asyncengine.errors import ConfigError, WorkerError
 # The clash check is the config-hook check of worker_extension_cls (the frontend runs it before any worker exists).
 from asyncengine.plugin_runtime.config_hooks import class_path, extension_problem
+from asyncengine.interfaces.plugin_code import is_plugin_code, plugin_hook
 from asyncengine.registries.base import reads
 
 OPTION = "worker_extension_cls"
 _MISSING = object()
+# The engine core's start-up calls: on a plugin's worker class, a failure names the class, its distribution and
+# the call (steps keep their own naming: the engine's death names the culprit, errors.raising_code).
+STARTUP_CALLS = ("init_device", "load_model", "determine_num_blocks", "initialize_kv_cache")
 
 
 @reads("hook:worker_extension_cls", "worker")
@@ -48,7 +53,18 @@ def rpc_method(worker: Any, name: str) -> Callable[..., Any]:
         if value is not _MISSING:
             if not callable(value):
                 raise WorkerError(f"{name!r} is an attribute of {class_path(type(owner))}, not a method")
+            if owner is worker and name in STARTUP_CALLS and is_plugin_code(worker):
+                return _named(worker, name, value)
             return value
     if extension is None:
         raise WorkerError(f"the worker has no method {name!r}")
     raise WorkerError(f"neither the worker nor its extension {class_path(type(extension))} has a method {name!r}")
+
+
+def _named(worker: Any, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with plugin_hook(worker, name):
+            return method(*args, **kwargs)
+
+    return call

@@ -22,45 +22,59 @@ import torch
 
 
 class BlockTableRows:
-    def __init__(self, max_blocks_per_seq: int, initial_rows: int = 64) -> None:
-        self.table = np.zeros((initial_rows, max(1, max_blocks_per_seq)), dtype=np.int64)
-        self.lengths = np.zeros(initial_rows, dtype=np.int64)
+    """Each running request's block tables, one row per request, one table per KV cache group (a model with
+    sliding-window layers has several: asyncengine/wire/kv_cache.py); a request's row is the same in each."""
+
+    def __init__(self, max_blocks_per_seq: int, initial_rows: int = 64, num_groups: int = 1) -> None:
+        self.tables = np.zeros((num_groups, initial_rows, max(1, max_blocks_per_seq)), dtype=np.int64)
+        self.lengths = np.zeros((num_groups, initial_rows), dtype=np.int64)
         self._free = list(range(initial_rows - 1, -1, -1))  # popped from the end: row 0 first
 
-    def add(self, block_ids: list[int]) -> int:
+    @property
+    def table(self) -> np.ndarray:
+        """The first group's tables, `[rows, columns]`."""
+        return self.tables[0]
+
+    @property
+    def num_groups(self) -> int:
+        return self.tables.shape[0]
+
+    def add(self, block_ids: list[int], extra_group_block_ids: list[list[int]] | None = None) -> int:
         if not self._free:
-            self._grow(rows=2 * self.table.shape[0])
+            self._grow(rows=2 * self.tables.shape[1])
         row = self._free.pop()
-        self.lengths[row] = 0
+        self.lengths[:, row] = 0
         self.append(row, block_ids)
+        for group, ids in enumerate(extra_group_block_ids or (), start=1):
+            self.append(row, ids, group)
         return row
 
-    def append(self, row: int, block_ids: list[int]) -> None:
+    def append(self, row: int, block_ids: list[int], group: int = 0) -> None:
         if not block_ids:
             return
-        start = int(self.lengths[row])
+        start = int(self.lengths[group, row])
         end = start + len(block_ids)
-        if end > self.table.shape[1]:  # longer than max_model_len foresaw (the profile run): widen
-            self._grow(columns=max(end, 2 * self.table.shape[1]))
-        self.table[row, start:end] = block_ids
-        self.lengths[row] = end
+        if end > self.tables.shape[2]:  # longer than max_model_len foresaw (the profile run): widen
+            self._grow(columns=max(end, 2 * self.tables.shape[2]))
+        self.tables[group, row, start:end] = block_ids
+        self.lengths[group, row] = end
 
     def release(self, row: int) -> None:
         self._free.append(row)
 
-    def gather(self, rows: np.ndarray, width: int) -> np.ndarray:
+    def gather(self, rows: np.ndarray, width: int, group: int = 0) -> np.ndarray:
         """The tables of `rows`, `width` blocks each (columns past a request's blocks are stale: a
         kernel never reads past a sequence's context)."""
-        return self.table[rows, :width]
+        return self.tables[group, rows, :width]
 
     def _grow(self, *, rows: int | None = None, columns: int | None = None) -> None:
-        old_rows, old_columns = self.table.shape
+        groups, old_rows, old_columns = self.tables.shape
         rows, columns = rows or old_rows, columns or old_columns
-        table = np.zeros((rows, columns), dtype=np.int64)
-        table[:old_rows, :old_columns] = self.table
-        lengths = np.zeros(rows, dtype=np.int64)
-        lengths[:old_rows] = self.lengths
-        self.table, self.lengths = table, lengths
+        tables = np.zeros((groups, rows, columns), dtype=np.int64)
+        tables[:, :old_rows, :old_columns] = self.tables
+        lengths = np.zeros((groups, rows), dtype=np.int64)
+        lengths[:, :old_rows] = self.lengths
+        self.tables, self.lengths = tables, lengths
         self._free = list(range(rows - 1, old_rows - 1, -1)) + self._free
 
 

@@ -41,10 +41,12 @@ from asyncengine.lora.pool import LoRAPool
 from asyncengine.lora.request import LoRARequest
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
 from asyncengine.wire.pooling import PoolingOptions
 from asyncengine import parallel_state as parallel
 from asyncengine.worker.cuda_graphs import DecodeGraphs
+from asyncengine.worker import kv_cache
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
@@ -52,6 +54,7 @@ from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_to
 from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.structured_output.bitmask import apply_bitmask
+from asyncengine.wire.kv_cache import KVCacheLayout
 from asyncengine.wire.worker import (
     FailedRequest,
     GrammarBitmask,
@@ -80,6 +83,8 @@ class RequestState:
     logit_controls: RequestLogitControls | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs with (lora/pool.py), None: the base model
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prompt (pooling/step.py)
+    # The blocks of the KV cache groups after the first (sliding-window layers: asyncengine/wire/kv_cache.py).
+    extra_block_ids: list[list[int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -100,6 +105,9 @@ class ModelRunner:
         self.model: Any = None
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Which attention layers share block tables and memory (worker/kv_cache.py), from the engine core; one
+        # group of every layer until it says otherwise.
+        self.kv_layout: KVCacheLayout | None = None
         self.num_blocks = 0
         self.sampler = Sampler(model_config.vocab_size, device, engine_config.seed)
         self.logits_processor_classes = list(logits_processors)
@@ -124,6 +132,7 @@ class ModelRunner:
             model_class_overrides=self.engine_config.model_class_overrides,
             seed=self.engine_config.seed,
             quantization=self.engine_config.quantization,
+            engine_config=self.engine_config,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
@@ -163,14 +172,29 @@ class ModelRunner:
             self.startup_records.append(connector_record(self.kv_connector, choice, phase="load model",
                                                          started=started))
 
-    def kv_cache_bytes_per_block(self) -> int:
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        return sum(
-            2 * self.block_size * layer.num_kv_heads * layer.head_dim * element_size for layer in self.attention_layers
-        )
+    def kv_cache_spec(self) -> list[list[int | None]]:
+        """`[layer index, sliding window]` of each attention layer here: the engine core builds the layout from them."""
+        return kv_cache.layer_spec(self.attention_layers)
 
-    def determine_num_blocks(self) -> int:
+    def set_kv_cache_layout(self, layout: KVCacheLayout | None) -> KVCacheLayout:
+        """Take the engine core's layout (None: one group of every layer), before the cache is sized."""
+        if layout is None:
+            layout = kv_cache.local_layout(self.attention_layers)
+        kv_cache.apply_layout(self.attention_layers, layout)  # a layout that does not fit fails here, named
+        self.kv_layout = layout
+        if self.block_rows.num_groups != len(layout.groups):
+            self.block_rows = BlockTableRows(-(-self.model_config.max_model_len // self.block_size),
+                                             num_groups=len(layout.groups))
+        return layout
+
+    def kv_cache_bytes_per_block(self) -> int:
+        layout = self.kv_layout or self.set_kv_cache_layout(None)
+        return kv_cache.bytes_per_block(self.attention_layers, layout, self.block_size, self.dtype)
+
+    def determine_num_blocks(self, layout: KVCacheLayout | None = None) -> int:
         """How many KV blocks to allocate: the override, else the byte budget, else what memory allows."""
+        if layout is not None or self.kv_layout is None:
+            self.set_kv_cache_layout(layout)
         config = self.engine_config
         if config.num_gpu_blocks_override is not None:
             return config.num_gpu_blocks_override
@@ -192,14 +216,17 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
         num_tokens = min(self.engine_config.effective_max_num_batched_tokens, self.model_config.max_model_len)
         self._profile_forward(num_tokens)
-        peak = self.platform.get_current_memory_usage(self.device)
-        total = self.platform.get_device_total_memory(self.device)
+        with plugin_hook(self.platform, "get_current_memory_usage"):
+            peak = self.platform.get_current_memory_usage(self.device)
+        with plugin_hook(self.platform, "get_device_total_memory"):
+            total = self.platform.get_device_total_memory(self.device)
         return int(total * self.engine_config.gpu_memory_utilization) - peak
 
     def _profile_forward(self, num_tokens: int) -> None:
         num_blocks = -(-num_tokens // self.block_size)
         self._allocate_kv_cache(num_blocks)
-        state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions())
+        state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions(),
+                             extra_block_ids=[list(range(num_blocks)) for _ in range(self.block_rows.num_groups - 1)])
         if self.model_config.runner == "pooling":  # a pooling model has no LM head: it profiles its pooler
             state.pooling = PoolingOptions(task="encode")
         self._add_request("__profile__", state)
@@ -216,9 +243,12 @@ class ModelRunner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, num_blocks: int, layout: KVCacheLayout | None = None) -> None:
+        if layout is not None or self.kv_layout is None:
+            self.set_kv_cache_layout(layout)
         max_len = self.model_config.max_model_len
-        needed = -(-max_len // self.block_size)
+        needed = kv_cache.blocks_for_one_sequence(self.kv_layout, max_len, self.block_size,
+                                                  self.engine_config.effective_max_num_batched_tokens)
         if num_blocks < needed:
             raise StartupError(
                 f"the KV cache has room for {num_blocks} blocks of {self.block_size} tokens "
@@ -240,6 +270,7 @@ class ModelRunner:
                 and self.engine_config.pipeline_parallel_size == 1
                 and self.lora is None  # the adapters' per-step assignment is not in the captured buffers
                 and self.model_config.runner != "pooling"  # a pooling model never decodes
+                and self.block_rows.num_groups == 1  # the graphs' buffers hold one block table per sequence
                 and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
 
     def enable_decode_graphs(self, *, capture: bool) -> None:
@@ -258,23 +289,15 @@ class ModelRunner:
                     time.time() - started)
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
-        self.kv_caches = []
-        for layer in self.attention_layers:
-            shape = (layer.num_kv_heads, num_blocks, self.block_size, layer.head_dim)
-            # Zeroed, not empty: padded attention reads stale slots (masked out), and a NaN there
-            # would still poison the result through 0 * NaN.
-            cache = (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            layer.kv_cache = cache
-            self.kv_caches.append(cache)
+        layout = self.kv_layout or self.set_kv_cache_layout(None)
+        self.kv_caches = kv_cache.allocate(self.attention_layers, layout, num_blocks, self.block_size, self.dtype,
+                                           self.device)
 
     # -- one step ----------------------------------------------------------------------------------------
 
     def _add_request(self, request_id: str, state: RequestState) -> None:
         self._remove_request(request_id)  # a preempted request comes back as new: it gets a fresh row
-        state.row = self.block_rows.add(state.block_ids)
+        state.row = self.block_rows.add(state.block_ids, state.extra_block_ids)
         self.requests[request_id] = state
 
     def _remove_request(self, request_id: str) -> None:
@@ -305,6 +328,7 @@ class ModelRunner:
                 output_token_ids=list(new.output_token_ids),
                 logit_controls=RequestLogitControls.build(new.sampling, self.model_config.vocab_size, self.device),
                 lora_request=new.lora_request,
+                extra_block_ids=[list(ids) for ids in new.extra_group_block_ids or ()],
             ))
         for cached in scheduler_output.cached_requests:
             if cached.request_id in self.failed_request_ids:
@@ -312,6 +336,9 @@ class ModelRunner:
             state = self.requests[cached.request_id]
             state.block_ids.extend(cached.new_block_ids)
             self.block_rows.append(state.row, cached.new_block_ids)
+            for group, ids in enumerate(cached.extra_group_block_ids or (), start=1):
+                state.extra_block_ids[group - 1].extend(ids)
+                self.block_rows.append(state.row, ids, group)
             state.num_computed_tokens = cached.num_computed_tokens
         if scheduler_output.pipeline_token_ids is not None and not parallel.is_last_stage():
             take_token_ids(self.requests, scheduler_output.pipeline_token_ids)  # micro-batches (pipeline.py)
@@ -519,7 +546,8 @@ class ModelRunner:
         width = -(-max_seq_len // block_size)
         tables = self.block_rows.gather(rows, width)
         slots = staging.array("slot_mapping", total, torch.int64)
-        block_of_token = tables[np.repeat(np.arange(num_seqs), lengths), positions // block_size]
+        token_seqs = np.repeat(np.arange(num_seqs), lengths)
+        block_of_token = tables[token_seqs, positions // block_size]
         slots[:] = block_of_token * block_size + positions % block_size
         staging.array("block_tables", num_seqs * width, torch.int64)[:] = tables.ravel()
         staging.array("seq_lens", num_seqs, torch.int32)[:] = seq_lens
@@ -542,6 +570,11 @@ class ModelRunner:
             pooling_spans=pooling_spans,
             batch_update=batch_update,
         )
+        if self.block_rows.num_groups > 1:
+            inputs.metadata.group_metadata = [inputs.metadata] + [
+                kv_cache.group_metadata(self.block_rows.gather(rows, width, group), token_seqs, positions,
+                                        inputs.metadata, self.device)
+                for group in range(1, self.block_rows.num_groups)]
         if pooling_spans:  # a cross-encoder's pair: BERT's segment ids on the metadata (pooling/step.py)
             set_token_type_ids(inputs.metadata, pooling_spans, self.requests, total, self.device)
         staging.end_step()

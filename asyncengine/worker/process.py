@@ -48,7 +48,7 @@ from asyncengine.worker.extension import rpc_method
 
 
 async def serve_worker(frames: FrameStream, params: StartupParams, trace: StartupTrace) -> None:
-    from asyncengine.worker.worker import build_worker
+    from asyncengine.worker.build import build_worker
 
     state = await run_plugin_phases({WORKER}, params.engine_config, trace, device=params.platform,
                                     device_chosen_by="the frontend", frontend_manifest=params.manifest)

@@ -326,9 +326,13 @@ class Sampler:
             top_p = batch.column("top_p", torch.float32).unsqueeze(1)
             probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
             # Mass strictly before each token: a token is kept while that is below top_p, so the
-            # most likely token always stays.
+            # most likely token always stays. A top_p below float32's smallest normal (1.2e-38) rounds
+            # to 0 or a subnormal here: kept explicitly, the most likely token stays for it too, which is
+            # what any top_p at or below that token's probability (at least 1 / vocabulary) keeps
+            # (docs/sampling.md, "Limits").
             mass_before = probs.cumsum(dim=-1) - probs
             drop |= mass_before >= top_p
+            drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

@@ -1,12 +1,13 @@
 """Worker: owns one device (one tensor-parallel rank), the model shard on it and its KV cache.
 
-The engine core drives it by method name (`init_device`, `load_model`, `determine_num_blocks`,
+The engine core drives it by method name (`init_device`, `load_model`, `kv_cache_spec`, `determine_num_blocks`,
 `initialize_kv_cache`, `execute_model`), in a thread of the engine-core process or in a process of
 its own; `collective_rpc` reaches its other public methods the same way, and then the methods of its
 extension (`worker_extension_cls`, composed: see worker/extension.py).
 
 `worker_cls` names a subclass to build instead ("auto": the platform's choice; the built-in
-platforms choose this class): `build_worker` builds it, in a worker process and in the uni executor.
+platforms choose this class): `build_worker` (worker/build.py) builds it, in a worker process and in the uni
+executor.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from typing import Any
 import msgspec
 import torch
 
-from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
+from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import StartupError
 from asyncengine.models.layers import op_registry
 from asyncengine.interfaces.platform import Platform
 from asyncengine.platforms.torch_device import check_torch_device
+from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.interfaces.worker import WorkerBase
 from asyncengine.lora.peft import LoRAAdapterError
-from asyncengine.registries.base import reads
+from asyncengine.wire.kv_cache import KVCacheLayout
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput
 from asyncengine import parallel_state as parallel
 from asyncengine.worker import cpu_threads
@@ -38,7 +40,8 @@ class Worker(WorkerBase):
     # The public attributes, declared so that the worker-extension clash check (worker/extension.py)
     # sees them from the class alone, before any worker exists.
     engine_config: EngineConfig
-    model_config: ModelConfig
+    model_config: Any  # ModelConfig here; vLLM's view of it on a CPUWorker (worker/cpu_worker.py)
+    resolved_model_config: ModelConfig  # the model as the frontend resolved it, whatever model_config shows
     platform: type[Platform]
     rank: int
     world_size: int
@@ -60,6 +63,7 @@ class Worker(WorkerBase):
     ) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
+        self.resolved_model_config = model_config
         self.platform = platform
         self.rank = rank
         self.world_size = world_size
@@ -76,7 +80,8 @@ class Worker(WorkerBase):
         self._logits_processors = tuple(logits_processors)
 
     def init_device(self) -> None:
-        self.platform.set_device(self.device)
+        with plugin_hook(self.platform, "set_device"):
+            self.platform.set_device(self.device)
         check_torch_device(self.platform, self.device)  # a device torch has no backend for: named, here
         if self.device.type == "cpu":
             # How many threads the model uses, pinned when `cpu_threads` leaves CPUs spare (cpu_threads.py);
@@ -88,8 +93,9 @@ class Worker(WorkerBase):
                 config.cpu_threads, index, sharing, cpu_threads.available_cpus(), torch.get_num_threads()))
         parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend,
                             pipeline_parallel_size=self.engine_config.pipeline_parallel_size)
-        self.platform.seed_everything(self.engine_config.seed)
-        self.model_runner = ModelRunner(self.engine_config, self.model_config, self.device, self.platform,
+        with plugin_hook(self.platform, "seed_everything"):
+            self.platform.seed_everything(self.engine_config.seed)
+        self.model_runner = ModelRunner(self.engine_config, self.resolved_model_config, self.device, self.platform,
                                         self._logits_processors)
         if self.engine_config.worker_extension_cls:
             # Built here, inside the traced `init device` phase, so a constructor that raises is
@@ -106,11 +112,17 @@ class Worker(WorkerBase):
         runner.load_model()
         return msgspec.to_builtins(runner.startup_records + op_registry.startup_records("load model"))
 
-    def determine_num_blocks(self) -> int:
-        return self._runner().determine_num_blocks()
+    def kv_cache_spec(self) -> list[list[int | None]]:
+        """`[layer index, sliding window or None]` of each attention layer of this rank."""
+        return self._runner().kv_cache_spec()
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._runner().initialize_kv_cache(num_blocks)
+    def determine_num_blocks(self, layout: Any = None) -> int:
+        """The KV blocks this rank can hold under the engine core's layout (a KVCacheLayout, or the dict a
+        worker process decodes it into; None: one group of every layer)."""
+        return self._runner().determine_num_blocks(as_kv_cache_layout(layout))
+
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> None:
+        self._runner().initialize_kv_cache(num_blocks, as_kv_cache_layout(layout))
 
     def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
         """One step; `grammar`: its deferred masks (ModelRunner.execute_model), from an in-process executor."""
@@ -141,7 +153,7 @@ class Worker(WorkerBase):
             "pid": os.getpid(),
             "device": str(self.device),
             "platform": self.platform.device_name,
-            "architecture": self.model_config.architectures[0],
+            "architecture": self.resolved_model_config.architectures[0],
             "model_class": f"{type(model).__module__}:{type(model).__qualname__}" if model else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
             "cpu_threads": cpu_threads.report(self._cpu_threads),  # on CPU: threads and CPUs of this thread
@@ -167,16 +179,8 @@ class Worker(WorkerBase):
         return lora.info() if lora is not None else None
 
 
-@reads("hook:worker_cls", "worker")
-def build_worker(engine_config: EngineConfig, model_config: ModelConfig, platform: type[Platform],
-                 **kwargs: Any) -> Worker:
-    """The worker of this rank: the class `worker_cls` names, built with Worker's arguments. The
-    config-hooks phase of this process checked that it is a Worker subclass ("auto", which a platform
-    that does not set it leaves, is the built-in Worker)."""
-    path = engine_config.worker_cls
-    cls: type[Worker] = Worker
-    if path not in ("auto", BUILTIN_WORKER):
-        from asyncengine.plugin_runtime.config_hooks import load_hook
-
-        cls = load_hook("worker_cls", path)
-    return cls(engine_config, model_config, platform, **kwargs)
+def as_kv_cache_layout(layout: Any) -> KVCacheLayout | None:
+    """The engine core's KV-cache layout as a KVCacheLayout (a worker process receives it as a dict)."""
+    if layout is None or isinstance(layout, KVCacheLayout):
+        return layout
+    return msgspec.convert(layout, KVCacheLayout)

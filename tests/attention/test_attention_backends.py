@@ -183,3 +183,21 @@ def test_an_unknown_backend_fails_start_up_in_the_load_model_phase(tiny_model):
     assert "failed in start-up phase 'load model'" in message
     assert "attention backend 'FLASH_ATTN' (chosen by the attention_backend option) is not registered; " \
            "registered: TORCH_PAGED, TRITON_PAGED" in message
+
+
+def test_a_layer_needing_what_the_platforms_choice_lacks_gets_torch_paged_and_the_summary_says_so(fresh_registry):
+    """MINE declares neither a sliding window nor a soft cap: chosen by the platform, the layers that need one
+    run on TORCH_PAGED (which has both, given each layer's values); named by the option, it is an error."""
+    register_attention_backend("MINE", Mine)
+    CountingPlatform.asked, CountingPlatform.answers = [], {64: "MINE"}
+    needs = [SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=64, scale=0.125, sliding_window=window,
+                             logits_soft_cap=cap) for window, cap in ((None, None), (512, None), (None, 50.0))]
+    choice = select_attention_backends(CountingPlatform, needs, "float32", 16)
+    assert choice.names == ["MINE", TORCH_PAGED, TORCH_PAGED]
+    assert (choice.backends[1].sliding_window, choice.backends[2].logits_soft_cap) == (512, 50.0)
+    assert choice.backends[0].sliding_window is None and choice.backends[0].logits_soft_cap is None
+    assert "layer 1 needs a sliding window (512 tokens), which MINE lacks: TORCH_PAGED" in choice.summary()
+    assert "layer 2 needs attention logit soft-capping (50.0), which MINE lacks: TORCH_PAGED" in choice.summary()
+    with pytest.raises(ConfigError, match="cannot serve attention layer 1: it needs a sliding window") as caught:
+        select_attention_backends(CountingPlatform, needs, "float32", 16, option="MINE")
+    assert caught.value.field == "attention_backend"

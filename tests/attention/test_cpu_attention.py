@@ -3,7 +3,7 @@
 The kernel attends every query row: decodes, and each row of a prefill as a causal query over its context
 up to its own position (whole prompts and chunks after a cached prefix). Batches mix prefills and decodes
 over shuffled cache blocks, with GQA groups of 1, 3 and 4 query heads per
-KV head, head dims with a vector path (64, 128) and without (40), contexts of one token, of whole blocks
+KV head, head dims with a vector path (64, 128, 256) and without (40), contexts of one token, of whole blocks
 and ragged; float32 must match the reference to rounding, bfloat16 to bfloat16's resolution.
 """
 
@@ -51,11 +51,13 @@ CASES = [
     (4, 4, 40, [1, 1, 7], [3, 64, 7]),  # no GQA, a head_dim with no vector path, a whole new prompt
     # W3's shape: a whole 200-token prompt, a 37-row chunk after 363 cached tokens, a one-block prompt
     (9, 3, 64, [1, 200, 37, 16, 1], [300, 200, 400, 16, 17]),
+    (4, 1, 256, [1, 1, 20], [300, 17, 100]),  # Gemma 3 270M's heads: 4 query heads on one KV head of 256
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40", "gqa3-d64-prefills"])
+@pytest.mark.parametrize("case", CASES, ids=["gqa3-d64", "gqa4-d128-mixed", "mha-d40", "gqa3-d64-prefills",
+                                             "gqa4-d256"])
 def test_kernel_matches_the_torch_reference(dtype, case):
     num_heads, num_kv_heads, head_dim, query_lens, seq_lens = case
     query, key_cache, value_cache, tables = make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens)
@@ -114,7 +116,7 @@ def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference
     metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
     calls = []
     real = cpu_attention.paged_decode
-    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
     backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
     caches = (key_cache.clone(), value_cache.clone())
     ours = backend.forward(query, new_key, new_value, caches, metadata)

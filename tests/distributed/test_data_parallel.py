@@ -4,8 +4,8 @@ the engine cores are the processes that matter).
 
 The router's choices are tested on their own; then one DP=2 engine for the module: 64 concurrent
 requests equal DP=1's outputs and both engine cores computed prompts (per-engine counters of /metrics);
-then SIGKILL of one engine core fails its requests alone, the other serves on, and only the death of the
-last one kills the engine.
+then SIGKILL of one engine core fails its requests alone, the other serves on (/metrics: its engine_up 0
+and its gauges 0, never stale), and only the death of the last one kills the engine.
 """
 
 from __future__ import annotations
@@ -151,6 +151,7 @@ def test_dp2_serves_64_concurrent_requests_on_both_engines_as_dp1(dp2, tiny_mode
     assert all(value > 0 for value in computed.values()), computed  # both engine cores computed prompts
     assert sum(computed.values()) == sum(len(p) for p in prompts)
     assert set(per_engine(metrics, "asyncengine:num_requests_running")) == {"0", "1"}
+    assert per_engine(metrics, "asyncengine:engine_up") == {"0": 1.0, "1": 1.0}
 
 
 def test_killing_one_engine_core_fails_its_requests_and_the_other_serves_on(dp2, tiny_model):
@@ -159,7 +160,7 @@ def test_killing_one_engine_core_fails_its_requests_and_the_other_serves_on(dp2,
     long = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
     pids = [d["pid"] for d in dp2.run(lambda engine: engine.collective_rpc("describe"))]
 
-    async def kill_engine_one_mid_generation(engine) -> tuple[int, list[str]]:
+    async def kill_engine_one_mid_generation(engine) -> tuple[int, list[str], str]:
         finished, failures = 0, []
         first_outputs = 0
         got_first = anyio.Event()
@@ -182,10 +183,12 @@ def test_killing_one_engine_core_fails_its_requests_and_the_other_serves_on(dp2,
                 for prompt in prompts:
                     tg.start_soon(one, prompt)
                 await got_first.wait()
+                before = await dp2.client.get("/metrics")  # engine core 1's gauges while it runs requests
                 os.kill(pids[1], signal.SIGKILL)
-        return finished, failures
+        return finished, failures, (await before.get_data()).decode()
 
-    finished, failures = dp2.run(kill_engine_one_mid_generation)
+    finished, failures, metrics_before = dp2.run(kill_engine_one_mid_generation)
+    assert per_engine(metrics_before, "asyncengine:num_requests_running")["1"] > 0
     assert failures and finished, (finished, failures)  # some requests were on each engine core
     assert finished + len(failures) == NUM_REQUESTS
     assert all("data-parallel engine core 1" in text for text in failures), failures[0]
@@ -195,8 +198,13 @@ def test_killing_one_engine_core_fails_its_requests_and_the_other_serves_on(dp2,
     assert dp2.get("/health")[0] == 200
     short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     assert [len(t) for t in dp2.run(generate_all, prompts[:4], short)] == [4] * 4
+    # /metrics says which engine core is gone, and shows nothing running there (its gauges never stay stale).
     status, metrics = dp2.get("/metrics")
-    assert status == 200 and "asyncengine:num_requests_running" in metrics
+    assert status == 200
+    assert per_engine(metrics, "asyncengine:engine_up") == {"0": 1.0, "1": 0.0}
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert per_engine(metrics, f"asyncengine:{gauge}")["1"] == 0, (gauge, metrics)
+    assert per_engine(metrics, "asyncengine:prompt_tokens_computed_total")["1"] > 0  # counters keep their totals
 
     # The last engine core's death is the engine's.
     os.kill(pids[0], signal.SIGKILL)
@@ -213,6 +221,7 @@ def test_killing_one_engine_core_fails_its_requests_and_the_other_serves_on(dp2,
     with pytest.raises(EngineDeadError):
         dp2.run(generate_one)
     assert dp2.get("/health")[0] == 503
+    assert per_engine(dp2.get("/metrics")[1], "asyncengine:engine_up") == {"0": 0.0, "1": 0.0}
 
 
 def test_dp2_embeds_as_dp1(make_llm):

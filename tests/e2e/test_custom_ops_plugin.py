@@ -77,7 +77,8 @@ def test_the_plugin_ops_run_in_the_worker_and_keep_greedy_outputs(llama_path, tm
     assert chosen["op:rotary"].startswith("provider native")
     assert "ae_custom_ops_example:ExampleRMSNorm replaces the in-tree RMSNorm (registered by plugin" in \
         chosen["custom op:RMSNorm"]
-    assert op_records(plain_trace, "worker rank 0").keys() == {"op:rms_norm", "op:rotary", "op:sample", "op:silu_and_mul"}
+    assert op_records(plain_trace, "worker rank 0").keys() == {"op:fused_moe", "op:rms_norm", "op:rotary", "op:sample",
+                                                               "op:silu_and_mul"}
     # The manifest check compared both registries in the worker: the plugin's keys are there too.
     compared = {r.plugin: r for r in trace if r.role == "worker rank 0" and r.phase == "manifest check"}
     assert compared["registry:custom_ops"].outcome == compared["registry:op_providers"].outcome == OK

@@ -5,7 +5,8 @@ API key, the built-in filesystem resolver and a resolver plugin distribution sup
 use, a raising resolver failing only that request (naming it), and an unknown name a 404 naming it. An
 adapter peft made for another model (the tiny Qwen2, hidden 64, not 96) is refused when loaded, by
 POST /v1/load_lora_adapter, by a resolver and by --lora-modules at start-up, naming the layer and both
-shapes, and is never registered."""
+shapes, and is never registered. Adapter files are read within limits (depth, size) and only as regular
+files (a FIFO or a device is refused at once), and no adapter takes the served model's name (issue 30)."""
 
 from __future__ import annotations
 
@@ -221,3 +222,52 @@ def test_lora_modules_with_an_adapter_for_another_model_fail_start_up(server, ti
                       "--num-gpu-blocks-override", "8"])
     assert caught.value.returncode == 2  # a configuration error
     assert re.search("lora_modules other-model: " + MISFIT, caught.value.stderr), caught.value.stderr[-3000:]
+
+
+def _broken_adapter(runtime_dir, name: str, good: str = "a2"):
+    """A copy of adapter `good` in runtime_dir/name, for a test to break one of its files."""
+    directory = runtime_dir / name
+    shutil.copytree(runtime_dir / good, directory)
+    return directory
+
+
+def test_adapter_files_are_read_within_limits_and_only_as_regular_files(server, client):
+    """Issue 30, item 10: a config nested 100,000 deep was a 500 (RecursionError); a FIFO as a file blocked
+    the request until someone wrote to it. Each is a 400 naming what is wrong, answered at once."""
+    running, runtime_dir = server
+    deep = _broken_adapter(runtime_dir, "deep")
+    (deep / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    huge = _broken_adapter(runtime_dir, "huge")
+    config = json.loads((huge / "adapter_config.json").read_text())
+    (huge / "adapter_config.json").write_text(json.dumps({**config, "padding": "x" * (1 << 20)}))
+    fifo_config = _broken_adapter(runtime_dir, "fifo-config")
+    (fifo_config / "adapter_config.json").unlink()
+    os.mkfifo(fifo_config / "adapter_config.json")
+    fifo_weights = _broken_adapter(runtime_dir, "fifo-weights")
+    (fifo_weights / "adapter_model.safetensors").unlink()
+    os.mkfifo(fifo_weights / "adapter_model.safetensors")
+    device = _broken_adapter(runtime_dir, "device")
+    (device / "adapter_model.safetensors").unlink()
+    (device / "adapter_model.safetensors").symlink_to("/dev/zero")
+    expected = {deep: "nested more than 32 levels deep", huge: "more than the 1048576 bytes allowed",
+                fifo_config: "adapter_config.json is a FIFO", fifo_weights: "adapter_model.safetensors is a FIFO",
+                device: "adapter_model.safetensors is a device"}
+    for directory, words in expected.items():
+        status, text = _post(f"{running.url}/v1/load_lora_adapter",
+                             {"lora_name": directory.name, "lora_path": str(directory)})  # urllib: 60 s at most
+        assert status == 400, (directory.name, text)
+        error = json.loads(text)["error"]
+        assert words in error["message"] and error["param"].startswith("lora_request."), error
+        assert directory.name not in {card.id for card in client.models.list().data}
+    assert _complete(client, "a1") != _complete(client, BASE)  # and the server serves on
+
+
+def test_an_adapter_may_not_take_the_served_model_name(server, client):
+    running, runtime_dir = server
+    status, text = _post(f"{running.url}/v1/load_lora_adapter",
+                         {"lora_name": BASE, "lora_path": str(runtime_dir / "a2")})
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert error["param"] == "lora_name" and error["code"] == "lora_name_taken", error
+    assert "served model's name" in error["message"]
+    assert [card.id for card in client.models.list().data].count(BASE) == 1  # listed once, as the model

@@ -222,7 +222,7 @@ def test_freed_block_stays_findable_until_reallocated() -> None:
     assert manager.allocate(y, 3)
     assert y.block_ids == [1]
     assert manager.blocks[1].block_hash is None
-    assert manager.blocks[0].block_hash == full_hashes[0]
+    assert manager.blocks[0].block_hash == (0, full_hashes[0])  # (group, hash)
     assert manager.find_cached_prefix(probe) == [0]
 
 
@@ -236,7 +236,7 @@ def test_reallocated_block_is_renamed_by_its_new_content() -> None:
 
     assert manager.find_cached_prefix(make_seq(tokens(0, 5), "pa")) == []
     assert manager.find_cached_prefix(make_seq(tokens(40, 9), "pb")) == b.block_ids
-    assert [manager.blocks[x].block_hash for x in b.block_ids] == b.block_hashes()
+    assert [manager.blocks[x].block_hash for x in b.block_ids] == [(0, h) for h in b.block_hashes()]
 
 
 @pytest.mark.parametrize(

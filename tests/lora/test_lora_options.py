@@ -56,3 +56,23 @@ def test_a_steps_assignment_gives_each_token_its_adapter():
     onehot, token_slots = step_assignment(np.array([1, -1, 0]), np.array([2, 1, 3]), [0, 3])
     assert token_slots.tolist() == [3, 3, -1, 0, 0, 0]
     assert onehot.tolist() == [[0, 1], [0, 1], [0, 0], [1, 0], [1, 0], [1, 0]]
+
+
+def test_an_adapter_named_as_the_served_model_fails_start_up():
+    from asyncengine.frontend.lora import LoRAAdapters
+
+    config = _config("--enable-lora", "--lora-modules", "base=/a/base")
+    with pytest.raises(ConfigError, match="'base' is the served model's name") as caught:
+        LoRAAdapters(config, served_model_name="base")
+    assert caught.value.field == "lora_modules"
+    assert [lora.lora_name for lora in LoRAAdapters(config, served_model_name="other").adapters()] == ["base"]
+
+
+def test_a_safetensors_header_over_its_limit_is_refused_before_safetensors_reads_it(tmp_path):
+    import struct
+
+    from asyncengine.lora.peft import MAX_HEADER_BYTES, LoRAAdapterError, read_adapter_shapes
+
+    (tmp_path / "adapter_model.safetensors").write_bytes(struct.pack("<Q", MAX_HEADER_BYTES + 1) + b"{}")
+    with pytest.raises(LoRAAdapterError, match=f"declares a header of {MAX_HEADER_BYTES + 1} bytes"):
+        read_adapter_shapes(str(tmp_path))

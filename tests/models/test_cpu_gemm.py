@@ -19,7 +19,7 @@ def _cpu_has_bf16_gemm() -> bool:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 32, 100])
+@pytest.mark.parametrize("rows", [1, 3, 17, 32, 100, 1000])  # 17, 100 and 1000 are padded (to 18, 104, 1024)
 def test_reordered_weight_gives_f_linear_results(dtype, rows):
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 40, generator=generator).to(dtype)
@@ -34,6 +34,27 @@ def test_reordered_weight_gives_f_linear_results(dtype, rows):
     for b in (None, bias):
         torch.testing.assert_close(cpu_gemm.linear(x, weight, packed, b).float(), F.linear(x, weight, b).float(),
                                    atol=tolerance, rtol=tolerance)
+
+
+def test_row_counts_are_bucketed_to_few_sizes():
+    # oneDNN makes and caches a primitive per shape: a step's token count, bucketed, takes few shapes (issue 30's
+    # soak: the engine core grew with every new count).
+    buckets = [cpu_gemm.rows_bucket(rows) for rows in range(1, 8193)]
+    assert buckets[:16] == list(range(1, 17))  # small batches exact
+    assert all(rows <= bucket <= rows * 1.125 for rows, bucket in enumerate(buckets, 1))
+    assert buckets == sorted(buckets) and len(set(buckets)) == 88
+
+
+def test_padded_rows_do_not_reach_the_result(monkeypatch):
+    seen = []
+    pointwise = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(cpu_gemm.torch.ops.mkldnn, "_linear_pointwise",
+                        lambda x, *args: seen.append(x.shape[0]) or pointwise(x, *args), raising=False)
+    weight = torch.randn(64, 32)
+    x = torch.randn(100, 32)
+    out = cpu_gemm.linear(x, weight, cpu_gemm.pack(weight))
+    assert seen == [104] and out.shape == (100, 64)
+    torch.testing.assert_close(out, F.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
 def test_what_does_not_apply_is_not_packed(monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support.op_tables import private_op_tables
 
 from asyncengine.errors import ConfigError
 from asyncengine.models.layers import op_registry
@@ -42,11 +43,7 @@ class NpuPlatform(Platform):
 
 @pytest.fixture(autouse=True)
 def tables(monkeypatch):
-    for registry in (CustomOpRegistry, OpProviderRegistry):
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-    monkeypatch.setattr(op_registry, "_options", dict(op_registry._options))
-    monkeypatch.setattr(op_registry, "_config_priority", {})
-    monkeypatch.setattr(op_registry, "_chains", {})
+    private_op_tables(monkeypatch)
     on(monkeypatch, CpuPlatform)
 
 
@@ -302,7 +299,7 @@ def test_config_names_are_checked_against_the_providers():
     with pytest.raises(ConfigError, match="its providers are: native") as info:
         set_op_priority({"silu_and_mul": ["fast"]})
     assert info.value.field == "op_priority"
-    with pytest.raises(ConfigError, match="the ops are: rms_norm, rotary, sample, silu_and_mul"):
+    with pytest.raises(ConfigError, match="the ops are: fused_moe, rms_norm, rotary, sample, silu_and_mul"):
         set_op_priority({"gelu": ["native"]})
 
 
@@ -334,7 +331,8 @@ def test_the_start_up_records_name_each_op_provider_and_replacement(monkeypatch)
     register_op_impl("silu_and_mul", "fast", doubled, supported=lambda x: True)
     CustomOp.register_oot(OotNorm, name="RMSNorm")
     records = {r.plugin: r for r in op_registry.startup_records("load model")}
-    assert set(records) == {"op:rms_norm", "op:rotary", "op:sample", "op:silu_and_mul", "custom op:RMSNorm"}
+    assert set(records) == {"op:fused_moe", "op:rms_norm", "op:rotary", "op:sample", "op:silu_and_mul",
+                            "custom op:RMSNorm"}
     assert {r.phase for r in records.values()} == {"load model"}
     assert {r.role for r in records.values()} == {"worker rank 0"}
     assert records["op:rms_norm"].reason == "provider native (priority list: native; from registered priorities)"
@@ -347,8 +345,9 @@ def test_both_registries_are_compared_in_the_workers():
     registries = all_registries()
     for name in ("custom_ops", "op_providers"):
         assert registries[name][1] == frozenset({WORKER})
-    assert {"RMSNorm", "SiluAndMul", "RotaryEmbedding"} <= set(CustomOpRegistry.keys())
-    assert {"rms_norm/native", "rotary/native", "sample/native", "silu_and_mul/native"} <= set(OpProviderRegistry.keys())
+    assert {"RMSNorm", "SiluAndMul", "RotaryEmbedding", "FusedMoE"} <= set(CustomOpRegistry.keys())
+    assert {"rms_norm/native", "rotary/native", "sample/native", "silu_and_mul/native",
+            "fused_moe/native"} <= set(OpProviderRegistry.keys())
     assert CustomOpRegistry.owners()["RMSNorm"] == "built-in"
 
 

@@ -2,8 +2,8 @@
 base, is_neox_style, dtype)` as well as ours `(head_dim, max_position, params)`: vLLM's own platform-plugin
 test builds `RotaryEmbedding(16, 16, 16, 16, True, torch.float16)` and expects its out-of-tree replacement;
 a replacement whose __init__ declares vLLM's arguments is built by our model (which passes ours) with
-vLLM's, and the model's rope scaling still reaches the tables. What vLLM's arguments can ask that is not
-here (partial rotary, GPT-J's rotation) is an error saying so. Registrations are process-wide, so every
+vLLM's, and the model's rope scaling still reaches the tables. What vLLM's arguments ask for partial rotary
+or GPT-J's rotation, those are built. Registrations are process-wide, so every
 test runs on copies of the tables."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.custom_op_registry import OOT_PREFIX
 from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.op_registry import CustomOpRegistry, OpProviderRegistry
@@ -67,13 +66,14 @@ def test_a_replacement_declaring_vllms_arguments_is_built_from_ours_and_keeps_th
     assert torch.equal(layer.cos_table, in_tree.cos_table)  # llama3 scaling kept, though vLLM's has only base
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ((16, 8, 16, 10000.0, True, torch.float32), "partial rotary (rotary_dim < head_size) is not supported"),
-    ((16, 16, 16, 10000.0, False, torch.float32), "only the NeoX rotation"),
-])
-def test_what_vllms_arguments_ask_that_is_not_here_is_named(arguments, message):
-    with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        RotaryEmbedding(*arguments)
+def test_vllms_partial_and_gptj_arguments_build_those_rotations():
+    partial = RotaryEmbedding(16, 8, 16, 10000.0, True, torch.float32)
+    assert (partial.head_size, partial.rotary_dim, partial.is_neox_style) == (16, 8, True)
+    assert partial.cos_table.shape == (16, 8)
+    gptj = RotaryEmbedding(16, 16, 16, 10000.0, False, torch.float32)
+    assert not gptj.is_neox_style and torch.equal(gptj.cos_table[:, 0], gptj.cos_table[:, 1])  # pairs share angles
+    ours = RotaryEmbedding(16, 16, {"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5})
+    assert torch.equal(partial.cos_table, ours.cos_table)
 
 
 def test_neither_form_is_a_type_error_giving_both():

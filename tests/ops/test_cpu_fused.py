@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.op_tables import private_op_tables
 
-from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
-from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.activation import SiluAndMul, silu_and_mul_native
 from asyncengine.models.layers.norm import RMSNorm, rms_norm_native
 from asyncengine.models.layers.op_registry import register_op_impl
 from asyncengine.models.layers.rotary import RotaryEmbedding, rotary_native
 from asyncengine.ops import cpu_fused
-from asyncengine.platforms import resolution
-from asyncengine.platforms.cpu import CpuPlatform
 
 pytestmark = pytest.mark.skipif(not cpu_fused.available(torch.float32),
                                 reason=f"fused CPU kernels unavailable: {cpu_fused.unavailable_reason()}")
@@ -100,13 +97,8 @@ def test_unsupported_layouts_are_refused():
 
 @pytest.fixture
 def cpu_tables(monkeypatch):
-    """Private copies of the op tables (as tests/models/test_custom_ops.py), on the CPU platform."""
-    for registry in (CustomOpRegistry, OpProviderRegistry):
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-    monkeypatch.setattr(op_registry, "_options", dict(op_registry._options))
-    monkeypatch.setattr(op_registry, "_config_priority", {})
-    monkeypatch.setattr(op_registry, "_chains", {})
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    """Private copies of the op tables, on the CPU platform."""
+    private_op_tables(monkeypatch)
 
 
 def test_layers_run_the_fused_kernels_on_cpu(monkeypatch, cpu_tables):

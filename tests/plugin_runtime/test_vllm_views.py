@@ -23,12 +23,13 @@ def test_views_read_and_write_through_and_note_what_has_no_meaning():
         config.scheduler_config.max_num_seqs = 8
         config.compilation_config.custom_ops = ["all"]
         assert config.compilation_config.custom_ops == ["all"]  # kept, so the hook reads back what it wrote
-        assert config.model_config.hf_config_path is None
+        assert config.model_config.override_attention_dtype is None
         assert config.lora_config is None
         assert config.parallel_config.world_size == 2 and config.parallel_config.pipeline_parallel_size == 1
     assert (config.tensor_parallel_size, config.block_size, config.max_num_seqs) == (2, 32, 8)
     assert notes == ["compilation_config.custom_ops = ['all'] was set: it has no meaning in asyncengine and is ignored",
-                     "model_config.hf_config_path was read: it has no meaning in asyncengine, so it reads None",
+                     "model_config.override_attention_dtype was read: it has no meaning in asyncengine, so it reads "
+                     "None",
                      "lora_config was read: asyncengine has none, so it reads None"]
     config.parallel_config.pipeline_parallel_size = 2
     assert config.pipeline_parallel_size == 2 and config.parallel_config.world_size == 4

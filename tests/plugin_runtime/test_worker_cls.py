@@ -16,7 +16,8 @@ from asyncengine.platforms.interface import Platform
 from asyncengine.plugin_runtime.config_hooks import BUILTIN_WORKER, HOOKS, hooks_checked, load_hook
 from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, WORKER
 from asyncengine.cli.reports.extension_map import CONFIG_HOOK, build_map
-from asyncengine.worker.worker import Worker, build_worker
+from asyncengine.worker.build import build_worker
+from asyncengine.worker.worker import Worker
 
 _names = itertools.count()
 
@@ -110,4 +111,4 @@ def test_build_worker_builds_the_configured_class(module):
 
 def test_the_map_shows_the_worker_building_it():
     locations = [entry.location for entry in build_map() if entry.kind == CONFIG_HOOK and entry.name == "worker_cls"]
-    assert len(locations) == 1 and locations[0].startswith("asyncengine/worker/worker.py:")
+    assert len(locations) == 1 and locations[0].startswith("asyncengine/worker/build.py:")

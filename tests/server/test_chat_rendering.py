@@ -77,9 +77,10 @@ def assert_bad_request(status: int, body: dict, param: str, *words: str) -> None
 
 async def test_what_a_conversation_or_its_template_options_get_wrong_is_a_400_naming_the_field(chat_model):
     async with client_of(chat_model, chat_template=RAISING_TEMPLATE) as client:
-        assert_bad_request(*await post(client, "/v1/chat/completions", chat([])), "messages", "messages is empty")
+        assert_bad_request(*await post(client, "/v1/chat/completions", chat([])), "messages", "at least 1 item")
         assert_bad_request(*await post(client, "/tokenize", {"messages": []}), "messages", "messages is empty")
-        for name in ("tokenize", "conversation", "chat_template", "messages"):
+        # "self" and "conversation" would collide with apply_chat_template's own parameters (issue 30, item 8).
+        for name in ("tokenize", "conversation", "chat_template", "messages", "self"):
             for path, body in (("/v1/chat/completions", chat(HELLO)), ("/tokenize", {"messages": HELLO})):
                 status, body = await post(client, path, {**body, "chat_template_kwargs": {name: "x"}})
                 assert_bad_request(status, body, f"chat_template_kwargs.{name}", f"chat_template_kwargs may not set "

@@ -1,9 +1,11 @@
 """A client that leaves aborts every request it started, whatever the route, the shape and the moment.
 
 One real `asyncengine serve` for the module, on a tiny Llama with a byte-level tokenizer (so text and
-chat work), `--max-num-seqs 2`: a request of four prompts then has two running and two waiting, and
-its handler is still before the status line (it waits for every prompt's first output), which is
-where a multi-prompt stream used to leave its requests running (issue 13, defect 2). Requests ask
+chat work), `--max-num-seqs 4`, of which one request holds at most half (docs/server.md, "Fairness"): a
+request of four prompts (or n=4) then has two running and two waiting; the whole-response form's handler
+is still before the status line (it waits for every prompt's final output), which is where a
+multi-prompt request used to leave its requests running (issue 13, defect 2), and the stream's has
+just sent it (it starts with the first prompt's first output). Requests ask
 for far more tokens than they can generate before the client leaves, so "every request was
 aborted" is read from the counters, not from timing: after each case nothing runs or waits, the KV
 cache is empty, no request finished by length, and (where the requests were known to be in the
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 1900  # never reached in a case: each ends with the client gone, in well under a second of generation
 # An idle engine reports aborts at the next stats interval: a short one, so that the counters are soon current.
-SERVER_OPTIONS = ["--max-model-len", "2048", "--max-num-seqs", "2", "--kv-cache-memory-bytes", str(16 * 2**20),
+SERVER_OPTIONS = ["--max-model-len", "2048", "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(16 * 2**20),
                   "--stats-log-interval", "0.5"]
 DEADLINE = 60.0  # for the server to reach a state; generous for a loaded machine
 
@@ -166,8 +168,8 @@ def test_a_client_gone_right_after_sending_leaves_nothing_running(server, shape)
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 def test_four_prompts_two_running_two_waiting_before_the_status_line_are_all_aborted(server, stream):
-    # Issue 13, defect 2: with two of the four prompts waiting for a slot, the handler has not sent its
-    # status line; the client leaves there. Every one of the four must be aborted (the streaming form
+    # Issue 13, defect 2: with two of the four prompts waiting for a slot (the request's share is two of
+    # the four slots), the client leaves. Every one of the four must be aborted (the streaming form
     # left them all running: its producer tasks belonged to the app, not to the response).
     counts = Counts(server)
     sock = send_request(server, *completion(["a", "b", "c", "d"], stream=stream))

@@ -28,7 +28,7 @@ def test_integers_past_int64_are_400s_naming_the_field(field, value):
 
 
 def test_chat_integers_and_tools_are_bounded_too():
-    chat = b'{"messages": [], %s}'
+    chat = b'{"messages": [{"role": "user", "content": "x"}], %s}'
     assert decode_error(chat % b'"top_k": 18446744073709551615', ChatCompletionRequest).param == "top_k"
     assert decode_error(chat % b'"top_logprobs": 9223372036854775808', ChatCompletionRequest).param == "top_logprobs"
     assert decode_error(chat % b'"tools": "notalist"', ChatCompletionRequest).param == "tools"

@@ -7,8 +7,7 @@ nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/comple
 /tokenize and /detokenize, the render routes /v1/completions/render and /v1/chat/completions/render (the
 request rendered and tokenized, not run), the pooling routes /v1/embeddings, /pooling, /score and /rerank (`dimensions`,
 `truncate_prompt_tokens`, `input` lists; a generation model embeds with its last token), and the runtime
-LoRA routes /v1/load_lora_adapter and /v1/unload_lora_adapter (their bodies' schemas from their Structs:
-the document does not list them), with adapters that load, that do not, and one whose matrices do not fit
+LoRA routes /v1/load_lora_adapter and /v1/unload_lora_adapter, with adapters that load, that do not, and one whose matrices do not fit
 the model, which requests then name as their `model`; and OpenAI's Responses API, /v1/responses (input
 items of every kind, tools, text.format, background, store, streamed as typed events). The server runs a tiny random-weight model with a
 byte-level tokenizer and a 64-token context, so that what a valid request generates is short. The cases go
@@ -40,13 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
-import msgspec
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from asyncengine.server.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from support.schema_fuzz import DANGEROUS_INTS, SchemaStrategies, encode_body
 from support.server import metric, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
@@ -67,9 +64,7 @@ ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatC
           "/v1/completions/render": "CompletionRequest", "/v1/chat/completions/render": "ChatCompletionRequest",
           "/v1/load_lora_adapter": "LoadLoRAAdapterRequest", "/v1/unload_lora_adapter": "UnloadLoRAAdapterRequest",
           "/v1/responses": "ResponsesRequest"}
-# Routes the document does not list (added with --enable-runtime-lora-updates): their bodies' Structs, and 200s
-# in plain text.
-UNDOCUMENTED = {"LoadLoRAAdapterRequest": LoadLoRAAdapterRequest, "UnloadLoRAAdapterRequest": UnloadLoRAAdapterRequest}
+# Routes whose 200 is plain text (vLLM's answers of the runtime LoRA routes).
 TEXT_ROUTES = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
 # Examples whose first case is drawn for one route (the second from every route).
 EXAMPLES_PER_ROUTE = 14  # 364 cases over the 13 routes (320 before the render and Responses routes joined)
@@ -162,16 +157,9 @@ class Case:
         return f"Case({self.path!r}, {text[:600] + ' ...' if len(text) > 600 else text})"
 
 
-def components_of(document: dict[str, Any]) -> dict[str, Any]:
-    """The document's schemas, and those of the bodies of the routes it does not list."""
-    _, undocumented = msgspec.json.schema_components(list(UNDOCUMENTED.values()),
-                                                     ref_template="#/components/schemas/{name}")
-    return {**document["components"]["schemas"], **undocumented}
-
-
 def cases(document: dict[str, Any], lora_paths: list[str], only: str | None = None) -> st.SearchStrategy[Case]:
     """Bodies for every fuzzed route, or for the route `only`."""
-    components = components_of(document)
+    components = document["components"]["schemas"]
     token_ids = st.lists(st.integers(3, 258), min_size=1, max_size=8)
     odd_token_ids = st.lists(st.sampled_from(DANGEROUS_INTS), min_size=1, max_size=3)
     text = st.text(max_size=20)
@@ -298,8 +286,12 @@ class Checker:
         operation = self.document["paths"][case.path]["post"]
         ok = operation["responses"]["200"]["content"]
         if content_type.startswith("text/event-stream"):
-            return self.stream_problems(ok["text/event-stream"]["x-event-data"], body,
-                                        responses=case.path == "/v1/responses")
+            # each event's `data` is [DONE] or JSON: the chunk (or ErrorResponse) schema of the itemSchema;
+            # the Responses API's typed events: `data` is always JSON, the event union's schema
+            data = ok["text/event-stream"]["itemSchema"]["properties"]["data"]
+            if case.path == "/v1/responses":
+                return self.stream_problems(data["contentSchema"], body, responses=True)
+            return self.stream_problems(next(e["contentSchema"] for e in data["anyOf"] if "contentSchema" in e), body)
         try:
             value = json.loads(body)
         except ValueError:
@@ -323,7 +315,7 @@ class Checker:
             problems.append(f"{status} whose message names Python internals: {body[:300]!r}")
         return problems
 
-    def stream_problems(self, event_schema: dict[str, Any], body: bytes, *, responses: bool = False) -> list[str]:
+    def stream_problems(self, data_schema: dict[str, Any], body: bytes, *, responses: bool = False) -> list[str]:
         """A stream's problems: chat's and completions' (`data:` events, then [DONE]), or the Responses
         API's (typed events, each `data:` naming its `type`, ending with response.completed, .incomplete or
         .failed; an `error` event is the error shape's `error`)."""
@@ -344,7 +336,7 @@ class Checker:
                 elif PYTHON_INTERNALS.search(str(error.get("message"))):
                     problems.append(f"an error event whose message names Python internals: {event[:300]!r}")
                 continue
-            mismatch = self.matches(event_schema, value)
+            mismatch = self.matches(data_schema, value)
             if mismatch:
                 problems.append(f"a stream event does not match its schema: {mismatch}")
         if responses:
@@ -373,17 +365,21 @@ def wait_for(condition, timeout: float) -> bool:
 # -- the tests ----------------------------------------------------------------------------------------
 
 
-def test_the_server_serves_its_contract_built_once(fuzz_server, document):
+def test_the_server_serves_its_contract_built_once(fuzz_server, document, tiny_model):
     from asyncengine.server import routes
     from asyncengine.server.access import PUBLIC_PATHS
     from asyncengine.server.openapi import openapi_document
+    from asyncengine.server.request_bounds import RequestBounds
+    from asyncengine.server.serving_lora import LORA_ROUTES
 
     status, content_type, again = send(fuzz_server, "GET", "/openapi.json")
     assert status == 200 and content_type == "application/json"
     assert json.loads(again) == document  # built at app creation: the same document every time
-    expected = openapi_document(routes._BUILTIN, title="asyncengine", version=document["info"]["version"],
-                                api_key=True, open_routes=PUBLIC_PATHS)
-    assert document == json.loads(json.dumps(expected))
+    vocab = tiny_model("llama").hf_model.config.vocab_size
+    bounds = RequestBounds(max_n=128, max_logprobs=20, max_model_len=MAX_MODEL_LEN, max_token_id=vocab - 1)
+    expected = openapi_document(routes._BUILTIN + LORA_ROUTES, title="asyncengine", version=document["info"]["version"],
+                                api_key=True, open_routes=PUBLIC_PATHS, bounds=bounds)
+    assert document == json.loads(json.dumps(expected))  # this server's bounds, its LoRA routes
     assert document["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
     assert "security" not in document["paths"]["/health"]["get"]
 

@@ -1,8 +1,9 @@
 """Connections and the process, on real `asyncengine serve` processes (the tiny Llama, the engine core
 in its own process): `Connection: close` and HTTP/1.0 close after the response (an HTTP/1.0 stream
 ends), idle keep-alive connections close after --keep-alive-timeout, a body over the limit gets its 413
-while it is still being sent (and the server goes on), a non-loopback bind without a key warns, and after
-the engine dies the in-flight request gets its error and the server exits 1.
+while it is still being sent (and the server goes on), a body that trickles in gets a 408 after
+--request-body-timeout and its connection closes (HTTP/1.1 and HTTP/2), a non-loopback bind without a
+key warns, and after the engine dies the in-flight request gets its error and the server exits 1.
 
 Server-side connections are counted from the server process's own sockets: the inodes of its file
 descriptors, looked up in /proc/PID/net/tcp (state 01 is ESTABLISHED)."""
@@ -18,24 +19,27 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
+import h2.events
 import pytest
 
-from support.server import start_server
+from support.http2 import PRIOR_KNOWLEDGE, UPGRADE, open_h2c, request_headers
+from support.server import ESTABLISHED, connection_states, start_server
 
 pytestmark = pytest.mark.slow
 
 TINY_OPTIONS = ["--skip-tokenizer-init", "--max-model-len", "512", "--kv-cache-memory-bytes", str(8 * 2**20)]
 COMPLETION = {"prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True}
 JSON = {"Content-Type": "application/json"}
+BODY_TIMEOUT = 2  # seconds (--request-body-timeout)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
     # 0.0.0.0 without a key: the warning's test; clients connect to 127.0.0.1.
     server = start_server([str(tiny_model("llama").path), *TINY_OPTIONS, "--keep-alive-timeout", "1",
-                           "--host", "0.0.0.0"])
+                           "--request-body-timeout", str(BODY_TIMEOUT), "--host", "0.0.0.0"])
     yield server
     assert server.stop() == 0, server.stderr()[-3000:]
 
@@ -46,22 +50,7 @@ def port_of(server) -> int:
 
 def established_connections(pid: int, port: int) -> int:
     """The ESTABLISHED TCP connections on `port` that process `pid` holds open."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:  # closed meanwhile
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    count = 0
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:
-                count += 1
-    return count
+    return connection_states(pid, port).count(ESTABLISHED)
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
@@ -141,20 +130,22 @@ def test_hypercorns_own_replies_carry_an_openai_error_body(server, head, status,
     assert error["code"] == code and error["message"], error
 
 
-def test_another_hypercorn_server_in_the_process_keeps_hypercorns_empty_replies():
-    # The replacement is process-wide (Hypercorn builds its protocol by name), so it must change nothing for a
-    # Hypercorn config asyncengine did not make: an embedder's own server.
+def test_hypercorn_itself_is_left_as_it_is():
+    # The server builds its own subclass of Hypercorn's HTTP/1.1 protocol for its own connections
+    # (server/connection.py); Hypercorn's module keeps its class, so another Hypercorn server in the
+    # process (an embedder's) keeps Hypercorn's empty replies. Main at f4ece67 replaced the module's class.
+    import h11
+    import hypercorn.protocol
     import trio
     from hypercorn.config import Config
     from hypercorn.protocol.h11 import H11Protocol
 
-    import hypercorn.protocol
-    from asyncengine.server import h11_errors
+    from asyncengine.server import run  # noqa: F401 (everything the server imports)
+    from asyncengine.server.h11_errors import h11_protocol_class
 
-    ours = Config()
-    assert h11_errors.install(ours) and getattr(ours, h11_errors.ERROR_BODIES_ATTRIBUTE)
-    replaced = hypercorn.protocol.H11Protocol
-    assert replaced is not H11Protocol and issubclass(replaced, H11Protocol)
+    ours = h11_protocol_class()
+    assert ours is not H11Protocol and issubclass(ours, H11Protocol)
+    assert hypercorn.protocol.H11Protocol is H11Protocol
 
     class Recorder:
         def __init__(self):
@@ -163,17 +154,16 @@ def test_another_hypercorn_server_in_the_process_keeps_hypercorns_empty_replies(
         async def __call__(self, event):
             self.data += getattr(event, "data", b"")
 
-    async def reply(config) -> bytes:
+    async def reply(protocol_class) -> bytes:
         recorder = Recorder()
-        protocol = replaced.__new__(replaced)  # only what _send_error_response reads
-        import h11
-        protocol.config, protocol.send, protocol.connection = config, recorder, h11.Connection(h11.SERVER)
+        protocol = protocol_class.__new__(protocol_class)  # only what _send_error_response reads
+        protocol.config, protocol.send, protocol.connection = Config(), recorder, h11.Connection(h11.SERVER)
         protocol.connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         protocol.connection.next_event()
         await protocol._send_error_response(400)
         return recorder.data
 
-    theirs = trio.run(reply, Config())
+    theirs = trio.run(reply, hypercorn.protocol.H11Protocol)
     assert b"content-length: 0" in theirs.lower() and theirs.endswith(b"\r\n\r\n"), theirs
     mine = trio.run(reply, ours)
     assert b"application/json" in mine and mine.endswith(b"}"), mine
@@ -251,6 +241,103 @@ def test_a_body_over_the_limit_is_a_413_while_it_is_sent_and_the_server_goes_on(
     response = connection.getresponse()
     assert response.status == 200
     assert json.loads(response.read())["usage"]["completion_tokens"] == 2
+    connection.close()
+
+
+def trickle_http1(port: int) -> tuple[float, bytes]:
+    """A POST whose 1000-byte body comes a byte every 0.2 s: (seconds until the server closed, what it sent)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{")
+        started = time.monotonic()
+        sock.settimeout(0.2)
+        received = b""
+        while time.monotonic() - started < 30:
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                if not received:  # once the answer comes, only read
+                    sock.sendall(b" ")
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        return time.monotonic() - started, received
+
+
+def trickle_http2(port: int, mode: str) -> tuple[float, int, bytes, bool]:
+    """The same over h2c: (seconds until the answer, its status, its body, whether the connection then closed
+    within 15 s while the client went on sending)."""
+    sock, connection = open_h2c(port, mode)
+    with sock:
+        stream_id = connection.get_next_available_stream_id()
+        connection.send_headers(stream_id, request_headers("POST", "/v1/completions", {
+            "content-type": "application/json", "content-length": "1000"}))
+        sock.sendall(connection.data_to_send())
+        started = time.monotonic()
+        sock.settimeout(0.2)
+        status, body, ended, answered_after = 0, b"", False, 0.0
+        while time.monotonic() - started < 30:
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                if connection.local_flow_control_window(stream_id) > 0 and not ended:
+                    connection.send_data(stream_id, b" ")
+                    sock.sendall(connection.data_to_send())
+                continue
+            if not data:
+                break
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream_id:
+                    status = int(dict(event.headers)[b":status"])
+                elif isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+                    body += event.data
+                elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
+                    ended, answered_after = True, time.monotonic() - started
+            sock.sendall(connection.data_to_send())
+        if not ended:
+            return time.monotonic() - started, status, body, False
+        # The client goes on with the body: the connection ends (the idle timer, or the protocol's fault on
+        # DATA for a finished stream).
+        closed, deadline = False, time.monotonic() + 15
+        try:
+            while not closed and time.monotonic() < deadline:
+                connection.send_data(stream_id, b" ")
+                sock.sendall(connection.data_to_send())
+                try:
+                    closed = sock.recv(65536) == b""
+                except socket.timeout:
+                    pass
+        except OSError:  # reset by the server
+            closed = True
+        return answered_after, status, body, closed
+
+
+def test_a_body_that_trickles_in_is_a_408_and_its_connection_closes(server):
+    # --request-body-timeout 2 here. Main at f4ece67: no such limit; 40 connections sending a byte a second
+    # were all still open after 60 s.
+    port = port_of(server)
+    with ThreadPoolExecutor(24) as pool:
+        http1 = [pool.submit(trickle_http1, port) for _ in range(20)]
+        http2 = [pool.submit(trickle_http2, port, mode) for mode in (PRIOR_KNOWLEDGE, UPGRADE)]
+        http1_results, http2_results = [f.result() for f in http1], [f.result() for f in http2]
+    for elapsed, received in http1_results:
+        assert BODY_TIMEOUT <= elapsed < 30, (elapsed, received[:300])
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower(), received[:300]
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout" and "--request-body-timeout" in error["message"], error
+    for elapsed, status, body, closed in http2_results:
+        assert BODY_TIMEOUT <= elapsed < 30 and status == 408, (elapsed, status, body[:300])
+        assert json.loads(body)["error"]["code"] == "request_timeout" and closed
+    wait_for(lambda: established_connections(server.process.pid, port) == 0, timeout=15,
+             what="the trickling connections to be closed")
+    # ... and the server goes on
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", body=json.dumps(COMPLETION), headers=JSON)
+    assert connection.getresponse().status == 200
     connection.close()
 
 

@@ -94,6 +94,31 @@ def test_gauges_follow_the_latest_scheduler_stats():
     assert value(stat_logger, "asyncengine:kv_cache_usage_perc") == 0.0
 
 
+def test_a_dead_engine_core_is_down_with_its_gauges_zeroed_and_later_stats_ignored():
+    stat_logger = PrometheusStatLogger(EngineConfig(served_model_name="m", data_parallel_size=2))
+    assert value(stat_logger, "asyncengine:engine_up", engine="0") == 1
+    assert value(stat_logger, "asyncengine:engine_up", engine="1") == 1
+    busy = SchedulerStats(num_running_reqs=5, num_waiting_reqs=1, kv_cache_usage=0.5, num_prompt_tokens_computed=9,
+                          engine_index=1)
+    stat_logger.record(busy, IterationStats())
+    stat_logger.mark_engine_dead(1)
+    stat_logger.record(busy, IterationStats())  # its last step's stats, arriving late
+    assert value(stat_logger, "asyncengine:engine_up", engine="1") == 0
+    assert value(stat_logger, "asyncengine:engine_up", engine="0") == 1
+    for gauge in GAUGES:
+        assert value(stat_logger, gauge, engine="1") == 0, gauge
+    assert value(stat_logger, "asyncengine:prompt_tokens_computed_total", engine="1") == 9  # a counter keeps its total
+
+
+def test_with_one_engine_core_engine_up_has_engine_0():
+    stat_logger = PrometheusStatLogger(model_name="m")
+    assert value(stat_logger, "asyncengine:engine_up", engine="0") == 1
+    stat_logger.record(SchedulerStats(num_running_reqs=3), IterationStats())
+    stat_logger.mark_engine_dead(0)
+    assert value(stat_logger, "asyncengine:engine_up", engine="0") == 0
+    assert value(stat_logger, "asyncengine:num_requests_running") == 0
+
+
 def test_two_loggers_do_not_clash():
     first, second = PrometheusStatLogger(model_name="a"), PrometheusStatLogger(model_name="a")
     first.record(None, IterationStats(num_generation_tokens=7))

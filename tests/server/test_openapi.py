@@ -1,32 +1,50 @@
-"""GET /openapi.json: an OpenAPI 3.1 document of the server's contract, generated from the Structs.
+"""GET /openapi.json: an OpenAPI 3.2 document of the server's contract, generated from the Structs.
 
-Checked here: the document is valid OpenAPI 3.1 (openapi-spec-validator), every built-in route is in
-it with its method, every $ref resolves, and the request schemas accept the bodies the official
-client sends and reject an unknown field. The route itself, on a running server, and that every
-answer of that server matches the document, are checked in test_fuzz.py (on the server it fuzzes).
+Checked here: the document is valid OpenAPI 3.2 (openapi-spec-validator), every route an app serves is in
+it with its method (the app's URL map against the document, LoRA routes included), every $ref resolves, the
+bounds the server enforces are the schema's (and agree with SamplingParams'), required fields are marked,
+streams are described as the events sent, and the request schemas accept the bodies the official client
+sends and reject an unknown field. That every answer of a real server matches the document is
+tests/server/test_schemathesis.py's.
 """
 
 from __future__ import annotations
 
 import http.server
 import json
+import re
+import math
 import threading
+import typing
 from typing import Annotated, Any
 
+import anyio
 import jsonschema
 import msgspec
 import openai
 import pytest
 from openapi_spec_validator import validate
 
-from asyncengine.server import openapi, routes
+from asyncengine import AsyncEngine, RequestError, SamplingParams
+from asyncengine.server import openapi, protocol, routes
 from asyncengine.server.access import PUBLIC_PATHS
-from asyncengine.server.openapi import CONTRACTS, openapi_document, openapi_path
+from asyncengine.server.app import create_app
+from asyncengine.server.config import ServerConfig
+from asyncengine.server.openapi import CONTRACTS, openapi_document
+from asyncengine.server.request_bounds import RequestBounds, bounded
+from asyncengine.server.serving_lora import LORA_ROUTES
+
+BOUNDS = RequestBounds(max_n=7, max_logprobs=5, max_model_len=300, max_token_id=258)
 
 
-def document(*, api_key: bool = True) -> dict[str, Any]:
-    return json.loads(json.dumps(openapi_document(routes._BUILTIN, title="asyncengine", version="0", api_key=api_key,
-                                                  open_routes=PUBLIC_PATHS)))
+def openapi_path(rule: str) -> str:
+    """Werkzeug's `/v1/responses/<response_id>` as OpenAPI's `/v1/responses/{response_id}`."""
+    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
+
+
+def document(*, api_key: bool = True, bounds: RequestBounds | None = BOUNDS) -> dict[str, Any]:
+    return json.loads(json.dumps(openapi_document(routes._BUILTIN + LORA_ROUTES, title="asyncengine", version="0",
+                                                  api_key=api_key, open_routes=PUBLIC_PATHS, bounds=bounds)))
 
 
 def refs(node: Any) -> list[str]:
@@ -46,11 +64,11 @@ def resolve(doc: dict[str, Any], ref: str) -> Any:
     return node
 
 
-def test_the_document_is_valid_openapi_3_1_with_every_builtin_route():
+def test_the_document_is_valid_openapi_3_2_with_every_builtin_route():
     doc = document()
-    validate(doc)  # raises on anything that is not OpenAPI 3.1
-    assert doc["openapi"] == "3.1.0"
-    for rule, method, name in routes._BUILTIN:
+    validate(doc)  # raises on anything that is not OpenAPI 3.2
+    assert doc["openapi"] == "3.2.0"
+    for rule, method, name in routes._BUILTIN + LORA_ROUTES:
         operation = doc["paths"][openapi_path(rule)][method.lower()]
         assert "200" in operation["responses"]
         assert {"4XX", "5XX"} <= operation["responses"].keys()
@@ -72,18 +90,26 @@ def test_errors_streams_and_auth_are_declared():
     assert error["required"] == ["error"] and error["additionalProperties"] is False
     detail = doc["components"]["schemas"]["ErrorDetail"]
     assert set(detail["required"]) == {"message", "type", "param", "code"}
-    chat_ok = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
-    assert chat_ok["text/event-stream"]["x-event-data"] == {"$ref": "#/components/schemas/ChatCompletionChunk"}
-    completions_ok = doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
-    assert "text/event-stream" in completions_ok
+    # A stream is text/event-stream whose itemSchema is one event: `data` is [DONE], or JSON holding a chunk
+    # (or an ErrorResponse, for a failure after the stream began).
+    for path, chunk in [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionResponse")]:
+        content = doc["paths"][path]["post"]["responses"]["200"]["content"]
+        assert "application/json" in content
+        event = content["text/event-stream"]["itemSchema"]
+        assert event["required"] == ["data"]
+        done, payload = event["properties"]["data"]["anyOf"]
+        assert done == {"const": "[DONE]", "description": done["description"]}
+        assert payload["contentMediaType"] == "application/json"
+        assert payload["contentSchema"] == {"anyOf": [{"$ref": f"#/components/schemas/{chunk}"},
+                                                      {"$ref": "#/components/schemas/ErrorResponse"}]}
     assert "text/event-stream" not in doc["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]
     # --api-key covers every route but /health, /metrics and /version; /openapi.json included.
     secured = {rule for rule, item in doc["paths"].items() for op in item.values() if op.get("security")}
-    assert secured == {openapi_path(rule) for rule, _ in routes.builtin_route_keys()} - {"/health", "/metrics",
-                                                                                         "/version"}
+    assert secured == set(doc["paths"]) - {"/health", "/metrics", "/version"}
     responses_ok = doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]
-    assert responses_ok["text/event-stream"]["schema"]["description"].startswith("`event: TYPE`")
-    event_refs = refs(responses_ok["text/event-stream"]["x-event-data"])  # one schema per event type
+    event = responses_ok["text/event-stream"]["itemSchema"]
+    assert event["required"] == ["event", "data"]  # typed events: `event: TYPE` then its `data:`, no [DONE]
+    event_refs = refs(event["properties"]["data"]["contentSchema"])  # one schema per event type
     assert {"#/components/schemas/ResponseCompletedEvent", "#/components/schemas/OutputTextDeltaEvent"} <= set(
         event_refs) and len(event_refs) >= 16
     assert "401" in doc["paths"]["/tokenize"]["post"]["responses"]
@@ -91,14 +117,152 @@ def test_errors_streams_and_auth_are_declared():
     without_key = document(api_key=False)
     assert not any(op.get("security") for item in without_key["paths"].values() for op in item.values())
     assert "securitySchemes" not in without_key["components"]
+    # The LoRA routes answer vLLM's plain text.
+    assert doc["paths"]["/v1/load_lora_adapter"]["post"]["responses"]["200"]["content"] == {
+        "text/plain": {"schema": {"type": "string"}}}
+
+
+def test_required_fields_are_marked():
+    schemas = document()["components"]["schemas"]
+    assert "prompt" in schemas["CompletionRequest"]["required"]  # (it was optional, and a 400 when missing)
+    assert schemas["ChatCompletionRequest"]["required"] == ["messages"]
+    assert set(schemas["LoadLoRAAdapterRequest"]["required"]) == {"lora_name", "lora_path"}
+    # The server writes every field of what it sends: all required, defaults included ...
+    for name in ("ChatCompletionResponse", "ChatCompletionChunk", "CompletionResponse", "CompletionChoice",
+                 "Usage", "ModelCard", "EmbeddingResponse", "RerankResult"):
+        assert set(schemas[name]["required"]) == set(schemas[name]["properties"]), name
+    # ... but a Struct that omits defaults (a chunk's delta) and one requests send too (StreamOptions) do not.
+    assert not schemas["DeltaMessage"].get("required")
+    assert not schemas["StreamOptions"].get("required")
+
+
+def test_the_bounds_the_server_enforces_are_in_the_schema():
+    schemas = document()["components"]["schemas"]
+
+    def prop(struct: str, name: str) -> dict[str, Any]:
+        value = schemas[struct]["properties"][name]
+        return next((s for s in value.get("anyOf", [value]) if s.get("type") != "null"), value)
+
+    # From the configuration (BOUNDS): --max-n, --max-logprobs, the context, the vocabulary.
+    assert (prop("CompletionRequest", "n")["minimum"], prop("CompletionRequest", "n")["maximum"]) == (1, 7)
+    assert "--max-n" in prop("CompletionRequest", "n")["description"]
+    assert prop("CompletionRequest", "logprobs")["maximum"] == 5
+    assert prop("ChatCompletionRequest", "top_logprobs")["maximum"] == 5
+    for struct, name in [("CompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
+                         ("ChatCompletionRequest", "min_tokens"), ("IOProcessRequest", "max_tokens")]:
+        assert prop(struct, name)["maximum"] == 300, (struct, name)
+    assert prop("CompletionRequest", "stop_token_ids")["items"] == {
+        "type": "integer", "minimum": 0, "maximum": 258, "description": prop(
+            "CompletionRequest", "stop_token_ids")["items"]["description"]}
+    assert prop("DetokenizeRequest", "tokens")["items"]["maximum"] == 258
+    assert '"maximum": 258' in json.dumps(schemas["CompletionRequest"]["properties"]["prompt"])
+    assert '"maximum": 258' in json.dumps(schemas["EmbeddingRequest"]["properties"]["input"])
+    # SamplingParams' ranges.
+    assert prop("CompletionRequest", "top_p") == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0}
+    assert (prop("ChatCompletionRequest", "min_p")["minimum"], prop("ChatCompletionRequest", "min_p")["maximum"]) \
+        == (0.0, 1.0)
+    assert prop("CompletionRequest", "presence_penalty")["maximum"] == 2.0
+    assert prop("CompletionRequest", "repetition_penalty")["minimum"] > 0
+    assert prop("CompletionRequest", "logit_bias")["additionalProperties"] == {"type": "number", "minimum": -100.0,
+                                                                             "maximum": 100.0}
+    # /rerank's top_n: at least 1, an int64 (10^40 was accepted).
+    assert (prop("RerankRequest", "top_n")["minimum"], prop("RerankRequest", "top_n")["maximum"]) == (1, 2**63 - 1)
+
+
+# SamplingFields' fields that are SamplingParams arguments of the same name (and meaning).
+SAMPLING_ARGUMENTS = ["n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                      "repetition_penalty", "min_tokens", "max_tokens", "logprobs"]
+
+
+def _range(tp: Any) -> msgspec.Meta | None:
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is Annotated:
+            return next(m for m in typing.get_args(arg)[1:] if isinstance(m, msgspec.Meta))
+    if typing.get_origin(tp) is Annotated:
+        return next(m for m in typing.get_args(tp)[1:] if isinstance(m, msgspec.Meta))
+    return None
+
+
+def _probes(meta: msgspec.Meta, is_int: bool) -> list[tuple[Any, bool]]:
+    """(value, inside the range) at each end of `meta`'s range: the bound, and the nearest value past it."""
+    step = (lambda v, d: v + d) if is_int else (lambda v, d: math.nextafter(v, math.inf * d))
+    probes = []
+    for bound, inclusive, direction in [(meta.ge, True, -1), (meta.gt, False, -1), (meta.le, True, 1),
+                                        (meta.lt, False, 1)]:
+        if bound is not None:
+            probes += [(bound, inclusive), (step(bound, direction), False) if inclusive else
+                       (step(bound, -direction), True)]
+    return probes
+
+
+def test_the_schema_bounds_are_the_engines():
+    # The Structs' ranges (without this server's limits: SamplingParams' own) accept and refuse what
+    # SamplingParams does, at each end: a bound changed on one side only fails here.
+    fields = {info.name: info.type for info in msgspec.structs.fields(protocol.CompletionRequest)}
+    checked = 0
+    for name in SAMPLING_ARGUMENTS:
+        meta = _range(fields[name])
+        assert meta is not None, f"{name} has no bounds in protocol.py"
+        is_int = '"integer"' in json.dumps(msgspec.json.schema(fields[name]))
+        for value, inside in _probes(meta, is_int):
+            body = {"prompt": "x", name: value}
+            try:
+                msgspec.json.decode(json.dumps(body), type=protocol.CompletionRequest)
+                schema_ok = True
+            except msgspec.ValidationError:
+                schema_ok = False
+            extra = {"max_tokens": None} if name == "min_tokens" else {}
+            try:
+                SamplingParams(**{name: value, **extra})
+                engine_ok = True
+            except RequestError:
+                engine_ok = False
+            assert (schema_ok, engine_ok) == (inside, inside), (name, value)
+            checked += 1
+    assert checked >= 40
+
+
+def test_a_value_past_a_configured_bound_is_a_400_naming_the_flag():
+    from asyncengine.server.errors import from_validation_error
+
+    struct = bounded(protocol.CompletionRequest, BOUNDS)
+    with pytest.raises(msgspec.ValidationError) as info:
+        msgspec.json.decode(b'{"prompt": "x", "n": 8}', type=struct)
+    error = from_validation_error(info.value, struct)
+    assert (error.status, error.param) == (400, "n")
+    assert error.message == "n must be at most 7 (max_n=7: the server's --max-n)"
+    assert bounded(protocol.CompletionRequest, BOUNDS) is struct  # built once per configuration
+    assert bounded(protocol.Tool, BOUNDS) is protocol.Tool  # nothing to bound: the Struct itself
 
 
 def test_endpoint_plugin_routes_are_listed_behind_the_key():
     doc = openapi_document(routes._BUILTIN, title="asyncengine", version="0", api_key=True,
-                           open_routes=PUBLIC_PATHS, plugin_routes=[("/plugin/hello", "GET"), ("/plugin/echo", "POST")])
+                           open_routes=PUBLIC_PATHS, plugin_routes=[("/plugin/hello", "GET"), ("/plugin/echo", "POST"),
+                                                                    ("/plugin/items/<int:item_id>", "GET")])
     validate(json.loads(json.dumps(doc)))
     assert doc["paths"]["/plugin/echo"]["post"]["security"] == [{"bearer": []}]
     assert "default" in doc["paths"]["/plugin/hello"]["get"]["responses"]
+    item = doc["paths"]["/plugin/items/{item_id}"]["get"]  # werkzeug's converter as OpenAPI's template
+    assert item["parameters"] == [{"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
+def test_every_route_an_app_serves_is_in_its_document(tiny_model):
+    # The app's URL map against the document it serves: a route added anywhere without its Contract fails
+    # create_app, and none is left out (the runtime LoRA routes were).
+    async def app_routes_and_document() -> tuple[set[tuple[str, str]], dict[str, Any]]:
+        async with AsyncEngine.start(model=str(tiny_model("llama").path), max_model_len=128, enable_lora=True,
+                                     max_lora_rank=4, skip_tokenizer_init=True) as engine:
+            app = create_app(engine, ServerConfig(api_key="k", enable_runtime_lora_updates=True))
+            served = {(openapi_path(rule), method) for rule, method, _ in routes.served_routes(app)}
+            return served, json.loads(await app.extensions["asyncengine"]["openapi"].encoded())
+
+    served, doc = anyio.run(app_routes_and_document, backend="trio")
+    listed = {(path, method.upper()) for path, item in doc["paths"].items() for method in item}
+    assert listed == served
+    assert {("/v1/load_lora_adapter", "POST"), ("/v1/unload_lora_adapter", "POST")} <= listed
+    validate(doc)
+    n = doc["components"]["schemas"]["CompletionRequest"]["properties"]["n"]
+    assert n["maximum"] == 128  # the engine's --max-n (its default), not the fallback
 
 
 def test_a_builtin_route_without_a_contract_is_an_error_naming_it():
@@ -210,3 +374,19 @@ def test_request_schemas_accept_the_openai_clients_bodies_and_reject_unknown_fie
             validator(doc, name).validate({**body, "frobnicate": True})
     with pytest.raises(jsonschema.ValidationError):
         validator(doc, "DetokenizeRequest").validate({})  # a required field missing
+
+
+def test_the_request_examples_are_valid_bodies():
+    # The document's examples (what schemathesis sends first) are bodies its own schemas accept, and msgspec
+    # decodes into the request Struct with this server's bounds.
+    doc = document()
+    seen = 0
+    for name, contract in CONTRACTS.items():
+        for value in contract.examples:
+            schema_name = contract.request.__name__
+            validator(doc, schema_name).validate(value)
+            msgspec.json.decode(json.dumps(value), type=bounded(contract.request, BOUNDS))
+            seen += 1
+    assert seen >= 15
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert any(example["value"].get("stream") for example in chat["examples"].values())

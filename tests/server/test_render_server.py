@@ -10,7 +10,8 @@ engine, on the tiny Llama with a byte-level tokenizer and a ChatML template.
 - an endpoint plugin of ours is served with no engine client (`serve(None, ...)`, as vLLM's render
   server calls init_state(None, ...)), and one whose required_tasks leave out "render" fails start-up
   naming it (vLLM's FastAPI form: tests/e2e/test_vllm_shaped_endpoint.py);
-- as a real subprocess, `asyncengine launch render MODEL`, driven by the official openai client and urllib.
+- as a real subprocess, `asyncengine launch render MODEL`, driven by the official openai client and urllib;
+  over HTTP/2 cleartext, DATA after an early 415 ends only its connection (issue 30, item 1).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import multiprocessing
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import asynccontextmanager
 
@@ -32,6 +34,7 @@ from asyncengine.interfaces.endpoint import EndpointPlugin
 from asyncengine.server.app import create_app
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.render_server import NoEngineError, RenderClient
+from support.http2 import PRIOR_KNOWLEDGE, UPGRADE, h2c_request, send_then_data_after_the_answer
 from support.server import start_server
 # The tiny chat model (the tiny Llama with a byte-level tokenizer) and trio with the loop guard, as there.
 from test_chat_rendering import anyio_backend, chat_model  # noqa: F401 (pytest fixtures)
@@ -219,5 +222,16 @@ def test_launch_render_serves_over_http(chat_model):
         assert tokens == tokenizer.encode("hello")
         assert rendered["token_ids"] == tokenizer.encode(
             tokenizer.apply_chat_template(HELLO, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+
+        # Over HTTP/2 cleartext, a request answered before its body (415), then DATA on its stream: main at
+        # f4ece67 exited 1 (Hypercorn's KeyError); the connection ends, the server goes on, over HTTP/2 too.
+        port = urllib.parse.urlsplit(server.url).port
+        for mode in (PRIOR_KNOWLEDGE, UPGRADE):
+            assert send_then_data_after_the_answer(port, mode, "POST", "/v1/completions/render", {
+                "authorization": "Bearer k", "content-type": "text/plain"}, b"0123456789") == 415
+            status, _, body = h2c_request(port, mode, "POST", "/tokenize", {
+                "authorization": "Bearer k", "content-type": "application/json"}, b'{"prompt": "hello"}')
+            assert status == 200 and json.loads(body)["tokens"] == tokens
+        assert server.process.poll() is None
     finally:
         assert server.stop() == 0, server.stderr()[-3000:]

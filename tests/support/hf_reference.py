@@ -70,6 +70,19 @@ def compare_greedy(ours: list[int], our_logprobs: list[dict[int, float]] | None,
     return Comparison(len(ours), False, max_error)
 
 
+def check_greedy(completion, ref: Reference, parity_record: dict[str, int] | None = None, *,
+                 max_logprob_error: float = 1e-3) -> Comparison:
+    """`compare_greedy` of a CompletionOutput, its top-N logprobs within `max_logprob_error`, counted in the
+    run's parity record (conftest.py's `parity_record`) when given."""
+    result = compare_greedy(completion.token_ids, completion.logprobs, ref)
+    assert result.max_logprob_error < max_logprob_error, f"top-5 logprobs differ by {result.max_logprob_error}"
+    if parity_record is not None:
+        parity_record["sequences"] += 1
+        parity_record["tokens"] += result.num_compared
+        parity_record["ties"] += int(result.tie)
+    return result
+
+
 @dataclass
 class LowPrecisionComparison:
     """Our low-precision run and transformers' at the same precision, both measured against

@@ -123,3 +123,26 @@ def metric(server: RunningServer, name: str) -> float:
     match = re.search(rf"^asyncengine:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
     assert match, f"asyncengine:{name} is not on /metrics"
     return float(match.group(1))
+
+
+ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp writes them
+
+
+def connection_states(pid: int, port: int) -> list[str]:
+    """The TCP states of the sockets on local `port` that process `pid` holds open (its file descriptors'
+    socket inodes, looked up in /proc/PID/net/tcp and tcp6): ESTABLISHED, LISTEN, "08" CLOSE_WAIT, ..."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    states = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                states.append(fields[3])
+    return states

@@ -56,15 +56,23 @@ def build_tiny_model(name: str, directory: Path, *, seed: int = 0, max_position_
         eos_token_id=2,
         attn_implementation="eager",
     )
+    model = random_causal_lm(config, seed)
+    model.save_pretrained(directory)
+    return TinyModel(name, directory, model, config.vocab_size)
+
+
+def random_causal_lm(config, seed: int, *, norm_centre: float = 1.0) -> torch.nn.Module:
+    """transformers' causal LM for `config`, float32 and eager, its weights drawn from `seed` and its norm weights
+    and biases randomized too (`norm_centre` 0 for norms that hold w of (1 + w), as Gemma's do)."""
+    import transformers
+
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if param_name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=generator))
+                param.copy_(norm_centre + 0.2 * torch.randn(param.shape, generator=generator))
             elif param_name.endswith("bias"):
                 param.copy_(0.2 * torch.randn(param.shape, generator=generator))
-    model.eval()
-    model.save_pretrained(directory)
-    return TinyModel(name, directory, model, config.vocab_size)
+    return model.eval()

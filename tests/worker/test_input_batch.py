@@ -22,7 +22,7 @@ def test_rows_are_reused_grown_and_widened_without_losing_tables():
     reused = rows.add([1])  # a freed row is taken again, its old blocks overwritten from the start
     assert reused == first
     assert rows.gather(np.array([reused]), 1).tolist() == [[1]]
-    assert rows.lengths[reused] == 1
+    assert rows.lengths[0, reused] == 1
 
 
 def test_staging_arrays_grow_and_device_copies_do_not_alias_the_buffer():
@@ -37,3 +37,13 @@ def test_staging_arrays_grow_and_device_copies_do_not_alias_the_buffer():
     big[:] = 9
     assert staging.to_device("ids", 1000).shape == (1000,)
     assert staging.array("lens", 2, torch.int32).dtype == np.int32
+
+
+def test_each_kv_cache_group_has_its_table_in_the_same_row():
+    rows = BlockTableRows(max_blocks_per_seq=2, initial_rows=1, num_groups=2)
+    first = rows.add([1, 2], [[7]])
+    second = rows.add([3], [[8, 9]])  # grows the rows of both groups
+    rows.append(first, [5], group=1)
+    rows.append(second, [4, 6, 10], group=0)  # widens both groups
+    assert rows.gather(np.array([first, second]), 3).tolist() == [[1, 2, 0], [3, 4, 6]]
+    assert rows.gather(np.array([first, second]), 3, group=1).tolist() == [[7, 5, 0], [8, 9, 0]]

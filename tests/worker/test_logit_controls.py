@@ -208,11 +208,11 @@ def body(route: str, **fields) -> dict:
 
 ROUTES = ["/v1/completions", "/v1/chat/completions"]
 BAD = [
-    ("bias over 100", {"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    ("bias over 100", {"logit_bias": {"5": 101}}, "logit_bias", "each value of logit_bias must be at most 100"),
     ("bias id past the vocabulary", {"logit_bias": {"5000": 1}}, "logit_bias", "5000, outside the vocabulary"),
     ("non-integer key", {"logit_bias": {"five": 1}}, "logit_bias", "five"),
-    ("allowed id past the vocabulary", {"allowed_token_ids": [3, 5000]}, "allowed_token_ids",
-     "5000, outside the vocabulary"),
+    ("allowed id past the vocabulary", {"allowed_token_ids": [3, 5000]}, "allowed_token_ids[1]",
+     "outside the vocabulary"),
     ("no allowed ids", {"allowed_token_ids": []}, "allowed_token_ids", "empty"),
     ("empty bad word", {"bad_words": [""]}, "bad_words", "bad_words"),
 ]

@@ -249,6 +249,8 @@ TOP_P_LOGITS = TOP_P_PROBS.log()
     "top_p, nucleus",
     [
         (1e-6, [1]),  # tiny p still keeps the top token
+        (1e-40, [1]),  # a float32 subnormal ...
+        (1e-46, [1]),  # ... and a value float32 rounds to 0: the top token alone, never garbage (issue 30)
         (0.6, [1, 4]),  # 0.5 < 0.6: the second token is needed to reach p
         (0.9, [1, 4, 3, 2]),
     ],

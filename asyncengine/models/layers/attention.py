@@ -30,6 +30,10 @@ class AttentionMetadata:
     - `decode_only`: every sequence has exactly one new token this step;
     - `plan`: the torch path's per-step plan, worked out on first use (only TORCH_PAGED reads it), so
       a step on another backend does not pay for it.
+
+    With several KV cache groups (sliding-window layers, asyncengine/wire/kv_cache.py), each group's
+    sequences have their own block tables, hence their own slots: `group_metadata[g]` is group g's
+    metadata (the same batch), and each attention layer reads its group's (`for_group`).
     """
 
     def __init__(self, slot_mapping: torch.Tensor, plan: AttentionPlan | None, query_lens: list[int],
@@ -57,6 +61,13 @@ class AttentionMetadata:
         self.max_seq_len: int | None = max(seq_lens, default=0) if max_seq_len is None else max_seq_len
         self.decode_only = (bool(query_lens) and all(n == 1 for n in query_lens)) if decode_only is None \
             else decode_only
+        self.group_metadata: list[AttentionMetadata] | None = None  # per KV cache group, when there are several
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """The metadata of KV cache group `group` (this one for the first group, or a model of one group)."""
+        if group == 0 or self.group_metadata is None:
+            return self
+        return self.group_metadata[group]
 
     @property
     def plan(self) -> AttentionPlan:
@@ -69,12 +80,26 @@ class AttentionMetadata:
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    """One decoder layer's attention over the paged KV cache.
+
+    `sliding_window`: each query sees only its last `sliding_window` keys (Mistral, Gemma 2/3's local
+    layers); the KV cache then keeps only those blocks for this layer (the hybrid KV cache). `logits_soft_cap`:
+    scores capped as `cap * tanh(score / cap)` before the softmax (Gemma 2). `layer_index`: the layer's place in
+    the model (the KV cache layout names layers by it; with pipeline parallelism a stage holds only some).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, *,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                 layer_index: int | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.layer_index = layer_index
+        self.kv_cache_group = 0  # set by the model runner from the KV cache layout
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.backend: AttentionBackend | None = None
 
@@ -84,4 +109,6 @@ class PagedAttention(nn.Module):
         """`query` `[tokens, heads, head_dim]`, `key`/`value` `[tokens, kv_heads, head_dim]`."""
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache or backend bound: the model runner must bind them")
+        if self.kv_cache_group:
+            metadata = metadata.for_group(self.kv_cache_group)
         return self.backend.forward(query, key, value, self.kv_cache, metadata).flatten(1)

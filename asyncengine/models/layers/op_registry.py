@@ -122,7 +122,8 @@ def register_op_impl(
     """Register `fn` (or "pkg.mod:function") as `provider`'s implementation of `op`.
 
     `fn` takes the op's arguments (rms_norm: `x, weight, eps`; silu_and_mul: `x`; rotary:
-    `query, key, cos, sin`; sample: `logits, temperature, seeds, noise`, see asyncengine.worker.sample_op).
+    `query, key, cos, sin`; sample: `logits, temperature, seeds, noise`, see asyncengine.worker.sample_op;
+    fused_moe: `hidden, router_logits, w13, w2, w13_bias, w2_bias, config`, see asyncengine.ops.fused_moe).
     `supported(*args)`, when given, is asked before each call whether `fn` handles those arguments;
     no predicate means it handles all. `priority` (default 0, higher first) orders the providers that
     neither the config's nor the platform's `op_priority` names.

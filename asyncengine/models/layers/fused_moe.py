@@ -1,0 +1,196 @@
+"""FusedMoE: the experts of a mixture-of-experts block, as one custom op (vLLM's `FusedMoE`).
+
+The model computes the router's logits (a plain linear layer) and calls `experts(hidden, router_logits)`;
+this layer runs op "fused_moe" (ops/fused_moe.py: routing, the experts' gate-up and down projections, the
+weighted sum) through the op providers, adds the shared expert where the architecture has one, and sums the
+tensor-parallel ranks' parts.
+
+A plugin may replace the class (`CustomOp.register_oot(name="FusedMoE")`) or add a provider of op
+"fused_moe" (`register_op_impl`); `fused_moe_reference` is the `native` provider, a Triton kernel
+(ops/triton_moe.py) the `triton` one on CUDA. On CPU, while `native` is the provider that would run, the
+grouped CPU kernel (ops/cpu_moe.py) runs instead, on each expert's matrices reordered once for oneDNN.
+
+Parameters, as vLLM names them: `w13_weight` `[E, 2I, H]` (each expert's gate rows above its up rows),
+`w2_weight` `[E, H, I]`, and with `has_bias` `w13_bias` `[E, 2I]`, `w2_bias` `[E, H]`. With tensor
+parallelism each rank holds the same slice of every expert's intermediate size I (ColumnParallel for gate and
+up, RowParallel for down) and the ranks' outputs are summed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from asyncengine import parallel_state as parallel
+from asyncengine.errors import ModelLoadError
+from asyncengine.models.layers.custom_op import CustomOp
+from asyncengine.models.layers.linear import check_shape
+from asyncengine.models.layers.op_registry import call_op, native_first
+from asyncengine.ops import cpu_moe
+from asyncengine.ops.fused_moe import MoeConfig
+
+# A checkpoint's name for each projection of an expert -> ours ("w1"/"w3"/"w2" are vLLM's shard ids, and
+# Mixtral's checkpoint names).
+SHARDS = {"gate": "gate", "w1": "gate", "gate_proj": "gate", "up": "up", "w3": "up", "up_proj": "up",
+          "down": "down", "w2": "down", "down_proj": "down"}
+
+
+@CustomOp.register("FusedMoE")
+class FusedMoE(CustomOp):
+    """`forward(hidden [M, H], router_logits [M, num_experts]) -> [M, H]`.
+
+    `renormalize`, `routing`, `activation` (and `swiglu_alpha`, `swiglu_limit`) are ops/fused_moe.py's
+    MoeConfig fields; `shared_expert` (a module on `[M, H]`) is added to the routed experts' sum, scaled
+    by `sigmoid(shared_expert_gate(hidden))` when a gate is given (Qwen2-MoE); the model owns both modules
+    (this layer only calls them). `routed_scaling_factor` multiplies the routed sum (DeepSeek).
+    """
+
+    shared_expert: nn.Module | None
+    shared_expert_gate: nn.Module | None
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
+                 dtype: torch.dtype, renormalize: bool = False, routing: str = "softmax_topk",
+                 activation: str = "silu", has_bias: bool = False, swiglu_alpha: float = 1.702,
+                 swiglu_limit: float = 7.0, shared_expert: nn.Module | None = None,
+                 shared_expert_gate: nn.Module | None = None, routed_scaling_factor: float = 1.0,
+                 reduce_results: bool = True) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        # The experts this rank holds: all of them (expert parallelism, which would split them, is not built).
+        self.first_expert, self.num_local_experts = 0, num_experts
+        self.config = MoeConfig(top_k=top_k, renormalize=renormalize, routing=routing, activation=activation,
+                                swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit, first_expert=self.first_expert)
+        self.inner_rows = parallel.split_evenly(intermediate_size, parallel.world_size())[parallel.rank()]
+        inner = self.inner_rows[1] - self.inner_rows[0]
+        experts = self.num_local_experts
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        self.w13_weight = param(experts, 2 * inner, hidden_size)
+        self.w2_weight = param(experts, hidden_size, inner)
+        self.w13_bias = param(experts, 2 * inner) if has_bias else None
+        self.w2_bias = param(experts, hidden_size) if has_bias else None
+        # Called, not owned: the model holds them (their parameters keep the checkpoint's names there), so they
+        # are kept out of this module's children.
+        object.__setattr__(self, "shared_expert", shared_expert)
+        object.__setattr__(self, "shared_expert_gate", shared_expert_gate)
+        self.routed_scaling_factor = routed_scaling_factor
+        self.reduce_results = reduce_results
+        self._cpu_experts: tuple[tuple[Any, ...], cpu_moe.DenseExperts] | None = None
+
+    # -- forward -----------------------------------------------------------------------------------------
+
+    def forward_native(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        w2_bias = self.w2_bias if parallel.rank() == 0 else None  # the ranks' sum adds it once
+        routed = call_op("fused_moe", hidden, router_logits, self.w13_weight, self.w2_weight, self.w13_bias,
+                         w2_bias, self.config)
+        return self._finish(hidden, routed)
+
+    def forward_cpu(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """`forward_native` through the grouped CPU kernel where nothing else was chosen: not in a subclass
+        that overrides `forward_native`, not when a provider other than `native` comes first, not for a
+        dtype the kernel lacks."""
+        if (type(self).forward_native is FusedMoE.forward_native and native_first("fused_moe")
+                and hidden.dtype == self.w13_weight.dtype and cpu_moe.supported(hidden, self._dense_experts())):
+            return self._finish(hidden, cpu_moe.fused_moe_cpu(hidden, router_logits, self._dense_experts(),
+                                                               self.config))
+        return self.forward_native(hidden, router_logits)
+
+    def _finish(self, hidden: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        if self.routed_scaling_factor != 1.0:
+            routed = routed * self.routed_scaling_factor
+        if self.reduce_results:
+            routed = parallel.all_reduce(routed)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(hidden)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(hidden)) * shared
+            routed = routed + shared
+        return routed
+
+    def _dense_experts(self) -> cpu_moe.DenseExperts:
+        """The experts for the CPU kernel, their matrices reordered for oneDNN at the first forward, after the
+        weights are loaded, and again when a weight is replaced by another tensor. Like the dense layers'
+        reordered weights (cpu_gemm.py), they do not follow a weight written in place after that: call
+        `forget_reordered_experts()` then."""
+        w2_bias = self.w2_bias if parallel.rank() == 0 else None
+        key = tuple(t.data_ptr() for t in (self.w13_weight, self.w2_weight, self.w13_bias, w2_bias) if t is not None)
+        if self._cpu_experts is None or self._cpu_experts[0] != key:
+            self._cpu_experts = (key, cpu_moe.DenseExperts.pack(self.w13_weight.data, self.w2_weight.data,
+                                                                self.w13_bias, w2_bias))
+        return self._cpu_experts[1]
+
+    def forget_reordered_experts(self) -> None:
+        self._cpu_experts = None
+
+    # -- loading -----------------------------------------------------------------------------------------
+
+    def load_expert(self, loaded: torch.Tensor, *, expert: int, shard: str, name: str, bias: bool = False) -> None:
+        """One expert's checkpoint tensor (per-expert checkpoints, e.g. `mlp.experts.3.gate_proj.weight`):
+        `shard` "gate"/"up" ([I, H], or [I] for a bias) or "down" ([H, I], or [H]); vLLM's "w1"/"w3"/"w2"
+        and the `*_proj` names are accepted. An expert another rank holds is skipped."""
+        if shard not in SHARDS:
+            raise ModelLoadError(f"{name!r}: unknown expert projection {shard!r}; expected one of {', '.join(SHARDS)}")
+        if not 0 <= expert < self.num_experts:
+            raise ModelLoadError(f"{name!r}: expert {expert} of a layer with {self.num_experts} experts")
+        local = expert - self.first_expert
+        if not 0 <= local < self.num_local_experts:
+            return
+        part, (start, end) = SHARDS[shard], self.inner_rows
+        inner = end - start
+        if part == "down":
+            if bias:
+                self._copy(self._required(self.w2_bias, name)[local], loaded, (self.hidden_size,), name)
+            else:
+                check_shape(loaded, (self.hidden_size, self.intermediate_size), name)
+                self.w2_weight.data[local].copy_(loaded.narrow(1, start, inner))
+            return
+        offset = 0 if part == "gate" else inner
+        if bias:
+            check_shape(loaded, (self.intermediate_size,), name)
+            self._required(self.w13_bias, name).data[local, offset:offset + inner].copy_(loaded[start:end])
+        else:
+            check_shape(loaded, (self.intermediate_size, self.hidden_size), name)
+            self.w13_weight.data[local, offset:offset + inner].copy_(loaded[start:end])
+
+    def load_stacked(self, loaded: torch.Tensor, *, param: str, name: str) -> None:
+        """A tensor stacking every expert, in transformers' layout (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
+        gate rows first; `down_proj` `[E, H, I]`; their biases `[E, 2I]`, `[E, H]`): `param` is
+        "w13_weight", "w2_weight", "w13_bias" or "w2_bias". This rank takes its experts and its slice of I."""
+        experts = slice(self.first_expert, self.first_expert + self.num_local_experts)
+        full, (start, end) = self.intermediate_size, self.inner_rows
+        if param == "w2_weight":
+            check_shape(loaded, (self.num_experts, self.hidden_size, full), name)
+            self.w2_weight.data.copy_(loaded[experts, :, start:end])
+        elif param == "w2_bias":
+            self._copy(self._required(self.w2_bias, name), loaded[experts], (self.num_local_experts, self.hidden_size),
+                       name)
+        elif param in ("w13_weight", "w13_bias"):
+            target = self.w13_weight if param == "w13_weight" else self._required(self.w13_bias, name)
+            check_shape(loaded, (self.num_experts, 2 * full) + tuple(target.shape[2:]), name)
+            mine = loaded[experts]
+            target.data.copy_(torch.cat([mine[:, start:end], mine[:, full + start:full + end]], dim=1))
+        else:
+            raise ModelLoadError(f"{name!r}: FusedMoE has no parameter {param!r} (w13_weight, w2_weight, w13_bias, "
+                                 "w2_bias)")
+
+    def _required(self, param: nn.Parameter | None, name: str) -> nn.Parameter:
+        if param is None:
+            raise ModelLoadError(f"checkpoint tensor {name!r} is an expert bias, but the layer was built without "
+                                 "biases (has_bias=False)")
+        return param
+
+    @staticmethod
+    def _copy(target: torch.Tensor, loaded: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+        check_shape(loaded, shape, name)
+        target.data.copy_(loaded)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, top_k={self.config.top_k}, hidden={self.hidden_size}, "
+                f"intermediate={self.intermediate_size}, routing={self.config.routing}, "
+                f"renormalize={self.config.renormalize}, activation={self.config.activation}")

@@ -1,0 +1,498 @@
+"""The mixture-of-experts op on CPU: tokens grouped per expert, each expert's two GEMMs run once on its group.
+
+`fused_moe_cpu(hidden, router_logits, experts, config)` computes what `fused_moe_reference` (ops/fused_moe.py)
+does, with the same routing (`select_experts`). Where the reference, per expert, compares every routing slot with the
+expert's id, gathers its tokens, runs a chain of ops and adds the result into the output (a dozen torch ops
+and a host synchronisation per expert, for every expert of the layer), here:
+
+1. the (token, slot) pairs are sorted by expert once (`argsort`, `bincount`: one host read of the counts);
+2. the tokens' rows are gathered in that order once (`index_select`);
+3. each expert that has tokens runs gate-up, activation, down on its contiguous slice: three calls;
+4. one C kernel (`moe_combine`) sums each token's k expert outputs times their router weights in float32,
+   reading the experts' outputs where they lie (no concatenation), and rounds once to the model dtype.
+
+The GEMMs go through `experts.gate_up(e, x)` and `experts.down(e, x)`:
+- `DenseExperts`: float32 or bfloat16 weights, each expert's matrices reordered once for oneDNN's matmul
+  (the layout asyncengine/models/layers/cpu_gemm.py uses for the dense layers; a decode-sized bfloat16
+  GEMM on it takes about half the time of F.linear on the plain weight). The reordered copies sit beside the
+  plain weights, so experts take twice their bytes; without oneDNN, F.linear on the plain weights.
+- `BlockExperts`: GGUF-style int8 blocks of 32 with a scale (and offset) each (ops/cpu_block_int8.py), per
+  expert, through that file's VNNI kernel: each expert's activations are quantized per block of 32 as that
+  kernel does for a dense layer, so the result is that of the dequantized experts up to that quantization.
+
+The activation between is ops/cpu_fused.py's SiLU-and-multiply kernel (`silu`), or torch (`swigluoai`).
+The combine kernel is built like the other C kernels (ops/cpu_build.py); without it, torch does the same sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from asyncengine.ops import cpu_block_int8, cpu_fused
+from asyncengine.ops.cpu_build import AVX512_EXP, C_PRELUDE, KernelLibrary
+from asyncengine.ops.fused_moe import MoeConfig, activate, check_arguments, select_experts
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+# The rows oneDNN is told to expect when reordering a weight: the layout serves any row count.
+ROWS_HINT = 32
+
+def _tile_kernels() -> str:
+    """C source of `tile_dots` and its per-row-count kernels (see the comment above it in C_SOURCE)."""
+    def kernel(dtype: str, rows: int) -> str:
+        bf16 = dtype == "bf16"
+        ctype, step, vec = ("uint16_t", 32, "__m512bh") if bf16 else ("float", 16, "__m512")
+        mask_type, full = ("__mmask32", "0xffffffffu") if bf16 else ("__mmask16", "0xffffu")
+        load = "(__m512bh)_mm512_maskz_loadu_epi16(m, {p} + k)" if bf16 else "_mm512_maskz_loadu_ps(m, {p} + k)"
+        fma = "_mm512_dpbf16_ps({a}, {x}, {w})" if bf16 else "_mm512_fmadd_ps({x}, {w}, {a})"
+        acc = [(i, j) for i in range(rows) for j in range(4)]
+        lines = [f"static void tile_{dtype}_{rows}(const {ctype} *x, int64_t xs, const {ctype} *w, int64_t ws, int no, "
+                 f"int64_t K, float out[RT][OT]) {{"]
+        lines += [f"    const {ctype} *x{i} = x + {i} * xs;" for i in range(rows)]
+        lines += [f"    const {ctype} *w{j} = w + ({j} < no ? {j} : no - 1) * ws;" for j in range(4)]
+        lines += [f"    __m512 a{i}{j} = _mm512_setzero_ps();" for i, j in acc]
+        lines += [f"    for (int64_t k = 0; k < K; k += {step}) {{",
+                  f"        const {mask_type} m = K - k >= {step} ? ({mask_type}){full} : "
+                  f"({mask_type})((1u << (K - k)) - 1u);"]
+        lines += [f"        const {vec} v{j} = {load.format(p=f'w{j}')};" for j in range(4)]
+        for i in range(rows):
+            lines.append(f"        {{ const {vec} u = {load.format(p=f'x{i}')};")
+            lines += [f"          a{i}{j} = {fma.format(a=f'a{i}{j}', x='u', w=f'v{j}')};" for j in range(4)]
+            lines.append("        }")
+        lines.append("    }")
+        lines += [f"    out[{i}][{j}] = _mm512_reduce_add_ps(a{i}{j});" for i, j in acc]
+        return "\n".join(lines + ["}"])
+
+    guard = {"bf16": "defined(__AVX512BF16__) && defined(__AVX512BW__)", "f32": "defined(__AVX512F__)"}
+    parts = []
+    for dtype in ("bf16", "f32"):
+        parts.append(f"#if {guard[dtype]}")
+        parts += [kernel(dtype, rows) for rows in range(1, 5)]
+        parts.append("#endif")
+    dispatch = []
+    for dtype, flag in (("bf16", "is_bf16"), ("f32", "!is_bf16")):
+        ctype = "uint16_t" if dtype == "bf16" else "float"
+        dispatch += [f"#if {guard[dtype]}", f"    if ({flag}) {{", "        switch (nr) {"]
+        dispatch += [f"        case {rows}: tile_{dtype}_{rows}((const {ctype} *)x, xs, (const {ctype} *)w, ws, no, K, "
+                     f"out); return;" for rows in range(1, 5)]
+        dispatch += ["        }", "    }", "#endif"]
+    parts.append("static void tile_dots(const void *x, int64_t xs, int nr, const void *w, int64_t ws, int no, "
+                 "int64_t K, int is_bf16, float out[RT][OT]) {")
+    parts += dispatch
+    parts += ["    for (int i = 0; i < nr; i++) {",
+              "        for (int j = 0; j < OT; j++) {",
+              "            const int64_t xi = i * xs, wj = (j < no ? j : no - 1) * ws;",
+              "            float s = 0.0f;",
+              "            for (int64_t k = 0; k < K; k++) s += load(x, xi + k, is_bf16) * load(w, wj + k, is_bf16);",
+              "            out[i][j] = s;",
+              "        }",
+              "    }",
+              "}"]
+    return "\n".join(parts)
+
+
+C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
+#include <stdlib.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+
+/* A tile of dot products: out[i][j] = x_i . w_j over K, for nr <= RT rows of x and OT rows of w (row strides xs,
+   ws, in elements); outputs past no repeat the last valid one (computed, not stored by the caller). One
+   function per row count, generated (`_tile_kernels` in cpu_moe.py) with every accumulator a variable of its
+   own, so that they stay in registers. bfloat16 products are exact in float32 (vdpbf16ps); the sums are float32,
+   in an order of their own. */
+#define RT 4
+#define OT 4
+""" + _tile_kernels() + r"""
+
+/* rows [r0, r0 + nr) of `a` (K wide) times rows [0, outs) of one expert's matrix w (outs x K), plus bias, each
+   result rounded to the dtype, into dst (float32 when dst_f32, else the dtype; row stride outs). Output tiles
+   outermost, so that each tile of weights is read from memory once and reused from L1 for every row tile. */
+static void expert_gemm(const void *a, int64_t r0, int64_t nrows, const void *w, const void *bias, int64_t outs,
+                        int64_t K, void *dst, int dst_f32, int is_bf16) {
+    const int64_t elem = is_bf16 ? 2 : 4;
+    for (int64_t o0 = 0; o0 < outs; o0 += OT) {
+        const int no = (int)(outs - o0 < OT ? outs - o0 : OT);
+        for (int64_t r = r0; r < r0 + nrows; r += RT) {
+            const int nr = (int)(r0 + nrows - r < RT ? r0 + nrows - r : RT);
+            float out[RT][OT];
+            tile_dots((const char *)a + r * K * elem, K, nr, (const char *)w + o0 * K * elem, K, no, K, is_bf16, out);
+            for (int i = 0; i < nr; i++) {
+                for (int j = 0; j < no; j++) {
+                    float v = out[i][j];
+                    if (bias) v += load(bias, o0 + j, is_bf16);
+                    v = in_dtype(v, is_bf16);
+                    if (dst_f32) ((float *)dst)[(r + i) * outs + o0 + j] = v;
+                    else store(dst, (r + i) * outs + o0 + j, v, is_bf16);
+                }
+            }
+        }
+    }
+}
+
+/* The activation of rows [r0, r0 + nrows): gu (float32, [*, 2I], values already in the dtype) -> act (dtype,
+   [*, I]); 0: silu(gate) * up, 1: GPT-OSS's clamped swiglu; each op's result rounded as torch's ops round. */
+static void expert_activation(const float *gu, int64_t r0, int64_t nrows, int64_t I, int activation, float alpha,
+                              float limit, void *act, int is_bf16) {
+    for (int64_t r = r0; r < r0 + nrows; r++) {
+        const float *g = gu + r * 2 * I, *u = g + I;
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        if (activation == 0) {
+            const __m512 one = _mm512_set1_ps(1.0f);
+            for (; i + 16 <= I; i += 16) {
+                const __m512 gv = _mm512_loadu_ps(g + i);
+                const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+                float sv[16];
+                _mm512_storeu_ps(sv, s);
+                for (int t = 0; t < 16; t++) store(act, r * I + i + t, in_dtype(sv[t], is_bf16) * u[i + t], is_bf16);
+            }
+        }
+#endif
+        for (; i < I; i++) {
+            float v;
+            if (activation == 0) {
+                v = in_dtype(g[i] / (1.0f + expf(-g[i])), is_bf16) * u[i];
+            } else {
+                const float gate = g[i] < limit ? g[i] : limit;
+                const float up = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
+                const float scaled = in_dtype(gate * alpha, is_bf16);
+                const float sig = in_dtype(1.0f / (1.0f + expf(-scaled)), is_bf16);
+                v = in_dtype(up + 1.0f, is_bf16) * in_dtype(gate * sig, is_bf16);
+            }
+            store(act, r * I + i, v, is_bf16);
+        }
+    }
+}
+
+/* The experts of a small batch in one call: each expert e with count[e] > 0 (its rows of x from start[e], in the
+   dtype, H wide) runs gate_up = x_e W13[e]^T (+ b13[e]) rounded to the dtype (gu: float32 scratch [n, 2I]),
+   the activation into act (dtype, [n, I]), then y_e = act_e W2[e]^T (+ b2[e]) rounded to the dtype into y
+   (dtype, [n, H]). Rows of experts with count 0 are not touched. Threads take whole experts, so they never
+   wait for each other until the end (a barrier costs a scheduling slice on a machine others keep busy). */
+int moe_small_experts(const void *x, int64_t n, int64_t H, int64_t I, int64_t experts, const int64_t *start,
+                      const int64_t *count, const void *w13, const void *w2, const void *b13, const void *b2,
+                      int activation, float alpha, float limit, float *gu, void *act, void *y, int is_bf16,
+                      int threads) {
+    const int64_t elem = is_bf16 ? 2 : 4;
+    int64_t active = 0;
+    for (int64_t e = 0; e < experts; e++) active += count[e] > 0;
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if(active > 1)
+    for (int64_t e = 0; e < experts; e++) {
+        if (count[e] <= 0) continue;
+        expert_gemm(x, start[e], count[e], (const char *)w13 + e * 2 * I * H * elem,
+                    b13 ? (const char *)b13 + e * 2 * I * elem : NULL, 2 * I, H, gu, 1, is_bf16);
+        expert_activation(gu, start[e], count[e], I, activation, alpha, limit, act, is_bf16);
+        expert_gemm(act, start[e], count[e], (const char *)w2 + e * H * I * elem,
+                    b2 ? (const char *)b2 + e * H * elem : NULL, H, I, y, 0, is_bf16);
+    }
+    return 0;
+}
+
+/* A stable counting sort of the (token, slot) pairs by local expert: ids[p] in [0, experts) (anything else goes
+   to bin `experts`, after all). Out: order (the pairs, grouped), counts[experts + 1], position[p] (p's index in
+   order). */
+void moe_group(const int64_t *ids, int64_t pairs, int64_t experts, int64_t *order, int64_t *counts,
+               int64_t *position) {
+    for (int64_t e = 0; e <= experts; e++) counts[e] = 0;
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t e = ids[p] >= 0 && ids[p] < experts ? ids[p] : experts;
+        counts[e]++;
+    }
+    int64_t next[experts + 1];
+    int64_t at = 0;
+    for (int64_t e = 0; e <= experts; e++) { next[e] = at; at += counts[e]; }
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t e = ids[p] >= 0 && ids[p] < experts ? ids[p] : experts;
+        position[p] = next[e];
+        order[next[e]++] = p;
+    }
+}
+
+/* out[m, :] = sum over j < k of w[m*k+j] * y_e[row, :], the row of pair (m, j) in its expert's output:
+   e = expert[m*k+j] (a pair whose expert is not held here has e < 0 or e >= experts and adds nothing),
+   row = pos[m*k+j] - start[e], y_e at address base[e] with rows of `width` elements. Sums in float32, in
+   slot order j = 0..k-1, rounded once to the dtype. */
+int moe_combine(void *out, int64_t tokens, int64_t width, int64_t k, const int64_t *expert, const int64_t *pos,
+                const float *w, const int64_t *start, const int64_t *base, int64_t experts, int is_bf16,
+                int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if(tokens * k * width >= 65536)
+    for (int64_t m = 0; m < tokens; m++) {
+        float acc[512];
+        for (int64_t c0 = 0; c0 < width; c0 += 512) {
+            const int64_t n = width - c0 < 512 ? width - c0 : 512;
+            for (int64_t c = 0; c < n; c++) acc[c] = 0.0f;
+            for (int64_t j = 0; j < k; j++) {
+                const int64_t pair = m * k + j, e = expert[pair];
+                if (e < 0 || e >= experts) continue;
+                const int64_t row = pos[pair] - start[e];
+                const float wt = w[pair];
+                if (is_bf16) {
+                    const uint16_t *y = (const uint16_t *)(intptr_t)base[e] + row * width + c0;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < n; c++) acc[c] += wt * bf(y[c]);
+                } else {
+                    const float *y = (const float *)(intptr_t)base[e] + row * width + c0;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < n; c++) acc[c] += wt * y[c];
+                }
+            }
+            if (is_bf16) {
+                uint16_t *o = (uint16_t *)out + m * width + c0;
+                for (int64_t c = 0; c < n; c++) o[c] = to_bf(acc[c]);
+            } else {
+                memcpy((float *)out + m * width + c0, acc, n * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}
+"""
+
+# -ffp-contract=off: each product is rounded before it is added, as torch's multiply then add do.
+_FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
+              ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"])
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    library.moe_combine.restype = library.moe_small_experts.restype = ctypes.c_int
+    library.moe_group.restype = None
+    library.moe_group.argtypes = [_P, _I, _I, _P, _P, _P]
+    library.moe_combine.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P, _P, _I, ctypes.c_int, ctypes.c_int]
+    library.moe_small_experts.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_float,
+                                          ctypes.c_float, _P, _P, _P, ctypes.c_int, ctypes.c_int]
+
+
+_kernels = KernelLibrary("cpu_moe", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
+                         what="MoE combine kernel", fallback="the MoE op sums the experts' outputs with torch")
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the combine kernel runs for `dtype` (compiling it on first use)."""
+    return _kernels.available(dtype)
+
+
+def unavailable_reason() -> str | None:
+    return _kernels.unavailable_reason()
+
+
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` `[out, in]` reordered for oneDNN's matmul, or None where torch cannot (no oneDNN, a dtype
+    its build lacks on this CPU): F.linear on the plain weight serves then."""
+    if weight.device.type != "cpu" or weight.dtype not in SUPPORTED_DTYPES or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+    except RuntimeError:
+        return None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    # One float32 row is faster through F.linear (asyncengine/models/layers/cpu_gemm.py measured it).
+    if packed is None or x.dtype != weight.dtype or (x.shape[0] == 1 and x.dtype == torch.float32):
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@dataclass
+class DenseExperts:
+    """Float experts: `w13` `[E, 2I, H]`, `w2` `[E, H, I]`, optional biases, and (from `pack`) each expert's
+    matrices reordered for oneDNN."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    packed13: Sequence[torch.Tensor | None] | None = None
+    packed2: Sequence[torch.Tensor | None] | None = None
+
+    @classmethod
+    def pack(cls, w13: torch.Tensor, w2: torch.Tensor, w13_bias: torch.Tensor | None = None,
+             w2_bias: torch.Tensor | None = None) -> DenseExperts:
+        """With each expert's matrices reordered for oneDNN (once: keep the result while the weights stay)."""
+        packed13 = [onednn_pack(w) for w in w13]
+        packed2 = [onednn_pack(w) for w in w2]
+        usable = all(p is not None for p in packed13 + packed2)
+        return cls(w13, w2, w13_bias, w2_bias, packed13 if usable else None, packed2 if usable else None)
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    def gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.w13[expert], None if self.packed13 is None else self.packed13[expert],
+                       None if self.w13_bias is None else self.w13_bias[expert])
+
+    def down(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.w2[expert], None if self.packed2 is None else self.packed2[expert],
+                       None if self.w2_bias is None else self.w2_bias[expert])
+
+
+@dataclass
+class BlockExperts:
+    """Experts in GGUF-style int8 blocks (ops/cpu_block_int8.py), one packed matrix per expert and projection:
+    `gate_up[e]` has 2I outputs (gate rows, then up rows) over H inputs, `down[e]` H outputs over I inputs.
+    The biases, when given, are float (`[E, 2I]`, `[E, H]`)."""
+
+    gate_up_blocks: Sequence[cpu_block_int8.PackedBlocks]
+    down_blocks: Sequence[cpu_block_int8.PackedBlocks]
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.gate_up_blocks)
+
+    def gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        y = cpu_block_int8.linear(x, self.gate_up_blocks[expert])
+        return y if self.w13_bias is None else y + self.w13_bias[expert]
+
+    def down(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        y = cpu_block_int8.linear(x, self.down_blocks[expert])
+        return y if self.w2_bias is None else y + self.w2_bias[expert]
+
+
+Experts = DenseExperts | BlockExperts
+
+
+def supported(hidden: torch.Tensor, experts: Experts) -> bool:
+    """Whether `fused_moe_cpu` takes these: CPU tensors in float32 or bfloat16, float weights of that dtype
+    (or int8 blocks, where the block kernel is built)."""
+    if hidden.device.type != "cpu" or hidden.dtype not in SUPPORTED_DTYPES:
+        return False
+    if isinstance(experts, BlockExperts):
+        return cpu_block_int8.available(hidden.dtype)
+    return experts.w13.dtype == experts.w2.dtype == hidden.dtype and experts.w13.device.type == "cpu"
+
+
+def _activate(gate_up: torch.Tensor, config: MoeConfig) -> torch.Tensor:
+    if config.activation == "silu" and cpu_fused.silu_and_mul_supported(gate_up):
+        return cpu_fused.silu_and_mul(gate_up)
+    return activate(gate_up, config)
+
+
+# An expert with at most this many rows in a call runs in the C kernel for small batches (`moe_small_experts`:
+# all such experts in one call, vdpbf16ps/FMA dot products streaming each weight once); above it, oneDNN's
+# matmul (AMX on bfloat16 here) on the expert's rows is faster than the dot products, and its per-call cost is
+# spread over enough rows.
+SMALL_ROWS = 4
+
+
+def _small_experts(experts: Experts, counts: list[int], hidden: torch.Tensor) -> list[int]:
+    """Per expert, its row count where the small-batch kernel takes it, else 0."""
+    if not (isinstance(experts, DenseExperts) and experts.w13.is_contiguous() and experts.w2.is_contiguous()
+            and (experts.w13_bias is None or experts.w13_bias.is_contiguous())
+            and (experts.w2_bias is None or experts.w2_bias.is_contiguous())
+            and experts.w13.dtype == hidden.dtype and available(hidden.dtype)):
+        return [0] * len(counts)
+    return [count if count <= SMALL_ROWS else 0 for count in counts]
+
+
+def _run_small_experts(x: torch.Tensor, experts: DenseExperts, counts: list[int], small: list[int],
+                       config: MoeConfig) -> tuple[torch.Tensor, list[int]]:
+    """`moe_small_experts` on the experts `small` names: (their outputs, in x's row order; each expert's first row)."""
+    rows, width = x.shape
+    inner = experts.w2.shape[2]
+    offsets = [0] * len(counts)
+    for expert in range(1, len(counts)):
+        offsets[expert] = offsets[expert - 1] + counts[expert - 1]
+    y = torch.empty((rows, width), dtype=x.dtype)
+    scratch = torch.empty((rows, 2 * inner), dtype=torch.float32)
+    activated = torch.empty((rows, inner), dtype=x.dtype)
+    array = ctypes.c_int64 * len(counts)
+    status = _kernels.get(x.dtype).moe_small_experts(
+        x.data_ptr(), rows, width, inner, len(counts), array(*offsets), array(*small), experts.w13.data_ptr(),
+        experts.w2.data_ptr(), None if experts.w13_bias is None else experts.w13_bias.data_ptr(),
+        None if experts.w2_bias is None else experts.w2_bias.data_ptr(), int(config.activation == "swigluoai"),
+        config.swiglu_alpha, config.swiglu_limit, scratch.data_ptr(), activated.data_ptr(), y.data_ptr(),
+        int(x.dtype == torch.bfloat16), torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"moe_small_experts failed with status {status}")
+    return y, offsets
+
+
+def fused_moe_cpu(hidden: torch.Tensor, router_logits: torch.Tensor, experts: Experts,
+                  config: MoeConfig) -> torch.Tensor:
+    """`fused_moe_reference` with the tokens grouped per expert (see the module's docstring)."""
+    if isinstance(experts, DenseExperts):
+        check_arguments(hidden, router_logits, experts.w13, experts.w2, experts.w13_bias, experts.w2_bias, config)
+    tokens, width = hidden.shape
+    if tokens == 0:
+        return torch.empty((0, width), dtype=hidden.dtype)
+    num_experts = experts.num_experts
+    weights, ids = select_experts(router_logits, config)
+    k = ids.shape[1]
+    # Local expert ids; a pair whose expert another rank holds goes last and is never run.
+    local = (ids - config.first_expert).reshape(-1)
+    order, counts, position = _group(local, num_experts)
+    held = len(order) - counts[num_experts]
+    x = hidden.index_select(0, order[:held] // k)  # the pairs' rows, grouped by expert
+
+    starts, bases, outputs = [0] * num_experts, [0] * num_experts, []
+    small = _small_experts(experts, counts[:num_experts], hidden)
+    if any(small):  # the experts with few rows, all in one call of the C kernel
+        y, offsets = _run_small_experts(x, experts, counts[:num_experts], small, config)
+        outputs.append((-1, 0, y))
+        row_bytes = y.stride(0) * y.element_size()
+        for expert in range(num_experts):
+            if small[expert]:
+                starts[expert], bases[expert] = offsets[expert], y.data_ptr() + offsets[expert] * row_bytes
+    start = 0
+    for expert in range(num_experts):
+        count = counts[expert]
+        if count and not small[expert]:
+            y = experts.down(expert, _activate(experts.gate_up(expert, x[start:start + count]), config))
+            if y.dtype != hidden.dtype or not y.is_contiguous():
+                y = y.to(hidden.dtype).contiguous()
+            starts[expert], bases[expert] = start, y.data_ptr()
+            outputs.append((expert, start, y))  # kept alive until the combine has read it
+        start += count
+
+    if not available(hidden.dtype):
+        return _combine_with_torch(outputs, order, weights, tokens, k, width, hidden.dtype)
+    out = torch.empty((tokens, width), dtype=hidden.dtype)
+    weights = weights.reshape(-1).contiguous()
+    array = ctypes.c_int64 * num_experts
+    _kernels.get(hidden.dtype).moe_combine(
+        out.data_ptr(), tokens, width, k, local.data_ptr(), position.data_ptr(), weights.data_ptr(),
+        array(*starts), array(*bases), num_experts, int(hidden.dtype == torch.bfloat16), torch.get_num_threads())
+    return out
+
+
+def _group(local: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    """(the pairs sorted by local expert, stable; the count per expert, and of pairs held elsewhere last; each
+    pair's index in that order). One C call where the kernels are built (torch's sort costs tens of
+    microseconds per call at decode sizes), else torch."""
+    pairs = local.numel()
+    if available(torch.float32):
+        local = local.contiguous()
+        order, position = torch.empty(pairs, dtype=torch.int64), torch.empty(pairs, dtype=torch.int64)
+        counts = (ctypes.c_int64 * (num_experts + 1))()
+        _kernels.get(torch.float32).moe_group(local.data_ptr(), pairs, num_experts, order.data_ptr(), counts,
+                                              position.data_ptr())
+        return order, list(counts), position
+    binned = torch.where((local >= 0) & (local < num_experts), local, num_experts)
+    order = torch.argsort(binned, stable=True)
+    position = torch.empty_like(order)
+    position[order] = torch.arange(pairs)
+    return order, torch.bincount(binned, minlength=num_experts + 1).tolist(), position
+
+
+def _combine_with_torch(outputs: list[tuple[int, int, torch.Tensor]], order: torch.Tensor, weights: torch.Tensor,
+                        tokens: int, k: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """What `moe_combine` computes, where it is not built: per token, its k weighted outputs summed in float32.
+    (Each output holds the rows of sorted positions start.., written only for the experts it ran.)"""
+    pairs = torch.zeros((tokens * k, width), dtype=torch.float32)
+    flat_weights = weights.reshape(-1)
+    for _expert, start, y in outputs:
+        rows = order[start:start + y.shape[0]]
+        pairs[rows] = y.float() * flat_weights[rows, None]
+    return pairs.view(tokens, k, width).sum(dim=1).to(dtype)
