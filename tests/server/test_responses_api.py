@@ -19,7 +19,7 @@ import jsonschema
 import openai
 import pytest
 
-from support.server import API_KEY, MODEL_NAME, metric
+from support.server import API_KEY, MODEL_NAME, metric, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +37,17 @@ TEXT_EVENTS_TAIL = ["response.output_text.done", "response.content_part.done", "
 
 
 @pytest.fixture(scope="module")
-def client(smol_server):
-    with openai.OpenAI(base_url=smol_server.base_url, api_key=API_KEY, max_retries=0, timeout=300) as client:
+def server(default_model_dir):
+    """This module's server: the default model with a small KV cache (256 MiB: 5824 tokens) and a 4096-token context."""
+    server = start_server([str(default_model_dir), "--served-model-name", MODEL_NAME, "--api-key", API_KEY,
+                           "--kv-cache-memory-bytes", str(256 * 2**20), "--max-model-len", "4096"])
+    yield server
+    assert server.stop() == 0, server.stderr()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=300) as client:
         yield client
 
 
@@ -173,7 +182,7 @@ def test_previous_response_id_continues_the_stored_conversation(client):
         client.responses.retrieve(unstored.id)
 
 
-def test_a_background_response_runs_after_the_answer_and_cancel_aborts_it(client, smol_server, plain):
+def test_a_background_response_runs_after_the_answer_and_cancel_aborts_it(client, server, plain):
     done = client.responses.create(model=MODEL_NAME, input="Tell me a long story.", background=True,
                                    max_output_tokens=3, temperature=0)
     assert done.status == "queued" and done.output == [] and done.background
@@ -188,14 +197,14 @@ def test_a_background_response_runs_after_the_answer_and_cancel_aborts_it(client
         client.responses.cancel(done.id)  # finished: nothing to cancel
 
     long = client.responses.create(model=MODEL_NAME, input="Write a very long story.", background=True,
-                                   max_output_tokens=4000, extra_body={"ignore_eos": True})
+                                   max_output_tokens=3000, extra_body={"ignore_eos": True})
     while client.responses.retrieve(long.id).status == "queued":
         time.sleep(0.05)
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled" and client.responses.retrieve(long.id).status == "cancelled"
     assert client.responses.cancel(long.id).status == "cancelled"  # cancelling again answers it as it is
     deadline = time.monotonic() + 30
-    while metric(smol_server, "num_requests_running") != 0:  # the engine request was aborted, not left running
+    while metric(server, "num_requests_running") != 0:  # the engine request was aborted, not left running
         assert time.monotonic() < deadline, "the cancelled request still runs"
         time.sleep(0.1)
     with pytest.raises(openai.BadRequestError, match="background"):
@@ -221,7 +230,7 @@ HOSTILE = [
 DEEP = "[" * 10_000 + "]" * 10_000
 
 
-def test_hostile_bodies_are_4xx_naming_the_field_and_the_server_goes_on(smol_server):
+def test_hostile_bodies_are_4xx_naming_the_field_and_the_server_goes_on(server):
     bodies = [(json.dumps(body).encode(), param) for body, param in HOSTILE] + [
         (b'{"input": ' + DEEP.encode() + b"}", "input[0]"),
         (b'{"input": [{"role": "user", "content": "x", "extra": ' + DEEP.encode() + b"}]}", "input"),
@@ -230,13 +239,13 @@ def test_hostile_bodies_are_4xx_naming_the_field_and_the_server_goes_on(smol_ser
          + b"1" + b"}" * 5000 + b"}}}", "text"),
     ]
     for body, param in bodies:
-        status, answer = send(smol_server, "POST", "/v1/responses", body)
+        status, answer = send(server, "POST", "/v1/responses", body)
         assert 400 <= status < 500, (param, status, answer)
         assert set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["param"] == param
     for method, path in [("GET", "/v1/responses/resp_unknown"), ("POST", "/v1/responses/resp_unknown/cancel"),
                          ("GET", "/v1/responses/%00%ff")]:
-        status, answer = send(smol_server, method, path, b"{}" if method == "POST" else None)
+        status, answer = send(server, method, path, b"{}" if method == "POST" else None)
         assert status == 404 and answer["error"]["code"] == "response_not_found", answer
-    status, answer = send(smol_server, "POST", "/v1/responses", json.dumps({"input": "Hi", "max_output_tokens": 2})
+    status, answer = send(server, "POST", "/v1/responses", json.dumps({"input": "Hi", "max_output_tokens": 2})
                           .encode())
     assert status == 200 and answer["status"] in ("completed", "incomplete")
