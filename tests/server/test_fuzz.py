@@ -422,3 +422,37 @@ def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document, lora_paths
         assert checker.statuses[(path, 200)] > 0, (path, dict(checker.statuses))
     assert wait_for(lambda: metric(fuzz_server, "num_requests_running") == 0, 30), "requests still running"
     assert wait_for(lambda: metric(fuzz_server, "kv_cache_usage_perc") == 0, 30), "KV blocks still held"
+
+
+def test_fuzzed_response_ids_get_404_or_the_stored_response(fuzz_server, document):
+    # GET /v1/responses/{id} and POST /v1/responses/{id}/cancel with ids of any text (escaped into the path:
+    # slashes, NULs, unicode, 10k characters) and with the ids of responses this server made: a 404 naming
+    # response_id, a 400 (cancelling what is not a running background response), or the stored response
+    # in its schema; never a 5xx.
+    checker = Checker(document)
+    made = [json.loads(send(fuzz_server, "POST", "/v1/responses", json.dumps(body).encode())[2])["id"]
+            for body in ({"input": "a", "max_output_tokens": 2}, {"input": "b", "max_output_tokens": 2,
+                                                                  "background": True})]
+    ids = st.one_of(st.sampled_from(made), st.text(max_size=40),
+                    st.sampled_from("a/%\x00").map(lambda char: char * 10_000))
+    statuses: collections.Counter = collections.Counter()
+
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(response_id=ids, cancel=st.booleans())
+    def one(response_id: str, cancel: bool) -> None:
+        path = f"/v1/responses/{urllib.parse.quote(response_id, safe='')}" + ("/cancel" if cancel else "")
+        status, _, body = send(fuzz_server, "POST" if cancel else "GET", path, b"" if cancel else None)
+        statuses[status] += 1
+        if status == 200:
+            mismatch = checker.matches({"$ref": "#/components/schemas/ResponsesResponse"}, json.loads(body))
+            assert mismatch is None and json.loads(body)["id"] == response_id, mismatch
+        else:
+            assert status in (400, 404, 414), (path[:200], status, body[:300])
+            if status != 414:  # (a URL past the HTTP server's line limit: its own plain answer)
+                assert not checker.error_problems(status, body), body[:300]
+                assert json.loads(body)["error"]["param"] == "response_id", body[:300]
+
+    one()
+    assert statuses[200] > 0 and statuses[404] > 0, statuses
+    assert answers_normally(fuzz_server) is None
