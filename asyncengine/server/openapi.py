@@ -17,7 +17,8 @@ Streams (`"stream": true`): the 200 is `text/event-stream`, described as OpenAPI
 media types, by `itemSchema`: the schema of one event, as an object `{"data": ...}` (the SSE fields; the
 server sends no `event:`, `id:` or `retry:`). `data` is JSON (`contentMediaType: application/json`) whose
 `contentSchema` is the route's chunk Struct, or an ErrorResponse for a failure after the stream began; the
-last event of a stream that ended normally is `data: [DONE]`.
+last event of a stream that ended normally is `data: [DONE]`. The Responses API streams typed events
+(`named_events`): each event has `event: TYPE` and a JSON `data` of its event Struct, and no `[DONE]`.
 
 A few routes answer plain dicts rather than Structs (`/tokenize`, `/detokenize`, `/version`) and every
 error is `{"error": {...}}` (server/errors.py): their shapes are declared below. tests/server/test_schemathesis.py

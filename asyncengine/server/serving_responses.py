@@ -160,7 +160,8 @@ def _initial(model: str, response_id: str, body: ResponsesRequest) -> ResponsesR
         tools=[{key: value for key, value in msgspec.to_builtins(tool).items() if value is not None}
                for tool in body.tools or []],
         max_output_tokens=body.max_output_tokens, previous_response_id=body.previous_response_id,
-        reasoning=body.reasoning, text=body.text or TextConfig(format=TextFormat()), truncation=body.truncation or "disabled", user=body.user,
+        reasoning=body.reasoning, text=body.text or TextConfig(format=TextFormat()),
+        truncation=body.truncation or "disabled", user=body.user,
         store=body.store, background=body.background)
 
 
@@ -266,7 +267,6 @@ class _Run:
                 await outputs.aclose()
             if entry.done is not None:
                 entry.done.set()
-
 
     def _failed(self, entry: StoredResponse, error: ApiError) -> None:
         failed = msgspec.structs.replace(entry.response, status="failed", completed_at=int(time.time()),
