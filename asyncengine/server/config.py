@@ -71,6 +71,13 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     uvicorn_log_level: Annotated[str | None, doc(
         "The log level of the HTTP server and of the per-request lines: critical, error, warning, info, debug "
         "or trace (debug); none: --log-level's.")] = None
+    # The Responses API's store (server/responses_store.py): bounded, the oldest finished responses evicted.
+    responses_store_max_entries: Annotated[int, doc(
+        "The most responses the Responses API keeps for GET, previous_response_id and cancel (store: true); "
+        "past it the oldest finished ones are evicted; 0: no store.")] = 1000
+    responses_store_max_bytes: Annotated[int, doc(
+        "The most bytes (as JSON) the stored responses and their conversations take together; past it the "
+        "oldest finished ones are evicted.")] = 128 * 2**20
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -92,6 +99,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                   or parts.path or parts.query or parts.fragment):
                 raise ConfigError(f"allowed_origins: {origin!r} is not an origin: give scheme://host[:port] without "
                                   "a path or trailing slash (http://localhost:3000), or *", field="allowed_origins")
+        for name in ("responses_store_max_entries", "responses_store_max_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}", field=name)
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME", field="tool_call_parser")
         if self.api_key is None:

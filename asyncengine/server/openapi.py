@@ -17,7 +17,8 @@ Streams (`"stream": true`): the 200 is `text/event-stream`, described as OpenAPI
 media types, by `itemSchema`: the schema of one event, as an object `{"data": ...}` (the SSE fields; the
 server sends no `event:`, `id:` or `retry:`). `data` is JSON (`contentMediaType: application/json`) whose
 `contentSchema` is the route's chunk Struct, or an ErrorResponse for a failure after the stream began; the
-last event of a stream that ended normally is `data: [DONE]`.
+last event of a stream that ended normally is `data: [DONE]`. The Responses API streams typed events
+(`named_events`): each event has `event: TYPE` and a JSON `data` of its event Struct, and no `[DONE]`.
 
 A few routes answer plain dicts rather than Structs (`/tokenize`, `/detokenize`, `/version`) and every
 error is `{"error": {...}}` (server/errors.py): their shapes are declared below. tests/server/test_schemathesis.py
@@ -35,7 +36,7 @@ from typing import Any
 import msgspec
 
 from asyncengine.plugin_runtime.records import StartupRecord
-from asyncengine.server import protocol, protocol_pooling
+from asyncengine.server import protocol, protocol_pooling, protocol_responses
 from asyncengine.server.request_bounds import RequestBounds, bounded
 from asyncengine.server.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 
@@ -81,7 +82,8 @@ class Contract:
     summary: str
     request: type | None = None  # the JSON body's Struct (POST routes)
     response: Any = None  # the 200 JSON body's type; None with `response_media` for a non-JSON body
-    stream_event: type | None = None  # with `stream: true` the 200 is server-sent events, each `data:` this
+    stream_event: Any = None  # with `stream: true` the 200 is server-sent events, each `data:` this (a type)
+    named_events: bool = False  # each event is `event: TYPE` with its `data:`, and no `data: [DONE]` ends them
     response_media: str | None = None  # a 200 that is not JSON: its content type (a string body)
     examples: tuple[dict[str, Any], ...] = ()  # request bodies a client would send (the document's examples)
 
@@ -96,6 +98,13 @@ _CHAT_EXAMPLES = ({"messages": _CHAT, "max_tokens": 4},
                   {"messages": _CHAT, "max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": {
                       "name": "colour", "schema": {"type": "object", "properties": {"colour": {"type": "string"}},
                                                    "required": ["colour"]}}}})
+_RESPONSES_EXAMPLES = ({"input": "Name a colour.", "instructions": "Answer briefly.", "max_output_tokens": 8},
+                       {"input": [{"role": "user", "content": "Name a colour."}], "max_output_tokens": 8,
+                        "stream": True},
+                       {"input": "Name a colour.", "max_output_tokens": 16, "text": {"format": {
+                           "type": "json_schema", "name": "colour", "schema": {
+                               "type": "object", "properties": {"colour": {"type": "string"}},
+                               "required": ["colour"]}}}})
 _RERANK_EXAMPLES = ({"query": "pets", "documents": ["A cat sat on the mat.", "Stocks fell."], "top_n": 1},)
 
 
@@ -154,6 +163,16 @@ CONTRACTS: dict[str, Contract] = {
     "unload_lora_adapter": Contract("Unload a LoRA adapter loaded by name (vLLM's)",
                                     request=UnloadLoRAAdapterRequest, response_media="text/plain",
                                     examples=({"lora_name": "my-adapter"},)),
+    # OpenAI's Responses API (docs/server.md; server/serving_responses.py).
+    "responses_create": Contract("A response (OpenAI's Responses API); streamed as typed events",
+                                 request=protocol_responses.ResponsesRequest,
+                                 response=protocol_responses.ResponsesResponse,
+                                 stream_event=protocol_responses.ResponseStreamEvent, named_events=True,
+                                 examples=_RESPONSES_EXAMPLES),
+    "responses_retrieve": Contract("A stored response (store: true), by id",
+                                   response=protocol_responses.ResponsesResponse),
+    "responses_cancel": Contract("Cancel a background response (no body)",
+                                 response=protocol_responses.ResponsesResponse),
 }
 
 
@@ -267,7 +286,8 @@ def _operation(name: str, contract: Contract, schema_of: dict[Any, Any], paramet
         ok["content"] = {contract.response_media: {"schema": {"type": "string"}}}
     if contract.stream_event is not None:
         ok["description"] = "JSON; with `stream: true` server-sent events"
-        ok.setdefault("content", {})["text/event-stream"] = {"itemSchema": _event_schema(
+        event = _named_event_schema if contract.named_events else _event_schema
+        ok.setdefault("content", {})["text/event-stream"] = {"itemSchema": event(
             schema_of[contract.stream_event], error_ref)}
     responses: dict[str, Any] = {"200": ok}
     if secured:
@@ -302,4 +322,18 @@ def _event_schema(chunk_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[
              "contentSchema": {"anyOf": [chunk_ref, error_ref]},
              "description": "A chunk; or an ErrorResponse, the last event of a stream that failed after it began."},
         ]}},
+    }
+
+
+def _named_event_schema(event_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[str, Any]:
+    """One server-sent event of a stream of typed events (the Responses API's): `event` names the type that
+    `data` (JSON) holds, numbered by its sequence_number; a failure after the stream began is an `error`
+    event then `response.failed`; no `[DONE]` ends the stream (OpenAI sends none)."""
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "description": "The event's type, as its data's `type` says."},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": event_ref},
+        },
     }

@@ -19,6 +19,7 @@ from quart import Response, g, request
 from asyncengine.errors import RequestError
 from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
+from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
 from asyncengine.server.openapi import CONTRACTS, check_contracts, openapi_document
 from asyncengine.server.protocol import (
@@ -33,6 +34,8 @@ from asyncengine.server.serving_io_processor import create_io_process
 from asyncengine.server.serving_lora import add_lora_routes, model_cards, runtime_updates_enabled
 from asyncengine.server.serving_pooling import POOLING_ROUTES, pooling_views
 from asyncengine.server.serving_render import render_chat_request, render_completion_request
+from asyncengine.server.serving_responses import RESPONSES_ROUTES, responses_views
+from asyncengine.server.responses_store import ResponseStore
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
 _BUILTIN: list[tuple[str, str, str]] = [
@@ -50,11 +53,13 @@ _BUILTIN: list[tuple[str, str, str]] = [
     ("/version", "GET", "version"),
     ("/openapi.json", "GET", "openapi"),
     *POOLING_ROUTES,  # /v1/embeddings, /pooling, /classify, /score, /rerank, /v1/rerank (serving_pooling.py)
+    *RESPONSES_ROUTES,  # /v1/responses, GET /v1/responses/{id}, POST .../cancel (serving_responses.py)
 ]
 
 
 # The views that run the engine: a client without one (render_server.py) answers them 503.
-ENGINE_VIEWS = frozenset({"completions", "chat_completions", "io_process", *(name for _, _, name in POOLING_ROUTES)})
+ENGINE_VIEWS = frozenset({"completions", "chat_completions", "io_process", "responses_create",
+                          *(name for _, _, name in POOLING_ROUTES)})
 
 
 def builtin_route_keys() -> list[tuple[str, str]]:
@@ -186,11 +191,13 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
              "health": health, "metrics": metrics_route, "version": version, "openapi": openapi,
              "completions_render": completions_render, "chat_completions_render": chat_completions_render}
     views.update(pooling_views(context, decode, json_response))
+    server_config = app.extensions.get("asyncengine", {}).get("server_config") or ServerConfig()
+    store = ResponseStore(server_config.responses_store_max_entries, server_config.responses_store_max_bytes)
+    views.update(responses_views(app, context, store, decode, json_response, sse_response))
     if not has_engine:
         views.update({name: _no_engine(rule) for rule, _, name in _BUILTIN if name in ENGINE_VIEWS})
     for rule, method, name in served:
         app.add_url_rule(rule, name, views[name], methods=[method])
-    server_config = app.extensions.get("asyncengine", {}).get("server_config")
     if has_engine and runtime_updates_enabled(server_config) and getattr(engine, "lora_adapters", None) is not None:
         add_lora_routes(app, context, decode)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
-from asyncengine.outputs import CompletionOutput
+from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
     SSE_DONE, ServingContext, TokenText, check_supported, engine_errors_as_http, first_then_rest,
     new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
@@ -109,24 +109,30 @@ async def chat_parts(context: ServingContext, request: ChatCompletionRequest) ->
     return ChatParts(context, lora_request, forced, tools_active, messages, chat_options, params)
 
 
-async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
-                                 scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
-    parts = await chat_parts(context, request)
-    context, lora_request, forced, tools_active = parts.context, parts.lora_request, parts.forced, parts.tools_active
-    messages, chat_options, params = parts.messages, parts.chat_options, parts.params
-    engine = context.engine
-    response_id = new_id("chatcmpl", header_id)
-    # Rendered through the chat template and tokenized in the engine's tokenizer pool, then validated.
+async def open_chat_outputs(parts: ChatParts, request: ChatCompletionRequest, request_id: str, *,
+                            final_only: bool) -> AsyncGenerator[RequestOutput, None]:
+    """The engine request of a chat request (not started: see open_stream), rendered through the chat
+    template and tokenized in the engine's tokenizer pool, then validated; what is refused is a 400."""
+    lora = {"lora_request": parts.lora_request} if parts.lora_request else {}
     try:
-        outputs = await open_stream(engine, None, params, header_id or response_id, messages=messages,
-                                    chat_options=chat_options, add_special_tokens=bool(request.add_special_tokens),
-                                    final_only=not request.stream, nowait=True,
-                                    **({"lora_request": lora_request} if lora_request else {}))
+        return await open_stream(parts.context.engine, None, parts.params, request_id, messages=parts.messages,
+                                 chat_options=parts.chat_options, add_special_tokens=bool(request.add_special_tokens),
+                                 final_only=final_only, nowait=True, **lora)
     except ApiError as error:
+        forced = parts.forced
         if forced is not None and error.param == "structured_outputs.json":  # the schema came from the tools
             raise bad_request(f"{forced.param}: {error.message}", param=forced.param, code=error.code) from error
         raise
-    shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer), forced)
+
+
+async def create_chat_completion(context: ServingContext, request: ChatCompletionRequest, header_id: str | None,
+                                 scope: ResponseScope) -> ChatCompletionResponse | AsyncIterator[bytes]:
+    parts = await chat_parts(context, request)
+    context, forced, tools_active = parts.context, parts.forced, parts.tools_active
+    engine = context.engine
+    response_id = new_id("chatcmpl", header_id)
+    outputs = await open_chat_outputs(parts, request, header_id or response_id, final_only=not request.stream)
+    shaper = ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer), forced)
     if request.stream:
         scope.close_at_end(outputs)  # aborts the request however the response ends, even before the body starts
         first = await start_stream(outputs)
@@ -161,7 +167,10 @@ class _ChoiceState:
     arguments_sent: dict[int, str] = dataclasses.field(default_factory=dict)  # per call index
 
 
-class _ChatShaper:
+class ChatShaper:
+    """A chat request's outputs in the chat shape: whole choices, or a stream's chunks (the Responses API
+    reads them too, serving_responses.py)."""
+
     def __init__(self, context: ServingContext, request: ChatCompletionRequest, response_id: str, tools_active: bool,
                  token_text: TokenText, forced: ForcedTools | None = None) -> None:
         self.context = context
@@ -233,7 +242,7 @@ class _ChatShaper:
                 prompt_tokens = len(output.prompt_token_ids)
                 for completion in output.outputs:
                     completion_tokens += len(completion.token_ids)
-                    for chunk in self._chunks(completion):
+                    for chunk in self.chunks(completion):
                         yield sse(chunk)
             if include_usage:
                 yield sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.context.model_name,
@@ -245,7 +254,7 @@ class _ChatShaper:
             with anyio.CancelScope(shield=True):
                 await outputs.aclose()  # the client left early: abort the request
 
-    def _chunks(self, completion: CompletionOutput) -> list[ChatCompletionChunk]:
+    def chunks(self, completion: CompletionOutput) -> list[ChatCompletionChunk]:
         state = self.states.get(completion.index)
         if state is None:
             state = self.states[completion.index] = _ChoiceState(*self._parsers())

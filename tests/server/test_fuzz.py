@@ -8,7 +8,8 @@ nesting, unicode, missing and unknown fields), with a fixed seed, for /v1/comple
 request rendered and tokenized, not run), the pooling routes /v1/embeddings, /pooling, /score and /rerank (`dimensions`,
 `truncate_prompt_tokens`, `input` lists; a generation model embeds with its last token), and the runtime
 LoRA routes /v1/load_lora_adapter and /v1/unload_lora_adapter, with adapters that load, that do not, and one whose matrices do not fit
-the model, which requests then name as their `model`. The server runs a tiny random-weight model with a
+the model, which requests then name as their `model`; and OpenAI's Responses API, /v1/responses (input
+items of every kind, tools, text.format, background, store, streamed as typed events). The server runs a tiny random-weight model with a
 byte-level tokenizer and a 64-token context, so that what a valid request generates is short. The cases go
 two at a time, concurrently, each pair followed by a normal request.
 Properties, for every case:
@@ -61,15 +62,20 @@ ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatC
           "/v1/embeddings": "EmbeddingRequest", "/pooling": "PoolingRequest", "/score": "ScoreRequest",
           "/rerank": "RerankRequest",
           "/v1/completions/render": "CompletionRequest", "/v1/chat/completions/render": "ChatCompletionRequest",
-          "/v1/load_lora_adapter": "LoadLoRAAdapterRequest", "/v1/unload_lora_adapter": "UnloadLoRAAdapterRequest"}
+          "/v1/load_lora_adapter": "LoadLoRAAdapterRequest", "/v1/unload_lora_adapter": "UnloadLoRAAdapterRequest",
+          "/v1/responses": "ResponsesRequest"}
 # Routes whose 200 is plain text (vLLM's answers of the runtime LoRA routes).
 TEXT_ROUTES = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
 # Examples whose first case is drawn for one route (the second from every route).
-EXAMPLES_PER_ROUTE = 14  # 336 cases over the 12 routes (320 before the render routes joined)
+EXAMPLES_PER_ROUTE = 14  # 364 cases over the 13 routes (320 before the render and Responses routes joined)
 ADAPTER_NAMES = ["a", "b", "misfit", "tiny"]  # "tiny": the served model's own name
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}},
     {"type": "function", "function": {"name": "g"}}]
+# The same tools in the Responses API's flat shape.
+RESPONSES_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]
+# How a Responses stream may end (there is no [DONE]).
+RESPONSES_ENDS = {"response.completed", "response.incomplete", "response.failed"}
 # An exception's class name or a traceback in an error message: internals, not what the client did wrong.
 PYTHON_INTERNALS = re.compile(r"Traceback|File \"|\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
 NORMAL_REQUEST = ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 1})
@@ -207,9 +213,46 @@ def cases(document: dict[str, Any], lora_paths: list[str], only: str | None = No
         "/rerank": st.builds(lambda q, d: {"query": q, "documents": d}, text, st.lists(text, min_size=1, max_size=3)),
         "/v1/load_lora_adapter": st.builds(lambda n, p: {"lora_name": n, "lora_path": p}, lora_name, lora_path),
         "/v1/unload_lora_adapter": st.builds(lambda n: {"lora_name": n}, lora_name),
+        "/v1/responses": st.builds(lambda i, m, s, t, e: {"input": i, "max_output_tokens": m, **s, **t, **e},
+                                   st.one_of(text, responses_items(text)), small, stream, responses_tooling(),
+                                   responses_extras()),
     }
     return st.one_of([schemas.body(ROUTES[path], base).map(lambda body, path=path: Case(path, body))
                       for path, base in bases.items() if only in (None, path)])
+
+
+def responses_items(text: st.SearchStrategy) -> st.SearchStrategy:
+    """Input items of every kind the Responses API reads, and (one draw in eight) one it refuses."""
+    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer"]),
+                                     "content": st.one_of(text, st.lists(st.fixed_dictionaries(
+                                         {"type": st.sampled_from(["input_text", "output_text"]), "text": text}),
+                                         max_size=2))})
+    call = st.fixed_dictionaries({"type": st.just("function_call"), "call_id": text, "name": st.sampled_from("fg"),
+                                  "arguments": st.sampled_from(['{"x": 1}', "{}", "not json", ""])})
+    output = st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": text, "output": text})
+    reasoning = st.fixed_dictionaries({"type": st.just("reasoning"), "summary": st.just([]), "content": st.lists(
+        st.fixed_dictionaries({"type": st.just("reasoning_text"), "text": text}), max_size=2)})
+    refused = st.sampled_from([{"type": "item_reference", "id": "x"}, {"type": "web_search_call"}, {"type": "message"},
+                               {"role": "tool", "content": "x"},
+                               {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
+    valid = st.lists(st.one_of(message, message, call, output, reasoning), min_size=1, max_size=4)
+    return st.one_of(*[valid] * 7, valid.flatmap(lambda items: refused.map(lambda item: [*items, item])))
+
+
+def responses_tooling() -> st.SearchStrategy:
+    return st.sampled_from([{}, {}, {}, {"tools": RESPONSES_TOOLS, "tool_choice": "auto"},
+                            {"tools": RESPONSES_TOOLS, "tool_choice": "required"},
+                            {"tools": RESPONSES_TOOLS, "tool_choice": {"type": "function", "name": "f"}},
+                            {"text": {"format": {"type": "json_object"}}},
+                            {"text": {"format": {"type": "json_schema", "name": "s", "schema": TOOLS[0]["function"][
+                                "parameters"]}}}])
+
+
+def responses_extras() -> st.SearchStrategy:
+    return st.sampled_from([{}, {}, {}, {"store": False}, {"background": True}, {"instructions": "Be brief."},
+                            {"previous_response_id": "resp_unknown"}, {"metadata": {"k": "v"}},
+                            {"include": ["message.output_text.logprobs"], "top_logprobs": 2},
+                            {"reasoning": {"effort": "low"}, "truncation": "auto", "user": "u"}])
 
 
 # -- properties ---------------------------------------------------------------------------------------
@@ -243,9 +286,12 @@ class Checker:
         operation = self.document["paths"][case.path]["post"]
         ok = operation["responses"]["200"]["content"]
         if content_type.startswith("text/event-stream"):
-            # each event's `data` is [DONE] or JSON: the chunk (or ErrorResponse) schema of the itemSchema
-            event = ok["text/event-stream"]["itemSchema"]["properties"]["data"]["anyOf"]
-            return self.stream_problems(next(e["contentSchema"] for e in event if "contentSchema" in e), body)
+            # each event's `data` is [DONE] or JSON: the chunk (or ErrorResponse) schema of the itemSchema;
+            # the Responses API's typed events: `data` is always JSON, the event union's schema
+            data = ok["text/event-stream"]["itemSchema"]["properties"]["data"]
+            if case.path == "/v1/responses":
+                return self.stream_problems(data["contentSchema"], body, responses=True)
+            return self.stream_problems(next(e["contentSchema"] for e in data["anyOf"] if "contentSchema" in e), body)
         try:
             value = json.loads(body)
         except ValueError:
@@ -269,7 +315,10 @@ class Checker:
             problems.append(f"{status} whose message names Python internals: {body[:300]!r}")
         return problems
 
-    def stream_problems(self, data_schema: dict[str, Any], body: bytes) -> list[str]:
+    def stream_problems(self, data_schema: dict[str, Any], body: bytes, *, responses: bool = False) -> list[str]:
+        """A stream's problems: chat's and completions' (`data:` events, then [DONE]), or the Responses
+        API's (typed events, each `data:` naming its `type`, ending with response.completed, .incomplete or
+        .failed; an `error` event is the error shape's `error`)."""
         events = [line[len(b"data: "):] for line in body.split(b"\n") if line.startswith(b"data: ")]
         if not events:
             return [f"a stream without events: {body[:200]!r}"]
@@ -278,6 +327,8 @@ class Checker:
             if event == b"[DONE]":
                 continue
             value = json.loads(event)
+            if responses and value.get("type") == "error":
+                value = {"error": value}
             if "error" in value:
                 error = value["error"]
                 if error.get("type") == "internal_error" or error.get("code") == "engine_dead":
@@ -288,7 +339,10 @@ class Checker:
             mismatch = self.matches(data_schema, value)
             if mismatch:
                 problems.append(f"a stream event does not match its schema: {mismatch}")
-        if events[-1] != b"[DONE]" and b'"error"' not in events[-1]:
+        if responses:
+            if json.loads(events[-1]).get("type") not in RESPONSES_ENDS:
+                problems.append(f"a Responses stream that does not end with {RESPONSES_ENDS}: {events[-1][:200]!r}")
+        elif events[-1] != b"[DONE]" and b'"error"' not in events[-1]:
             problems.append(f"a stream that does not end with [DONE]: {events[-1][:200]!r}")
         return problems
 
@@ -364,7 +418,43 @@ def test_fuzzed_requests_never_hurt_the_server(fuzz_server, document, lora_paths
     assert all(routes_seen[path] >= EXAMPLES_PER_ROUTE for path in ROUTES), routes_seen  # every route, not one
     # Valid bodies got through, not only refusals: adapters loaded, embeddings made, tool calls forced.
     for path in ("/v1/load_lora_adapter", "/v1/embeddings", "/pooling", "/score", "/v1/chat/completions",
-                 "/v1/completions/render", "/v1/chat/completions/render"):
+                 "/v1/completions/render", "/v1/chat/completions/render", "/v1/responses"):
         assert checker.statuses[(path, 200)] > 0, (path, dict(checker.statuses))
     assert wait_for(lambda: metric(fuzz_server, "num_requests_running") == 0, 30), "requests still running"
     assert wait_for(lambda: metric(fuzz_server, "kv_cache_usage_perc") == 0, 30), "KV blocks still held"
+
+
+def test_fuzzed_response_ids_get_404_or_the_stored_response(fuzz_server, document):
+    # GET /v1/responses/{id} and POST /v1/responses/{id}/cancel with ids of any text (escaped into the path:
+    # slashes, NULs, unicode, 10k characters) and with the ids of responses this server made: a 404 naming
+    # response_id, a 400 (cancelling what is not a running background response), or the stored response
+    # in its schema; never a 5xx. (An empty id or one with a slash is another path: the router's 404 or 405.)
+    checker = Checker(document)
+    made = [json.loads(send(fuzz_server, "POST", "/v1/responses", json.dumps(body).encode())[2])["id"]
+            for body in ({"input": "a", "max_output_tokens": 2}, {"input": "b", "max_output_tokens": 2,
+                                                                  "background": True})]
+    ids = st.one_of(st.sampled_from(made), st.text(max_size=40),
+                    st.sampled_from("a/%\x00").map(lambda char: char * 10_000))
+    statuses: collections.Counter = collections.Counter()
+
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(response_id=ids, cancel=st.booleans())
+    def one(response_id: str, cancel: bool) -> None:
+        path = f"/v1/responses/{urllib.parse.quote(response_id, safe='')}" + ("/cancel" if cancel else "")
+        status, _, body = send(fuzz_server, "POST" if cancel else "GET", path, b"" if cancel else None)
+        statuses[status] += 1
+        if status == 200:
+            mismatch = checker.matches({"$ref": "#/components/schemas/ResponsesResponse"}, json.loads(body))
+            assert mismatch is None and json.loads(body)["id"] == response_id, mismatch
+        else:
+            assert status in (400, 404, 405, 414), (path[:200], status, body[:300])
+            if status != 414:  # (a URL past the HTTP server's line limit: its own plain answer)
+                assert not checker.error_problems(status, body), body[:300]
+            if response_id and "/" not in response_id and status != 414:  # the id reached the view (an empty
+                # one, or one with a slash, is another path: the router's 404 or 405)
+                assert json.loads(body)["error"]["param"] == "response_id", body[:300]
+
+    one()
+    assert statuses[200] > 0 and statuses[404] > 0, statuses
+    assert answers_normally(fuzz_server) is None

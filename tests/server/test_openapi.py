@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import math
 import threading
 import typing
@@ -34,6 +35,11 @@ from asyncengine.server.request_bounds import RequestBounds, bounded
 from asyncengine.server.serving_lora import LORA_ROUTES
 
 BOUNDS = RequestBounds(max_n=7, max_logprobs=5, max_model_len=300, max_token_id=258)
+
+
+def openapi_path(rule: str) -> str:
+    """Werkzeug's `/v1/responses/<response_id>` as OpenAPI's `/v1/responses/{response_id}`."""
+    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
 def document(*, api_key: bool = True, bounds: RequestBounds | None = BOUNDS) -> dict[str, Any]:
@@ -62,12 +68,17 @@ def test_the_document_is_valid_openapi_3_2_with_every_builtin_route():
     doc = document()
     validate(doc)  # raises on anything that is not OpenAPI 3.2
     assert doc["openapi"] == "3.2.0"
-    for rule, method in routes.builtin_route_keys() + [(rule, method) for rule, method, _ in LORA_ROUTES]:
-        operation = doc["paths"][rule][method.lower()]
+    for rule, method, name in routes._BUILTIN + LORA_ROUTES:
+        operation = doc["paths"][openapi_path(rule)][method.lower()]
         assert "200" in operation["responses"]
         assert {"4XX", "5XX"} <= operation["responses"].keys()
-        if method == "POST":
+        if CONTRACTS[name].request is not None:
             assert "application/json" in operation["requestBody"]["content"]
+    # A path parameter is OpenAPI's {name}, declared (Werkzeug's <name> in the rule).
+    retrieve = doc["paths"]["/v1/responses/{response_id}"]["get"]
+    assert retrieve["parameters"] == [{"name": "response_id", "in": "path", "required": True,
+                                       "schema": {"type": "string"}}]
+    assert not any("<" in path for path in doc["paths"])
     for ref in refs(doc):
         resolve(doc, ref)  # every $ref resolves (KeyError otherwise)
     assert len(set(refs(doc))) > 10
@@ -95,6 +106,12 @@ def test_errors_streams_and_auth_are_declared():
     # --api-key covers every route but /health, /metrics and /version; /openapi.json included.
     secured = {rule for rule, item in doc["paths"].items() for op in item.values() if op.get("security")}
     assert secured == set(doc["paths"]) - {"/health", "/metrics", "/version"}
+    responses_ok = doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]
+    event = responses_ok["text/event-stream"]["itemSchema"]
+    assert event["required"] == ["event", "data"]  # typed events: `event: TYPE` then its `data:`, no [DONE]
+    event_refs = refs(event["properties"]["data"]["contentSchema"])  # one schema per event type
+    assert {"#/components/schemas/ResponseCompletedEvent", "#/components/schemas/OutputTextDeltaEvent"} <= set(
+        event_refs) and len(event_refs) >= 16
     assert "401" in doc["paths"]["/tokenize"]["post"]["responses"]
     assert "bearer" in doc["components"]["securitySchemes"]
     without_key = document(api_key=False)
@@ -236,7 +253,7 @@ def test_every_route_an_app_serves_is_in_its_document(tiny_model):
         async with AsyncEngine.start(model=str(tiny_model("llama").path), max_model_len=128, enable_lora=True,
                                      max_lora_rank=4, skip_tokenizer_init=True) as engine:
             app = create_app(engine, ServerConfig(api_key="k", enable_runtime_lora_updates=True))
-            served = {(rule, method) for rule, method, _ in routes.served_routes(app)}
+            served = {(openapi_path(rule), method) for rule, method, _ in routes.served_routes(app)}
             return served, json.loads(await app.extensions["asyncengine"]["openapi"].encoded())
 
     served, doc = anyio.run(app_routes_and_document, backend="trio")
@@ -307,6 +324,18 @@ def client_bodies() -> list[tuple[str, dict]]:
                                                response_format={"type": "text"}, seed=1, stop="x",
                                                extra_body={"chat_template_kwargs": {"enable_thinking": False},
                                                            "repetition_penalty": 1.1}),
+        lambda: client.responses.create(model="m", input="Hi"),
+        lambda: client.responses.create(
+            model="m", instructions="Be brief.", max_output_tokens=4, temperature=0.5, top_p=0.9, store=True,
+            metadata={"k": "v"}, previous_response_id="resp_1", parallel_tool_calls=False, tool_choice="required",
+            tools=[{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"},
+                    "strict": True}],
+            text={"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": True}},
+            reasoning={"effort": "low"}, include=["message.output_text.logprobs"], top_logprobs=2, user="u",
+            truncation="disabled", stream=True,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "x"}]},
+                   {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                   {"type": "function_call_output", "call_id": "c", "output": "done"}]),
     ]
     try:
         for call in calls:
@@ -320,7 +349,8 @@ def client_bodies() -> list[tuple[str, dict]]:
     return list(_Recorder.bodies)
 
 
-REQUEST_SCHEMAS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+REQUEST_SCHEMAS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
+                   "/v1/responses": "ResponsesRequest"}
 
 
 def validator(doc: dict[str, Any], name: str) -> jsonschema.Validator:
@@ -330,7 +360,7 @@ def validator(doc: dict[str, Any], name: str) -> jsonschema.Validator:
 def test_request_schemas_accept_the_openai_clients_bodies_and_reject_unknown_fields():
     doc = document()
     bodies = client_bodies()
-    assert len(bodies) == 5
+    assert len(bodies) == 7
     for path, body in bodies:
         request_schema = validator(doc, REQUEST_SCHEMAS[path])
         request_schema.validate(body)  # raises jsonschema.ValidationError naming the field

@@ -105,3 +105,34 @@ def test_a_tool_call_after_the_reasoning_whole_and_streamed(client):
     assert "".join(c.function.arguments or "" for c in calls) == '{"city": "Paris"}'
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+# -- the same texts through the Responses API (serving_responses.py) ------------------------------------
+
+RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
+
+
+def test_responses_give_a_reasoning_item_then_the_message(client):
+    response = client.responses.create(model=MODEL_NAME, input=MESSAGES[0]["content"], max_output_tokens=40,
+                                       temperature=0, extra_body=FORCED)
+    reasoning, message = response.output
+    assert (reasoning.type, reasoning.content[0].text, reasoning.summary) == ("reasoning", REASONING, [])
+    assert (message.type, response.output_text) == ("message", ANSWER)
+
+
+def test_responses_stream_the_reasoning_then_a_call_the_tool_parser_found(client):
+    events = list(client.responses.create(model=MODEL_NAME, input=MESSAGES[0]["content"], tools=RESPONSES_TOOLS,
+                                          max_output_tokens=64, temperature=0, extra_body=CALLING, stream=True))
+    kinds = [event.type for event in events]
+    reasoning_deltas = kinds.count("response.reasoning_text.delta")
+    argument_deltas = kinds.count("response.function_call_arguments.delta")
+    assert kinds == ["response.created", "response.in_progress",
+                     "response.output_item.added", "response.content_part.added",
+                     *["response.reasoning_text.delta"] * reasoning_deltas, "response.reasoning_text.done",
+                     "response.content_part.done", "response.output_item.done",
+                     "response.output_item.added", *["response.function_call_arguments.delta"] * argument_deltas,
+                     "response.function_call_arguments.done", "response.output_item.done",
+                     "response.completed"] and reasoning_deltas >= 1 and argument_deltas >= 1
+    reasoning, call = events[-1].response.output
+    assert reasoning.content[0].text == "Let me check." == events[reasoning_deltas + 4].text
+    assert (call.type, call.name, call.arguments) == ("function_call", "get_weather", '{"city": "Paris"}')
