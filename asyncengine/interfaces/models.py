@@ -33,6 +33,7 @@ class _ModelRegistry(Registry):
             "Qwen2MoeForCausalLM": "asyncengine.models.qwen2_moe:Qwen2MoeForCausalLM",
             "MixtralForCausalLM": "asyncengine.models.mixtral:MixtralForCausalLM",
             "OlmoeForCausalLM": "asyncengine.models.olmoe:OlmoeForCausalLM",
+            "GptOssForCausalLM": "asyncengine.models.gpt_oss:GptOssForCausalLM",
             # Pooling models (docs/pooling.md): BERT-family encoders and classifiers on BERT and decoder bases.
             "BertModel": "asyncengine.models.bert:BertModel",
             "BertForSequenceClassification": "asyncengine.models.bert:BertForSequenceClassification",

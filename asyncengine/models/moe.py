@@ -38,10 +38,12 @@ class SparseMoeBlock(nn.Module):
     (times `sigmoid(shared_expert_gate(x))`) where the architecture has one."""
 
     def __init__(self, config: Any, *, dtype: torch.dtype, num_experts: int, intermediate_size: int,
-                 renormalize: bool, shared_expert_intermediate_size: int = 0) -> None:
+                 renormalize: bool, shared_expert_intermediate_size: int = 0, router_bias: bool = False,
+                 experts_options: dict[str, Any] | None = None) -> None:
+        """`experts_options`: more of FusedMoE's settings (GPT-OSS: routing, activation, has_bias, ...)."""
         super().__init__()
         hidden = config.hidden_size
-        self.gate = Router(hidden, num_experts, bias=False, dtype=dtype)
+        self.gate = Router(hidden, num_experts, bias=router_bias, dtype=dtype)
         self.shared_expert: LlamaMLP | None = None
         self.shared_expert_gate: Router | None = None
         if shared_expert_intermediate_size:
@@ -49,7 +51,7 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = Router(hidden, 1, bias=False, dtype=dtype)
         self.experts = FusedMoE(num_experts, int(config.num_experts_per_tok), hidden, intermediate_size, dtype=dtype,
                                 renormalize=renormalize, shared_expert=self.shared_expert,
-                                shared_expert_gate=self.shared_expert_gate)
+                                shared_expert_gate=self.shared_expert_gate, **(experts_options or {}))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.experts(hidden, self.gate(hidden))

@@ -1,5 +1,6 @@
 """The mixture-of-experts architectures of issue 35 against transformers (float32, eager attention and experts), on
-tiny random models (tests/support/moe_models.py): Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE.
+tiny random models (tests/support/moe_models.py): Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, GPT-OSS (its attention
+sinks on the TORCH_PAGED backend's torch path; its MXFP4 loading: test_gpt_oss_mxfp4.py).
 
 Each decodes prompts greedily: tokens identical to transformers decoding the prompt alone (a divergence only as
 a tie, tests/support/hf_reference.py) and top-5 logprobs within 1e-3. Qwen3-MoE, the representative, also runs
@@ -22,7 +23,9 @@ def test_greedy_parity_with_transformers(tiny_model, references, make_llm, parit
     llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, dtype="float32")
     # The native class ran (not a fallback): asyncengine/models/<name>.py.
     assert llm.collective_rpc("describe")[0]["model_class"].startswith(f"asyncengine.models.{name}:")
-    run_and_compare(llm, name, prompts_for(model.vocab_size, seed=11), references, parity_record)
+    # Prompts past the 16-token windows (Mixtral's, GPT-OSS's sliding layers).
+    run_and_compare(llm, name, prompts_for(model.vocab_size, seed=11, lengths=(3, 40, 21)), references,
+                    parity_record)
 
 
 def test_qwen3_moe_chunked_prefill_and_prefix_hits(tiny_model, references, make_llm, parity_record):
