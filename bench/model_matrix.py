@@ -48,7 +48,7 @@ EVERY_LAYER_SLIDES = {"mistral": 10, "phi3": 9, "mixtral": 10}
 # on its `qkv_proj` is refused, docs/models.md).
 # The mixtures of experts: attention only (an adapter on the experts is not supported, docs/models.md).
 LORA_TARGETS = {"phi3": ["o_proj", "down_proj"], **{name: ["q_proj", "v_proj", "o_proj"]
-                                                    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")}}
+                                                    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss")}}
 
 
 class _Folders:
