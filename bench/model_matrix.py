@@ -4,8 +4,8 @@
     python bench/model_matrix.py --models gemma3 olmo2 --paths tp2 pp2
     python bench/model_matrix.py --model-impl transformers --paths batch chunked prefix preempt
 
-Each architecture is a tiny random model of tests/support/native_models.py (sliding windows of 16 tokens where
-it has them); each path runs prompts longer than the window through the engine and compares every sequence
+Each architecture is a tiny random model of tests/support/native_models.py or, for the mixtures of experts,
+tests/support/moe_models.py (sliding windows of 16 tokens where it has them); each path runs prompts longer than the window through the engine and compares every sequence
 with transformers decoding it alone (greedy tokens identical up to a tie, top-5 logprobs within 1e-3, as
 tests/models/test_native_architectures.py does): `batch` (plain), `chunked` (prefill in chunks of 16 tokens),
 `prefix` (a shared 40-token prefix, run twice: prefix-cache hits), `preempt` (a KV cache too small for the
@@ -46,10 +46,12 @@ PATHS = {
 }
 # Models whose every layer has a sliding window (one KV cache group that keeps only the window's blocks), and the
 # KV cache that makes their batch preempt: the smallest that holds one sequence (its window, a 32-token step).
-EVERY_LAYER_SLIDES = {"mistral": 10, "phi3": 9}
+EVERY_LAYER_SLIDES = {"mistral": 10, "phi3": 9, "mixtral": 10}
 # The projections a LoRA adapter targets, where the checkpoint holds them apart (Phi-3 fuses q/k/v: an adapter
 # on its `qkv_proj` is refused, docs/models.md).
-LORA_TARGETS = {"phi3": ["o_proj", "down_proj"]}
+# The mixtures of experts: attention only (an adapter on the experts is not supported, docs/models.md).
+LORA_TARGETS = {"phi3": ["o_proj", "down_proj"], **{name: ["q_proj", "v_proj", "o_proj"]
+                                                    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss")}}
 
 
 class _Folders:
@@ -140,10 +142,12 @@ def run_cell(model, path: str, references: dict, folders: _Folders,
 
 
 def main() -> int:
+    from support.moe_models import MOE_SPECS, build_moe_model
     from support.native_models import SPECS, build_native_model
 
+    names = list(SPECS) + list(MOE_SPECS)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="*", default=list(SPECS), choices=list(SPECS))
+    parser.add_argument("--models", nargs="*", default=names, choices=names)
     parser.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
     parser.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"])
     args = parser.parse_args()
@@ -152,7 +156,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="model-matrix-") as root:
         folders = _Folders(Path(root))
         for name in args.models:
-            model = build_native_model(name, Path(root) / name)
+            model = (build_native_model if name in SPECS else build_moe_model)(name, Path(root) / name)
             references: dict = {}
             for path in args.paths:
                 cells += 1
@@ -164,7 +168,7 @@ def main() -> int:
                     failed += 1
                     verdict = f"FAIL  {type(exc).__name__}: {str(exc)[:300]}"
                     traceback.print_exc(file=sys.stderr)
-                print(f"{name:8} {path:8} {verdict} ({time.perf_counter() - cell_started:.1f} s)", flush=True)
+                print(f"{name:9} {path:8} {verdict} ({time.perf_counter() - cell_started:.1f} s)", flush=True)
     print(f"model matrix: {cells - failed}/{cells} cells agree with transformers "
           f"({len(args.models)} models x {len(args.paths)} paths, {time.perf_counter() - started:.0f} s)")
     return 1 if failed else 0

@@ -194,12 +194,14 @@ def paged_attention(
     in_place: Callable[..., None] | None = None,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of `query` `[num_tokens, num_heads, head_dim]` over each sequence's paged context;
     with `sliding_window`, each query sees only the last `sliding_window` keys up to its own position (the
     blocks before them are never read: a sliding layer's cache holds only its window, see the hybrid KV
     cache in docs/engine.md); with `logits_soft_cap`, scores are capped as `cap * tanh(score / cap)` before
-    the softmax (Gemma 2).
+    the softmax (Gemma 2); with `sinks` `[num_heads]`, each head's sink logit joins every row's softmax and
+    its share of the probability goes to no value (GPT-OSS; the torch path only: `in_place` must be None).
 
     When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
     a sequence whose whole context is new this step reads them directly instead of gathering them
@@ -211,6 +213,8 @@ def paged_attention(
     """
     output = torch.empty_like(query)
     if in_place is not None:
+        if sinks is not None:
+            raise ValueError("paged_attention: the in-place kernel has no attention sinks; pass in_place=None")
         if plan.prefills or plan.decoding:
             in_place(query, key_cache, value_cache, plan, scale, output, sliding_window=sliding_window,
                      logits_soft_cap=logits_soft_cap)
@@ -230,10 +234,10 @@ def paged_attention(
             values = gather_blocks(value_cache, seq.block_table[:, first:])[:, 0, : seq.seq_len - start].transpose(0, 1)
             if mask is not None:
                 mask = mask[:, start:]
-        output[rows] = _prefill_attention(query[rows], keys, values, mask, scale, logits_soft_cap)
+        output[rows] = _prefill_attention(query[rows], keys, values, mask, scale, logits_soft_cap, sinks)
     for group in plan.decode_groups:
         output[group.rows] = _decode_attention(query[group.rows], key_cache, value_cache, group, scale,
-                                               sliding_window, logits_soft_cap)
+                                               sliding_window, logits_soft_cap, sinks)
     return output
 
 
@@ -244,21 +248,23 @@ def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
 
 def _prefill_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
-    logits_soft_cap: float | None = None,
+    logits_soft_cap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`query` `[query_len, heads, dim]` over `keys`/`values` `[context_len, kv_heads, dim]`; `mask`
     `[query_len, context_len]` (True: visible), None meaning causal from the first key."""
     q = query.transpose(0, 1).unsqueeze(0)  # [1, heads, query_len, dim]
     k = keys.transpose(0, 1).unsqueeze(0)
     v = values.transpose(0, 1).unsqueeze(0)
-    if logits_soft_cap is not None:  # the cap sits between the product and the softmax: no fused kernel has it
+    if logits_soft_cap is not None or sinks is not None:  # between the product and the softmax: no fused kernel
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = soft_cap(torch.matmul(q, k.transpose(-1, -2)) * scale, logits_soft_cap)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+        if logits_soft_cap is not None:
+            scores = soft_cap(scores, logits_soft_cap)
         if mask is None:
             mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+        out = torch.matmul(_softmax_with_sinks(scores.float(), sinks, scores.shape[1]).to(v.dtype), v)
     elif mask is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
@@ -268,7 +274,7 @@ def _prefill_attention(
 
 def _decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: DecodeGroup, scale: float,
-    sliding_window: int | None = None, logits_soft_cap: float | None = None,
+    sliding_window: int | None = None, logits_soft_cap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence, `[n, heads, dim]`. Query heads are grouped under their KV head
     (`[kv_heads, n, heads_per_kv_head, dim]`), so GQA needs no copy of the keys per query head. With a
@@ -287,5 +293,23 @@ def _decode_attention(
     if sliding_window is not None:
         before = torch.arange(keys.shape[2], device=keys.device) < (group.lengths - sliding_window).unsqueeze(1)
         scores.masked_fill_(before[None, :, None, :], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), values)
+    if sinks is None:
+        probabilities = torch.softmax(scores, dim=-1)
+    else:  # each query head's sink: heads are [kv_heads, heads_per_kv_head] here
+        probabilities = _softmax_with_sinks(scores.transpose(1, 2), sinks, num_kv_heads * scores.shape[2])
+        probabilities = probabilities.transpose(1, 2).to(scores.dtype)
+    out = torch.matmul(probabilities, values)
     return out.transpose(0, 1).reshape(num_seqs, -1, head_dim)
+
+
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None, num_heads: int) -> torch.Tensor:
+    """Softmax over the last dimension of `scores`, whose leading dimensions flatten to the query heads in order
+    (`[..., heads..., rows, keys]`), with each head's sink logit as one more column, dropped after the softmax
+    (its probability attends to nothing). In the scores' dtype (float32 where transformers computes it so)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    shape = scores.shape
+    flat = scores.reshape(num_heads, -1, shape[-1])
+    sink = sinks.to(flat.dtype).view(num_heads, 1, 1).expand(num_heads, flat.shape[1], 1)
+    combined = torch.cat([flat, sink], dim=-1)
+    return torch.softmax(combined, dim=-1)[..., :-1].reshape(shape)

@@ -50,11 +50,13 @@ def gemma3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # --- tiny_model --------------------------------------------------------------------------------
 # Tiny random-weight checkpoints, built once per session and shared: Llama, Qwen2, Qwen3
-# (tests/support/tiny_models.py) and the native architectures of issue 34 (tests/support/native_models.py:
-# Mistral, Gemma 2/3, Phi-3, OLMo 2, Granite, GLM-4).
+# (tests/support/tiny_models.py), the native architectures of issue 34 (tests/support/native_models.py:
+# Mistral, Gemma 2/3, Phi-3, OLMo 2, Granite, GLM-4) and the mixtures of experts of issue 35
+# (tests/support/moe_models.py: Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     from support.native_models import SPECS as NATIVE_SPECS
+    from support.moe_models import MOE_SPECS, build_moe_model
     from support.native_models import build_native_model
     from support.tiny_models import build_tiny_model
 
@@ -62,7 +64,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
 
     def get(name: str):
         if name not in built:
-            build = build_native_model if name in NATIVE_SPECS else build_tiny_model
+            build = (build_native_model if name in NATIVE_SPECS else build_moe_model if name in MOE_SPECS
+                     else build_tiny_model)
             built[name] = build(name, tmp_path_factory.mktemp(f"tiny-{name}"))
         return built[name]
 

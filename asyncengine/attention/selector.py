@@ -53,7 +53,7 @@ class BackendChoice:
 def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, block_size: int,
                               option: str | None = None) -> BackendChoice:
     """A backend instance per layer (`layers` carry num_heads, num_kv_heads, head_dim, scale, and may carry
-    sliding_window and logits_soft_cap). A layer needing a feature the chosen backend lacks: with the
+    sliding_window, logits_soft_cap and sinks). A layer needing a feature the chosen backend lacks: with the
     `attention_backend` option, an error naming the layer and the feature; with the platform's choice, the
     built-in TORCH_PAGED (which has both) for that layer, said in the summary."""
     chosen_by = "the attention_backend option" if option else f"platform {platform.device_name}"
@@ -74,6 +74,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
     for index, layer in enumerate(layers):
         sliding_window = getattr(layer, "sliding_window", None)
         logits_soft_cap = getattr(layer, "logits_soft_cap", None)
+        sinks = getattr(layer, "sinks", None)
         name: str | None
         if option:
             name = option
@@ -88,7 +89,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
                     f"block_size={block_size}) returned {answers[shape]!r}; it must return a registered attention "
                     f"backend name (registered: {', '.join(AttentionBackendRegistry.keys())}) or a "
                     "'pkg.mod:Class' path")
-        missing = missing_features(backend_class(name), sliding_window, logits_soft_cap)
+        missing = missing_features(backend_class(name), sliding_window, logits_soft_cap, sinks)
         if missing and option:
             raise ConfigError(f"attention backend {name!r} (the attention_backend option) cannot serve attention layer "
                               f"{index}: it needs {' and '.join(missing)}, which {name} does not support; leave "
@@ -101,5 +102,6 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
         names.append(name)
         # Ours take (num_heads, num_kv_heads, head_dim, scale); a vLLM descriptor's implementation, vLLM's keywords.
         backends.append(build_backend(classes[name], layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale,
-                                      sliding_window=sliding_window, logits_soft_cap=logits_soft_cap))
+                                      sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                                      sinks=sinks))
     return BackendChoice(names, backends, chosen_by, owners, fallbacks)

@@ -35,12 +35,14 @@ class TorchPagedBackend(AttentionBackend):
     # Both in the C kernel (a window start per row, the cap before the softmax) and in the torch reference.
     supports_sliding_window = True
     supports_logits_soft_cap = True
+    # In the torch reference only: a layer with sinks runs there (the C kernel has no sink term).
+    supports_sinks = True
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata) -> torch.Tensor:
         key_cache, value_cache = kv_cache
         in_place = None
-        if key_cache.device.type == "cpu" and cpu_attention.available(key_cache.dtype) \
+        if self.sinks is None and key_cache.device.type == "cpu" and cpu_attention.available(key_cache.dtype) \
                 and key_cache.is_contiguous() and value_cache.is_contiguous():
             in_place = attend_in_place
         if in_place is not None and key.dtype == key_cache.dtype and key.stride(2) == 1 and value.stride(2) == 1:
@@ -51,4 +53,4 @@ class TorchPagedBackend(AttentionBackend):
         # step reads them directly instead of gathering them back from the cache.
         return paged_attention(query, key_cache, value_cache, metadata.plan, self.scale, new_key=key,
                                new_value=value, in_place=in_place, sliding_window=self.sliding_window,
-                               logits_soft_cap=self.logits_soft_cap)
+                               logits_soft_cap=self.logits_soft_cap, sinks=self.sinks)

@@ -42,12 +42,16 @@ class AttentionBackend:
     # What a layer may need beyond causal attention (the worker sets them on the layer's instance, after
     # building it): `sliding_window` (each query sees only its last N keys, and the blocks before them may be
     # stale or the null block: docs/engine.md, the hybrid KV cache) and `logits_soft_cap` (scores become
-    # `cap * tanh(score / cap)` before the softmax, Gemma 2). A backend that does not declare the support
+    # `cap * tanh(score / cap)` before the softmax, Gemma 2) and `sinks` (a learned logit per query head that
+    # joins each row's softmax and takes its share of the probability, attending to nothing: GPT-OSS; a tensor
+    # `[num_heads]` of this rank's heads, float32 or the model dtype). A backend that does not declare the support
     # serves no layer that needs it (the worker names the layer and the feature; see attention/selector.py).
     supports_sliding_window = False
     supports_logits_soft_cap = False
+    supports_sinks = False
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
+    sinks: Any = None
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -162,11 +166,11 @@ def descriptor_implementation(name: str, descriptor: type, origin: str) -> Any:
 
 
 def build_backend(backend: type, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, *,
-                  sliding_window: int | None = None, logits_soft_cap: float | None = None) -> Any:
+                  sliding_window: int | None = None, logits_soft_cap: float | None = None, sinks: Any = None) -> Any:
     """One layer's backend instance: `backend(num_heads, num_kv_heads, head_dim, scale)`, ours, or by
     vLLM's keywords (`num_heads, head_size, scale, num_kv_heads, ...`, the layer's `sliding_window` and
-    `logits_soft_cap` among them) when its constructor names head_size. The layer's sliding window and soft cap
-    are then set on the instance (the attributes AttentionBackend declares)."""
+    `logits_soft_cap` and `sinks` among them) when its constructor names head_size. The layer's sliding window,
+    soft cap and sinks are then set on the instance (the attributes AttentionBackend declares)."""
     try:
         parameters = dict(inspect.signature(backend).parameters)
     except (TypeError, ValueError):  # a constructor Python cannot inspect: ours, positionally
@@ -179,21 +183,25 @@ def build_backend(backend: type, num_heads: int, num_kv_heads: int, head_dim: in
                                     if vllm_name in parameters}
         keywords.update({name: value for name, value in _VLLM_INIT_DEFAULTS.items()
                          if name in parameters and parameters[name].default is inspect.Parameter.empty})
-        for name, value in (("sliding_window", sliding_window), ("logits_soft_cap", logits_soft_cap)):
+        for name, value in (("sliding_window", sliding_window), ("logits_soft_cap", logits_soft_cap),
+                            ("sinks", sinks)):
             if name in parameters:
                 keywords[name] = value
         instance = backend(**keywords)
-    instance.sliding_window, instance.logits_soft_cap = sliding_window, logits_soft_cap
+    instance.sliding_window, instance.logits_soft_cap, instance.sinks = sliding_window, logits_soft_cap, sinks
     return instance
 
 
-def missing_features(backend: type, sliding_window: int | None, logits_soft_cap: float | None) -> list[str]:
+def missing_features(backend: type, sliding_window: int | None, logits_soft_cap: float | None,
+                     sinks: Any = None) -> list[str]:
     """What a layer needs that `backend` (a class) does not declare it supports."""
     missing = []
     if sliding_window is not None and not getattr(backend, "supports_sliding_window", False):
         missing.append(f"a sliding window ({sliding_window} tokens)")
     if logits_soft_cap is not None and not getattr(backend, "supports_logits_soft_cap", False):
         missing.append(f"attention logit soft-capping ({logits_soft_cap})")
+    if sinks is not None and not getattr(backend, "supports_sinks", False):
+        missing.append("attention sinks")
     return missing
 
 

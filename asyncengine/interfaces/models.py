@@ -28,6 +28,12 @@ class _ModelRegistry(Registry):
             "Olmo2ForCausalLM": "asyncengine.models.olmo2:Olmo2ForCausalLM",
             "GraniteForCausalLM": "asyncengine.models.granite:GraniteForCausalLM",
             "Glm4ForCausalLM": "asyncengine.models.glm4:Glm4ForCausalLM",
+            # Mixtures of experts (docs/models.md): the decoder above with a FusedMoE block (models/moe.py).
+            "Qwen3MoeForCausalLM": "asyncengine.models.qwen3_moe:Qwen3MoeForCausalLM",
+            "Qwen2MoeForCausalLM": "asyncengine.models.qwen2_moe:Qwen2MoeForCausalLM",
+            "MixtralForCausalLM": "asyncengine.models.mixtral:MixtralForCausalLM",
+            "OlmoeForCausalLM": "asyncengine.models.olmoe:OlmoeForCausalLM",
+            "GptOssForCausalLM": "asyncengine.models.gpt_oss:GptOssForCausalLM",
             # Pooling models (docs/pooling.md): BERT-family encoders and classifiers on BERT and decoder bases.
             "BertModel": "asyncengine.models.bert:BertModel",
             "BertForSequenceClassification": "asyncengine.models.bert:BertForSequenceClassification",

@@ -1,5 +1,6 @@
 """Llama, and the decoder every native architecture here is built from (Qwen2, Qwen3, Mistral, Gemma 2 and 3,
-Phi-3, OLMo 2, Granite, GLM-4 subclass this file's classes and set its switches).
+Phi-3, OLMo 2, Granite, GLM-4, and the mixtures of experts Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE subclass this
+file's classes and set its switches).
 
 Written against the paged KV cache: the batch is a flat run of tokens with their positions, and each
 attention layer reads keys and values from cache pages (asyncengine/models/layers/attention.py).
@@ -15,11 +16,14 @@ What the architectures change is said by class attributes and hooks, each read o
   the soft cap of its scores, its rope parameters (per layer type: Gemma 3's local and global bases), a norm of
   the query and key heads before rotary (`normalize_qk`: Qwen3, Gemma 3, OLMo 2);
 - the layer (`LlamaDecoderLayer`): which norms sit around attention and the MLP (`norm_names`: before each
-  block, on each block's output, or both), the norm's kind (`make_norm`), the MLP's activation, a multiplier
-  on each block's output before it joins the residual (Granite);
+  block, on each block's output, or both), the norm's kind (`make_norm`), the MLP (`make_mlp`: a mixture of
+  experts, asyncengine/models/moe.py) and its activation, a multiplier on each block's output before it joins
+  the residual (Granite);
 - the model and the head: a scale on the embeddings (Gemma's sqrt(hidden_size), Granite's multiplier), a
   divisor and a soft cap on the logits (Granite, Gemma 2).
-Checkpoints that store q/k/v or gate/up fused (Phi-3, GLM-4) load into the same fused layers (`load_weights`).
+Checkpoints that store q/k/v or gate/up fused (Phi-3, GLM-4) load into the same fused layers (`load_weights`);
+expert tensors go to their FusedMoE layer; a checkpoint named or laid out otherwise is converted first
+(`checkpoint_weights`: Mixtral's `block_sparse_moe`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.activation import gated_activation
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from asyncengine.models.layers.fused_moe import FusedMoE
 from asyncengine.models.layers.logits import finish_logits, some_names
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, check_shape, copy_checked
 from asyncengine.models.layers.norm import RMSNorm
@@ -162,10 +167,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype, intermediate_size: int | None = None) -> None:
+        """`intermediate_size`: the config's unless given (a MoE model's dense layers and shared expert)."""
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        size = config.intermediate_size
+        size = intermediate_size or config.intermediate_size
         rows = parallel.split_evenly(size, parallel.world_size())[parallel.rank()]
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [rows, rows], [size, size], bias=bias, dtype=dtype)
         self.down_proj = RowParallelLinear(rows, size, config.hidden_size, bias=bias, dtype=dtype)
@@ -188,12 +194,18 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0) -> None:
         super().__init__()
         self.self_attn = self.attention_cls(config, dtype=dtype, layer_index=layer_index)
-        self.mlp = LlamaMLP(config, dtype=dtype)
+        self.mlp = self.make_mlp(config, dtype, layer_index)
         for name in self.norm_names:
             if name is not None:
                 setattr(self, name, self.make_norm(config, config.hidden_size, dtype))
         self._norms = tuple(None if name is None else getattr(self, name) for name in self.norm_names)
         self.residual_multiplier = self.block_output_multiplier(config)
+
+    @staticmethod
+    def make_mlp(config: Any, dtype: torch.dtype, layer_index: int) -> nn.Module:
+        """The block after attention, `[tokens, hidden] -> [tokens, hidden]`: Llama's gated MLP (a mixture of
+        experts on a MoE architecture's sparse layers, asyncengine/models/moe.py)."""
+        return LlamaMLP(config, dtype=dtype)
 
     @staticmethod
     def make_norm(config: Any, size: int, dtype: torch.dtype) -> nn.Module:
@@ -346,7 +358,7 @@ class LlamaForCausalLM(nn.Module):
         required = self._required_pieces(params)
         loaded: set[tuple[str, int | None]] = set()
         unexpected = []
-        for name, tensor in weights:
+        for name, tensor in self.checkpoint_weights(weights):
             if name.endswith(IGNORED_CHECKPOINT_SUFFIXES):
                 continue
             if self.tie_word_embeddings and name == "lm_head.weight":
@@ -354,6 +366,12 @@ class LlamaForCausalLM(nn.Module):
             if self.head_from_embedding and name == "model.embed_tokens.weight":
                 name = "lm_head.weight"
             elif self._on_another_stage(name):
+                continue
+            experts = self._experts_of(name)
+            if experts is not None:  # a MoE layer's expert tensor: the layer takes its experts' parts
+                module_name, layer, key = experts
+                pieces = layer.load_checkpoint(key, tensor, name)
+                loaded.update((f"{module_name}.{leaf}", piece) for leaf, piece in pieces)
                 continue
             target_name, shard = _fused_target(name)
             param = params.get(target_name)
@@ -393,11 +411,32 @@ class LlamaForCausalLM(nn.Module):
             module = self.get_submodule(module_name)
             if leaf in getattr(getattr(module, "quant_method", None), "computed_parameters", ()):
                 continue  # computed while loading (a quantization scale), not read from the checkpoint
+            if isinstance(module, FusedMoE):  # each expert's gate, up and down, wherever the checkpoint has them
+                required.update((name, piece) for piece in module.checkpoint_pieces(leaf))
+                continue
             if isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
                 required.update((name, shard) for shard in range(module.num_shards))
             else:
                 required.add((name, None))
         return required
+
+    def checkpoint_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors as this model names and lays them out: an architecture whose checkpoint
+        differs (Mixtral's `block_sparse_moe`) renames or converts them here. Llama's are as they are."""
+        return weights
+
+    def _experts_of(self, name: str) -> tuple[str, FusedMoE, str] | None:
+        """(module name, FusedMoE layer, the name's rest) for an expert tensor (`....mlp.experts.3.up_proj.weight`,
+        `....mlp.experts.gate_up_proj`), None for any other tensor."""
+        prefix, found, key = name.partition(".experts.")
+        if not found:
+            return None
+        module_name = prefix + ".experts"
+        try:
+            layer = self.get_submodule(module_name)
+        except AttributeError:
+            return None
+        return (module_name, layer, key) if isinstance(layer, FusedMoE) else None
 
     def _on_another_stage(self, name: str) -> bool:
         """A checkpoint tensor that another pipeline stage loads (never with a single stage)."""

@@ -11,7 +11,7 @@ from torch import nn
 
 from asyncengine import parallel_state as parallel
 from asyncengine.models.layers.linear import check_shape, copy_checked
-from asyncengine.models.layers.norm import GemmaRMSNorm, rms_norm_float32_weight
+from asyncengine.models.layers.norm import GemmaRMSNorm, rms_norm_float32_weight, rms_norm_native
 from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 
@@ -22,11 +22,14 @@ def olmo2_norm(config: Any, size: int, dtype: torch.dtype) -> GemmaRMSNorm:
 class ProjectionNorm(GemmaRMSNorm):
     """OLMo 2's norm of a whole projection, whose rows tensor-parallel ranks split: each rank holds its rows of
     the weight, and the mean square is summed over the ranks (`replicas`: how many ranks hold each row, when a
-    KV head is repeated on several)."""
+    KV head is repeated on several). `llama_rounding`: round the norm to the model dtype before the weight
+    multiplies (OLMoE's, Llama's order) instead of after (OLMo 2's)."""
 
-    def __init__(self, total: int, rows: tuple[int, int], eps: float, *, dtype: torch.dtype, replicas: int) -> None:
+    def __init__(self, total: int, rows: tuple[int, int], eps: float, *, dtype: torch.dtype, replicas: int,
+                 llama_rounding: bool = False) -> None:
         super().__init__(rows[1] - rows[0], eps, dtype=dtype, weight_offset=0.0)
         self.total, self.rows, self.replicas = total, rows, replicas
+        self.llama_rounding = llama_rounding
 
     def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:
         check_shape(loaded, (self.total,), name)
@@ -37,22 +40,29 @@ class ProjectionNorm(GemmaRMSNorm):
         if residual is not None:
             raise ValueError("ProjectionNorm normalizes a projection: it takes no residual")
         if parallel.world_size() == 1:
+            if self.llama_rounding:
+                return rms_norm_native(x, self.weight, self.eps)
             return rms_norm_float32_weight(x, self.effective_weight(), self.eps)
         h = x.float()
         square_sum = parallel.all_reduce(h.pow(2).sum(-1, keepdim=True)) / self.replicas
         h = h * torch.rsqrt(square_sum / self.total + self.eps)
+        if self.llama_rounding:
+            return self.weight * h.to(x.dtype)
         return (h * self.effective_weight()).to(x.dtype)
 
 
 class Olmo2Attention(LlamaAttention):
+    llama_rounding = False  # ProjectionNorm's rounding order (OLMoE: True)
+
     def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0) -> None:
         super().__init__(config, dtype=dtype, layer_index=layer_index)
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         kv_replicas = max(1, parallel.world_size() // kv_heads)  # ranks sharing each KV head (partition_heads)
-        self.q_norm = ProjectionNorm(heads * self.head_dim, self.q_rows, config.rms_norm_eps, dtype=dtype, replicas=1)
+        self.q_norm = ProjectionNorm(heads * self.head_dim, self.q_rows, config.rms_norm_eps, dtype=dtype, replicas=1,
+                                     llama_rounding=self.llama_rounding)
         self.k_norm = ProjectionNorm(kv_heads * self.head_dim, self.kv_rows, config.rms_norm_eps, dtype=dtype,
-                                     replicas=kv_replicas)
+                                     replicas=kv_replicas, llama_rounding=self.llama_rounding)
 
     def normalize_qk(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = query.shape[0]

@@ -12,48 +12,13 @@ The rest of the matrix (each architecture on each path) is bench/model_matrix.py
 
 from __future__ import annotations
 
-import random
-
 import anyio
 import pytest
 
-from asyncengine import LLM, SamplingParams
+from asyncengine import SamplingParams
 from asyncengine.frontend.async_engine import AsyncEngine
-from support.engine_checks import assert_all_blocks_free
-from support.hf_reference import check_greedy, hf_greedy
 from support.native_models import SPECS, WINDOW
-
-NUM_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def references(tiny_model):
-    """transformers' greedy decoding of each prompt, computed once per (model, prompt)."""
-    cache = {}
-
-    def get(name: str, prompt: list[int]):
-        key = (name, tuple(prompt))
-        if key not in cache:
-            cache[key] = hf_greedy(tiny_model(name).hf_model, prompt, NUM_TOKENS)
-        return cache[key]
-
-    return get
-
-
-def prompts_for(vocab_size: int, seed: int, lengths=(3, 40, 17, 64), shared_prefix: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, vocab_size) for _ in range(shared_prefix)]
-    return [prefix + [rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
-
-
-def run_and_compare(llm: LLM, name: str, prompts: list[list[int]], references, parity_record) -> list:
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    for prompt, output in zip(prompts, outputs):
-        assert output.finished and output.outputs[0].finish_reason == "length"
-        check_greedy(output.outputs[0], references(name, prompt), parity_record)
-    assert_all_blocks_free(llm.get_scheduler_stats())
-    return outputs
+from support.parity_runs import prompts_for, run_and_compare
 
 
 @pytest.mark.parametrize("name", list(SPECS))

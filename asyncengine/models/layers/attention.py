@@ -84,14 +84,19 @@ class PagedAttention(nn.Module):
 
     `sliding_window`: each query sees only its last `sliding_window` keys (Mistral, Gemma 2/3's local
     layers); the KV cache then keeps only those blocks for this layer (the hybrid KV cache). `logits_soft_cap`:
-    scores capped as `cap * tanh(score / cap)` before the softmax (Gemma 2). `layer_index`: the layer's place in
+    scores capped as `cap * tanh(score / cap)` before the softmax (Gemma 2). `sinks`: a logit per query head (of
+    this rank) that joins each row's softmax and attends to nothing (GPT-OSS); the model owns the tensor (its
+    checkpoint name is the model's), this layer only hands it to the backend. `layer_index`: the layer's place in
     the model (the KV cache layout names layers by it; with pipeline parallelism a stage holds only some).
     """
 
+    sinks: torch.Tensor | None
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, *,
                  sliding_window: int | None = None, logits_soft_cap: float | None = None,
-                 layer_index: int | None = None) -> None:
+                 sinks: torch.Tensor | None = None, layer_index: int | None = None) -> None:
         super().__init__()
+        object.__setattr__(self, "sinks", sinks)  # a reference, not a parameter of this module
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim

@@ -158,6 +158,38 @@ class FusedMoE(CustomOp):
             check_shape(loaded, (self.intermediate_size, self.hidden_size), name)
             self.w13_weight.data[local, offset:offset + inner].copy_(loaded[start:end])
 
+    def checkpoint_pieces(self, leaf: str) -> set[int]:
+        """The pieces of parameter `leaf` a checkpoint must provide, per expert this rank holds: the gate and the
+        up part of `w13_*` (2 * local expert, and that + 1), the whole `w2_*` (local expert)."""
+        per_expert = 2 if leaf.startswith("w13") else 1
+        return set(range(per_expert * self.num_local_experts))
+
+    def load_checkpoint(self, key: str, loaded: torch.Tensor, name: str) -> list[tuple[str, int]]:
+        """A checkpoint tensor named `<layer>.experts.<key>`: one expert's projection (`3.gate_proj.weight`,
+        Mixtral's `3.w1.weight`, `3.down_proj.bias`) or every expert's stacked (`gate_up_proj`, `down_proj`,
+        `gate_up_proj_bias`, `down_proj_bias`). Returns the (parameter, piece) pairs it set
+        (`checkpoint_pieces`); none for an expert another rank holds."""
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0].isdigit() and parts[2] in ("weight", "bias"):
+            expert, shard, kind = int(parts[0]), parts[1], parts[2]
+            self.load_expert(loaded, expert=expert, shard=shard, name=name, bias=kind == "bias")
+            local = expert - self.first_expert
+            if not 0 <= local < self.num_local_experts:
+                return []
+            part = SHARDS[shard]
+            if part == "down":
+                return [(f"w2_{kind}", local)]
+            return [(f"w13_{kind}", 2 * local + (part == "up"))]
+        stacked = {"gate_up_proj": "w13_weight", "down_proj": "w2_weight", "gate_up_proj_bias": "w13_bias",
+                   "down_proj_bias": "w2_bias"}
+        param = stacked.get(key.removesuffix(".weight"))
+        if param is None:
+            raise ModelLoadError(f"checkpoint tensor {name!r} is not an expert tensor FusedMoE knows: expected "
+                                 "experts.<e>.<gate_proj|up_proj|down_proj|w1|w3|w2>.<weight|bias> or experts."
+                                 f"<{'|'.join(stacked)}>")
+        self.load_stacked(loaded, param=param, name=name)
+        return [(param, piece) for piece in self.checkpoint_pieces(param)]
+
     def load_stacked(self, loaded: torch.Tensor, *, param: str, name: str) -> None:
         """A tensor stacking every expert, in transformers' layout (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
         gate rows first; `down_proj` `[E, H, I]`; their biases `[E, 2I]`, `[E, H]`): `param` is

@@ -1,0 +1,59 @@
+"""The mixture-of-experts architectures of issue 35 against transformers (float32, eager attention and experts), on
+tiny random models (tests/support/moe_models.py): Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, GPT-OSS (its attention
+sinks on the TORCH_PAGED backend's torch path; its MXFP4 loading: test_gpt_oss_mxfp4.py).
+
+Each decodes prompts greedily: tokens identical to transformers decoding the prompt alone (a divergence only as
+a tie, tests/support/hf_reference.py) and top-5 logprobs within 1e-3. Qwen3-MoE, the representative, also runs
+the paths where a batch's tokens are routed differently from a lone prompt's: chunked prefill with prefix-cache
+hits, preemption under a small cache, and two tensor-parallel ranks (each holding half of every expert). The
+rest of the matrix (each architecture on each path) is bench/model_matrix.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support.moe_models import MOE_SPECS
+from support.parity_runs import prompts_for, run_and_compare
+
+
+@pytest.mark.parametrize("name", list(MOE_SPECS))
+def test_greedy_parity_with_transformers(tiny_model, references, make_llm, parity_record, name):
+    model = tiny_model(name)
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, dtype="float32")
+    # The native class ran (not a fallback): asyncengine/models/<name>.py.
+    assert llm.collective_rpc("describe")[0]["model_class"].startswith(f"asyncengine.models.{name}:")
+    # Prompts past the 16-token windows (Mixtral's, GPT-OSS's sliding layers).
+    run_and_compare(llm, name, prompts_for(model.vocab_size, seed=11, lengths=(3, 40, 21)), references,
+                    parity_record)
+
+
+def test_qwen3_moe_chunked_prefill_and_prefix_hits(tiny_model, references, make_llm, parity_record):
+    model = tiny_model("qwen3_moe")
+    prompts = prompts_for(model.vocab_size, seed=12, lengths=(9, 30, 1, 21), shared_prefix=40)
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, dtype="float32", block_size=8,
+                   max_num_batched_tokens=16)
+    first = run_and_compare(llm, "qwen3_moe", prompts, references, parity_record)
+    second = run_and_compare(llm, "qwen3_moe", prompts, references, parity_record)
+    for prompt, output in zip(prompts, second):  # every full block found, but a prompt's last token's
+        assert output.num_cached_tokens == (len(prompt) // 8 - (len(prompt) % 8 == 0)) * 8
+    assert sum(o.num_cached_tokens >= 40 for o in first) >= len(first) - 1  # the shared prefix, within a run
+
+
+def test_qwen3_moe_preemption_under_a_small_cache(tiny_model, references, make_llm, parity_record):
+    model = tiny_model("qwen3_moe")
+    # 16 blocks of 8: one sequence of max_model_len (12 blocks) fits, the batch does not.
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=96, dtype="float32", block_size=8,
+                   max_num_batched_tokens=32, num_gpu_blocks_override=16)
+    prompts = prompts_for(model.vocab_size, seed=14, lengths=(60, 33, 47, 25, 58, 40))
+    run_and_compare(llm, "qwen3_moe", prompts, references, parity_record)
+    assert llm.get_scheduler_stats().num_preemptions > 0
+
+
+def test_qwen3_moe_on_two_tensor_parallel_ranks(tiny_model, references, make_llm, parity_record):
+    model = tiny_model("qwen3_moe")
+    llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, dtype="float32",
+                   tensor_parallel_size=2, kv_cache_memory_bytes=4 * 2**20)
+    assert [d["rank"] for d in llm.collective_rpc("describe")] == [0, 1]
+    run_and_compare(llm, "qwen3_moe", prompts_for(model.vocab_size, seed=15, lengths=(5, 50, 70)), references,
+                    parity_record)
