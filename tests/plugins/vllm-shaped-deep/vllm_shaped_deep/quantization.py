@@ -2,6 +2,8 @@
 scale per output channel); each call quantizes the activations per token and runs an int8 x int8 -> int32
 GEMM, then scales back. "deep_int8_broken" is the same config whose create_weights raises."""
 
+import os
+
 import torch
 from torch.nn import Parameter
 
@@ -82,6 +84,10 @@ class DeepInt8LinearMethod(LinearMethodBase):
         quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
         layer.weight = Parameter(quantized, requires_grad=False)
         layer.weight_scale = Parameter(scale, requires_grad=False)
+        record = os.environ.get("DEEP_RECORD")
+        if record:
+            with open(record, "a", encoding="utf-8") as file:
+                file.write(f"quantized {type(layer).__name__} {tuple(quantized.shape)} {quantized.dtype}\n")
 
     def apply(self, layer, x, bias=None):
         rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
