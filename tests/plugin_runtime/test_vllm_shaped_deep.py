@@ -58,15 +58,15 @@ def test_deep_check_passes_at_tp2_with_the_quantization_method(ported, tmp_path)
 
 
 FAILURES = {
-    # a worker class (vLLM's CPU worker's subclass) whose init_device raises, in the engine core's process
-    "init_device": ((), {"DEEP_FAIL": "init_device"}, "vllm_shaped_deep.worker.DeepWorker", "the engine core",
-                    "RuntimeError: rank 0: the DeepDevice runtime is not loaded"),
-    # the platform's hook, called by the worker
+    # a worker class (vLLM's CPU worker's subclass) whose init_device raises: at TP=2 each rank is a process
+    "init_device": (("--tp", "2", "--in-process"), {"DEEP_FAIL": "init_device"}, "vllm_shaped_deep.worker.DeepWorker",
+                    "the worker rank ", "init device", "RuntimeError: rank "),
+    # the platform's hook, called by the worker (here a thread of the frontend's process)
     "set_device": (("--in-process",), {"DEEP_FAIL": "set_device"}, "vllm_shaped_deep.platform.DeepPlatform",
-                   "the frontend", "RuntimeError: DeepDevice cannot be selected: no such card"),
+                   "the frontend (pid ", "start workers", "RuntimeError: DeepDevice cannot be selected: no such card"),
     # a vLLM LinearMethodBase whose create_weights raises while the worker builds the model
     "create_weights": (("--in-process", "--quantization", "deep_int8_broken"), {},
-                       "vllm_shaped_deep.quantization.BrokenCreateWeights", "the frontend",
+                       "vllm_shaped_deep.quantization.BrokenCreateWeights", "the frontend (pid ", "load model",
                        "ValueError: deep_int8 needs input sizes divisible by 128, got 64"),
 }
 
@@ -74,13 +74,14 @@ FAILURES = {
 @pytest.mark.parametrize("hook", sorted(FAILURES))
 def test_deep_check_names_the_plugin_the_hook_and_the_process(ported, hook):
     target, _ = ported
-    options, env, owner, process, detail = FAILURES[hook]
+    options, env, owner, process, phase, detail = FAILURES[hook]
     result = deep_check(target, *options, **env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     report = result.stderr[result.stderr.index("deep check failed:"):]
     assert f"  plugin:  {owner} (distribution {PLUGIN} 0.1)\n" in report, report
     assert f"  hook:    {hook}\n" in report, report
-    assert f"  process: {process} (pid " in report, report
+    assert f"  process: {process}" in report, report
+    assert f"  phase:   {phase}\n" in report, report
     assert detail in report, report
 
 

@@ -55,14 +55,20 @@ _PLUGIN = re.compile(r"plugin code (\S+ \([^)]*\)): its hook (\S+) raised .*\(in
                      re.DOTALL)
 
 
-def culprit_of(error: BaseException) -> Culprit:
+def culprit_of(error: BaseException, records: list[StartupRecord]) -> Culprit:
+    """From the error's message; the phase, when the message does not say it (an error naming its plugin
+    passes the phases unchanged), from the failed record of the process it names."""
     message = str(error)
     phases = _PHASE.findall(message)
     plugin = _PLUGIN.search(message)
     process, phase = phases[-1] if phases else (None, None)
-    return Culprit(phase=phase, process=plugin.group(3) if plugin else process,
-                   plugin=plugin.group(1) if plugin else None, hook=plugin.group(2) if plugin else None,
-                   message=message)
+    if plugin:
+        process = plugin.group(3)
+    if phase is None:
+        failed = [r for r in records if r.outcome == FAILED and (process is None or f"(pid {r.pid})" in process)]
+        phase = failed[0].phase if failed else None
+    return Culprit(phase=phase, process=process, plugin=plugin.group(1) if plugin else None,
+                   hook=plugin.group(2) if plugin else None, message=message)
 
 
 def write_tiny_llama(directory: Path) -> Path:
@@ -84,7 +90,7 @@ async def deep_check(config: EngineConfig) -> tuple[list[StartupRecord], Culprit
             config, model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, max_model_len=64,
             kv_cache_memory_bytes=KV_CACHE_BYTES, startup_trace=str(trace_file))
         trace = StartupTrace("frontend")
-        culprit: Culprit | None = None
+        failure: Exception | None = None
         started = time.time()
         try:
             async with AsyncEngine.start(checked) as engine:
@@ -98,11 +104,11 @@ async def deep_check(config: EngineConfig) -> tuple[list[StartupRecord], Culprit
         except ConfigError:
             raise
         except Exception as error:  # any failure is the check's finding: reported with its culprit, exit 1
-            culprit = culprit_of(error)
+            failure = error
             if not trace_file.is_file():  # failed before the start-up trace was written
                 trace.add("deep check: start", started=started, outcome=FAILED, reason=str(error))
-        records = read_trace(trace_file) if trace_file.is_file() else []
-        return records + trace.records, culprit
+        records = (read_trace(trace_file) if trace_file.is_file() else []) + trace.records
+        return records, None if failure is None else culprit_of(failure, records)
 
 
 def format_culprit(culprit: Culprit) -> str:
