@@ -111,6 +111,7 @@ class BaseModelLoader:
         return model.eval()
 
 
+@reads("quantization", "worker")
 def _quantization_config(user_quant: str | None, hf_config: Any, model_config: ModelConfig) -> Any:
     """The QuantizationConfig the model is built with (None: unquantized), as vLLM's loader builds it
     (interfaces/quantization.py: the method's name, its config, its activation dtypes)."""

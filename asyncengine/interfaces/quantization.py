@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.plugin_code import plugin_hook
-from asyncengine.interfaces.registry import BUILT_IN, Registry
+from asyncengine.interfaces.registry import BUILT_IN, Registry, reads
 
 if TYPE_CHECKING:
     import torch
@@ -227,6 +227,8 @@ def quantization_config_for(cls: type[QuantizationConfig], hf_config: Any, model
         return cls.from_config(found or {})
 
 
+@reads("quantization", "frontend")  # the name checked before anything starts
+@reads("quantization", "worker")  # the name the model is built with
 def resolve_quantization_name(user_quant: str | None, hf_config: Any) -> str | None:
     """The method that builds the model, as vLLM decides it: a method whose `override_quantization_method`
     claims the checkpoint wins (asked in registration order); else the user's `quantization`; else the
