@@ -101,8 +101,10 @@ async def deep_check(config: EngineConfig) -> tuple[list[StartupRecord], Culprit
                 if len(tokens) != 1:  # our own engine's fault, not a plugin's: said plainly
                     raise RuntimeError(f"one forward on the tiny model gave {len(tokens)} tokens, not one")
                 trace.add("deep check: one forward", started=forward_started)
-        except ConfigError:
-            raise
+        except ConfigError as error:
+            if getattr(error, "plugin_hook", None) is None:
+                raise  # the options themselves: the CLI's exit code 2
+            failure = error  # a plugin refusing the configuration: its finding, named
         except Exception as error:  # any failure is the check's finding: reported with its culprit, exit 1
             failure = error
             if not trace_file.is_file():  # failed before the start-up trace was written
