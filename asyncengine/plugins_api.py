@@ -55,11 +55,14 @@ from asyncengine.interfaces.model_loader import (  # read in: worker (build), fr
 from asyncengine.loader.registry import SafetensorsLoader, register_model_loader
 from asyncengine.models.layers.op_registry import register_op_impl  # read in: worker (op providers, per call)
 from asyncengine.interfaces.quantization import (  # read in: worker (build), frontend (checks the name)
+    LinearBase,
     LinearMethod,
+    LinearMethodBase,
     QuantizationConfig,
     QuantizationRegistry,
+    QuantizeMethodBase,
 )
-from asyncengine.models.layers.quantization import register_quantization_config
+from asyncengine.models.layers.quantization import UnquantizedLinearMethod, register_quantization_config
 from asyncengine.interfaces.models import ModelRegistry  # read in: frontend (validate), worker (build)
 from asyncengine.interfaces.pooler import (  # read in: worker (a pooling model's pooler, by --pooler-config)
     Pooler,
@@ -260,10 +263,14 @@ __all__ = [
     "ModelLoaderRegistry",
     "register_model_loader",
     "SafetensorsLoader",
+    "LinearBase",
     "LinearMethod",
+    "LinearMethodBase",
     "QuantizationConfig",
     "QuantizationRegistry",
+    "QuantizeMethodBase",
     "register_quantization_config",
+    "UnquantizedLinearMethod",
     "DeltaFunctionCall",
     "DeltaMessage",
     "DeltaToolCall",

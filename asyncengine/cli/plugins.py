@@ -32,6 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     check = commands.add_parser("check", help="start every role without a model and report (exit 1 on a failure)")
     _settings(check, placement=True)
     check.add_argument("--startup-trace", metavar="FILE", help="also write the records as JSON to FILE")
+    check.add_argument("--deep", action="store_true",
+                       help="also start the workers: init_device, the model built on a tiny dummy-weight Llama "
+                       "config and one forward, then stop (docs/porting.md)")
+    check.add_argument("--quantization", default=None, metavar="NAME",
+                       help="with --deep: build the tiny model's linear layers with this quantization method")
     check.set_defaults(handler=run_check)
 
     from asyncengine.cli import port
@@ -120,6 +125,11 @@ def run_timeline(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if args.deep:
+        return _run_deep_check(args)
+    if args.quantization is not None:
+        print("asyncengine: --quantization is read by the deep check only: add --deep", file=sys.stderr)
+        return 2
     from asyncengine.cli.reports.check import check_start
     from asyncengine.plugin_runtime.records import FAILED, format_report, write_trace
 
@@ -132,6 +142,28 @@ def run_check(args: argparse.Namespace) -> int:
         return 1
     failed = [r for r in records if r.outcome == FAILED]
     return 1 if failed else 0
+
+
+def _run_deep_check(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from asyncengine.cli.reports.deep_check import deep_check, format_culprit, unbuilt_quantization_methods
+    from asyncengine.plugin_runtime.records import format_report, write_trace
+
+    config = msgspec.structs.replace(_config(args), quantization=args.quantization)
+    records, culprit = anyio.run(deep_check, config, backend="trio")
+    if args.startup_trace:
+        write_trace(args.startup_trace, records)
+    print(format_report(records))
+    if culprit is not None:
+        print(format_culprit(culprit), file=sys.stderr)
+        return 1
+    unbuilt = unbuilt_quantization_methods(config)
+    if unbuilt:
+        print(f"not built: the plugins' quantization methods {', '.join(unbuilt)} (check each with --deep "
+              "--quantization NAME)")
+    print("deep check passed: every rank initialised its device, built the tiny model and ran one forward")
+    return 0
 
 
 def run_map(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.loader.model_source import resolve_files_dir, resolve_model_dir
 from asyncengine.loader.registry import ModelLoaderRegistry
+from asyncengine.interfaces.quantization import resolve_quantization_name
 from asyncengine.models.layers.quantization import QuantizationRegistry
 from asyncengine.pooling.default_model import default_pooling_model_dir, wants_default_pooling_model
 from asyncengine.registries.base import describe, reads
@@ -39,7 +40,8 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     # The loader name is checked here, once the general plugins (which may register loaders) have run,
     # before a possibly long GGUF conversion; the worker builds the model with it.
     ModelLoaderRegistry.loader_class(config.load_format)
-    quantization = None if config.quantization is None else QuantizationRegistry.config_class(config.quantization)
+    if config.quantization is not None:  # an unknown name fails here, listing the known ones
+        QuantizationRegistry.config_class(config.quantization)
     _check_attention_backend_name(config.attention_backend)
     if not config.skip_tokenizer_init:  # so is the tokenizer mode: an unknown one lists the known ones
         tokenizer_class(config.tokenizer_mode)
@@ -60,8 +62,11 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     model_config = build_model_config(config, model_dir=model_dir, default_dtype=platform.default_dtype,
                                       tokenizer=tokenizer, architectures=ModelRegistry, tokenizer_dir=tokenizer_dir,
                                       config_dir=config_dir)
-    if quantization is not None:  # the method checks the model and the options before a worker builds it
-        _verify_quantization(quantization, config, model_config)
+    # The method the worker will build (a plugin's override_quantization_method may claim the checkpoint):
+    # it checks the model and the options before a worker builds it.
+    chosen = resolve_quantization_name(config.quantization, model_config.load_hf_config())
+    if chosen is not None:
+        _verify_quantization(QuantizationRegistry.config_class(chosen), chosen, config, model_config, platform)
     remember_resolved_model(config.model, model_config)  # what vLLM's config views show a plugin from now on
     return FrontendSetup(model_config, tokenizer, chat_template)
 
@@ -74,14 +79,24 @@ def _check_attention_backend_name(name: str | None) -> None:
                                                field="attention_backend")  # raises, naming the registered ones
 
 
-def _verify_quantization(method: Any, config: EngineConfig, model_config: ModelConfig) -> None:
+def _verify_quantization(method: Any, name: str, config: EngineConfig, model_config: ModelConfig,
+                         platform: Any) -> None:
+    hook = "verify_config"
     try:
         method.verify_config(config, model_config.load_hf_config())
+        hook = "get_min_capability"
+        minimum = int(method.get_min_capability())
     except ConfigError:
         raise
     except Exception as exc:  # the method's own failure: named with the method, as a configuration error
-        raise ConfigError(f"quantization method {config.quantization!r} ({describe(method)}) raised in "
-                          f"verify_config: {type(exc).__name__}: {exc}", field="quantization") from exc
+        raise ConfigError(f"quantization method {name!r} ({describe(method)}) raised in "
+                          f"{hook}: {type(exc).__name__}: {exc}", field="quantization") from exc
+    # vLLM's check: a device reporting a compute capability (CUDA) must reach the method's minimum.
+    capability = getattr(platform, "get_device_capability", lambda: None)()
+    if capability is not None and minimum > 0 and capability.to_int() < minimum:
+        raise ConfigError(f"quantization method {name!r} needs compute capability {minimum // 10}.{minimum % 10} "
+                          f"or higher (get_min_capability); this device has {capability.to_int() // 10}."
+                          f"{capability.to_int() % 10}", field="quantization")
 
 
 async def prepare_async(config: EngineConfig, platform: Any) -> FrontendSetup:

@@ -18,7 +18,13 @@ from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.interfaces.plugin_code import plugin_hook
-from asyncengine.interfaces.quantization import QuantizationRegistry, building_with, process_weights_after_loading
+from asyncengine.interfaces.quantization import (
+    QuantizationRegistry,
+    building_with,
+    process_weights_after_loading,
+    quantization_config_for,
+    resolve_quantization_name,
+)
 from asyncengine.interfaces.registry import BUILT_IN, Registry, reads
 
 if TYPE_CHECKING:
@@ -103,9 +109,7 @@ class BaseModelLoader:
                                        what="pooling adapter", error=ModelLoadError)
                 model_cls = adapt(model_cls)
             hf_config = model_config.load_hf_config()
-        quant_config = None
-        if self.load_config.quantization is not None:
-            quant_config = QuantizationRegistry.config_class(self.load_config.quantization).from_model_config(hf_config)
+        quant_config = _quantization_config(self.load_config.quantization, hf_config, model_config)
         with building_with(quant_config):
             model = build_on_device(model_cls, hf_config, dtype=model_config.dtype, device=device,
                                     max_position=model_config.max_model_len)
@@ -113,6 +117,23 @@ class BaseModelLoader:
             self.load_weights(model, model_config)
         process_weights_after_loading(model)
         return model.eval()
+
+
+@reads("quantization", "worker")
+def _quantization_config(user_quant: str | None, hf_config: Any, model_config: ModelConfig) -> Any:
+    """The QuantizationConfig the model is built with (None: unquantized), as vLLM's loader builds it
+    (interfaces/quantization.py: the method's name, its config, its activation dtypes)."""
+    name = resolve_quantization_name(user_quant, hf_config)
+    if name is None:
+        return None
+    cls = QuantizationRegistry.config_class(name)
+    quant_config = quantization_config_for(cls, hf_config, model_config.model_dir)
+    with plugin_hook(quant_config, "get_supported_act_dtypes"):
+        supported = [str(dtype).removeprefix("torch.") for dtype in quant_config.get_supported_act_dtypes()]
+    if model_config.dtype not in supported:
+        raise ModelLoadError(f"quantization method {name!r} runs with activations in {', '.join(supported)}, not the "
+                             f"model's dtype {model_config.dtype}: set dtype to one of those")
+    return quant_config
 
 
 def _ours(vllm_config: Any, model_config: Any) -> ModelConfig:

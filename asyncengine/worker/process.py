@@ -62,8 +62,8 @@ async def serve_worker(frames: FrameStream, params: StartupParams, trace: Startu
     async with anyio.create_task_group() as tg:
         await tg.start(thread.serve)
         try:
-            async with trace.phase("init device"):
-                await thread.run(worker.init_device)
+            async with trace.phase("init device"):  # a plugin's worker class raising is named (extension.py)
+                await thread.run(rpc_method(worker, "init_device"))
             async with trace.phase("ready"):
                 pass
             # Whether this rank can run a step whose grammar masks follow it (structured_output/deferred.py).

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from asyncengine.errors import ModelLoadError
+from asyncengine.interfaces.quantization import LinearBase
 from asyncengine.models.layers.quantization import linear_method_for
 from asyncengine import parallel_state as parallel
 
@@ -81,6 +82,11 @@ class RowParallelLinear(nn.Module):
         start, end = self.in_cols
         check_shape(loaded, (param.shape[0], self.in_total), name)
         self.quant_method.load_weight_rows(self, 0, loaded.narrow(1, start, end - start))
+
+
+# vLLM's methods ask `isinstance(layer, LinearBase)` to choose which layers they quantize.
+LinearBase.register(ColumnParallelLinear)
+LinearBase.register(RowParallelLinear)
 
 
 def check_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:

@@ -208,9 +208,18 @@ def register_quantization_config(name: str, *, override: bool = False) -> Callab
 
 
 def linear_method_for(layer: Any, prefix: str = "") -> LinearMethod:
+    """The method of a linear layer being built: the quantization config's (ours, or vLLM's LinearMethodBase
+    through models/layers/vllm_linear.py), else the plain float one."""
+    from asyncengine.interfaces.plugin_code import plugin_hook
+    from asyncengine.models.layers.vllm_linear import as_linear_method
+
     config = _building_with.get()
-    method = config.get_quant_method(layer, prefix) if config is not None else None
-    return method if method is not None else UnquantizedLinearMethod()
+    if config is None:
+        return UnquantizedLinearMethod()
+    with plugin_hook(config, "get_quant_method"):
+        method = config.get_quant_method(layer, prefix)
+    chosen = as_linear_method(method)
+    return chosen if chosen is not None else UnquantizedLinearMethod()
 
 
 __all__ = ["Int8Config", "Int8DynamicConfig", "Int8DynamicLinearMethod", "Int8LinearMethod", "LinearMethod",
