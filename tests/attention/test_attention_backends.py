@@ -174,13 +174,15 @@ def test_a_backend_by_path_runs_every_layer_and_matches_the_built_in(tiny_model)
     assert counting.reason == f"all 2 layers: {COUNTING} (chosen by the attention_backend option; a class path)"
 
 
-def test_an_unknown_backend_fails_start_up_in_the_load_model_phase(tiny_model):
+def test_an_unknown_backend_fails_start_up_in_the_frontends_model_phase(tiny_model):
+    """Checked in the frontend, before any worker starts or a weight loads (the check moved there from the
+    worker's 'load model' phase with vLLM's platform contract: attn_selector_config is resolved up front)."""
     from asyncengine import LLM
 
     with pytest.raises(ConfigError) as caught:
         LLM(str(tiny_model("llama").path), attention_backend="FLASH_ATTN", **OPTIONS)
     message = str(caught.value)
-    assert "failed in start-up phase 'load model'" in message
+    assert "the frontend" in message and "failed in start-up phase 'model'" in message
     assert "attention backend 'FLASH_ATTN' (chosen by the attention_backend option) is not registered; " \
            "registered: TORCH_PAGED, TRITON_PAGED" in message
 
