@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-from asyncengine.server.errors import bad_request
+from asyncengine.server.errors import bad_request, too_deep
 from asyncengine.server.protocol_pooling import SCORE_PAIRS
 
 # The view names (routes.py, serving_pooling.POOLING_ROUTES) an invocation can reach.
@@ -39,6 +39,8 @@ def invocation_view(body: bytes, pooling_task: str | None) -> str:
         raise bad_request(f"/invocations takes a JSON object: {error}", code="invalid_value") from error
     except msgspec.DecodeError as error:
         raise bad_request(f"the request body is not valid JSON: {error}", code="invalid_json") from error
+    except RecursionError as error:  # (skipping a raw value recurses too) as the routes' own decoding says it
+        raise too_deep(body) from error
     if "messages" in fields:
         return "chat_completions"
     if "prompt" in fields:

@@ -21,11 +21,13 @@ from asyncengine.errors import RequestError
 from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.docs_page import DOCS_HTML
-from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
+from asyncengine.server.errors import (
+    ApiError, bad_request, from_engine_error, from_validation_error, too_deep,
+)
 from asyncengine.server.openapi import CONTRACTS, any_of, check_contracts, openapi_document
 from asyncengine.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
-    IOProcessRequest, ModelCard, ModelList, TokenizeRequest, too_deep_field,
+    IOProcessRequest, ModelCard, ModelList, TokenizeRequest,
 )
 from asyncengine.server.invocations import invocation_view
 from asyncengine.server.request_bounds import RequestBounds, bounded
@@ -90,9 +92,7 @@ async def decode_body(struct: type, bounds: RequestBounds | None = None) -> Any:
     except msgspec.DecodeError as error:  # ValidationError is a DecodeError too
         raise from_validation_error(error, struct) from error
     except RecursionError as error:  # a field typed Any, nested deeper than msgspec decodes
-        param = too_deep_field(body)
-        raise bad_request(f"{param or 'the request body'} nests JSON arrays or objects too deeply: flatten it",
-                          param=param, code="invalid_value") from error
+        raise too_deep(body) from error
 
 
 def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip: set[tuple[str, str]]) -> None:

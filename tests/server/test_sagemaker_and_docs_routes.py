@@ -99,6 +99,16 @@ def test_invocation_view_chooses_by_the_fields_in_vllms_order(body, view):
         assert invocation_view(json.dumps(body).encode(), "classify") == "classify"
 
 
+def test_invocation_view_refuses_a_body_nested_too_deep_to_choose_by_naming_the_field():
+    # (msgspec recurses even to skip a raw value: a RecursionError, found by tests/server/test_fuzz.py as a 500)
+    from asyncengine.server.errors import ApiError
+
+    with pytest.raises(ApiError) as caught:
+        invocation_view(b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "embed")
+    assert (caught.value.status, caught.value.param) == (400, "messages")
+    assert "nests JSON arrays or objects too deeply" in caught.value.message
+
+
 def test_docs_is_a_self_contained_page_of_the_contract(smol_server):
     status, headers, body = send(smol_server, "GET", "/docs")  # no key: the page itself holds nothing secret
     assert status == 200 and headers["Content-Type"].startswith("text/html")
