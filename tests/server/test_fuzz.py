@@ -70,7 +70,7 @@ TEXT_ROUTES = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/ping"}
 # Examples whose first case is drawn for one route (the second from every route).
 EXAMPLES_PER_ROUTE = 14  # 336 cases over the first 12 routes (320 before the render routes joined)
 # Fewer for the routes whose code another route's cases already reach (/v1/score is /score's view, /v2/rerank
-# /rerank's, /invocations each route's; /ping reads no body): 62 more cases, 398 in all.
+# /rerank's, /invocations each route's; /ping reads no body): with /v2/embed's 14, 70 more cases, 406 in all.
 FEWER_EXAMPLES = {"/v1/score": 4, "/v2/rerank": 4, "/invocations": 10, "/ping": 3}
 ADAPTER_NAMES = ["a", "b", "misfit", "tiny"]  # "tiny": the served model's own name
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
