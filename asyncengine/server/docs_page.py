@@ -62,7 +62,10 @@ function typeName(doc, schema, depth = 0) {
   }
   if ("const" in schema) return JSON.stringify(schema.const);
   if (schema.enum) return schema.enum.map(v => JSON.stringify(v)).join(" | ");
-  if (schema.type === "array") return typeName(doc, schema.items, depth + 1) + "[]";
+  if (schema.type === "array") {
+    const item = typeName(doc, schema.items, depth + 1);
+    return (item.includes(" | ") ? `(${item})` : item) + "[]";
+  }
   return schema.type || "object";
 }
 
