@@ -27,7 +27,10 @@ from quart import Response, g, request
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/version"})
+# /docs is a static page: the contract it shows comes from /openapi.json, which asks for the key.
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/docs"})
+# POST routes that read no body (SageMaker's health check POSTs to /ping with whatever content type).
+BODYLESS_POSTS = frozenset({"/ping"})
 MAX_REQUEST_ID_LENGTH = 128
 JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
 CORS_ALLOWED_METHODS = "GET, POST, OPTIONS"
@@ -46,7 +49,8 @@ def check_request(config: ServerConfig) -> Response | None:
                        type="authentication_error", code="invalid_api_key")
     if id_problem:
         raise ApiError(400, id_problem, param="X-Request-Id", code="invalid_request_id")
-    if request.method in JSON_METHODS and request.url_rule is not None and request.mimetype != "application/json":
+    if request.method in JSON_METHODS and request.url_rule is not None and request.mimetype != "application/json" \
+            and request.path not in BODYLESS_POSTS:
         given = request.headers.get("Content-Type")
         raise ApiError(415, f"{request.method} {request.path} takes a JSON body: send 'Content-Type: application/json' "
                             f"(got {repr(given) if given else 'no Content-Type'})",

@@ -12,6 +12,7 @@ import re
 import msgspec
 
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+from asyncengine.server.protocol import too_deep_field
 from asyncengine.server.request_bounds import REASONS, field_limit
 
 RETRY_AFTER_SECONDS = 1
@@ -36,6 +37,14 @@ class ApiError(Exception):
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def too_deep(body: bytes) -> ApiError:
+    """A 400 for a body msgspec raised RecursionError on (JSON nested deeper than it decodes), naming the
+    top-level field that holds the nesting."""
+    param = too_deep_field(body)
+    return bad_request(f"{param or 'the request body'} nests JSON arrays or objects too deeply: flatten it",
+                       param=param, code="invalid_value")
 
 
 # "Expected `int`, got `str` - at `$.max_tokens`" -> "max_tokens"; "$.messages[0].role" -> "messages[0].role"

@@ -80,9 +80,11 @@ class VersionResponse(msgspec.Struct, kw_only=True):
 @dataclasses.dataclass(frozen=True)
 class Contract:
     summary: str
-    request: type | None = None  # the JSON body's Struct (POST routes)
+    # Each of request, response and stream_event may be a tuple of types: the body is any one of them.
+    request: Any = None  # the JSON body's Struct (POST routes)
     response: Any = None  # the 200 JSON body's type; None with `response_media` for a non-JSON body
-    stream_event: Any = None  # with `stream: true` the 200 is server-sent events, each `data:` this (a type)
+    stream_event: Any = None  # with `stream: true` the 200 is server-sent events, each `data:` this (a type, or a
+    # tuple of types: anyOf)
     named_events: bool = False  # each event is `event: TYPE` with its `data:`, and no `data: [DONE]` ends them
     response_media: str | None = None  # a 200 that is not JSON: its content type (a string body)
     examples: tuple[dict[str, Any], ...] = ()  # request bodies a client would send (the document's examples)
@@ -106,6 +108,16 @@ _RESPONSES_EXAMPLES = ({"input": "Name a colour.", "instructions": "Answer brief
                                "type": "object", "properties": {"colour": {"type": "string"}},
                                "required": ["colour"]}}}})
 _RERANK_EXAMPLES = ({"query": "pets", "documents": ["A cat sat on the mat.", "Stocks fell."], "top_n": 1},)
+_SCORE_EXAMPLES = ({"text_1": "A cat", "text_2": ["A kitten", "A car"]},
+                   {"queries": "A cat", "documents": ["A kitten", "A car"]})
+# /invocations takes the body of any of the routes it chooses among (server/invocations.py).
+# (a tuple: any one of them; msgspec makes no union of untagged Structs)
+_INVOCATION_REQUESTS = (protocol.ChatCompletionRequest, protocol.CompletionRequest, protocol_pooling.EmbeddingRequest,
+                        protocol_pooling.ClassificationRequest, protocol_pooling.ScoreRequest,
+                        protocol_pooling.RerankRequest)
+_INVOCATION_RESPONSES = (protocol.ChatCompletionResponse, protocol.CompletionResponse,
+                         protocol_pooling.EmbeddingResponse, protocol_pooling.ClassificationResponse,
+                         protocol_pooling.ScoreResponse, protocol_pooling.RerankResponse)
 
 
 # Keyed by the view name (the URL map's endpoint) of routes._BUILTIN and serving_lora.LORA_ROUTES.
@@ -150,12 +162,31 @@ CONTRACTS: dict[str, Contract] = {
                          examples=({"input": ["What a great film!"]},)),
     "score": Contract("Scores of text pairs (a cross-encoder, or the cosine of two embeddings)",
                       request=protocol_pooling.ScoreRequest, response=protocol_pooling.ScoreResponse,
-                      examples=({"text_1": "A cat", "text_2": ["A kitten", "A car"]},)),
+                      examples=_SCORE_EXAMPLES),
     "rerank": Contract("Documents ranked against a query (Jina's and Cohere's shape)",
                        request=protocol_pooling.RerankRequest, response=protocol_pooling.RerankResponse,
                        examples=_RERANK_EXAMPLES),
     "v1_rerank": Contract("Documents ranked against a query (as /rerank)", request=protocol_pooling.RerankRequest,
                           response=protocol_pooling.RerankResponse, examples=_RERANK_EXAMPLES),
+    "v2_rerank": Contract("Documents ranked against a query (Cohere's v2 rerank; as /rerank)",
+                          request=protocol_pooling.RerankRequest, response=protocol_pooling.RerankResponse,
+                          examples=_RERANK_EXAMPLES),
+    "v1_score": Contract("Scores of text pairs (as /score)", request=protocol_pooling.ScoreRequest,
+                         response=protocol_pooling.ScoreResponse, examples=_SCORE_EXAMPLES),
+    "v2_embed": Contract("Embeddings in Cohere's v2 embed shape (float, base64, binary, ubinary)",
+                         request=protocol_pooling.CohereEmbedRequest, response=protocol_pooling.CohereEmbedResponse,
+                         examples=({"texts": ["A cat sat on the mat."], "input_type": "search_document",
+                                    "embedding_types": ["float"]},)),
+    # SageMaker's: /ping is /health's answer; /invocations answers as the route the body's fields choose.
+    "ping": Contract("SageMaker's health check: as /health", response_media="text/plain"),
+    "ping_post": Contract("SageMaker's health check: as /health (no body is read)", response_media="text/plain"),
+    "invocations": Contract("SageMaker's single route: chat (`messages`), completions (`prompt`), embeddings or "
+                            "classification (`input`), score (a score pair) or rerank (`query`, `documents`), "
+                            "chosen by the body's fields", request=_INVOCATION_REQUESTS,
+                            response=_INVOCATION_RESPONSES,
+                            stream_event=(protocol.ChatCompletionChunk, protocol.CompletionResponse),
+                            examples=(_CHAT_EXAMPLES[0], _COMPLETION_EXAMPLES[0], _RERANK_EXAMPLES[0])),
+    "docs": Contract("This document as a web page (self-contained: no CDN)", response_media="text/html"),
     # Runtime LoRA updates (--enable-runtime-lora-updates; server/serving_lora.py): vLLM's plain-text answers.
     "load_lora_adapter": Contract("Load a LoRA adapter and serve it under `lora_name` (vLLM's)",
                                   request=LoadLoRAAdapterRequest, response_media="text/plain",
@@ -186,13 +217,13 @@ def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, vers
     `open_routes` requires `Authorization: Bearer KEY` and lists a 401."""
     check_contracts(routes)
     contracts = {name: _bounded_contract(CONTRACTS[name], bounds) for _, _, name in routes}
-    requests = [c.request for c in contracts.values() if c.request is not None]
-    responses = [ErrorResponse, *(t for c in contracts.values() for t in (c.response, c.stream_event)
-                                  if t is not None)]
+    requests = [m for c in contracts.values() for m in any_of(c.request)]
+    responses = [ErrorResponse, *(m for c in contracts.values() for t in (c.response, c.stream_event)
+                                  for m in any_of(t))]
     structs = sorted(_structs_in(requests + responses), key=lambda cls: cls.__name__)
     types = [*requests, *responses, *structs]
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
-    schema_of = dict(zip(types, refs))  # a type -> its schema ($ref to a component for a Struct)
+    schema_of = _SchemaOf(zip(types, refs))  # a type -> its schema ($ref to a component for a Struct)
     _mark_sent_fields_required(components, schema_of, requests, responses)
 
     paths: dict[str, dict[str, Any]] = {}
@@ -223,6 +254,20 @@ def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, vers
     return document
 
 
+def any_of(tp: Any) -> tuple[Any, ...]:
+    """The types a Contract's field names: the tuple's, the one type, or none for None."""
+    return tp if isinstance(tp, tuple) else () if tp is None else (tp,)
+
+
+class _SchemaOf(dict[Any, Any]):
+    """A type's schema; a tuple of types: anyOf their schemas."""
+
+    def __getitem__(self, tp: Any) -> Any:
+        if isinstance(tp, tuple):
+            return {"anyOf": [super(_SchemaOf, self).__getitem__(member) for member in tp]}
+        return super().__getitem__(tp)
+
+
 def check_contracts(routes: Sequence[tuple[str, str, str]]) -> None:
     """RuntimeError when a route's view has no Contract (a bug of ours: a route added without its contract)."""
     missing = sorted({name for _, _, name in routes if name not in CONTRACTS})
@@ -233,7 +278,8 @@ def check_contracts(routes: Sequence[tuple[str, str, str]]) -> None:
 def _bounded_contract(contract: Contract, bounds: RequestBounds | None) -> Contract:
     if contract.request is None or bounds is None:
         return contract
-    return dataclasses.replace(contract, request=bounded(contract.request, bounds))
+    members = tuple(bounded(member, bounds) for member in any_of(contract.request))
+    return dataclasses.replace(contract, request=members if isinstance(contract.request, tuple) else members[0])
 
 
 def _structs_in(types: Sequence[Any]) -> set[type]:

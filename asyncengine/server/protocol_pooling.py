@@ -51,9 +51,24 @@ class ClassificationRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=
     input: EmbeddingInput
 
 
+ScoreTexts = str | list[str]
+
+
 class ScoreRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
-    text_1: str | list[str]
-    text_2: str | list[str]
+    """POST /score and /v1/score: one pair of fields, by any of vLLM's names for it (`text_1`/`text_2`,
+    `queries`/`documents`, `queries`/`items`, `data_1`/`data_2`); `score_pair` says which was sent."""
+
+    text_1: ScoreTexts | None = None
+    text_2: ScoreTexts | None = None
+    queries: ScoreTexts | None = None
+    documents: ScoreTexts | None = None
+    items: ScoreTexts | None = None
+    data_1: ScoreTexts | None = None
+    data_2: ScoreTexts | None = None
+
+
+# vLLM's names of a score request's two sides, in the order it tries them.
+SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
 
 
 class RerankRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
@@ -61,6 +76,59 @@ class RerankRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
     documents: list[str]
     top_n: Positive | None = None  # the best top_n documents (all of them when unset or larger)
     return_documents: bool = True
+
+
+# Cohere's embedding types (its v2 embed API): float, base64 (of the float32 little-endian values, as
+# OpenAI's), and binary/ubinary (one sign bit per dimension, packed 8 to a byte). int8 and uint8 need
+# Cohere's calibration ranges, which are not published: refused (serving_pooling.py says so).
+CohereEmbeddingType = Literal["float", "base64", "binary", "ubinary", "int8", "uint8"]
+
+
+class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /v2/embed: Cohere's v2 embed API over texts (`images` and `inputs` are not taken: a text model)."""
+
+    model: str | None = None
+    texts: Annotated[list[str], msgspec.Meta(min_length=1)]
+    # What the text is for: Cohere's models prepend a task prompt by it; the models served here have no
+    # such prompts, so it changes nothing (docs/coming_from_vllm.md).
+    input_type: Literal["search_document", "search_query", "classification", "clustering"] | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], msgspec.Meta(min_length=1)] = \
+        msgspec.field(default_factory=lambda: ["float"])
+    output_dimension: Positive | None = None
+    # NONE and END refuse a text past the context (END, cutting the text's end, is not built); START keeps
+    # its last tokens, `max_tokens` of them when set.
+    truncate: Literal["NONE", "START", "END"] = "END"
+    max_tokens: Positive | None = None
+
+
+class CohereBilledUnits(msgspec.Struct, kw_only=True):
+    input_tokens: int
+
+
+class CohereApiVersion(msgspec.Struct, kw_only=True):
+    version: str = "2"
+
+
+class CohereMeta(msgspec.Struct, kw_only=True):
+    api_version: CohereApiVersion
+    billed_units: CohereBilledUnits
+
+
+class CohereEmbeddings(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One list per type asked for, each with one embedding per text (only those asked for are sent)."""
+
+    floats: list[list[float]] | None = msgspec.field(default=None, name="float")  # (`float` would shadow the type)
+    base64: list[str] | None = None
+    binary: list[list[int]] | None = None
+    ubinary: list[list[int]] | None = None
+
+
+class CohereEmbedResponse(msgspec.Struct, kw_only=True):
+    id: str
+    embeddings: CohereEmbeddings
+    texts: list[str]
+    meta: CohereMeta
+    response_type: str = "embeddings_by_type"
 
 
 class PoolingUsage(msgspec.Struct, kw_only=True):

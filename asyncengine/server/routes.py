@@ -1,6 +1,7 @@
 """The built-in routes: the OpenAI API under /v1 (and /v1/io_process for an IO processor plugin), vLLM's
 render routes (/v1/chat/completions/render, /v1/completions/render: serving_render.py), and /tokenize,
-/detokenize, /health, /metrics, /version, /openapi.json (the contract, server/openapi.py).
+/detokenize, /health, /metrics, /version, /openapi.json (the contract, server/openapi.py) with /docs (its page,
+docs_page.py); SageMaker's /ping (GET and POST: /health's answer) and /invocations (invocations.py).
 
 Over a client without an engine (the render server, render_server.py) the routes that generate or pool
 answer 503 with code `no_engine`; the others answer as they do over an engine."""
@@ -20,12 +21,16 @@ from asyncengine.errors import RequestError
 from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
 from asyncengine.server.config import ServerConfig
-from asyncengine.server.errors import ApiError, bad_request, from_engine_error, from_validation_error
-from asyncengine.server.openapi import CONTRACTS, check_contracts, openapi_document
+from asyncengine.server.docs_page import DOCS_HTML
+from asyncengine.server.errors import (
+    ApiError, bad_request, from_engine_error, from_validation_error, too_deep,
+)
+from asyncengine.server.openapi import CONTRACTS, any_of, check_contracts, openapi_document
 from asyncengine.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
-    IOProcessRequest, ModelCard, ModelList, TokenizeRequest, too_deep_field,
+    IOProcessRequest, ModelCard, ModelList, TokenizeRequest,
 )
+from asyncengine.server.invocations import invocation_view
 from asyncengine.server.request_bounds import RequestBounds, bounded
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
@@ -49,15 +54,20 @@ _BUILTIN: list[tuple[str, str, str]] = [
     ("/tokenize", "POST", "tokenize"),
     ("/detokenize", "POST", "detokenize"),
     ("/health", "GET", "health"),
+    ("/ping", "GET", "ping"),  # SageMaker's health check (vLLM serves both methods)
+    ("/ping", "POST", "ping_post"),
+    ("/invocations", "POST", "invocations"),
     ("/metrics", "GET", "metrics"),
     ("/version", "GET", "version"),
     ("/openapi.json", "GET", "openapi"),
+    ("/docs", "GET", "docs"),
     *POOLING_ROUTES,  # /v1/embeddings, /pooling, /classify, /score, /rerank, /v1/rerank (serving_pooling.py)
     *RESPONSES_ROUTES,  # /v1/responses, GET /v1/responses/{id}, POST .../cancel (serving_responses.py)
 ]
 
 
 # The views that run the engine: a client without one (render_server.py) answers them 503.
+# (/invocations answers with the view it chooses, so as that view does.)
 ENGINE_VIEWS = frozenset({"completions", "chat_completions", "io_process", "responses_create",
                           *(name for _, _, name in POOLING_ROUTES)})
 
@@ -87,9 +97,7 @@ async def decode_body(struct: type, bounds: RequestBounds | None = None) -> Any:
     except msgspec.DecodeError as error:  # ValidationError is a DecodeError too
         raise from_validation_error(error, struct) from error
     except RecursionError as error:  # a field typed Any, nested deeper than msgspec decodes
-        param = too_deep_field(body)
-        raise bad_request(f"{param or 'the request body'} nests JSON arrays or objects too deeply: flatten it",
-                          param=param, code="invalid_value") from error
+        raise too_deep(body) from error
 
 
 def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip: set[tuple[str, str]]) -> None:
@@ -98,8 +106,8 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     created = int(time.time())
     bounds = RequestBounds.of(engine)
     for contract in CONTRACTS.values():  # each request Struct with this server's bounds, made now, not by a request
-        if contract.request is not None:
-            bounded(contract.request, bounds)
+        for struct in any_of(contract.request):
+            bounded(struct, bounds)
     decode = partial(decode_body, bounds=bounds)
 
     async def models() -> Response:
@@ -186,10 +194,22 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         return Response(await app.extensions["asyncengine"]["openapi"].encoded(), status=200,
                         content_type="application/json")
 
-    views = {"models": models, "completions": completions, "chat_completions": chat_completions,
-             "io_process": io_process, "startup": startup, "tokenize": tokenize, "detokenize": detokenize,
-             "health": health, "metrics": metrics_route, "version": version, "openapi": openapi,
-             "completions_render": completions_render, "chat_completions_render": chat_completions_render}
+    async def docs() -> Response:
+        return Response(DOCS_HTML, status=200, content_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": _DOCS_CSP})
+
+    async def invocations() -> Response:
+        # The body stays cached here (cache=True), for the chosen view to decode whole.
+        body = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+        pooling_task = engine.pooling_task_default() if has_engine and engine.model_config.pooler else None
+        return await views[invocation_view(body, pooling_task)]()
+
+    views: dict[str, Callable[[], Any]] = {
+        "models": models, "completions": completions, "chat_completions": chat_completions, "io_process": io_process,
+        "startup": startup, "tokenize": tokenize, "detokenize": detokenize, "health": health, "ping": health,
+        "ping_post": health, "metrics": metrics_route, "version": version, "openapi": openapi, "docs": docs,
+        "invocations": invocations, "completions_render": completions_render,
+        "chat_completions_render": chat_completions_render}
     views.update(pooling_views(context, decode, json_response))
     server_config = app.extensions.get("asyncengine", {}).get("server_config") or ServerConfig()
     store = ResponseStore(server_config.responses_store_max_entries, server_config.responses_store_max_bytes)
@@ -200,6 +220,10 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         app.add_url_rule(rule, name, views[name], methods=[method])
     if has_engine and runtime_updates_enabled(server_config) and getattr(engine, "lora_adapters", None) is not None:
         add_lora_routes(app, context, decode)
+
+
+# The /docs page runs its own inline script and reads only this server's /openapi.json.
+_DOCS_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'"
 
 
 def _no_engine(rule: str) -> Any:

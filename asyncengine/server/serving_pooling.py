@@ -1,6 +1,6 @@
 """The pooling routes: POST /v1/embeddings (OpenAI's shape, float or base64), /pooling (the pooler's raw output,
-or an IO processor's response over pooled outputs), /classify, /score, /rerank and /v1/rerank (Jina's and
-Cohere's shape). Each input is checked and tokenized before any runs, then all run concurrently
+or an IO processor's response over pooled outputs), /classify, /score and /v1/score (vLLM's), /rerank, /v1/rerank
+and /v2/rerank (Jina's and Cohere's shape), /v2/embed (Cohere's v2 embed). Each input is checked and tokenized before any runs, then all run concurrently
 (frontend/llm_pooling.py: `pool_many`, `score_pairs`); what the engine refuses is a 400 naming the field. Each
 input takes a place under max_waiting_requests without waiting for one: with none free the request is a 503
 `engine_overloaded` with Retry-After, as on the generation routes.
@@ -23,8 +23,9 @@ from asyncengine.pooling.params import PoolingParams
 from asyncengine.server.common import ServingContext, check_model, engine_errors_as_http, new_id
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error
 from asyncengine.server.protocol_pooling import (
-    ClassificationData, ClassificationRequest, ClassificationResponse, EmbeddingData, EmbeddingRequest,
-    EmbeddingResponse, PoolingData, PoolingIOResponse, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument,
+    SCORE_PAIRS, ClassificationData, ClassificationRequest, ClassificationResponse, CohereApiVersion,
+    CohereBilledUnits, CohereEmbeddings, CohereEmbedRequest, CohereEmbedResponse, CohereMeta, EmbeddingData,
+    EmbeddingRequest, EmbeddingResponse, PoolingData, PoolingIOResponse, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument,
     RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest, ScoreResponse,
 )
 from asyncengine.server.io_processor_calls import RequestCalls, plugin_error
@@ -36,8 +37,11 @@ POOLING_ROUTES: list[tuple[str, str, str]] = [
     ("/pooling", "POST", "pooling"),
     ("/classify", "POST", "classify"),
     ("/score", "POST", "score"),
+    ("/v1/score", "POST", "v1_score"),
     ("/rerank", "POST", "rerank"),
     ("/v1/rerank", "POST", "v1_rerank"),
+    ("/v2/rerank", "POST", "v2_rerank"),
+    ("/v2/embed", "POST", "v2_embed"),
 ]
 
 
@@ -138,7 +142,9 @@ def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitab
 
     async def score() -> Response:
         request = await body(ScoreRequest)
-        results = await _run(score_pairs(engine, request.text_1, request.text_2, _params(request), None, nowait=True))
+        (field_1, data_1), (field_2, data_2) = score_sides(request)
+        results = await _run(score_pairs(engine, data_1, data_2, _params(request), None, field_1=field_1,
+                                         field_2=field_2, nowait=True))
         tokens = sum(len(r.prompt_token_ids) for r in results)
         data = [ScoreData(index=i, score=r.outputs.score) for i, r in enumerate(results)]
         return json_response(ScoreResponse(id=new_id("score", g.request_id), created=int(time.time()),
@@ -162,8 +168,71 @@ def pooling_views(context: ServingContext, decode_body: Callable[[type], Awaitab
         return json_response(RerankResponse(id=new_id("rerank", g.request_id), model=model_name, results=items,
                                             usage=RerankUsage(total_tokens=tokens)))
 
-    return {"embeddings": embeddings, "pooling": pooling, "classify": classify, "score": score, "rerank": rerank,
-            "v1_rerank": rerank}
+    async def cohere_embed() -> Response:
+        request = await body(CohereEmbedRequest)
+        params = _cohere_params(request)
+        try:
+            outputs = await _run(pool_many(engine, [(text, None) for text in request.texts],
+                                           [params] * len(request.texts), "embed", field="texts", nowait=True))
+        except ApiError as error:
+            raise _cohere_names(error) from error
+        embeddings = CohereEmbeddings()
+        for kind in dict.fromkeys(request.embedding_types):  # each type once, in the order asked
+            values = [_encoded(output, "base64" if kind == "base64" else "float") for output in outputs]
+            if kind in ("binary", "ubinary"):
+                values = [_sign_bits(output, signed=kind == "binary") for output in outputs]
+            setattr(embeddings, "floats" if kind == "float" else kind, values)
+        tokens = sum(len(output.prompt_token_ids) for output in outputs)
+        return json_response(CohereEmbedResponse(
+            id=new_id("embed", g.request_id), embeddings=embeddings, texts=request.texts,
+            meta=CohereMeta(api_version=CohereApiVersion(), billed_units=CohereBilledUnits(input_tokens=tokens))))
+
+    return {"embeddings": embeddings, "pooling": pooling, "classify": classify, "score": score, "v1_score": score,
+            "rerank": rerank, "v1_rerank": rerank, "v2_rerank": rerank, "v2_embed": cohere_embed}
+
+
+def score_sides(request: ScoreRequest) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    """(name, value) of each side of a score request: exactly one of vLLM's pairs of names, both of it."""
+    sent = [name for name in ("text_1", "text_2", "queries", "documents", "items", "data_1", "data_2")
+            if getattr(request, name) is not None]
+    for first, second in SCORE_PAIRS:
+        if first in sent and second in sent and len(sent) == 2:
+            return (first, getattr(request, first)), (second, getattr(request, second))
+    pairs = ", ".join(f"{a}/{b}" for a, b in SCORE_PAIRS)
+    given = ", ".join(sent) or "none of them"
+    raise bad_request(f"send one pair of texts to score, by one of vLLM's names for it ({pairs}); got {given}",
+                      param=sent[0] if sent else "text_1", code="invalid_value")
+
+
+def _cohere_params(request: CohereEmbedRequest) -> PoolingParams:
+    unbuilt = sorted(set(request.embedding_types) - {"float", "base64", "binary", "ubinary"})
+    if unbuilt:
+        raise bad_request(f"embedding_types {unbuilt} are not built here: int8 and uint8 need Cohere's calibration "
+                          "ranges; ask for float, base64, binary or ubinary", param="embedding_types",
+                          code="invalid_value")
+    if request.truncate != "START" and request.max_tokens is not None:
+        raise bad_request(f"max_tokens cuts each text, and only truncate START (keep the last tokens) is built here, "
+                          f"not {request.truncate}: send truncate START, or leave max_tokens out",
+                          param="max_tokens", code="invalid_value")
+    truncate = (request.max_tokens or -1) if request.truncate == "START" else None
+    try:
+        return PoolingParams(truncate_prompt_tokens=truncate, dimensions=request.output_dimension)
+    except RequestError as error:
+        raise _cohere_names(from_engine_error(error)) from error
+
+
+def _cohere_names(error: ApiError) -> ApiError:
+    """An error naming PoolingParams' `dimensions` names Cohere's `output_dimension`, the field the client sent."""
+    if error.param == "dimensions":
+        error.param = "output_dimension"
+    return error
+
+
+def _sign_bits(output: PoolingRequestOutput, *, signed: bool) -> list[int]:
+    """Cohere's ubinary (and binary) embedding: one bit per dimension, 1 where the value is positive, packed 8
+    to a byte, most significant bit first (numpy's packbits); binary is each byte less 128, as int8."""
+    packed = np.packbits(output.outputs.data.flatten().numpy() > 0).astype(np.int16)
+    return (packed - 128 if signed else packed).tolist()
 
 
 async def _pool_with_io_processor(context: ServingContext, request: PoolingRequest) -> PoolingIOResponse:

@@ -99,6 +99,20 @@ def test_a_bert_cross_encoder_reranks_pairs_as_transformers(tmp_path):
         status, _, body = server.request("POST", "/classify", {"input": QUERY}, JSON)
         (item,) = __import__("json").loads(body)["data"]
         assert status == 200 and item["num_classes"] == 1 and 0 < item["probs"][0] < 1
+        # vLLM's other names (issue 32): /v1/score with queries/documents, Cohere's /v2/rerank, and SageMaker's
+        # /invocations, which sends `input` to /classify on a classifier and a score pair to /score.
+        # (Batched differently, the scores agree within the tolerance, not to the bit.)
+        status, _, body = server.request("POST", "/v1/score", {"queries": QUERY, "documents": DOCUMENTS}, JSON)
+        again = [item["score"] for item in __import__("json").loads(body)["data"]]
+        assert status == 200 and max(abs(a - b) for a, b in zip(again, expected)) <= TOLERANCE
+        status, _, body = server.request("POST", "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS, "top_n": 2},
+                                         JSON)
+        assert status == 200 and [r["index"] for r in __import__("json").loads(body)["results"]] == order
+        status, _, body = server.request("POST", "/invocations", {"input": QUERY}, JSON)
+        assert status == 200 and __import__("json").loads(body)["data"][0]["object"] == "classification"
+        status, _, body = server.request("POST", "/invocations", {"text_1": QUERY, "text_2": DOCUMENTS}, JSON)
+        again = [item["score"] for item in __import__("json").loads(body)["data"]]
+        assert status == 200 and max(abs(a - b) for a, b in zip(again, expected)) <= TOLERANCE
         status, _, body = server.request("POST", "/v1/embeddings", {"input": QUERY}, JSON)
         assert status == 400 and b"is a classifier" in body
 

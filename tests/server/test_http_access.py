@@ -88,7 +88,9 @@ async def test_the_api_key_covers_every_route_but_health_metrics_and_version(lla
             else:
                 error = (await response.get_json())["error"]
                 assert error["code"] == "invalid_api_key" and "Authorization: Bearer" in error["message"]
-        assert sorted(open_routes) == [("GET", "/health", 200), ("GET", "/metrics", 200), ("GET", "/version", 200)]
+        # (and SageMaker's /ping, GET and POST, and the /docs page: static, the contract it reads is behind the key)
+        assert sorted(open_routes) == [("GET", "/docs", 200), ("GET", "/health", 200), ("GET", "/metrics", 200),
+                                       ("GET", "/ping", 200), ("GET", "/version", 200), ("POST", "/ping", 200)]
         # With the key: served (the plugin's routes too).
         response = await client.get("/plugin/hello", headers=AUTH)
         assert response.status_code == 200 and await response.get_json() == {"hello": "plugin"}

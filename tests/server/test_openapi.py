@@ -30,6 +30,7 @@ from asyncengine.server import openapi, protocol, routes
 from asyncengine.server.access import PUBLIC_PATHS
 from asyncengine.server.app import create_app
 from asyncengine.server.config import ServerConfig
+from asyncengine.server.invocations import invocation_view
 from asyncengine.server.openapi import CONTRACTS, openapi_document
 from asyncengine.server.request_bounds import RequestBounds, bounded
 from asyncengine.server.serving_lora import LORA_ROUTES
@@ -103,9 +104,10 @@ def test_errors_streams_and_auth_are_declared():
         assert payload["contentSchema"] == {"anyOf": [{"$ref": f"#/components/schemas/{chunk}"},
                                                       {"$ref": "#/components/schemas/ErrorResponse"}]}
     assert "text/event-stream" not in doc["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]
-    # --api-key covers every route but /health, /metrics and /version; /openapi.json included.
+    # --api-key covers every route but the probes (/health, SageMaker's /ping), /metrics, /version and the /docs
+    # page (static: the contract it shows comes from /openapi.json, which is covered).
     secured = {rule for rule, item in doc["paths"].items() for op in item.values() if op.get("security")}
-    assert secured == set(doc["paths"]) - {"/health", "/metrics", "/version"}
+    assert secured == set(doc["paths"]) - {"/health", "/ping", "/metrics", "/version", "/docs"}
     responses_ok = doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]
     event = responses_ok["text/event-stream"]["itemSchema"]
     assert event["required"] == ["event", "data"]  # typed events: `event: TYPE` then its `data:`, no [DONE]
@@ -383,9 +385,12 @@ def test_the_request_examples_are_valid_bodies():
     seen = 0
     for name, contract in CONTRACTS.items():
         for value in contract.examples:
-            schema_name = contract.request.__name__
-            validator(doc, schema_name).validate(value)
-            msgspec.json.decode(json.dumps(value), type=bounded(contract.request, BOUNDS))
+            struct = contract.request
+            if isinstance(struct, tuple):  # /invocations: the request of the route the body's fields choose
+                struct = CONTRACTS[invocation_view(json.dumps(value).encode(), "embed")].request
+                assert struct in contract.request
+            validator(doc, struct.__name__).validate(value)
+            msgspec.json.decode(json.dumps(value), type=bounded(struct, BOUNDS))
             seen += 1
     assert seen >= 15
     chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
