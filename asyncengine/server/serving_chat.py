@@ -28,7 +28,7 @@ from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestEr
 from asyncengine.outputs import CompletionOutput
 from asyncengine.server.common import (
     SSE_DONE, ServingContext, TokenText, check_supported, engine_errors_as_http, first_then_rest,
-    new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
+    new_id, open_options, open_stream, request_chat_template, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.serving_lora import resolve_model
@@ -97,10 +97,11 @@ async def chat_parts(context: ServingContext, request: ChatCompletionRequest) ->
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(request.messages)
     chat_options = dict(
-        chat_template=context.chat_template, add_generation_prompt=request.add_generation_prompt,
+        chat_template=request_chat_template(context, request.chat_template),
+        add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         tools=[msgspec.to_builtins(tool) for tool in request.tools] if request.tools else None,
-        template_kwargs=request.chat_template_kwargs,
+        documents=request.documents, template_kwargs=request.chat_template_kwargs,
     )
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
@@ -120,13 +121,15 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     try:
         outputs = await open_stream(engine, None, params, header_id or response_id, messages=messages,
                                     chat_options=chat_options, add_special_tokens=bool(request.add_special_tokens),
-                                    final_only=not request.stream, nowait=True,
+                                    final_only=not request.stream, nowait=True, request=request,
+                                    **open_options(request),
                                     **({"lora_request": lora_request} if lora_request else {}))
     except ApiError as error:
         if forced is not None and error.param == "structured_outputs.json":  # the schema came from the tools
             raise bad_request(f"{forced.param}: {error.message}", param=forced.param, code=error.code) from error
         raise
-    shaper = _ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer), forced)
+    shaper = _ChatShaper(context, request, response_id, tools_active,
+                         TokenText(engine.tokenizer, as_ids=bool(request.return_tokens_as_token_ids)), forced)
     if request.stream:
         scope.close_at_end(outputs)  # aborts the request however the response ends, even before the body starts
         first = await start_stream(outputs)

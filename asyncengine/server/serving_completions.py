@@ -8,6 +8,9 @@ and every request's outputs belong to the response (response_scope.py): when the
 at whatever moment, they are cancelled and closed, which aborts the requests. The prompts of one
 request share one request's fairness share of the engine's slots (docs/server.md, "Fairness"), and a
 request with more sequences (prompts x n) than --max-waiting-requests is a 400, never a 503.
+
+`echo` (docs/server.md, "Fields"): each choice's text begins with its prompt's text (a prompt of token
+ids: their decoded text), in a stream in the choice's first chunk, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import anyio
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
     SSE_DONE, ServingContext, TokenText, check_supported, check_tokenizer, final_outputs,
-    first_then_rest, new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
+    first_then_rest, new_id, open_options, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.serving_lora import resolve_model
@@ -63,6 +66,17 @@ def _check_room(engine: Any, num_prompts: int, n: int) -> None:
                           param="prompt", code="too_many_prompts")
 
 
+async def _prompt_text(engine: Any, prompt: str | list[int], truncate: int | None) -> str:
+    """The text of a prompt as the engine runs it, for echo: token ids decoded (in the tokenizer pool)."""
+    if engine.tokenizer is None:
+        return ""
+    if isinstance(prompt, str):
+        prompt = await engine.tokenize(prompt)
+    if truncate is not None:
+        prompt = prompt[-(truncate if truncate > 0 else engine.model_config.max_model_len):]
+    return await engine.detokenize(prompt)
+
+
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -90,8 +104,15 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
         streams.append(await open_stream(engine, prompt, params, request_id,
                                          add_special_tokens=request.add_special_tokens,
                                          final_only=not request.stream, nowait=True, group=group,
+                                         request=request, **open_options(request),
                                          **({"lora_request": lora_request} if lora_request else {})))
-    shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
+    shaper = _Shaper(context, response_id, request,
+                     TokenText(tokenizer, as_ids=bool(request.return_tokens_as_token_ids)))
+    if request.echo:
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) or request.truncate_prompt_tokens is not None:
+                request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
+                shaper.echo_texts[request_id] = await _prompt_text(engine, prompt, request.truncate_prompt_tokens)
     if request.stream:
         return await _stream(streams, shaper, request, scope)
     finals = await final_outputs(streams)
@@ -110,13 +131,20 @@ class _Shaper:
         self.want_logprobs = request.logprobs is not None
         self.token_text = token_text
         self.offsets: dict[int, int] = {}  # choice index -> text offset so far (streams)
+        self.echo = request.echo
+        self.echo_texts: dict[str, str] = {}  # request id -> its prompt's text, when it is not `output.prompt`
+        self.echoed: set[int] = set()  # choice indexes whose prompt text went out already
 
-    def choice(self, prompt_index: int, completion: CompletionOutput) -> CompletionChoice:
+    def choice(self, prompt_index: int, completion: CompletionOutput, prompt: str | None = None) -> CompletionChoice:
         index = prompt_index * self.n + completion.index
         logprobs = None
         if self.want_logprobs:
             logprobs = self._logprobs(index, completion)
-        return CompletionChoice(index=index, text=completion.text, logprobs=logprobs,
+        text = completion.text
+        if self.echo and index not in self.echoed:
+            self.echoed.add(index)
+            text = (prompt or "") + text
+        return CompletionChoice(index=index, text=text, logprobs=logprobs,
                                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
     def _logprobs(self, index: int, completion: CompletionOutput) -> CompletionLogprobs:
@@ -140,14 +168,22 @@ class _Shaper:
             prompt_tokens += len(output.prompt_token_ids)
             for completion in output.outputs:
                 completion_tokens += len(completion.token_ids)
-                choices.append(self.choice(prompt_index, completion))
+                choices.append(self.choice(prompt_index, completion, self.prompt_text(output)))
         choices.sort(key=lambda c: c.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                   usage=usage(prompt_tokens, completion_tokens))
 
     def chunk(self, prompt_index: int, output: RequestOutput) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                  choices=[self.choice(prompt_index, c) for c in output.outputs])
+                                  choices=[self.choice(prompt_index, c, self.prompt_text(output))
+                                           for c in output.outputs])
+
+    def prompt_text(self, output: RequestOutput) -> str | None:
+        """What `echo` puts before a choice: the prompt as the engine took it (truncate_prompt_tokens
+        applied), or the text of its token ids (decoded in `echo_texts`, off the event loop)."""
+        if not self.echo:
+            return None
+        return self.echo_texts.get(output.request_id, output.prompt)
 
 
 async def _stream(streams: list[AsyncGenerator[RequestOutput, None]], shaper: _Shaper, request: CompletionRequest,
