@@ -93,6 +93,7 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
         model_aliases=tuple(engine_client.config.served_model_names[1:]),
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
         trust_request_chat_template=config.trust_request_chat_template,
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details,
         tool_parser=configured_tool_parser(config), reasoning_parser=configured_reasoning_parser(config),
         io_processor=select_io_processor(engine_client.config,
                                          dict(getattr(engine_client.plugins, "io_processors", {})),

@@ -19,7 +19,7 @@ from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestEr
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error
-from asyncengine.server.protocol import SamplingFields, Usage
+from asyncengine.server.protocol import PromptTokensDetails, SamplingFields, Usage
 from asyncengine.structured_output.openai_fields import GUIDED_KEYS
 
 # Request fields passed to SamplingParams only when the client set them, so that the model's
@@ -42,6 +42,11 @@ class ServingContext:
     io_processor: Any = None  # the SelectedIOProcessor chosen by --io-processor-plugin (serving_io_processor.py)
     model_aliases: tuple[str, ...] = ()  # the other --served-model-name names, which requests may use too
     trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may set chat_template
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens in responses
+
+    def cached_tokens(self, outputs: Any) -> int | None:
+        """The prefix-cache hits of the requests' `outputs` (RequestOutputs) for usage, when reported."""
+        return sum(output.num_cached_tokens for output in outputs) if self.enable_prompt_tokens_details else None
 
     def serves(self, model: str | None) -> bool:
         """Whether a request's `model` names the served (base) model: absent, or one of its names."""
@@ -154,9 +159,12 @@ async def chat_prompt_text(engine: Any, messages: list[dict[str, Any]], **render
         raise from_engine_error(error) from error
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """`cached_tokens`: the prompt tokens the prefix cache served, given with --enable-prompt-tokens-details."""
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=None if cached_tokens is None else PromptTokensDetails(
+                     cached_tokens=cached_tokens))
 
 
 def sse(payload: Any) -> bytes:

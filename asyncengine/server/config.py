@@ -77,6 +77,8 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     strict_request_fields: Annotated[bool, doc(
         "Refuse a request field the server does not know with a 400, instead of ignoring it (logged and named "
         "in the X-Ignored-Fields header).")] = False
+    enable_prompt_tokens_details: Annotated[bool, doc(
+        "Report usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served.")] = False
     # vLLM's flag: a request's own chat_template is Jinja code run on the server.
     trust_request_chat_template: Annotated[bool, doc(
         "Let a chat request set its own chat_template (a Jinja template rendered in a sandbox); without it such "

@@ -265,10 +265,15 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 # -- responses -----------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # with --enable-prompt-tokens-details (vLLM's)
 
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):

@@ -144,7 +144,8 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     choices = [shaper.choice(c) for c in final.outputs]
     completion_tokens = sum(len(c.token_ids) for c in final.outputs)
     return ChatCompletionResponse(id=response_id, created=shaper.created, model=context.model_name, choices=choices,
-                                  usage=usage(len(final.prompt_token_ids), completion_tokens))
+                                  usage=usage(len(final.prompt_token_ids), completion_tokens,
+                                              context.cached_tokens([final])))
 
 
 @dataclass
@@ -231,16 +232,19 @@ class _ChatShaper:
         request = self.request
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         prompt_tokens = completion_tokens = 0
+        last = []
         try:
             async for output in outputs:
                 prompt_tokens = len(output.prompt_token_ids)
+                last = [output]
                 for completion in output.outputs:
                     completion_tokens += len(completion.token_ids)
                     for chunk in self._chunks(completion):
                         yield sse(chunk)
             if include_usage:
                 yield sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.context.model_name,
-                                              choices=[], usage=usage(prompt_tokens, completion_tokens)))
+                                              choices=[], usage=usage(prompt_tokens, completion_tokens,
+                                                                      self.context.cached_tokens(last))))
             yield SSE_DONE
         except (RequestError, EngineOverloadedError, EngineDeadError) as error:
             yield sse_error(error)

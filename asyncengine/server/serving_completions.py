@@ -127,6 +127,7 @@ class _Shaper:
         self.id = response_id
         self.created = int(time.time())
         self.model = context.model_name
+        self.context = context
         self.n = request.n
         self.want_logprobs = request.logprobs is not None
         self.token_text = token_text
@@ -162,6 +163,7 @@ class _Shaper:
 
     def response(self, finals: list[RequestOutput | None]) -> CompletionResponse:
         choices, prompt_tokens, completion_tokens = [], 0, 0
+        cached_tokens = self.context.cached_tokens(output for output in finals if output is not None)
         for prompt_index, output in enumerate(finals):
             if output is None:
                 continue  # cannot happen: every task ran to its final output or raised
@@ -171,7 +173,7 @@ class _Shaper:
                 choices.append(self.choice(prompt_index, completion, self.prompt_text(output)))
         choices.sort(key=lambda c: c.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
-                                  usage=usage(prompt_tokens, completion_tokens))
+                                  usage=usage(prompt_tokens, completion_tokens, cached_tokens))
 
     def chunk(self, prompt_index: int, output: RequestOutput) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
@@ -211,17 +213,20 @@ async def _tag(prompt_index: int, outputs: AsyncGenerator[RequestOutput, None]) 
 async def _events(tagged: AsyncGenerator[tuple[int, RequestOutput], None], shaper: _Shaper, include_usage: bool,
                   *, num_prompts: int) -> AsyncIterator[bytes]:
     prompt_tokens: dict[int, int] = {}
+    last: dict[int, RequestOutput] = {}  # each prompt's latest output: its prefix-cache hits
     completion_tokens = 0
     try:
         async for prompt_index, output in tagged:
             prompt_tokens[prompt_index] = len(output.prompt_token_ids)
+            last[prompt_index] = output
             completion_tokens += sum(len(c.token_ids) for c in output.outputs)
             chunk = shaper.chunk(prompt_index, output)
             if chunk.choices:
                 yield sse(chunk)
         if include_usage:
             yield sse(CompletionResponse(id=shaper.id, created=shaper.created, model=shaper.model, choices=[],
-                                         usage=usage(sum(prompt_tokens.values()), completion_tokens)))
+                                         usage=usage(sum(prompt_tokens.values()), completion_tokens,
+                                                     shaper.context.cached_tokens(last.values()))))
         yield SSE_DONE
     except (RequestError, EngineOverloadedError, EngineDeadError) as error:
         yield sse_error(error)
