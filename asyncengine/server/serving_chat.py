@@ -127,6 +127,8 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     except ApiError as error:
         if forced is not None and error.param == "structured_outputs.json":  # the schema came from the tools
             raise bad_request(f"{forced.param}: {error.message}", param=forced.param, code=error.code) from error
+        if request.chat_template is not None and error.message.startswith("the chat template failed"):
+            error.param = "chat_template"  # the request's own template: it may be at fault as much as the messages
         raise
     shaper = _ChatShaper(context, request, response_id, tools_active,
                          TokenText(engine.tokenizer, as_ids=bool(request.return_tokens_as_token_ids)), forced)

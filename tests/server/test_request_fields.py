@@ -13,6 +13,7 @@ warning and the header's sanitizing are pure logic, tested in-process.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import re
@@ -20,6 +21,7 @@ import shutil
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import jsonschema
@@ -54,7 +56,7 @@ def post(server, path: str, body: dict) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=300) as response:
             return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
     except urllib.error.HTTPError as error:
         return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
@@ -216,8 +218,10 @@ def test_tokenize_returns_token_strs(server):
 
 
 def test_priority_orders_the_queue_under_load(server):
-    # One slot (--max-num-seqs 1): a long request holds it while five queue, each sent once the one before
-    # waits (so their arrival order is known). They then run lowest value first, ties by arrival.
+    # One slot (--max-num-seqs 1): a streamed request holds it while five queue, each sent once the one
+    # before waits (so their arrival order is known); then the client drops the stream, which aborts it, and
+    # the five run lowest value first, ties by arrival. (Dropping it, rather than waiting for it to end,
+    # makes the test independent of the machine's speed.)
     finished: list[str] = []
     lock = threading.Lock()
 
@@ -227,21 +231,24 @@ def test_priority_orders_the_queue_under_load(server):
         with lock:
             finished.append(name)
 
-    blocker = threading.Thread(target=send, args=("blocker", completion(max_tokens=300, ignore_eos=True)))
-    blocker.start()
-    assert wait_for(lambda: metric(server, "num_requests_running") == 1)
+    url = urllib.parse.urlsplit(server.url)
+    blocker = http.client.HTTPConnection(url.hostname, url.port, timeout=300)
+    blocker.request("POST", "/v1/completions", body=json.dumps(completion(max_tokens=900, ignore_eos=True,
+                                                                          stream=True)),
+                    headers={"Content-Type": "application/json"})
+    assert blocker.getresponse().status == 200  # the headers come with its first token: it holds the slot
     queued = [("p5", 5), ("p1-first", 1), ("p3", 3), ("p1-second", 1), ("p0", 0)]
     threads = []
     for count, (name, priority) in enumerate(queued, start=1):
         thread = threading.Thread(target=send, args=(name, completion(priority=priority, max_tokens=2)))
         thread.start()
         threads.append(thread)
-        assert wait_for(lambda: metric(server, "num_requests_waiting") == count), \
-            f"request {name} did not queue behind the blocker (has it finished already? {finished})"
-    assert finished == [], "the blocker finished before every request queued: the order would prove nothing"
-    for thread in [blocker, *threads]:
-        thread.join(120)
-    assert finished == ["blocker", "p0", "p1-first", "p1-second", "p3", "p5"]
+        assert wait_for(lambda: metric(server, "num_requests_waiting") == count), f"request {name} did not queue"
+    assert metric(server, "num_requests_running") == 1 and finished == []
+    blocker.close()  # the stream's request is aborted: the slot goes to the queue
+    for thread in threads:
+        thread.join(300)
+    assert finished == ["p0", "p1-first", "p1-second", "p3", "p5"]
 
 
 def test_cache_salt_isolates_prefixes(server):
