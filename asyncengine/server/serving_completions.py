@@ -66,12 +66,13 @@ def _check_room(engine: Any, num_prompts: int, n: int) -> None:
                           param="prompt", code="too_many_prompts")
 
 
-async def _prompt_text(engine: Any, prompt: str | list[int], truncate: int | None) -> str:
+async def _prompt_text(engine: Any, prompt: str | list[int], request: CompletionRequest) -> str:
     """The text of a prompt as the engine runs it, for echo: token ids decoded (in the tokenizer pool)."""
     if engine.tokenizer is None:
         return ""
+    truncate = request.truncate_prompt_tokens
     if isinstance(prompt, str):
-        prompt = await engine.tokenize(prompt)
+        prompt = await engine.tokenize(prompt, add_special_tokens=request.add_special_tokens)
     if truncate is not None:
         prompt = prompt[-(truncate if truncate > 0 else engine.model_config.max_model_len):]
     return await engine.detokenize(prompt)
@@ -95,13 +96,14 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     # The prompts of one request count as one request for fairness: together they hold at most its share of
     # the engine's slots (docs/server.md, "Fairness").
     group = engine.request_group() if len(prompts) > 1 else None
+    request_ids = [header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
+                   for index in range(len(prompts))]
     streams = []  # every prompt is validated before any runs
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             check_tokenizer(engine)
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs)
-        request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
-        streams.append(await open_stream(engine, prompt, params, request_id,
+        streams.append(await open_stream(engine, prompt, params, request_ids[index],
                                          add_special_tokens=request.add_special_tokens,
                                          final_only=not request.stream, nowait=True, group=group,
                                          request=request, **open_options(request),
@@ -111,8 +113,7 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     if request.echo:
         for index, prompt in enumerate(prompts):
             if not isinstance(prompt, str) or request.truncate_prompt_tokens is not None:
-                request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
-                shaper.echo_texts[request_id] = await _prompt_text(engine, prompt, request.truncate_prompt_tokens)
+                shaper.echo_texts[request_ids[index]] = await _prompt_text(engine, prompt, request)
     if request.stream:
         return await _stream(streams, shaper, request, scope)
     finals = await final_outputs(streams)
