@@ -50,6 +50,7 @@ _DEFAULTS: dict[str, Any] = {
     "logit_bias": None,
     "allowed_token_ids": None,
     "bad_words": None,
+    "truncate_prompt_tokens": None,
 }
 
 # Fields that a model's generation_config.json may supply, with the name it uses there.
@@ -94,6 +95,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None
     allowed_token_ids: list[int] | None
     bad_words: list[str] | None
+    truncate_prompt_tokens: int | None  # keep the prompt's last N tokens; -1: up to max_model_len (vLLM's)
     _explicit: frozenset[str]
 
     def __init__(
@@ -122,6 +124,7 @@ class SamplingParams:
         logit_bias: dict[int, float] | dict[str, float] | None = _UNSET,
         allowed_token_ids: list[int] | None = _UNSET,
         bad_words: list[str] | None = _UNSET,
+        truncate_prompt_tokens: int | None = _UNSET,
     ) -> None:
         given = dict(locals())
         explicit = set()
@@ -188,6 +191,8 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", minimum=0)
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
+            _check_int(self.truncate_prompt_tokens, "truncate_prompt_tokens", minimum=1)
         object.__setattr__(self, "extra_args", _normalize_extra_args(self.extra_args))
         object.__setattr__(self, "structured_outputs", _normalize_structured_outputs(self.structured_outputs))
         object.__setattr__(self, "logit_bias", _normalize_logit_bias(self.logit_bias))

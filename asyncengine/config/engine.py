@@ -38,6 +38,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's names for two 
 # How messages reach the chat template (frontend/chat_messages.py): detected from it, or forced.
 CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy values
 
 # vLLM's --model-impl values (vLLM's "terratorch" has no counterpart here).
 MODEL_IMPLS = ("auto", "native", "transformers")
@@ -123,6 +124,11 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
 
     # Scheduling and KV cache
     max_num_seqs: Annotated[int, doc("The most sequences in one step's batch.")] = 256
+    # vLLM's names and meaning (docs/server.md, "Priority"): with `priority`, a request's `priority` field
+    # orders the waiting queue and chooses whom to preempt; with fcfs a nonzero priority is refused.
+    scheduling_policy: Annotated[str, doc(
+        "fcfs (first come, first served) or priority (a request's lower priority value is served first, "
+        "ties by arrival; the highest value, latest arrival is preempted first).")] = "fcfs"
     max_num_batched_tokens: Annotated[int | None, doc(
         "The most tokens computed in one step (the token budget); none: 2048.")] = None
     enable_chunked_prefill: Annotated[bool, doc(
@@ -262,6 +268,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         check_structured_outputs_bounds(self)
         check_lora_options(self)
         check_runner(self.runner)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
+                              f"{self.scheduling_policy!r}", field="scheduling_policy")
         check_pooler_config(self.pooler_config)
 
     def _normalize_vllm_forms(self) -> None:

@@ -62,6 +62,7 @@ class EngineCore:
         )
         # Multi-LoRA: a step never uses more adapters than each worker has slots.
         self.scheduler.max_loras = engine_config.max_loras if engine_config.enable_lora else None
+        self.scheduler.policy = engine_config.scheduling_policy
         # Pipeline stages with async scheduling: micro-batches that overlap (micro_batches.py).
         self.scheduler.micro_batches = micro_batches_for(engine_config, executor.platform.device_type)
 

@@ -10,6 +10,12 @@ sequences are admitted after them while the budget, `max_num_seqs` and free KV b
 running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted: its blocks are freed and it is recomputed later (its prefix may still be in the cache).
 
+With `policy` "priority" (vLLM's --scheduling-policy priority; docs/server.md, "Priority") the waiting
+queue and the running list are kept in (priority, arrival) order, a lower value first: the step serves
+the most urgent first, and the running sequence preempted (the last) is the one with the highest value
+and the latest arrival. Running sequences are never preempted for a
+waiting one (as in vLLM): priority decides who gets the next free slot, and who loses one.
+
 Fairness between requests (docs/server.md, "Fairness"): the sequences of one request (sharing a
 `parent_id`: its `n` completions, and over HTTP every prompt of one completions request) never hold
 more than half of the slots at once (`max_num_seqs // 2`, at least 1), alone in the engine or not, so a
@@ -29,6 +35,7 @@ and every step carries the connector's metadata to the workers (kv_transfer/base
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, deque
 from collections.abc import Iterable
 
@@ -95,6 +102,8 @@ class Scheduler:
         # Pipeline micro-batches (engine_core/micro_batches.py), set by the engine core like kv_connector;
         # None without pipeline stages to overlap.
         self.micro_batches: MicroBatches | None = None
+        # "fcfs" or "priority" (see above), set by the engine core from scheduling_policy like kv_connector.
+        self.policy = "fcfs"
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -105,7 +114,10 @@ class Scheduler:
                        self.block_manager.num_groups)
         self._num_arrivals += 1
         self.sequences[seq.request_id] = seq
-        self.waiting.append(seq)
+        if self.policy == "priority":
+            bisect.insort(self.waiting, seq, key=_priority_order)
+        else:
+            self.waiting.append(seq)
         self._unsent.add(seq.request_id)
         if request.parent_id is not None:
             self._parent_of[seq.request_id] = request.parent_id
@@ -159,7 +171,7 @@ class Scheduler:
                 continue
             num_blocks_before = [len(table) for table in seq.block_tables]
             while not self.block_manager.allocate(seq, num_new):
-                victim = self.running.pop()
+                victim = self.running.pop()  # the last: latest admitted (fcfs), least urgent (priority)
                 self._preempt(victim)
                 preempted_this_step = True
                 if victim is seq:
@@ -234,7 +246,10 @@ class Scheduler:
             if seq.lora_int_id:
                 active_loras.add(seq.lora_int_id)
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            if self.policy == "priority":
+                bisect.insort(self.running, seq, key=_priority_order)
+            else:
+                self.running.append(seq)
             scheduled[seq.request_id] = num_new
             budget -= num_new
             new_requests.append(self._new_request_data(seq))
@@ -412,7 +427,10 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.policy == "priority":  # back in its place by (priority, arrival): ahead of later and lesser ones
+            bisect.insort(self.waiting, seq, key=_priority_order)
+        else:
+            self.waiting.appendleft(seq)
         self._unsent.add(seq.request_id)
         self._forget.append(seq.request_id)
 
@@ -469,6 +487,10 @@ class Scheduler:
             lora_request=seq.lora_request,
             pooling=seq.pooling,
         )
+
+
+def _priority_order(seq: Sequence) -> tuple[int, int]:
+    return seq.priority, seq.arrival_index
 
 
 class _Shares:

@@ -54,7 +54,12 @@ class Sequence:
         # and values, so the adapter's id roots the chain of block hashes: prefix hits stay per adapter.
         self.lora_request = request.lora_request
         self.lora_int_id = request.lora_request.lora_int_id if request.lora_request is not None else 0
-        self._root_hash = None if self.lora_int_id == 0 else b"lora:%d" % self.lora_int_id
+        # A cache salt roots it too (and the adapter's id with it): blocks are shared only within one salt.
+        self.priority = request.priority
+        root = b"" if self.lora_int_id == 0 else b"lora:%d" % self.lora_int_id
+        if request.cache_salt is not None:
+            root += b"salt:" + request.cache_salt.encode("utf-8", "surrogatepass")
+        self._root_hash = root or None
 
     @property
     def block_ids(self) -> list[int]:

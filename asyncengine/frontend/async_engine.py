@@ -194,33 +194,39 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
     # -- requests --------------------------------------------------------------------------------------
 
     def process_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None,
-                        lora_request: LoRARequest | None = None) -> ProcessedRequest:
+                        lora_request: LoRARequest | None = None, priority: int = 0) -> ProcessedRequest:
         """Validate and tokenize a request without queueing it (RequestError when it is bad). This tokenizes
         in the calling thread: on the event loop, use `await process_request_async(...)`."""
-        return self.processor.process(self._new_request_id(request_id), prompt, params, lora_request)
+        return self.processor.process(self._new_request_id(request_id), prompt, params, lora_request, priority)
 
     async def process_request_async(self, prompt: Any, params: SamplingParams | None = None,
                                     request_id: str | None = None,
-                                    lora_request: LoRARequest | None = None) -> ProcessedRequest:
+                                    lora_request: LoRARequest | None = None,
+                                    priority: int = 0) -> ProcessedRequest:
         """`process_request`, with a text prompt tokenized in the tokenizer pool (off the event loop)."""
         request_id = self._new_request_id(request_id)
         if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
             await self.lora_adapters.check_off_loop(lora_request)
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
-            return self.processor.process(request_id, prompt, params, lora_request)
+            return self.processor.process(request_id, prompt, params, lora_request, priority)
         if text is None:  # token ids: nothing slow, unless bad_words are to be tokenized or a grammar parsed
             if params is None or not (params.bad_words or params.structured_outputs is not None):
-                return self.processor.process(request_id, prompt, params, lora_request)
-            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request)
-        return await self.tokenizer_pool.run(self._process_text, request_id, text, params, lora_request)
+                return self.processor.process(request_id, prompt, params, lora_request, priority)
+            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request,
+                                                 priority)
+        return await self.tokenizer_pool.run(self._process_text, request_id, text, params, lora_request, priority,
+                                             prompt.get("cache_salt") if isinstance(prompt, dict) else None)
 
     def _process_text(self, request_id: str, text: str, params: SamplingParams | None,
-                      lora_request: LoRARequest | None = None) -> ProcessedRequest:
+                      lora_request: LoRARequest | None = None, priority: int = 0,
+                      cache_salt: str | None = None) -> ProcessedRequest:
         # In a pool thread. The checks of the ids run here too: they are as long as the prompt.
         token_ids = encode_text(self.tokenizer, text, add_special_tokens=True)
-        return self.processor.process(request_id, {"prompt": text, "prompt_token_ids": token_ids}, params,
-                                      lora_request)
+        prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": token_ids}
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        return self.processor.process(request_id, prompt, params, lora_request, priority)
 
     def _new_request_id(self, request_id: str | None) -> str:
         self._check_accepting()
@@ -288,10 +294,12 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         *,
         nowait: bool = False,
         lora_request: LoRARequest | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield what is new for this request until it finishes (the last output has `finished`);
-        `lora_request`: the LoRA adapter to run it with (docs/lora.md), None for the base model."""
-        processed = await self.process_request_async(prompt, params, request_id, lora_request)
+        `lora_request`: the LoRA adapter to run it with (docs/lora.md), None for the base model; `priority`:
+        vLLM's (with --scheduling-policy priority, lower first); a dict prompt may carry `cache_salt`."""
+        processed = await self.process_request_async(prompt, params, request_id, lora_request, priority)
         # Closed here when this generator is closed (an abort), not left to the garbage collector.
         async with aclosing(self.submit(processed, OutputKind.DELTA, nowait=nowait)) as outputs:
             async for output in outputs:
@@ -310,6 +318,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         nowait: bool = False,
         lora_request: LoRARequest | None = None,
         group: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The one hand-over of a request from the server: a text prompt, a list of token ids, a prompt
         dict as `generate` takes it, or a conversation (`messages`, rendered through the chat template
@@ -319,7 +329,8 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         the returned stream is not queued until it is iterated (so that several requests can be
         validated before any runs). It yields deltas, or only the final output when `final_only`;
         closing it aborts the request. `group` (from `request_group()`): requests opened with the same
-        group share one request's share of the engine's slots (the prompts of one HTTP request)."""
+        group share one request's share of the engine's slots (the prompts of one HTTP request). `priority`
+        and `cache_salt`: vLLM's (docs/server.md, "Fields")."""
         if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
             await self.lora_adapters.check_off_loop(lora_request)
         if messages is not None:
@@ -328,14 +339,18 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
             prompt = await self.render_chat(messages, **(chat_options or {}))
             if add_special_tokens is None:
                 add_special_tokens = False  # the template writes any BOS token itself
+        salt = {} if cache_salt is None else {"cache_salt": cache_salt}
         if isinstance(prompt, str):
             token_ids = await self.tokenize(prompt, add_special_tokens=add_special_tokens is not False)
-            processed = self.process_request({"prompt": prompt, "prompt_token_ids": token_ids}, params, request_id,
-                                             lora_request)
+            processed = self.process_request({"prompt": prompt, "prompt_token_ids": token_ids, **salt}, params,
+                                             request_id, lora_request, priority)
         elif isinstance(prompt, list):
-            processed = self.process_request({"prompt_token_ids": prompt}, params, request_id, lora_request)
+            processed = self.process_request({"prompt_token_ids": prompt, **salt}, params, request_id, lora_request,
+                                             priority)
         else:
-            processed = await self.process_request_async(prompt, params, request_id, lora_request)
+            if salt and isinstance(prompt, Mapping):
+                prompt = {**prompt, **salt}
+            processed = await self.process_request_async(prompt, params, request_id, lora_request, priority)
         if group is not None:
             processed.join_group(group)
         return self.submit(processed, OutputKind.FINAL_ONLY if final_only else OutputKind.DELTA, nowait=nowait)

@@ -25,7 +25,7 @@ from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
 from asyncengine.frontend.lora import LoRAAdapters
 from asyncengine.lora.request import LoRARequest
-from asyncengine.sampling_params import INT64_MIN, SamplingParams
+from asyncengine.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.limits import SourceLimits
 from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
@@ -87,7 +87,9 @@ class InputProcessor:
         return SamplingParams().with_defaults(self.model_config.generation_defaults)
 
     def process(self, request_id: str, prompt: Any, params: SamplingParams | None,
-                lora_request: LoRARequest | None = None) -> ProcessedRequest:
+                lora_request: LoRARequest | None = None, priority: int = 0) -> ProcessedRequest:
+        """`prompt` may carry vLLM's `cache_salt` (a dict prompt's key); `priority` needs the priority
+        scheduling policy (docs/server.md, "Priority")."""
         if lora_request is not None:
             self.lora.check(lora_request)
         if self.model_config.runner == "pooling":  # no LM head to sample from (docs/pooling.md)
@@ -100,7 +102,10 @@ class InputProcessor:
             raise RequestError(
                 f"sampling_params must be a SamplingParams, got {type(params).__name__}", field="sampling_params"
             )
+        self._check_priority(priority)
+        cache_salt = _cache_salt(prompt)
         prompt_text, token_ids = self._tokenize(prompt)
+        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         self._check_prompt(token_ids)
         params = params.with_defaults(self.model_config.generation_defaults)
         self._check_params(params)
@@ -152,11 +157,33 @@ class InputProcessor:
                     arrival_time=arrival,
                     parent_id=f"{submission}:{request_id}" if params.n > 1 else None,
                     lora_request=lora_request,
+                    priority=priority,
+                    cache_salt=cache_salt,
                 )
             )
         return ProcessedRequest(request_id, prompt_text, token_ids, params, children)
 
     # -- checks ------------------------------------------------------------------------------------------
+
+    def _check_priority(self, priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not INT64_MIN <= priority <= INT64_MAX:
+            raise RequestError(f"priority must be an integer, got {priority!r}", field="priority")
+        if priority != 0 and self.engine_config.scheduling_policy != "priority":
+            raise RequestError(f"priority={priority} needs the server started with --scheduling-policy priority "
+                               f"(it runs {self.engine_config.scheduling_policy}): send priority 0 or none",
+                               field="priority")
+
+    def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: the last max_model_len)."""
+        if keep is None:
+            return token_ids
+        max_len = self.model_config.max_model_len
+        if keep == -1:
+            keep = max_len
+        elif keep > max_len:
+            raise RequestError(f"truncate_prompt_tokens={keep} exceeds max_model_len ({max_len})",
+                               field="truncate_prompt_tokens")
+        return token_ids[-keep:]
 
     def _tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -341,3 +368,11 @@ def child_seed(seed: int, index: int) -> int:
 
 def _replace_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
     return msgspec.structs.replace(options, seed=seed)
+
+
+def _cache_salt(prompt: Any) -> str | None:
+    """A dict prompt's `cache_salt` (vLLM's key): a non-empty string, or absent."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise RequestError(f"cache_salt must be a non-empty string, got {salt!r}", field="cache_salt")
+    return salt

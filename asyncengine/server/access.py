@@ -64,7 +64,7 @@ def finish_response(response: Response, config: ServerConfig) -> Response:
     origin = request.headers.get("Origin")
     if config.allowed_origins and origin is not None and _origin_allowed(origin, config):
         response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Expose-Headers"] = "X-Request-Id"
+        response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, X-Ignored-Fields"
         response.vary.add("Origin")
     return response
 

@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from asyncengine.errors import StartupError
-from asyncengine.server import access, routes
+from asyncengine.server import access, request_fields, routes
 from asyncengine.server.common import ServingContext
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.errors import ApiError
@@ -92,6 +92,8 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
         engine=engine_client, model_name=model_config.served_model_name, max_model_len=model_config.max_model_len,
         model_aliases=tuple(engine_client.config.served_model_names[1:]),
         chat_template=engine_client.chat_template, enable_auto_tool_choice=config.enable_auto_tool_choice,
+        trust_request_chat_template=config.trust_request_chat_template,
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details,
         tool_parser=configured_tool_parser(config), reasoning_parser=configured_reasoning_parser(config),
         io_processor=select_io_processor(engine_client.config,
                                          dict(getattr(engine_client.plugins, "io_processors", {})),
@@ -187,6 +189,9 @@ def _add_hooks(app: ApiApp, config: ServerConfig) -> None:
     @app.after_request
     async def finish_and_log(response: Response) -> Response:
         access.finish_response(response, config)
+        ignored = request_fields.header_value(getattr(g, "ignored_fields", None) or [])
+        if ignored is not None:
+            response.headers[request_fields.HEADER] = ignored
         if config.disable_log_requests:
             return response
         elapsed_ms = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000

@@ -19,7 +19,8 @@ from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestEr
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error
-from asyncengine.server.protocol import SamplingFields, Usage
+from asyncengine.server.protocol import PromptTokensDetails, SamplingFields, Usage
+from asyncengine.structured_output.openai_fields import GUIDED_KEYS
 
 # Request fields passed to SamplingParams only when the client set them, so that the model's
 # generation_config.json supplies the defaults of the others (as vLLM does).
@@ -40,6 +41,12 @@ class ServingContext:
     reasoning_parser: type | None = None  # chosen by --reasoning-parser
     io_processor: Any = None  # the SelectedIOProcessor chosen by --io-processor-plugin (serving_io_processor.py)
     model_aliases: tuple[str, ...] = ()  # the other --served-model-name names, which requests may use too
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may set chat_template
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens in responses
+
+    def cached_tokens(self, outputs: Any) -> int | None:
+        """The prefix-cache hits of the requests' `outputs` (RequestOutputs) for usage, when reported."""
+        return sum(output.num_cached_tokens for output in outputs) if self.enable_prompt_tokens_details else None
 
     def serves(self, model: str | None) -> bool:
         """Whether a request's `model` names the served (base) model: absent, or one of its names."""
@@ -88,16 +95,44 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         values["logprobs"] = logprobs
     if request.vllm_xargs is not None:
         values["extra_args"] = dict(request.vllm_xargs)
-    for name in ("logit_bias", "allowed_token_ids", "bad_words"):
+    for name in ("logit_bias", "allowed_token_ids", "bad_words", "truncate_prompt_tokens"):
         if getattr(request, name) is not None:
             values[name] = getattr(request, name)
     try:
-        structured = structured_outputs or from_request(request.response_format, request.structured_outputs)
+        structured = structured_outputs or from_request(request.response_format, request.structured_outputs,
+                                                        guided_fields(request))
         if structured is not None:
             values["structured_outputs"] = structured
         return SamplingParams(**values)
     except RequestError as error:
         raise from_engine_error(error) from error
+
+
+def guided_fields(request: SamplingFields) -> dict[str, Any]:
+    """vLLM's older `guided_*` fields the request set, by name."""
+    return {name: value for name in GUIDED_KEYS if (value := getattr(request, name)) is not None}
+
+
+def open_options(request: SamplingFields) -> dict[str, Any]:
+    """`engine.open_stream`'s options from vLLM's per-request scheduling fields (priority, cache_salt)."""
+    options: dict[str, Any] = {}
+    if request.priority:
+        options["priority"] = request.priority
+    if request.cache_salt is not None:
+        options["cache_salt"] = request.cache_salt
+    return options
+
+
+def request_chat_template(context: ServingContext, chat_template: str | None) -> str | None:
+    """The chat template a request renders with: its own (vLLM's `chat_template` field, which only
+    --trust-request-chat-template allows: it is code the server runs), else the server's."""
+    if chat_template is None:
+        return context.chat_template
+    if not context.trust_request_chat_template:
+        raise bad_request("chat_template in a request needs the server started with --trust-request-chat-template "
+                          "(a template is code the server runs); leave it out to use the server's template",
+                          param="chat_template", code="untrusted_chat_template")
+    return chat_template
 
 
 def check_tokenizer(engine: Any) -> None:
@@ -124,9 +159,12 @@ async def chat_prompt_text(engine: Any, messages: list[dict[str, Any]], **render
         raise from_engine_error(error) from error
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """`cached_tokens`: the prompt tokens the prefix cache served, given with --enable-prompt-tokens-details."""
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=None if cached_tokens is None else PromptTokensDetails(
+                     cached_tokens=cached_tokens))
 
 
 def sse(payload: Any) -> bytes:
@@ -144,11 +182,13 @@ def sse_error(error: Exception) -> bytes:
 
 
 class TokenText:
-    """Token id -> its text, for logprobs (cached: the same ids recur)."""
+    """Token id -> its text, for logprobs (cached: the same ids recur); "token_id:N" without a tokenizer or
+    with `as_ids` (vLLM's return_tokens_as_token_ids)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, as_ids: bool = False) -> None:
         self._decode = lru_cache(maxsize=65536)(self._decode_one)
-        self._tokenizer = tokenizer
+        self._tokenizer = None if as_ids else tokenizer
+        self.tokenizer = tokenizer
 
     def _decode_one(self, token_id: int) -> str:
         if self._tokenizer is None:
@@ -205,13 +245,22 @@ def engine_errors_as_http() -> Iterator[None]:
         raise from_engine_error(error) from error
 
 
-async def open_stream(engine: Any, *args: Any, **options: Any) -> AsyncGenerator[RequestOutput, None]:
+async def open_stream(engine: Any, *args: Any, request: SamplingFields | None = None,
+                      **options: Any) -> AsyncGenerator[RequestOutput, None]:
     """`engine.open_stream(...)` (render, tokenize, validate; the stream not started yet), with what the
-    engine refuses as an HTTP error."""
+    engine refuses as an HTTP error, naming the field as `request` sent it (a guided_* field: the engine
+    names the structured_outputs key it became)."""
     try:
         return await engine.open_stream(*args, **options)
     except (RequestError, EngineDeadError) as error:
-        raise from_engine_error(error) from error
+        api_error = from_engine_error(error)
+        for name in guided_fields(request) if request is not None else ():
+            engine_name = f"structured_outputs.{GUIDED_KEYS[name]}"
+            if api_error.param is not None and (api_error.param == engine_name
+                                                or api_error.param.startswith(engine_name + ".")):
+                api_error.param = name + api_error.param[len(engine_name):]
+                api_error.message = api_error.message.replace(engine_name, name)
+        raise api_error from error
 
 
 async def final_outputs(streams: list[AsyncGenerator[RequestOutput, None]]) -> list[RequestOutput | None]:

@@ -79,6 +79,18 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "The most bytes (as JSON) the stored responses and their conversations take together; past it the "
         "oldest finished ones are evicted.")] = 128 * 2**20
 
+    # docs/server.md, "Fields the server ignores": unknown top-level request fields are ignored (vLLM's way),
+    # logged and named in X-Ignored-Fields, unless this makes them a 400.
+    strict_request_fields: Annotated[bool, doc(
+        "Refuse a request field the server does not know with a 400, instead of ignoring it (logged and named "
+        "in the X-Ignored-Fields header).")] = False
+    enable_prompt_tokens_details: Annotated[bool, doc(
+        "Report usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served.")] = False
+    # vLLM's flag: a request's own chat_template is Jinja code run on the server.
+    trust_request_chat_template: Annotated[bool, doc(
+        "Let a chat request set its own chat_template (a Jinja template rendered in a sandbox); without it such "
+        "a request is a 400.")] = False
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {self.port}", field="port")

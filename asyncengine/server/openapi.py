@@ -210,11 +210,13 @@ CONTRACTS: dict[str, Contract] = {
 def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, version: str, api_key: bool,
                      open_routes: frozenset[str] = frozenset(),
                      plugin_routes: Sequence[tuple[str, str]] = (),
-                     bounds: RequestBounds | None = None) -> dict[str, Any]:
+                     bounds: RequestBounds | None = None, strict_fields: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.2 document of `routes` ((rule, method, view name) of the built-in routes served) and
     `plugin_routes` ((rule, method) an endpoint plugin serves). Request schemas carry `bounds` (this
     server's limits; without them, the fallback int64 bounds). With `api_key` every route but
-    `open_routes` requires `Authorization: Bearer KEY` and lists a 401."""
+    `open_routes` requires `Authorization: Bearer KEY` and lists a 401. A request body's own schema
+    allows properties it does not declare (the server ignores them: request_fields.py) unless
+    `strict_fields` (--strict-request-fields); the objects nested in it never do."""
     check_contracts(routes)
     contracts = {name: _bounded_contract(CONTRACTS[name], bounds) for _, _, name in routes}
     requests = [m for c in contracts.values() for m in any_of(c.request)]
@@ -225,6 +227,9 @@ def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, vers
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
     schema_of = _SchemaOf(zip(types, refs))  # a type -> its schema ($ref to a component for a Struct)
     _mark_sent_fields_required(components, schema_of, requests, responses)
+    if not strict_fields:
+        for request in requests:
+            components[request.__name__].pop("additionalProperties", None)
 
     paths: dict[str, dict[str, Any]] = {}
     for rule, method, name in routes:
@@ -242,8 +247,11 @@ def openapi_document(routes: Sequence[tuple[str, str, str]], *, title: str, vers
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {"title": title, "version": version,
-                 "description": "An OpenAI-compatible API served by asyncengine. Request bodies reject unknown "
-                                "fields; every 4xx and 5xx body is ErrorResponse. With `stream: true` a 200 is "
+                 "description": "An OpenAI-compatible API served by asyncengine. "
+                                + ("Request bodies reject unknown fields; " if strict_fields else
+                                   "A request body's unknown top-level fields are ignored and named in the "
+                                   "X-Ignored-Fields response header (--strict-request-fields refuses them); ")
+                                + "every 4xx and 5xx body is ErrorResponse. With `stream: true` a 200 is "
                                 "server-sent events (text/event-stream; itemSchema is one event)."},
         "paths": paths,
         "components": {"schemas": components},

@@ -1,8 +1,10 @@
 """The bodies of the OpenAI-compatible API as msgspec Structs.
 
-Requests forbid unknown fields: a parameter we do not know is a 400 naming it, never silently
-ignored. Parameters we know but do not implement (`echo`, `suffix`, ...) are declared so that a request that sets them gets a 400 saying so
-(see `unsupported()`).
+Requests declare every field they read. A top-level field no Struct declares is ignored, named in the
+response's X-Ignored-Fields header and logged, or a 400 with --strict-request-fields (request_fields.py);
+OpenAI's fields that have no effect here are declared (typed, in /openapi.json) and listed there as
+ignored. Parameters we know but cannot honour with the value given (`suffix`, `best_of` other than `n`)
+are a 400 saying so (see `unsupported()`).
 
 Bounds at the edge (docs/server.md, "Limits"): every bound the server enforces on a field is declared on
 it as `msgspec.Meta` (the ranges SamplingParams checks, which the Python API shares; every integer an int64,
@@ -100,7 +102,28 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's extras (docs/server.md, "Fields"): the scheduling priority (--scheduling-policy priority; lower
+    # first), a prefix-cache salt (requests with different salts share no cached blocks), keeping the
+    # prompt's last N tokens (-1: the last max_model_len), logprob tokens as "token_id:N".
+    priority: Int64 = 0
+    cache_salt: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    # vLLM's older structured-output fields, read as the matching key of structured_outputs (one of them, and
+    # not beside structured_outputs or response_format).
+    guided_json: Any = None  # a JSON schema (an object, or its text)
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    # OpenAI's, accepted without effect here (request_fields.IGNORED_FIELDS, listed in X-Ignored-Fields).
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # vLLM's per-request arguments for extensions: becomes SamplingParams.extra_args, which logits
     # processors read (validate_params in this process, apply in the workers).
     vllm_xargs: dict[str, XargValue] | None = None
@@ -122,13 +145,14 @@ class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True
     max_tokens: NumTokens | None = 16
     logprobs: NumLogprobs | None = None
     add_special_tokens: bool = True
-    echo: bool = False
+    echo: bool = False  # the prompt's text before each choice's (serving_completions.py)
     suffix: str | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         found = _unsupported_shared(self)
-        if self.echo:
-            found.append(("echo", "echo is not supported"))
+        if self.echo and self.logprobs is not None:
+            found.append(("echo", "echo with logprobs is not supported: the prompt's logprobs are not computed here; "
+                                  "send echo or logprobs"))
         if self.suffix:
             found.append(("suffix", "suffix is not supported"))
         return found
@@ -173,12 +197,27 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=
     top_logprobs: NumLogprobs | None = None
     tools: list[Tool] | None = None
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    # With a forced tool_choice, false asks for exactly one call; otherwise without effect (listed as ignored).
     parallel_tool_calls: bool | None = None
     # vLLM's: unset means true, or false with continue_final_message (both true is a 400).
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False  # continue the last (assistant) message instead of starting one
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: a Jinja chat template for this request (needs --trust-request-chat-template), and documents
+    # for a RAG template (the template's `documents` variable).
+    chat_template: str | None = None
+    documents: list[dict[str, Any]] | None = None
+    # OpenAI's chat fields without effect here (request_fields.IGNORED_FIELDS): the legacy function calling
+    # (vLLM ignores it too: send tools and tool_choice), audio and reasoning controls, hosted tools.
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    verbosity: str | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         return _unsupported_shared(self)
@@ -214,6 +253,8 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     add_generation_prompt: bool | None = None  # as in ChatCompletionRequest
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # as in ChatCompletionRequest (--trust-request-chat-template)
+    return_token_strs: bool = False  # vLLM's: also each token's string (the tokenizer's own piece)
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -224,10 +265,15 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 # -- responses -----------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # with --enable-prompt-tokens-details (vLLM's)
 
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):

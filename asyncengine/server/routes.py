@@ -18,8 +18,11 @@ import msgspec
 from quart import Response, g, request
 
 from asyncengine.errors import RequestError
+from asyncengine.server import request_fields
 from asyncengine.server.access import PUBLIC_PATHS
-from asyncengine.server.common import ServingContext, chat_prompt_text, check_model, tokenize_prompt
+from asyncengine.server.common import (
+    ServingContext, chat_prompt_text, check_model, request_chat_template, tokenize_prompt,
+)
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.docs_page import DOCS_HTML
 from asyncengine.server.errors import (
@@ -86,18 +89,26 @@ def sse_response(events: AsyncIterator[bytes]) -> Response:
     return response
 
 
-async def decode_body(struct: type, bounds: RequestBounds | None = None) -> Any:
-    """The request's JSON body as `struct`, with this server's `bounds` on its fields (request_bounds.py)."""
+async def decode_body(struct: type, bounds: RequestBounds | None = None, *, strict: bool = False) -> Any:
+    """The request's JSON body as `struct`, with this server's `bounds` on its fields (request_bounds.py).
+    Unknown top-level fields are a 400 when `strict` (--strict-request-fields), else ignored and named in
+    X-Ignored-Fields, as are the declared fields without effect that the body sets (request_fields.py)."""
     struct = bounded(struct, bounds)
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)  # 413 past MAX_CONTENT_LENGTH
     if not body:
         raise bad_request("the request has no body: send a JSON object", code="invalid_json")
     try:
-        return msgspec.json.decode(body, type=struct)
+        decoded, unknown = request_fields.decode(body, struct, strict=strict)
     except msgspec.DecodeError as error:  # ValidationError is a DecodeError too
         raise from_validation_error(error, struct) from error
     except RecursionError as error:  # a field typed Any, nested deeper than msgspec decodes
         raise too_deep(body) from error
+    if unknown:
+        request_fields.warn_unknown(unknown, request.path)
+    ignored = unknown + request_fields.ignored_known(decoded)
+    if ignored:
+        g.ignored_fields = ignored  # the response's X-Ignored-Fields (app.py)
+    return decoded
 
 
 def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip: set[tuple[str, str]]) -> None:
@@ -108,7 +119,9 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     for contract in CONTRACTS.values():  # each request Struct with this server's bounds, made now, not by a request
         for struct in any_of(contract.request):
             bounded(struct, bounds)
-    decode = partial(decode_body, bounds=bounds)
+    server_config = app.extensions.get("asyncengine", {}).get("server_config")
+    decode = partial(decode_body, bounds=bounds,
+                     strict=bool(server_config is not None and server_config.strict_request_fields))
 
     async def models() -> Response:
         cards = [ModelCard(id=name, created=created, max_model_len=context.max_model_len, root=engine.config.model)
@@ -150,12 +163,16 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
         if body.prompt is not None:
             tokens = await tokenize_prompt(engine, body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
-            text = await chat_prompt_text(engine, message_dicts(body.messages), chat_template=context.chat_template,
+            text = await chat_prompt_text(engine, message_dicts(body.messages),
+                                          chat_template=request_chat_template(context, body.chat_template),
                                           add_generation_prompt=body.add_generation_prompt,
                                           continue_final_message=body.continue_final_message,
                                           template_kwargs=body.chat_template_kwargs)
             tokens = await tokenize_prompt(engine, text, add_special_tokens=bool(body.add_special_tokens))
-        return json_response({"count": len(tokens), "max_model_len": context.max_model_len, "tokens": tokens})
+        result: dict[str, Any] = {"count": len(tokens), "max_model_len": context.max_model_len, "tokens": tokens}
+        if body.return_token_strs:  # vLLM's: the tokenizer's own pieces ("Ġworld"), not decoded text
+            result["token_strs"] = await engine.tokenizer_pool.run(_token_strs, engine.tokenizer, tokens)
+        return json_response(result)
 
     async def detokenize() -> Response:
         body = await decode(DetokenizeRequest)
@@ -258,7 +275,8 @@ def publish_openapi(app: Any, engine_client: Any, plugin_routes: Collection[tupl
         openapi_document, routes, title="asyncengine", version=__version__, plugin_routes=plugins,
         api_key=bool(server_config is not None and server_config.api_key),
         open_routes=PUBLIC_PATHS,  # served without the key (access.py)
-        bounds=RequestBounds.of(engine_client)))
+        bounds=RequestBounds.of(engine_client),
+        strict_fields=bool(server_config is not None and server_config.strict_request_fields)))
 
 
 class OpenApiDocument:
@@ -272,6 +290,12 @@ class OpenApiDocument:
         if self._encoded is None:  # (two first requests at once both build it: the same bytes)
             self._encoded = await anyio.to_thread.run_sync(lambda: msgspec.json.encode(self.build()))
         return self._encoded
+
+
+def _token_strs(tokenizer: Any, tokens: list[int]) -> list[str]:
+    """Each token's own piece (transformers' convert_ids_to_tokens), else its decoded text (a tokenizer plugin)."""
+    pieces = getattr(tokenizer, "convert_ids_to_tokens", None)
+    return list(pieces(tokens)) if pieces is not None else [tokenizer.decode([token]) for token in tokens]
 
 
 def _tokenizer(engine: Any) -> Any:

@@ -28,7 +28,7 @@ from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestEr
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
     SSE_DONE, ServingContext, TokenText, check_supported, engine_errors_as_http, first_then_rest,
-    new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
+    new_id, open_options, open_stream, request_chat_template, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.serving_lora import resolve_model
@@ -97,10 +97,11 @@ async def chat_parts(context: ServingContext, request: ChatCompletionRequest) ->
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value")
     messages = message_dicts(request.messages)
     chat_options = dict(
-        chat_template=context.chat_template, add_generation_prompt=request.add_generation_prompt,
+        chat_template=request_chat_template(context, request.chat_template),
+        add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         tools=[msgspec.to_builtins(tool) for tool in request.tools] if request.tools else None,
-        template_kwargs=request.chat_template_kwargs,
+        documents=request.documents, template_kwargs=request.chat_template_kwargs,
     )
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
@@ -117,11 +118,14 @@ async def open_chat_outputs(parts: ChatParts, request: ChatCompletionRequest, re
     try:
         return await open_stream(parts.context.engine, None, parts.params, request_id, messages=parts.messages,
                                  chat_options=parts.chat_options, add_special_tokens=bool(request.add_special_tokens),
-                                 final_only=final_only, nowait=True, **lora)
+                                 final_only=final_only, nowait=True, request=request,
+                                 **open_options(request), **lora)
     except ApiError as error:
         forced = parts.forced
         if forced is not None and error.param == "structured_outputs.json":  # the schema came from the tools
             raise bad_request(f"{forced.param}: {error.message}", param=forced.param, code=error.code) from error
+        if request.chat_template is not None and error.message.startswith("the chat template failed"):
+            error.param = "chat_template"  # the request's own template: it may be at fault as much as the messages
         raise
 
 
@@ -132,7 +136,8 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     engine = context.engine
     response_id = new_id("chatcmpl", header_id)
     outputs = await open_chat_outputs(parts, request, header_id or response_id, final_only=not request.stream)
-    shaper = ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer), forced)
+    shaper = ChatShaper(context, request, response_id, tools_active, TokenText(engine.tokenizer, as_ids=bool(request.return_tokens_as_token_ids)),
+                         forced)
     if request.stream:
         scope.close_at_end(outputs)  # aborts the request however the response ends, even before the body starts
         first = await start_stream(outputs)
@@ -147,7 +152,8 @@ async def create_chat_completion(context: ServingContext, request: ChatCompletio
     choices = [shaper.choice(c) for c in final.outputs]
     completion_tokens = sum(len(c.token_ids) for c in final.outputs)
     return ChatCompletionResponse(id=response_id, created=shaper.created, model=context.model_name, choices=choices,
-                                  usage=usage(len(final.prompt_token_ids), completion_tokens))
+                                  usage=usage(len(final.prompt_token_ids), completion_tokens,
+                                              context.cached_tokens([final])))
 
 
 @dataclass
@@ -237,16 +243,19 @@ class ChatShaper:
         request = self.request
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         prompt_tokens = completion_tokens = 0
+        last = []
         try:
             async for output in outputs:
                 prompt_tokens = len(output.prompt_token_ids)
+                last = [output]
                 for completion in output.outputs:
                     completion_tokens += len(completion.token_ids)
                     for chunk in self.chunks(completion):
                         yield sse(chunk)
             if include_usage:
                 yield sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.context.model_name,
-                                              choices=[], usage=usage(prompt_tokens, completion_tokens)))
+                                              choices=[], usage=usage(prompt_tokens, completion_tokens,
+                                                                      self.context.cached_tokens(last))))
             yield SSE_DONE
         except (RequestError, EngineOverloadedError, EngineDeadError) as error:
             yield sse_error(error)

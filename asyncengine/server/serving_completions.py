@@ -8,6 +8,9 @@ and every request's outputs belong to the response (response_scope.py): when the
 at whatever moment, they are cancelled and closed, which aborts the requests. The prompts of one
 request share one request's fairness share of the engine's slots (docs/server.md, "Fairness"), and a
 request with more sequences (prompts x n) than --max-waiting-requests is a 400, never a 503.
+
+`echo` (docs/server.md, "Fields"): each choice's text begins with its prompt's text (a prompt of token
+ids: their decoded text), in a stream in the choice's first chunk, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import anyio
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.server.common import (
     SSE_DONE, ServingContext, TokenText, check_supported, check_tokenizer, final_outputs,
-    first_then_rest, new_id, open_stream, sampling_params, sse, sse_error, start_stream, usage,
+    first_then_rest, new_id, open_options, open_stream, sampling_params, sse, sse_error, start_stream, usage,
 )
 from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.serving_lora import resolve_model
@@ -63,6 +66,18 @@ def _check_room(engine: Any, num_prompts: int, n: int) -> None:
                           param="prompt", code="too_many_prompts")
 
 
+async def _prompt_text(engine: Any, prompt: str | list[int], request: CompletionRequest) -> str:
+    """The text of a prompt as the engine runs it, for echo: token ids decoded (in the tokenizer pool)."""
+    if engine.tokenizer is None:
+        return ""
+    truncate = request.truncate_prompt_tokens
+    if isinstance(prompt, str):
+        prompt = await engine.tokenize(prompt, add_special_tokens=request.add_special_tokens)
+    if truncate is not None:
+        prompt = prompt[-(truncate if truncate > 0 else engine.model_config.max_model_len):]
+    return await engine.detokenize(prompt)
+
+
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -81,17 +96,24 @@ async def create_completion(context: ServingContext, request: CompletionRequest,
     # The prompts of one request count as one request for fairness: together they hold at most its share of
     # the engine's slots (docs/server.md, "Fairness").
     group = engine.request_group() if len(prompts) > 1 else None
+    request_ids = [header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
+                   for index in range(len(prompts))]
     streams = []  # every prompt is validated before any runs
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             check_tokenizer(engine)
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs)
-        request_id = header_id if header_id and index == 0 else f"{header_id or response_id}-{index}"
-        streams.append(await open_stream(engine, prompt, params, request_id,
+        streams.append(await open_stream(engine, prompt, params, request_ids[index],
                                          add_special_tokens=request.add_special_tokens,
                                          final_only=not request.stream, nowait=True, group=group,
+                                         request=request, **open_options(request),
                                          **({"lora_request": lora_request} if lora_request else {})))
-    shaper = _Shaper(context, response_id, request, TokenText(tokenizer))
+    shaper = _Shaper(context, response_id, request,
+                     TokenText(tokenizer, as_ids=bool(request.return_tokens_as_token_ids)))
+    if request.echo:
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) or request.truncate_prompt_tokens is not None:
+                shaper.echo_texts[request_ids[index]] = await _prompt_text(engine, prompt, request)
     if request.stream:
         return await _stream(streams, shaper, request, scope)
     finals = await final_outputs(streams)
@@ -106,17 +128,25 @@ class _Shaper:
         self.id = response_id
         self.created = int(time.time())
         self.model = context.model_name
+        self.context = context
         self.n = request.n
         self.want_logprobs = request.logprobs is not None
         self.token_text = token_text
         self.offsets: dict[int, int] = {}  # choice index -> text offset so far (streams)
+        self.echo = request.echo
+        self.echo_texts: dict[str, str] = {}  # request id -> its prompt's text, when it is not `output.prompt`
+        self.echoed: set[int] = set()  # choice indexes whose prompt text went out already
 
-    def choice(self, prompt_index: int, completion: CompletionOutput) -> CompletionChoice:
+    def choice(self, prompt_index: int, completion: CompletionOutput, prompt: str | None = None) -> CompletionChoice:
         index = prompt_index * self.n + completion.index
         logprobs = None
         if self.want_logprobs:
             logprobs = self._logprobs(index, completion)
-        return CompletionChoice(index=index, text=completion.text, logprobs=logprobs,
+        text = completion.text
+        if self.echo and index not in self.echoed:
+            self.echoed.add(index)
+            text = (prompt or "") + text
+        return CompletionChoice(index=index, text=text, logprobs=logprobs,
                                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
     def _logprobs(self, index: int, completion: CompletionOutput) -> CompletionLogprobs:
@@ -134,20 +164,29 @@ class _Shaper:
 
     def response(self, finals: list[RequestOutput | None]) -> CompletionResponse:
         choices, prompt_tokens, completion_tokens = [], 0, 0
+        cached_tokens = self.context.cached_tokens(output for output in finals if output is not None)
         for prompt_index, output in enumerate(finals):
             if output is None:
                 continue  # cannot happen: every task ran to its final output or raised
             prompt_tokens += len(output.prompt_token_ids)
             for completion in output.outputs:
                 completion_tokens += len(completion.token_ids)
-                choices.append(self.choice(prompt_index, completion))
+                choices.append(self.choice(prompt_index, completion, self.prompt_text(output)))
         choices.sort(key=lambda c: c.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
-                                  usage=usage(prompt_tokens, completion_tokens))
+                                  usage=usage(prompt_tokens, completion_tokens, cached_tokens))
 
     def chunk(self, prompt_index: int, output: RequestOutput) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                  choices=[self.choice(prompt_index, c) for c in output.outputs])
+                                  choices=[self.choice(prompt_index, c, self.prompt_text(output))
+                                           for c in output.outputs])
+
+    def prompt_text(self, output: RequestOutput) -> str | None:
+        """What `echo` puts before a choice: the prompt as the engine took it (truncate_prompt_tokens
+        applied), or the text of its token ids (decoded in `echo_texts`, off the event loop)."""
+        if not self.echo:
+            return None
+        return self.echo_texts.get(output.request_id, output.prompt)
 
 
 async def _stream(streams: list[AsyncGenerator[RequestOutput, None]], shaper: _Shaper, request: CompletionRequest,
@@ -175,17 +214,20 @@ async def _tag(prompt_index: int, outputs: AsyncGenerator[RequestOutput, None]) 
 async def _events(tagged: AsyncGenerator[tuple[int, RequestOutput], None], shaper: _Shaper, include_usage: bool,
                   *, num_prompts: int) -> AsyncIterator[bytes]:
     prompt_tokens: dict[int, int] = {}
+    last: dict[int, RequestOutput] = {}  # each prompt's latest output: its prefix-cache hits
     completion_tokens = 0
     try:
         async for prompt_index, output in tagged:
             prompt_tokens[prompt_index] = len(output.prompt_token_ids)
+            last[prompt_index] = output
             completion_tokens += sum(len(c.token_ids) for c in output.outputs)
             chunk = shaper.chunk(prompt_index, output)
             if chunk.choices:
                 yield sse(chunk)
         if include_usage:
             yield sse(CompletionResponse(id=shaper.id, created=shaper.created, model=shaper.model, choices=[],
-                                         usage=usage(sum(prompt_tokens.values()), completion_tokens)))
+                                         usage=usage(sum(prompt_tokens.values()), completion_tokens,
+                                                     shaper.context.cached_tokens(last.values()))))
         yield SSE_DONE
     except (RequestError, EngineOverloadedError, EngineDeadError) as error:
         yield sse_error(error)

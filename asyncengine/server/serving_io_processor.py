@@ -27,7 +27,8 @@ from asyncengine.plugin_runtime import groups
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
 from asyncengine.server.common import (
-    ServingContext, check_model, check_supported, final_outputs, new_id, open_stream, sampling_params, usage,
+    ServingContext, check_model, check_supported, final_outputs, new_id, open_options, open_stream, sampling_params,
+    usage,
 )
 from asyncengine.server.errors import ApiError, bad_request
 from asyncengine.server.io_processor_calls import RequestCalls
@@ -131,7 +132,7 @@ async def create_io_process(context: ServingContext, request: IOProcessRequest,
         try:
             streams.append(await open_stream(engine, engine_prompt, params, f"{header_id or response_id}-{index}",
                                              add_special_tokens=request.add_special_tokens, final_only=True,
-                                             nowait=True))
+                                             nowait=True, request=request, **open_options(request)))
         except ApiError as error:
             if error.param is not None and error.param.startswith("prompt"):
                 # The user sent `data`, not this prompt: say which of the plugin's prompts it was.

@@ -3,8 +3,8 @@ chat template, tokenized and validated as the engine would take it, and not run.
 
 The answer is vLLM's GenerateRequest shape: `request_id`, `token_ids`, `sampling_params` (with the
 model's generation_config defaults and the context-length bound on max_tokens filled in), `model`,
-`stream` and `stream_options` as sent, and `features`, `cache_salt`, `kv_transfer_params` (None here:
-text only) and `priority` (0). The chat route answers one, the completion route a list (one per
+`stream`, `stream_options`, `cache_salt` and `priority` as sent, and `features` and `kv_transfer_params` (None
+here: text only). The chat route answers one, the completion route a list (one per
 prompt). A request the engine would refuse is refused here with the same 400. Both routes need no
 engine: the render server (render_server.py) answers them as the full server does.
 """
@@ -34,7 +34,7 @@ async def render_chat_request(context: ServingContext, request: ChatCompletionRe
     text = await chat_prompt_text(engine, parts.messages, **parts.chat_options)
     token_ids = await tokenize_prompt(engine, text, add_special_tokens=bool(request.add_special_tokens))
     processed = _validated(engine, {"prompt": text, "prompt_token_ids": token_ids}, parts.params,
-                           new_id("chatcmpl", header_id), parts.lora_request)
+                           new_id("chatcmpl", header_id), parts.lora_request, request)
     return _rendered(processed, request)
 
 
@@ -54,14 +54,19 @@ async def render_completion_request(context: ServingContext, request: Completion
         else:
             engine_prompt = {"prompt_token_ids": prompt}
         request_id = response_id if len(prompts) == 1 else f"{response_id}-{index}"
-        rendered.append(_rendered(_validated(engine, engine_prompt, params, request_id, lora_request), request))
+        rendered.append(_rendered(_validated(engine, engine_prompt, params, request_id, lora_request, request),
+                                  request))
     return rendered
 
 
-def _validated(engine: Any, prompt: dict[str, Any], params: Any, request_id: str, lora_request: Any) -> Any:
+def _validated(engine: Any, prompt: dict[str, Any], params: Any, request_id: str, lora_request: Any,
+               request: ChatCompletionRequest | CompletionRequest) -> Any:
     """The engine's checks of the request (the ProcessedRequest), without queueing it."""
+    priority = request.priority
+    if request.cache_salt is not None:
+        prompt = {**prompt, "cache_salt": request.cache_salt}
     try:
-        return engine.process_request(prompt, params, request_id, lora_request)
+        return engine.process_request(prompt, params, request_id, lora_request, priority)
     except RequestError as error:
         raise from_engine_error(error) from error
 
@@ -72,5 +77,6 @@ def _rendered(processed: Any, request: ChatCompletionRequest | CompletionRequest
     values["max_tokens"] = processed.children[0].sampling.max_tokens  # the bound the engine would run with
     return RenderedRequest(request_id=processed.request_id, token_ids=list(processed.prompt_token_ids),
                            sampling_params=values, model=request.model, stream=request.stream,
-                           stream_options=request.stream_options if request.stream else None)
+                           stream_options=request.stream_options if request.stream else None,
+                           cache_salt=request.cache_salt, priority=request.priority)
 

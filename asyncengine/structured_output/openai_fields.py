@@ -3,10 +3,14 @@
 `response_format` (OpenAI): {"type": "text"} (nothing), {"type": "json_object"}, or {"type": "json_schema",
 "json_schema": {"name", "schema", "strict", "description"}}. `structured_outputs` (vLLM's extra body): the
 fields of StructuredOutputsParams. Both at once is a 400: which one should win is not for us to guess.
+vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` (with `guided_decoding_backend`
+and `guided_whitespace_pattern`) are read as the structured_outputs keys of those names, and refused beside
+either of the others in the same way.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from asyncengine.errors import RequestError
@@ -15,8 +19,37 @@ from asyncengine.structured_output_spec import StructuredOutputsParams
 _FIELDS = ("json", "regex", "choice", "grammar", "json_object", "whitespace_pattern", "backend")
 
 
-def from_request(response_format: dict[str, Any] | None,
-                 structured_outputs: dict[str, Any] | None) -> StructuredOutputsParams | None:
+GUIDED_KEYS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                "guided_grammar": "grammar", "guided_decoding_backend": "backend",
+                "guided_whitespace_pattern": "whitespace_pattern"}
+
+
+def from_request(response_format: dict[str, Any] | None, structured_outputs: dict[str, Any] | None,
+                 guided: dict[str, Any] | None = None) -> StructuredOutputsParams | None:
+    """`guided`: the request's guided_* fields that it set, by their names."""
+    if guided:
+        first = next(iter(guided))
+        if structured_outputs is not None or response_format is not None:
+            raise RequestError(f"{first} and {'structured_outputs' if structured_outputs is not None else 'response_format'}"
+                               " both ask for structured output: send one", field=first)
+        if guided.keys() <= {"guided_decoding_backend", "guided_whitespace_pattern"}:
+            raise RequestError(f"{first} needs one of guided_json, guided_regex, guided_choice, guided_grammar",
+                               field=first)
+        structured_outputs = {GUIDED_KEYS[name]: value for name, value in guided.items()}
+        if isinstance(structured_outputs.get("json"), str):  # vLLM takes the schema as an object or its text
+            try:
+                structured_outputs["json"] = json.loads(structured_outputs["json"])
+            except ValueError as exc:
+                raise RequestError(f"guided_json is not a JSON schema: {exc}", field="guided_json") from exc
+        try:
+            return from_request(None, structured_outputs)
+        except RequestError as exc:  # named as the request named it
+            field = exc.field or ""
+            for name, key in GUIDED_KEYS.items():
+                if field == f"structured_outputs.{key}" or field.startswith(f"structured_outputs.{key}."):
+                    raise RequestError(exc.message.replace(f"structured_outputs.{key}", name),
+                                       field=name + field[len(f"structured_outputs.{key}"):]) from exc
+            raise
     from_format = _from_response_format(response_format) if response_format is not None else None
     if structured_outputs is not None:
         if from_format is not None:

@@ -67,6 +67,10 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     lora_request: LoRARequest | None = None
     # A pooling request (docs/pooling.md): it finishes after its prefill with a pooled output, samples nothing.
     pooling: PoolingOptions | None = None
+    # vLLM's: with --scheduling-policy priority, a lower value is admitted first and preempted last.
+    priority: int = 0
+    # vLLM's: roots the chain of prefix-cache block hashes, so requests with different salts never share blocks.
+    cache_salt: str | None = None
 
 
 class FinishReason:

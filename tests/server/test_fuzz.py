@@ -10,8 +10,11 @@ pair names), /rerank, /v2/rerank and Cohere's /v2/embed (`dimensions`, `truncate
 generation model embeds with its last token), SageMaker's /invocations (each route's bodies, routed by their
 fields) and POST /ping (any body: no body is read), and the runtime
 LoRA routes /v1/load_lora_adapter and /v1/unload_lora_adapter, with adapters that load, that do not, and one whose matrices do not fit
-the model, which requests then name as their `model`; and OpenAI's Responses API, /v1/responses (input
-items of every kind, tools, text.format, background, store, streamed as typed events). The server runs a tiny random-weight model with a
+the model, which requests then name as their `model`; OpenAI's Responses API, /v1/responses (input
+items of every kind, tools, text.format, background, store, streamed as typed events); issue 32's request
+fields (`priority` under --scheduling-policy priority, `cache_salt`, `echo`, a request's `chat_template` with
+--trust-request-chat-template, `documents`, `truncate_prompt_tokens`, `return_tokens_as_token_ids`, the
+`guided_*` aliases, OpenAI's ignored fields and unknown ones). The server runs a tiny random-weight model with a
 byte-level tokenizer and a 64-token context, so that what a valid request generates is short. The cases go
 two at a time, concurrently, each pair followed by a normal request.
 Properties, for every case:
@@ -57,7 +60,8 @@ LORA_RANK = 4
 SERVER_OPTIONS = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--max-waiting-requests", "16",
                   "--kv-cache-memory-bytes", str(4 * 2**20), "--api-key", API_KEY, "--served-model-name", "tiny",
                   "--enable-lora", "--max-lora-rank", str(LORA_RANK), "--max-loras", "2",
-                  "--enable-runtime-lora-updates"]
+                  "--enable-runtime-lora-updates", "--scheduling-policy", "priority", "--trust-request-chat-template",
+                  "--enable-prompt-tokens-details"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
           "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
@@ -194,8 +198,19 @@ def cases(document: dict[str, Any], lora_paths: list[str], only: str | None = No
         "text_2": st.one_of(text, st.lists(text, min_size=1, max_size=3)),
         "queries": st.one_of(text, st.lists(text, min_size=1, max_size=3)),
         "items": st.one_of(text, st.lists(text, min_size=1, max_size=3)),
-        "documents": st.lists(text, max_size=3),
         "texts": st.lists(text, max_size=3),
+        # /rerank's documents are strings, chat's are objects for the template.
+        "documents": st.one_of(st.lists(text, max_size=3), st.lists(st.fixed_dictionaries({"text": text}), max_size=2)),
+        # Issue 32's fields: templates that render, fail to parse or fail on the data; constraints of each kind.
+        "chat_template": st.sampled_from(["{{ messages[0]['content'] }}", "{% for d in documents %}{{ d.text }}"
+                                          "{% endfor %}", "{{ broken", "{{ raise_exception('no') }}", "{{ 1 / 0 }}",
+                                          "{{ messages.missing.deeper }}", ""]),
+        "guided_json": st.sampled_from([{"enum": ["a", "b"]}, {"type": "object"}, '{"type": "string"}', "not json",
+                                        {"type": "nonsense"}, 5]),
+        "guided_regex": st.sampled_from(["[a-z]{2}", "((", "a*", ""]),
+        "guided_choice": st.one_of(st.lists(text, max_size=3)),
+        "guided_grammar": st.sampled_from(['root ::= "x"', "root ::= root", "not a grammar"]),
+        "cache_salt": st.one_of(text, st.just("")),
     }
     schemas = SchemaStrategies(components, hints)
     message = st.fixed_dictionaries({"role": roles, "content": text})

@@ -43,9 +43,11 @@ def openapi_path(rule: str) -> str:
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
-def document(*, api_key: bool = True, bounds: RequestBounds | None = BOUNDS) -> dict[str, Any]:
+def document(*, api_key: bool = True, bounds: RequestBounds | None = BOUNDS,
+             strict_fields: bool = False) -> dict[str, Any]:
     return json.loads(json.dumps(openapi_document(routes._BUILTIN + LORA_ROUTES, title="asyncengine", version="0",
-                                                  api_key=api_key, open_routes=PUBLIC_PATHS, bounds=bounds)))
+                                                  api_key=api_key, open_routes=PUBLIC_PATHS, bounds=bounds,
+                                                  strict_fields=strict_fields)))
 
 
 def refs(node: Any) -> list[str]:
@@ -360,7 +362,9 @@ def validator(doc: dict[str, Any], name: str) -> jsonschema.Validator:
 
 
 def test_request_schemas_accept_the_openai_clients_bodies_and_reject_unknown_fields():
-    doc = document()
+    # With --strict-request-fields the document says what the server does: an unknown field is refused.
+    doc = document(strict_fields=True)
+    lenient = document()
     bodies = client_bodies()
     assert len(bodies) == 7
     for path, body in bodies:
@@ -368,6 +372,10 @@ def test_request_schemas_accept_the_openai_clients_bodies_and_reject_unknown_fie
         request_schema.validate(body)  # raises jsonschema.ValidationError naming the field
         with pytest.raises(jsonschema.ValidationError, match="frobnicate"):
             request_schema.validate({**body, "frobnicate": True})
+        # By default the server ignores it (X-Ignored-Fields), and so does the document; nested objects stay strict.
+        validator(lenient, REQUEST_SCHEMAS[path]).validate({**body, "frobnicate": True})
+        with pytest.raises(jsonschema.ValidationError, match="frobnicate"):
+            validator(lenient, REQUEST_SCHEMAS[path]).validate({**body, "stream_options": {"frobnicate": True}})
     for name, body in [("TokenizeRequest", {"prompt": "Hi"}), ("TokenizeRequest", {"messages": [{"role": "user",
                                                                                                    "content": "x"}]}),
                        ("DetokenizeRequest", {"tokens": [1, 2]})]:
