@@ -142,7 +142,7 @@ class ModelRunner:
         self.startup_records.append(StartupRecord(
             pid=os.getpid(), role=current_process_role(), phase="load model", plugin="model weights",
             reason=(f"{self.model_config.architectures[0]} in {str(self.dtype).removeprefix('torch.')} on "
-                    f"{self.device}: {weight_bytes / 2**30:.2f} GiB of weights, loaded in "
+                    f"{self.device}: {_size(weight_bytes)} of weights, loaded in "
                     f"{time.time() - started:.1f} s"),
             start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
@@ -302,7 +302,7 @@ class ModelRunner:
         num_bytes = sum(key.nbytes + value.nbytes for key, value in self.kv_caches)
         max_len = self.model_config.max_model_len
         detail = (f"{num_blocks:,} blocks of {self.block_size} tokens ({num_blocks * self.block_size:,} tokens), "
-                  f"{num_bytes / 2**20:,.1f} MiB in {str(self.dtype).removeprefix('torch.')}; maximum concurrency "
+                  f"{_size(num_bytes)} in {str(self.dtype).removeprefix('torch.')}; maximum concurrency "
                   f"for {max_len:,} tokens per request: {num_blocks / max(1, blocks_per_sequence):.2f}x")
         return StartupRecord(pid=os.getpid(), role=current_process_role(), phase="kv cache", plugin="KV cache",
                              reason=detail, start=time.time())
@@ -648,3 +648,8 @@ class _StepInputs:
     batch_update: BatchUpdate | None = None  # for the logits processors; None without any, or no change
     # Pooling requests whose prompt ends this step: (request id, first row, end row) in the hidden states.
     pooling_spans: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def _size(num_bytes: int) -> str:
+    """Bytes as a reader wants them in a start-up line: GiB from 1 GiB up, MiB below."""
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
