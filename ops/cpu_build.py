@@ -6,6 +6,11 @@ name holds a digest of the source, the compiler, its flags and the CPU's feature
 code built on one machine must never be loaded by another sharing the cache directory (an illegal
 instruction kills the process). A kernel that cannot be built or loaded is not an error: the caller
 keeps its torch reference, and `load_kernels` says why.
+
+A build takes tens of seconds (a minute on a busy 2-core machine), so it never waits for a request: the
+worker runs one small forward pass at start-up, which builds or loads every library the model's layers
+use, with a progress line at INFO before and after each compile. Each build or load is noted in
+`KERNEL_EVENTS` (what, how, how long), which the worker turns into start-up records.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -76,6 +83,20 @@ static inline __m512 exp16(__m512 x) {
 """
 
 
+@dataclass(frozen=True)
+class KernelEvent:
+    """One library made ready (or not) in this process."""
+
+    name: str
+    outcome: str  # "compiled", "cached" (loaded from an earlier build) or "unavailable"
+    seconds: float
+    detail: str  # the library's path, or why it is unavailable
+
+
+# Every build or load in this process, in order; the worker reads what its warm-up added.
+KERNEL_EVENTS: list[KernelEvent] = []
+
+
 def cache_dir() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "asyncengine" / "kernels"
@@ -100,7 +121,11 @@ def build_library(name: str, source: str, flag_sets: Sequence[Sequence[str]],
     for flags in flag_sets:
         digest = hashlib.sha256((source + compiler + " ".join(flags) + cpu_signature()).encode()).hexdigest()[:16]
         target = cache_dir() / f"{name}-{digest}.so"
-        if not target.exists():
+        started = time.monotonic()
+        compiled = not target.exists()
+        if compiled:
+            logger.info("compiling the %s C kernels with %s (once per machine: cached in %s) ...", name,
+                        os.path.basename(compiler), target.parent)
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
                 source_file = Path(scratch) / f"{name}.c"
@@ -118,6 +143,10 @@ def build_library(name: str, source: str, flag_sets: Sequence[Sequence[str]],
             errors.append(f"loading {target}: {exc}")
             continue
         declare(library)
+        seconds = time.monotonic() - started
+        if compiled:
+            logger.info("compiled the %s C kernels in %.1f s", name, seconds)
+        KERNEL_EVENTS.append(KernelEvent(name, "compiled" if compiled else "cached", seconds, str(target)))
         return library
     raise RuntimeError(f"compiling {name}.c failed: " + " | ".join(errors))
 
@@ -127,11 +156,14 @@ def load_kernels(name: str, source: str, flag_sets: Sequence[Sequence[str]],
     """(the library, None), or (None, why not): off by ASYNCENGINE_CPU_KERNELS=0, or a failed build,
     which is logged once with what the layers do instead (`fallback`)."""
     if os.environ.get(DISABLE_VARIABLE, "1") == "0":
+        KERNEL_EVENTS.append(KernelEvent(name, "unavailable", 0.0, f"{DISABLE_VARIABLE}=0"))
         return None, f"{DISABLE_VARIABLE}=0"
+    started = time.monotonic()
     try:
         return build_library(name, source, flag_sets, declare), None
     except (RuntimeError, OSError) as exc:
         logger.warning("%s kernels unavailable, %s: %s", name, fallback, exc)
+        KERNEL_EVENTS.append(KernelEvent(name, "unavailable", time.monotonic() - started, str(exc)))
         return None, str(exc)
 
 

@@ -108,7 +108,9 @@ async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig
                                           f"blocks ({len(layout.groups)} KV cache group(s)); serve it without a KV "
                                           "connector", field="kv_transfer_config")
                     num_blocks = min(await executor.call("determine_num_blocks", layout))
-                    await executor.call("initialize_kv_cache", num_blocks, layout)
+                    # Each rank answers with its records (the cache's size, the C kernels its warm-up built).
+                    for records in await executor.call("initialize_kv_cache", num_blocks, layout):
+                        trace.extend(msgspec.convert(records or [], list[StartupRecord]))
                     # An object per block: 74 ms for 200k blocks, 1.2 s for 2M (a GPU's cache), so off the
                     # event loop, which an in-process engine shares with its caller.
                     block_manager = await anyio.to_thread.run_sync(

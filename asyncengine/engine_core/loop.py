@@ -259,4 +259,5 @@ class EngineCoreLoop:
                         timings.prepare, timings.forward, timings.sample, timings.device_forward, timings.cuda_graph,
                     )
                 )
+            outputs.step_seconds = time.monotonic() - step.schedule_start
             await self.send(outputs)

@@ -356,6 +356,7 @@ class Scheduler:
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=manager.usage,
+            num_blocks=manager.num_blocks,
             num_preemptions=self.num_preemptions,
             prefix_cache_queries=manager.prefix_cache_queries,
             prefix_cache_hits=manager.prefix_cache_hits,

@@ -134,7 +134,8 @@ class StatLogging:
         """One step's stats to every logger; `received`: when its outputs arrived."""
         if not self.active:
             return
-        iteration_stats = self.tracker.step(message.outputs, received, stopped_in_frontend=stopped_in_frontend)
+        iteration_stats = self.tracker.step(message.outputs, received, stopped_in_frontend=stopped_in_frontend,
+                                            admitted=message.admitted_request_ids, step_seconds=message.step_seconds)
         await self._dispatch(message.scheduler_stats, iteration_stats)
 
     async def _dispatch(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:

@@ -48,7 +48,8 @@ class WorkerBase:
         """How many KV blocks this rank can hold under `layout` (a KVCacheLayout or its dict form)."""
         raise NotImplementedError
 
-    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> None:
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict] | None:
+        """Allocate `num_blocks` KV blocks; may return start-up records (as dicts), as load_model does."""
         raise NotImplementedError
 
     def execute_model(self, scheduler_output: Any) -> Any:

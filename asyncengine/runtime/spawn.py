@@ -7,6 +7,7 @@ connects. `describe_exit` turns a return code into the words an EngineDeadError 
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -22,6 +23,7 @@ from anyio.abc import Process
 ENV_ADDRESS = "ASYNCENGINE_IPC_ADDRESS"
 ENV_SECRET = "ASYNCENGINE_IPC_SECRET"
 ENV_RANK = "ASYNCENGINE_IPC_RANK"
+LOG_LEVEL_ENV = "ASYNCENGINE_LOG_LEVEL"  # a child's log level (runtime/child.py reads it)
 
 # The directory holding the `asyncengine` package: children must import the same code as the parent,
 # even when the parent found it through a sys.path entry the environment does not carry.
@@ -33,6 +35,9 @@ async def spawn_child(module: str, *, address: str, secret: str, rank: int = 0) 
     env[ENV_ADDRESS] = address
     env[ENV_SECRET] = secret
     env[ENV_RANK] = str(rank)
+    # The child logs at this process's level unless told otherwise: `serve` logs at INFO, so its engine
+    # core's progress lines (the C kernels' build, ...) show with the frontend's.
+    env.setdefault(LOG_LEVEL_ENV, logging.getLevelName(logging.getLogger().getEffectiveLevel()))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if _SOURCE_ROOT not in paths:
         env["PYTHONPATH"] = os.pathsep.join([_SOURCE_ROOT, *paths])

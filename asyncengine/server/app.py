@@ -100,7 +100,8 @@ def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp
                                          Renderer(getattr(engine_client, "tokenizer", None),
                                                   engine_client.config.model_config)),
     )
-    metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name)
+    metrics = PrometheusStatLogger(engine_client.config, model_name=context.model_name,
+                                   max_model_len=model_config.max_model_len)
     has_engine = getattr(engine_client, "has_engine", True)
     if has_engine:  # without an engine there are no steps to count
         engine_client.add_stat_logger(metrics)

@@ -2,8 +2,9 @@
 
 Each logger owns its own CollectorRegistry, never prometheus_client's global one: several servers
 (and engines) may live in one process, in tests above all, and metrics registered twice in one
-registry raise. Every metric carries a `model_name` label, as vLLM's do, so dashboards built for
-vLLM's metric shapes carry over with the `asyncengine:` prefix.
+registry raise. Every metric carries a `model_name` label, as vLLM's do. Each is published under our
+`asyncengine:` name and, where vLLM has the same metric, under vLLM's `vllm:` name too, with vLLM's labels
+and buckets (metric_families.py), so vLLM's dashboards and alerts read this server unchanged.
 
     stat_logger = PrometheusStatLogger(engine.config, model_name=engine.model_config.served_model_name)
     engine.add_stat_logger(stat_logger)
@@ -24,12 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from asyncengine.frontend.iteration_stats import IterationStats
+from asyncengine.frontend.iteration_stats import FinishedRequestStats, IterationStats
 from asyncengine.frontend.stat_loggers import StatLoggerBase
 from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
+from asyncengine.server.metric_families import (
+    ITERATION_TOKENS_BUCKETS, PARAMS_N_BUCKETS, VLLM_INTER_TOKEN_BUCKETS, VLLM_REQUEST_LATENCY_BUCKETS,
+    VLLM_TTFT_BUCKETS, Families, TwinChild, one_two_five_buckets,
+)
 from asyncengine.wire.engine_core import FinishReason, SchedulerStats
 
 # The finish reasons a request can end with; each gets its series up front, so a scrape shows zeros
@@ -44,34 +49,41 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0
                1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# The scheduler's running totals that become counters (update_scheduler_stats): SchedulerStats field,
+# our name, vLLM's names, documentation.
+SCHEDULER_TOTALS = (
+    ("num_prompt_tokens_computed", "asyncengine:prompt_tokens_computed", (),
+     "Prompt tokens computed in prefill steps (a preempted request's recomputation counts again)."),
+    ("num_kv_connector_loaded_tokens", "asyncengine:kv_connector_loaded_tokens", (),
+     "Prompt tokens whose KV a KV connector supplied, so that no prefill computed them."),
+    ("num_preemptions", "asyncengine:num_preemptions_total", ("vllm:num_preemptions_total",),
+     "Preemptions: running requests sent back to wait, their KV blocks freed."),
+    ("prefix_cache_queries", "asyncengine:prefix_cache_queries_total", ("vllm:prefix_cache_queries_total",),
+     "Prefix cache queries, in prompt tokens looked up."),
+    ("prefix_cache_hits", "asyncengine:prefix_cache_hits_total", ("vllm:prefix_cache_hits_total",),
+     "Prefix cache hits, in prompt tokens found cached."),
+)
 
 
 class PrometheusStatLogger(StatLoggerBase):
     """`record` feeds the counters and histograms, `update_scheduler_stats` the gauges, `render` the
-    text exposition format. `model_name`: the label's value (default: the config's served model name)."""
+    text exposition format. `model_name`: the label's value (default: the config's served model name);
+    `max_model_len`: the model's resolved context length (default: the config's, else 32768)."""
 
-    def __init__(self, engine_config: Any = None, *, model_name: str | None = None) -> None:
+    def __init__(self, engine_config: Any = None, *, model_name: str | None = None,
+                 max_model_len: int | None = None) -> None:
         super().__init__(engine_config)
         if model_name is None:
             model_name = _served_model_name(engine_config)
         if not isinstance(model_name, str) or not model_name:
             raise ValueError(f"PrometheusStatLogger: model_name must be a non-empty string, got {model_name!r}")
         self.model_name = model_name
+        self.engine_config = engine_config
         self.registry = CollectorRegistry()
+        families = Families(self.registry)
         labels = ["model_name"]
-
-        def gauge(name: str, documentation: str) -> Any:
-            return Gauge(name, documentation, labels, registry=self.registry).labels(model_name)
-
-        def counter(name: str, documentation: str) -> Any:
-            # prometheus_client appends "_total" to a counter's name itself: give the bare name so the
-            # exposed one is `name_total`, exactly once.
-            return Counter(name.removesuffix("_total"), documentation, labels, registry=self.registry).labels(
-                model_name
-            )
-
-        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Any:
-            return Histogram(name, documentation, labels, buckets=buckets, registry=self.registry).labels(model_name)
+        # The token-count histograms' buckets reach max_model_len (the resolved one, from the server).
+        max_model_len = max_model_len or int(getattr(engine_config, "max_model_len", None) or 0) or 32768
 
         # With data parallelism the scheduler's figures are each engine core's, under an `engine` label
         # (vLLM's); the frontend's (tokens, latencies, finished requests) stay one series for the server.
@@ -80,34 +92,35 @@ class PrometheusStatLogger(StatLoggerBase):
         self._engine_series: dict[int, _SchedulerSeries] = {}
         scheduler_labels = labels + (["engine"] if self._per_engine else [])
         self._scheduler_families = {
-            "running": Gauge("asyncengine:num_requests_running", "Requests the scheduler is running (in the batch).",
-                             scheduler_labels, registry=self.registry),
-            "waiting": Gauge("asyncengine:num_requests_waiting",
-                             "Requests waiting in the scheduler for a place in the batch.", scheduler_labels,
-                             registry=self.registry),
-            "kv": Gauge("asyncengine:kv_cache_usage_perc", "Fraction of KV-cache blocks in use: 0 is empty, 1 is full.",
-                        scheduler_labels, registry=self.registry),
+            "running": families.gauge("asyncengine:num_requests_running",
+                                      "Requests the scheduler is running (in the batch).", scheduler_labels,
+                                      ["vllm:num_requests_running"]),
+            "waiting": families.gauge("asyncengine:num_requests_waiting",
+                                      "Requests waiting in the scheduler for a place in the batch.", scheduler_labels,
+                                      ["vllm:num_requests_waiting"]),
+            # vllm:gpu_cache_usage_perc: vLLM's older name, which its earlier published dashboard queries.
+            "kv": families.gauge("asyncengine:kv_cache_usage_perc",
+                                 "Fraction of KV-cache blocks in use: 0 is empty, 1 is full.", scheduler_labels,
+                                 ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]),
             # The compiled-grammar cache (ours only: vLLM has no such metric), within --structured-outputs-cache-bytes.
-            "grammar_bytes": Gauge("asyncengine:structured_outputs_cache_bytes",
-                                   "Bytes the compiled grammars in the structured-output cache hold (as charged to "
-                                   "its budget).", scheduler_labels, registry=self.registry),
-            "grammar_entries": Gauge("asyncengine:structured_outputs_cache_entries",
-                                     "Compiled grammars in the structured-output cache.", scheduler_labels,
-                                     registry=self.registry),
-            # Where prompt KV came from: computed in prefill steps, or supplied by a KV connector. The
-            # scheduler keeps totals; these counters follow them (see update_scheduler_stats).
-            "num_prompt_tokens_computed": Counter(
-                "asyncengine:prompt_tokens_computed",
-                "Prompt tokens computed in prefill steps (a preempted request's recomputation counts again).",
-                scheduler_labels, registry=self.registry),
-            "num_kv_connector_loaded_tokens": Counter(
-                "asyncengine:kv_connector_loaded_tokens",
-                "Prompt tokens whose KV a KV connector supplied, so that no prefill computed them.",
-                scheduler_labels, registry=self.registry),
+            "grammar_bytes": families.gauge("asyncengine:structured_outputs_cache_bytes",
+                                            "Bytes the compiled grammars in the structured-output cache hold (as "
+                                            "charged to its budget).", scheduler_labels),
+            "grammar_entries": families.gauge("asyncengine:structured_outputs_cache_entries",
+                                              "Compiled grammars in the structured-output cache.", scheduler_labels),
         }
+        # The scheduler keeps totals; these counters follow them (see update_scheduler_stats).
+        self._scheduler_totals = {field_name: families.counter(ours, doc, scheduler_labels, vllm)
+                                  for field_name, ours, vllm, doc in SCHEDULER_TOTALS}
         self._engine_up = Gauge("asyncengine:engine_up",
                                 "1 while the engine core (by data-parallel index) is alive, 0 once it has died.",
                                 labels + ["engine"], registry=self.registry)
+        # vLLM's cache_config_info: a gauge at 1 whose labels are the KV cache's configuration, set once the
+        # engine core's stats say how many blocks it has.
+        self._cache_config_info = families.gauge(
+            "asyncengine:cache_config_info", "The KV cache's configuration, in the labels.", labels,
+            ["vllm:cache_config_info"], extra=list(CACHE_CONFIG_LABELS))
+        self._cache_config_set: set[int] = set()
         self._dead_engines: set[int] = set()
         for index in range(num_engines):
             self._series(index)  # every engine's series from the start: zeros rather than missing series
@@ -116,31 +129,71 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_requests_running = first.running
         self.num_requests_waiting = first.waiting
         self.kv_cache_usage_perc = first.kv
-        self.prompt_tokens = counter(
-            "asyncengine:prompt_tokens_total", "Prompt tokens of requests whose prefill completed."
-        )
-        self.generation_tokens = counter("asyncengine:generation_tokens_total", "Generated tokens.")
         self.prompt_tokens_computed = first.counters["num_prompt_tokens_computed"]
         self.kv_connector_loaded_tokens = first.counters["num_kv_connector_loaded_tokens"]
-        request_success = Counter(
-            "asyncengine:request_success",
-            "Requests (completions, one per n) that finished, by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=self.registry,
-        )
-        self.request_success = {reason: request_success.labels(model_name, reason) for reason in FINISH_REASONS}
-        self._request_success_family = request_success
+
+        # The frontend's metrics: one series for the server (engine "0" under vLLM's names).
+        server = {"model_name": model_name, "engine": "0"}
+
+        def counter(name: str, doc: str) -> TwinChild:
+            return families.counter(name, doc, labels, [name.replace("asyncengine:", "vllm:")]).labels(**server)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], vllm_buckets: tuple[float, ...],
+                      *also: str) -> TwinChild:
+            return families.histogram(name, doc, labels, buckets, [name.replace("asyncengine:", "vllm:"), *also],
+                                      vllm_buckets).labels(**server)
+
+        self.prompt_tokens = counter("asyncengine:prompt_tokens_total",
+                                     "Prompt tokens of requests whose prefill completed.")
+        self.generation_tokens = counter("asyncengine:generation_tokens_total", "Generated tokens.")
+        self._request_success = families.counter(
+            "asyncengine:request_success", "Requests (completions, one per n) that finished, by finish reason.",
+            labels, ["vllm:request_success"], extra=["finished_reason"])
+        self.request_success = {reason: self._request_success.labels(**server, finished_reason=reason)
+                                for reason in FINISH_REASONS}
         self.time_to_first_token = histogram(
             "asyncengine:time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
-            TTFT_BUCKETS,
-        )
+            TTFT_BUCKETS, VLLM_TTFT_BUCKETS)
+        # vllm:time_per_output_token_seconds: vLLM's older name of the same figure, still on its dashboards.
         self.inter_token_latency = histogram(
             "asyncengine:inter_token_latency_seconds", "Seconds between a request's successive steps with tokens.",
-            ITL_BUCKETS,
-        )
+            ITL_BUCKETS, VLLM_INTER_TOKEN_BUCKETS, "vllm:time_per_output_token_seconds")
         self.e2e_request_latency = histogram(
-            "asyncengine:e2e_request_latency_seconds", "Seconds from a request's arrival to its end.", E2E_BUCKETS
-        )
+            "asyncengine:e2e_request_latency_seconds", "Seconds from a request's arrival to its end.", E2E_BUCKETS,
+            VLLM_REQUEST_LATENCY_BUCKETS)
+        phases = {
+            "queue": "Seconds a request waited, from its arrival to the step that first scheduled it.",
+            "prefill": "Seconds from a request's first scheduled step to its first token.",
+            "decode": "Seconds from a request's first token to its end.",
+            "inference": "Seconds from a request's first scheduled step to its end (prefill and decode).",
+        }
+        self.request_phase_time = {
+            phase: histogram(f"asyncengine:request_{phase}_time_seconds", doc, VLLM_REQUEST_LATENCY_BUCKETS,
+                             VLLM_REQUEST_LATENCY_BUCKETS)
+            for phase, doc in phases.items()
+        }
+        self.request_time_per_output_token = histogram(
+            "asyncengine:request_time_per_output_token_seconds",
+            "Per finished request: its decode time over its generated tokens after the first.",
+            VLLM_INTER_TOKEN_BUCKETS, VLLM_INTER_TOKEN_BUCKETS)
+        token_buckets = tuple(float(b) for b in one_two_five_buckets(max_model_len))
+        self.request_prompt_tokens = histogram("asyncengine:request_prompt_tokens",
+                                               "Prompt tokens per finished request.", token_buckets, token_buckets)
+        self.request_generation_tokens = histogram("asyncengine:request_generation_tokens",
+                                                   "Generated tokens per finished request.", token_buckets,
+                                                   token_buckets)
+        self.request_max_num_generation_tokens = histogram(
+            "asyncengine:request_max_num_generation_tokens",
+            "Per prompt whose completions all finished: the most tokens one of them generated.", token_buckets,
+            token_buckets)
+        self.request_params_n = histogram("asyncengine:request_params_n", "The n of each request (per prompt).",
+                                          PARAMS_N_BUCKETS, PARAMS_N_BUCKETS)
+        self.request_params_max_tokens = histogram(
+            "asyncengine:request_params_max_tokens", "The max_tokens each finished request ran with.", token_buckets,
+            token_buckets)
+        self.iteration_tokens = histogram(
+            "asyncengine:iteration_tokens_total", "Tokens per engine step (prompt tokens of completed prefills and "
+            "generated tokens).", ITERATION_TOKENS_BUCKETS, ITERATION_TOKENS_BUCKETS)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:
@@ -151,17 +204,39 @@ class PrometheusStatLogger(StatLoggerBase):
             self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         if iteration_stats.num_generation_tokens:
             self.generation_tokens.inc(iteration_stats.num_generation_tokens)
+        step_tokens = iteration_stats.num_prompt_tokens + iteration_stats.num_generation_tokens
+        if step_tokens:
+            self.iteration_tokens.observe(step_tokens)
         for ttft in iteration_stats.time_to_first_tokens:
             self.time_to_first_token.observe(ttft)
         for itl in iteration_stats.inter_token_latencies:
             self.inter_token_latency.observe(itl)
+        for n in iteration_stats.n_params:
+            self.request_params_n.observe(n)
+        for max_generated in iteration_stats.max_num_generation_tokens:
+            self.request_max_num_generation_tokens.observe(max_generated)
         for finished in iteration_stats.finished_requests:
-            reason = finished.finish_reason
-            child = self.request_success.get(reason)
-            if child is None:  # a reason added to the engine later still gets counted, under its name
-                child = self.request_success[reason] = self._request_success_family.labels(self.model_name, reason)
-            child.inc()
-            self.e2e_request_latency.observe(finished.e2e_latency)
+            self._record_finished(finished)
+
+    def _record_finished(self, finished: FinishedRequestStats) -> None:
+        reason = finished.finish_reason
+        child = self.request_success.get(reason)
+        if child is None:  # a reason added to the engine later still gets counted, under its name
+            child = self.request_success[reason] = self._request_success.labels(
+                model_name=self.model_name, engine="0", finished_reason=reason)
+        child.inc()
+        self.e2e_request_latency.observe(finished.e2e_latency)
+        times = self.request_phase_time
+        times["queue"].observe(finished.queued_time)
+        times["prefill"].observe(finished.prefill_time)
+        times["decode"].observe(finished.decode_time)
+        times["inference"].observe(finished.inference_time)
+        if finished.num_generation_tokens > 1:
+            self.request_time_per_output_token.observe(finished.decode_time / (finished.num_generation_tokens - 1))
+        self.request_prompt_tokens.observe(finished.num_prompt_tokens)
+        self.request_generation_tokens.observe(finished.num_generation_tokens)
+        if finished.max_tokens:
+            self.request_params_max_tokens.observe(finished.max_tokens)
 
     def update_scheduler_stats(self, stats: SchedulerStats) -> None:
         """Set the gauges from fresh scheduler stats (the server calls it right before each scrape). With
@@ -183,9 +258,13 @@ class PrometheusStatLogger(StatLoggerBase):
         # then a scrape's), so add what grew since the last one.
         for name, counter in series.counters.items():
             total = getattr(stats, name)
-            if total > series.totals[name]:
-                counter.inc(total - series.totals[name])
+            if total > series.totals.get(name, 0):
+                counter.inc(total - series.totals.get(name, 0))
                 series.totals[name] = total
+        if stats.num_blocks and index not in self._cache_config_set:
+            self._cache_config_set.add(index)
+            self._cache_config_info.labels(model_name=self.model_name, engine=str(index),
+                                           **cache_config_labels(self.engine_config, stats.num_blocks)).set(1)
 
     def mark_engine_dead(self, engine_index: int) -> None:
         """Engine core `engine_index` has died: engine_up 0, its gauges 0 (it holds no request and no block)."""
@@ -200,14 +279,13 @@ class PrometheusStatLogger(StatLoggerBase):
     def _series(self, engine_index: int) -> _SchedulerSeries:
         series = self._engine_series.get(engine_index)
         if series is None:
-            values = [self.model_name] + ([str(engine_index)] if self._per_engine else [])
+            values = {"model_name": self.model_name, "engine": str(engine_index)}
             families = self._scheduler_families
             series = self._engine_series[engine_index] = _SchedulerSeries(
-                running=families["running"].labels(*values), waiting=families["waiting"].labels(*values),
-                kv=families["kv"].labels(*values), grammar_bytes=families["grammar_bytes"].labels(*values),
-                grammar_entries=families["grammar_entries"].labels(*values),
-                counters={name: families[name].labels(*values)
-                          for name in ("num_prompt_tokens_computed", "num_kv_connector_loaded_tokens")},
+                running=families["running"].labels(**values), waiting=families["waiting"].labels(**values),
+                kv=families["kv"].labels(**values), grammar_bytes=families["grammar_bytes"].labels(**values),
+                grammar_entries=families["grammar_entries"].labels(**values),
+                counters={name: twin.labels(**values) for name, twin in self._scheduler_totals.items()},
             )
         return series
 
@@ -227,8 +305,7 @@ class _SchedulerSeries:
     grammar_bytes: Any
     grammar_entries: Any
     counters: dict[str, Any]
-    totals: dict[str, int] = field(default_factory=lambda: {"num_prompt_tokens_computed": 0,
-                                                            "num_kv_connector_loaded_tokens": 0})
+    totals: dict[str, int] = field(default_factory=dict)  # the scheduler's last totals, by SchedulerStats field
 
 
 def _served_model_name(engine_config: Any) -> str:
@@ -237,3 +314,16 @@ def _served_model_name(engine_config: Any) -> str:
         return DEFAULT_MODEL_NAME
     names = getattr(engine_config, "served_model_names", None) or [getattr(engine_config, "served_model_name", None)]
     return names[0] or getattr(engine_config, "model", None) or DEFAULT_MODEL_NAME
+
+
+# vLLM's cache_config_info labels that mean something here (vLLM's CacheConfig field names).
+CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+                       "kv_cache_memory_bytes", "num_gpu_blocks", "num_gpu_blocks_override")
+
+
+def cache_config_labels(engine_config: Any, num_blocks: int) -> dict[str, str]:
+    """The label values of cache_config_info, as vLLM writes them (str() of each value)."""
+    values = {name: str(getattr(engine_config, name, None)) for name in CACHE_CONFIG_LABELS}
+    values["cache_dtype"] = str(getattr(engine_config, "kv_cache_dtype", "auto") or "auto")
+    values["num_gpu_blocks"] = str(num_blocks)
+    return values

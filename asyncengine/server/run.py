@@ -38,6 +38,7 @@ from asyncengine.server.parsers.selection import check_configured_parsers
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.http_server import serve_http
 from asyncengine.server.serving_io_processor import check_io_processor_name
+from asyncengine.server.startup_log import log_startup_summary
 
 logger = logging.getLogger("asyncengine.server")
 
@@ -60,6 +61,7 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, *, eng
     await anyio.to_thread.run_sync(check_configured_parsers, server_config, engine_config.plugins)
     exit_status = EXIT_OK
     async with engine_class.start(engine_config) as engine:
+        log_startup_summary(engine.model_config.served_model_name, getattr(engine, "startup_report", ()))
         app = create_app(engine, server_config)
         config = hypercorn_config(server_config)
         stop = trio.Event()

@@ -106,6 +106,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     kv_cache_usage: float = 0.0
+    num_blocks: int = 0  # the KV cache's blocks (vLLM's num_gpu_blocks), for cache_config_info
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -131,3 +132,6 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True, tag=True):
     # Requests the scheduler started running for the first time since the previous message: the
     # frontend's bound on waiting requests counts them as no longer waiting.
     admitted_request_ids: list[str] = msgspec.field(default_factory=list)
+    # Seconds from scheduling this step to sending its outputs, in the engine core: the frontend places
+    # the step's start on its own clock from it (a duration, so the processes' clocks never meet).
+    step_seconds: float = 0.0

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from asyncengine.errors import StartupError
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.worker.worker import Worker, as_kv_cache_layout
@@ -133,13 +135,14 @@ class CPUWorker(Worker):
                                f"the KV cache on rank {self.rank}, less than one block ({per_block} bytes)")
         return available // per_block
 
-    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> None:
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict]:
         self._set_layout(layout)
         config = KVCacheConfig(num_blocks=num_blocks, block_size=self.engine_config.block_size)
         with plugin_hook(self, "initialize_from_config"):
             self.initialize_from_config(config)
         with plugin_hook(self, "compile_or_warm_up_model"):
             self.compile_or_warm_up_model()
+        return msgspec.to_builtins(self.model_runner.kv_cache_records if self.model_runner else [])
 
     def _set_layout(self, layout: Any) -> None:
         """The engine core's KV-cache layout (its groups of layers), kept by the runner for vLLM's methods,

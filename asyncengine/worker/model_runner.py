@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from asyncengine.attention.selector import select_attention_backends
+from asyncengine.ops import cpu_build
 from asyncengine.config.engine import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.config.lora import parse_lora_modules
@@ -115,6 +116,8 @@ class ModelRunner:
         # What this worker chose while loading (the attention backend, ...), for the start-up report:
         # the engine core adds them to its trace under this process's name (Worker.load_model).
         self.startup_records: list[StartupRecord] = []
+        # The KV cache's size and the C kernels the warm-up built or loaded (initialize_kv_cache).
+        self.kv_cache_records: list[StartupRecord] = []
         self.kv_connector: KVConnectorBase | None = None  # built with the model when kv_transfer_config is set
         self.block_rows = BlockTableRows(-(-model_config.max_model_len // self.block_size))
         self.staging = StagingBuffers(device, self.pin_memory)
@@ -125,6 +128,7 @@ class ModelRunner:
     # -- start-up ----------------------------------------------------------------------------------------
 
     def load_model(self) -> None:
+        started = time.time()
         self.model = load_model(
             self.model_config,
             device=self.device,
@@ -134,6 +138,13 @@ class ModelRunner:
             quantization=self.engine_config.quantization,
             engine_config=self.engine_config,
         )
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.startup_records.append(StartupRecord(
+            pid=os.getpid(), role=current_process_role(), phase="load model", plugin="model weights",
+            reason=(f"{self.model_config.architectures[0]} in {str(self.dtype).removeprefix('torch.')} on "
+                    f"{self.device}: {_size(weight_bytes)} of weights, loaded in "
+                    f"{time.time() - started:.1f} s"),
+            start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
@@ -222,20 +233,23 @@ class ModelRunner:
             total = self.platform.get_device_total_memory(self.device)
         return int(total * self.engine_config.gpu_memory_utilization) - peak
 
-    def _profile_forward(self, num_tokens: int) -> None:
+    def _profile_forward(self, num_tokens: int, sampling: SamplingOptions | None = None) -> None:
         num_blocks = -(-num_tokens // self.block_size)
         self._allocate_kv_cache(num_blocks)
-        state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0, SamplingOptions(),
+        state = RequestState([0] * num_tokens, [0] * num_tokens, list(range(num_blocks)), 0,
+                             sampling or SamplingOptions(),
                              extra_block_ids=[list(range(num_blocks)) for _ in range(self.block_rows.num_groups - 1)])
         if self.model_config.runner == "pooling":  # a pooling model has no LM head: it profiles its pooler
             state.pooling = PoolingOptions(task="encode")
         self._add_request("__profile__", state)
-        # The profile's dummy request is nobody's: logits processors never see it.
+        # The profile's dummy request is nobody's: logits processors and a KV connector never see it.
         processors, self.logits_processors = self.logits_processors, None
+        connector, self.kv_connector = self.kv_connector, None
         try:
             self.execute_model(SchedulerOutput(num_scheduled_tokens={"__profile__": num_tokens}))
         finally:
             self.logits_processors = processors
+            self.kv_connector = connector
             self._remove_request("__profile__")
             self.kv_caches = []
             for layer in self.attention_layers:
@@ -255,12 +269,43 @@ class ModelRunner:
                 f"({num_blocks * self.block_size} tokens), less than one sequence of max_model_len={max_len} "
                 "needs; raise kv_cache_memory_bytes (or gpu_memory_utilization), or lower max_model_len"
             )
+        self.kv_cache_records = []
+        if self.device.type == "cpu":
+            self._warm_up()  # before the cache: the warm-up's own small one is freed first
         self._allocate_kv_cache(num_blocks)
         self.num_blocks = num_blocks
+        self.kv_cache_records.append(self._kv_cache_record(num_blocks, needed))
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_caches)
         if self._decode_graphs_allowed():
             self.enable_decode_graphs(capture=True)
+
+    def _warm_up(self) -> None:
+        """One forward pass of a block's worth of tokens, so that what the first request would otherwise
+        do is done at start-up: above all, build or load the C kernels its layers use (ops/cpu_build.py,
+        a minute on a fresh machine). Greedy, and the random state restored: it changes no output."""
+        started, first_event = time.time(), len(cpu_build.KERNEL_EVENTS)
+        with torch.random.fork_rng(devices=[]):
+            self._profile_forward(min(self.block_size, self.model_config.max_model_len),
+                                  SamplingOptions(temperature=0.0))
+        role = current_process_role()
+        for event in cpu_build.KERNEL_EVENTS[first_event:]:
+            self.kv_cache_records.append(StartupRecord(
+                pid=os.getpid(), role=role, phase="kv cache", plugin=f"C kernels {event.name}",
+                outcome="skipped" if event.outcome == "unavailable" else "ok",
+                reason=f"{event.outcome}: {event.detail}", start=started, duration=event.seconds))
+        logger.info("warm-up forward pass in %.1f s", time.time() - started)
+
+    def _kv_cache_record(self, num_blocks: int, blocks_per_sequence: int) -> StartupRecord:
+        """What the KV cache holds, in vLLM's terms: blocks, bytes, tokens, and the maximum concurrency at
+        max_model_len (how many sequences of that length fit at once)."""
+        num_bytes = sum(key.nbytes + value.nbytes for key, value in self.kv_caches)
+        max_len = self.model_config.max_model_len
+        detail = (f"{num_blocks:,} blocks of {self.block_size} tokens ({num_blocks * self.block_size:,} tokens), "
+                  f"{_size(num_bytes)} in {str(self.dtype).removeprefix('torch.')}; maximum concurrency "
+                  f"for {max_len:,} tokens per request: {num_blocks / max(1, blocks_per_sequence):.2f}x")
+        return StartupRecord(pid=os.getpid(), role=current_process_role(), phase="kv cache", plugin="KV cache",
+                             reason=detail, start=time.time())
 
     def _decode_graphs_allowed(self) -> bool:
         """CUDA graphs for decode: on a CUDA device, unless enforce_eager, with one worker (collectives
@@ -604,3 +649,8 @@ class _StepInputs:
     batch_update: BatchUpdate | None = None  # for the logits processors; None without any, or no change
     # Pooling requests whose prompt ends this step: (request id, first row, end row) in the hidden states.
     pooling_spans: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def _size(num_bytes: int) -> str:
+    """Bytes as a reader wants them in a start-up line: GiB from 1 GiB up, MiB below."""
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"

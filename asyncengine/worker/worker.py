@@ -121,8 +121,12 @@ class Worker(WorkerBase):
         worker process decodes it into; None: one group of every layer)."""
         return self._runner().determine_num_blocks(as_kv_cache_layout(layout))
 
-    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> None:
-        self._runner().initialize_kv_cache(num_blocks, as_kv_cache_layout(layout))
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict]:
+        """Allocate the KV cache (on CPU after a warm-up pass that builds the C kernels); returns this
+        worker's start-up records of its size and of the kernels, as load_model does."""
+        runner = self._runner()
+        runner.initialize_kv_cache(num_blocks, as_kv_cache_layout(layout))
+        return msgspec.to_builtins(runner.kv_cache_records)
 
     def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
         """One step; `grammar`: its deferred masks (ModelRunner.execute_model), from an in-process executor."""

@@ -277,15 +277,37 @@ def test_the_tracker_follows_requests_from_arrival_to_finish_and_forgets_them():
     # a ends in the engine core; a stop string ends b in the frontend.
     third = tracker.step([core_output("a", [1], "length"), core_output("b", [5])], now=12.0,
                          stopped_in_frontend=["b"])
+    # Fed without admitted ids, a request counts as scheduled by the step that brought its first token.
     assert third.finished_requests == [
         FinishedRequestStats(finish_reason="length", e2e_latency=2.0, num_prompt_tokens=3, num_generation_tokens=4,
-                             time_to_first_token=1.0),
+                             time_to_first_token=1.0, queued_time=1.0, prefill_time=0.0, decode_time=1.0,
+                             inference_time=1.0, max_tokens=16),
         FinishedRequestStats(finish_reason="stop", e2e_latency=1.5, num_prompt_tokens=2, num_generation_tokens=2,
-                             time_to_first_token=1.0),
+                             time_to_first_token=1.0, queued_time=1.0, prefill_time=0.0, decode_time=0.5,
+                             inference_time=0.5, max_tokens=16),
     ]
+    assert (first.n_params, third.max_num_generation_tokens) == ([2], [4])  # one prompt with two requests
     assert len(tracker) == 0
     # b's tokens from a step already in flight when it was told to stop count for nothing.
     assert tracker.step([core_output("b", [6])], now=12.5).is_empty
+
+
+def test_the_tracker_times_queue_prefill_and_decode_from_the_admitting_step():
+    tracker = StatsTracker()
+    tracker.add_requests([core_request("a", 40, arrival=10.0)])
+    # The step that admitted a began 0.5 s before its outputs arrived at 12.0; a chunked prefill: no token yet.
+    tracker.step([core_output("a", [])], now=12.0, admitted=["a"], step_seconds=0.5)
+    tracker.step([core_output("a", [1])], now=13.0, admitted=["a"], step_seconds=0.5)  # listed again: ignored
+    done = tracker.step([core_output("a", [2], "length")], now=14.5)
+    (finished,) = done.finished_requests
+    assert (finished.queued_time, finished.prefill_time, finished.decode_time, finished.inference_time) == \
+        (1.5, 1.5, 1.5, 3.0)
+    assert finished.e2e_latency == finished.queued_time + finished.inference_time
+    # A step time longer than the request has lived (clock skew, rounding) never makes a phase negative.
+    tracker.add_requests([core_request("b", 2, arrival=20.0)])
+    (late,) = tracker.step([core_output("b", [1], "stop")], now=20.1, admitted=["b"], step_seconds=5.0) \
+        .finished_requests
+    assert (late.queued_time, late.prefill_time, late.decode_time) == (0.0, pytest.approx(0.1), 0.0)
 
 
 def test_the_tracker_reports_aborts_with_the_next_stats_and_forgets_them():
@@ -297,9 +319,11 @@ def test_the_tracker_reports_aborts_with_the_next_stats_and_forgets_them():
     stats = tracker.take_pending()
     assert stats.finished_requests == [
         FinishedRequestStats(finish_reason="abort", e2e_latency=2.0, num_prompt_tokens=4, num_generation_tokens=1,
-                             time_to_first_token=1.0),
+                             time_to_first_token=1.0, queued_time=1.0, decode_time=1.0, inference_time=1.0,
+                             max_tokens=16),
+        # Never scheduled: it waited all its life.
         FinishedRequestStats(finish_reason="abort", e2e_latency=2.0, num_prompt_tokens=2, num_generation_tokens=0,
-                             time_to_first_token=None),
+                             time_to_first_token=None, queued_time=2.0, max_tokens=16),
     ]
     assert tracker.take_pending() is None
 

@@ -30,8 +30,10 @@ def samples(stat_logger: PrometheusStatLogger) -> dict[tuple[str, frozenset], fl
     }
 
 
-def value(stat_logger: PrometheusStatLogger, name: str, **labels: str) -> float:
-    return samples(stat_logger)[(name, frozenset({"model_name": stat_logger.model_name, **labels}.items()))]
+def value(stat_logger: PrometheusStatLogger, name: str, _samples: dict | None = None, **labels: str) -> float:
+    """One sample's value; `_samples`: what `samples` returned, to parse the text once for many lookups."""
+    table = samples(stat_logger) if _samples is None else _samples
+    return table[(name, frozenset({"model_name": stat_logger.model_name, **labels}.items()))]
 
 
 def finished(reason: str, e2e: float = 1.0) -> FinishedRequestStats:
@@ -143,11 +145,114 @@ async def test_an_engine_run_shows_up_in_the_metrics(llama):
             outputs = [o async for o in engine.generate({"prompt_token_ids": [5, 6, 7, 8]}, params)]
             stat_logger.update_scheduler_stats(await engine.get_scheduler_stats())
     assert sum(len(o.outputs[0].token_ids) for o in outputs) == 6
-    # Recorded (synchronously) before the final output reached us.
-    assert value(stat_logger, "asyncengine:generation_tokens_total") == 6
-    assert value(stat_logger, "asyncengine:prompt_tokens_total") == 4
-    assert value(stat_logger, "asyncengine:request_success_total", finished_reason="length") == 1
-    assert value(stat_logger, "asyncengine:time_to_first_token_seconds_count") == 1
-    assert value(stat_logger, "asyncengine:inter_token_latency_seconds_count") == 5
-    assert value(stat_logger, "asyncengine:e2e_request_latency_seconds_count") == 1
-    assert value(stat_logger, "asyncengine:num_requests_running") == 0
+    # Recorded (synchronously) before the final output reached us. Parsed once: the text is long, and
+    # parsing it again for each line would block this test's event loop.
+    got = samples(stat_logger)
+    assert value(stat_logger, "asyncengine:generation_tokens_total", got) == 6
+    assert value(stat_logger, "asyncengine:prompt_tokens_total", got) == 4
+    assert value(stat_logger, "asyncengine:request_success_total", got, finished_reason="length") == 1
+    assert value(stat_logger, "asyncengine:time_to_first_token_seconds_count", got) == 1
+    assert value(stat_logger, "asyncengine:inter_token_latency_seconds_count", got) == 5
+    assert value(stat_logger, "asyncengine:e2e_request_latency_seconds_count", got) == 1
+    assert value(stat_logger, "asyncengine:num_requests_running", got) == 0
+    # vLLM's names carry the same figures, with vLLM's engine label.
+    assert value(stat_logger, "vllm:generation_tokens_total", got, engine="0") == 6
+    assert value(stat_logger, "vllm:request_success_total", got, engine="0", finished_reason="length") == 1
+    assert value(stat_logger, "vllm:request_generation_tokens_sum", got, engine="0") == 6
+    assert value(stat_logger, "vllm:request_params_n_count", got, engine="0") == 1
+    assert value(stat_logger, "vllm:request_params_max_tokens_sum", got, engine="0") == 6
+    assert value(stat_logger, "vllm:iteration_tokens_total_sum", got, engine="0") == 4 + 6
+    e2e = value(stat_logger, "vllm:e2e_request_latency_seconds_sum", got, engine="0")
+    phases = [value(stat_logger, f"vllm:request_{phase}_time_seconds_sum", got, engine="0")
+              for phase in ("queue", "prefill", "decode")]
+    assert all(p >= 0 for p in phases) and sum(phases) == pytest.approx(e2e)
+    ((info_labels, info),) = [(dict(k), v) for (n, k), v in got.items() if n == "vllm:cache_config_info"]
+    assert info == 1 and int(info_labels["num_gpu_blocks"]) > 0 and info_labels["engine"] == "0"
+    assert (info_labels["block_size"], info_labels["kv_cache_memory_bytes"]) == ("16", str(8 * 2**20))
+
+
+# vLLM's names for our metrics, as vLLM's PrometheusStatLogger (vllm/v1/metrics/loggers.py) exposes them.
+VLLM_GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+               "vllm:gpu_cache_usage_perc"]
+VLLM_COUNTERS = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
+VLLM_HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                   "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+                   "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                   "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+                   "vllm:request_time_per_output_token_seconds", "vllm:request_prompt_tokens",
+                   "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens",
+                   "vllm:request_params_n", "vllm:request_params_max_tokens", "vllm:iteration_tokens_total"]
+
+
+def buckets_of(stat_logger: PrometheusStatLogger, name: str) -> list[float]:
+    return sorted(float(dict(labels)["le"]) for (sample, labels), _ in samples(stat_logger).items()
+                  if sample == f"{name}_bucket" and dict(labels)["le"] != "+Inf")
+
+
+def test_every_vllm_name_is_exposed_beside_ours_with_vllms_labels_and_buckets():
+    stat_logger = PrometheusStatLogger(model_name="tiny", max_model_len=1000)
+    got = samples(stat_logger)
+    for name in VLLM_GAUGES + VLLM_COUNTERS:
+        assert value(stat_logger, name, got, engine="0") == 0, name
+    for name in VLLM_HISTOGRAMS:
+        assert value(stat_logger, f"{name}_count", got, engine="0") == 0, name
+    for reason in ("stop", "length", "abort"):
+        assert value(stat_logger, "vllm:request_success_total", got, engine="0", finished_reason=reason) == 0
+    # vLLM's buckets, which differ from ours where ours reach further down.
+    assert buckets_of(stat_logger, "vllm:time_to_first_token_seconds")[-1] == 2560.0
+    assert buckets_of(stat_logger, "vllm:inter_token_latency_seconds")[0] == 0.01
+    assert buckets_of(stat_logger, "asyncengine:inter_token_latency_seconds")[0] == 0.001  # ours kept
+    assert buckets_of(stat_logger, "vllm:e2e_request_latency_seconds")[:3] == [0.3, 0.5, 0.8]
+    assert buckets_of(stat_logger, "vllm:request_prompt_tokens") == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    assert buckets_of(stat_logger, "vllm:request_params_n") == [1, 2, 5, 10, 20]
+    # Every new metric has our name too (../shared/ARCHITECTURE.md: ours always, vLLM's where it has one).
+    for name in VLLM_GAUGES + VLLM_COUNTERS + VLLM_HISTOGRAMS:
+        if name not in ("vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds"):  # older vLLM names
+            ours = name.replace("vllm:", "asyncengine:")
+            assert any(sample.startswith(ours) for sample, _ in got), ours
+
+
+def test_a_finished_request_lands_in_both_names_with_its_phases():
+    stat_logger = PrometheusStatLogger(model_name="m", max_model_len=512)
+    done = FinishedRequestStats(finish_reason="stop", e2e_latency=3.0, num_prompt_tokens=7, num_generation_tokens=5,
+                                time_to_first_token=1.5, queued_time=1.0, prefill_time=0.5, decode_time=1.5,
+                                inference_time=2.0, max_tokens=64)
+    stat_logger.record(None, IterationStats(num_prompt_tokens=7, num_generation_tokens=1, time_to_first_tokens=[1.5],
+                                            inter_token_latencies=[0.02, 0.04], n_params=[2],
+                                            max_num_generation_tokens=[5], finished_requests=[done]))
+    got = samples(stat_logger)
+    for prefix in ("asyncengine:", "vllm:"):
+        labels = {} if prefix == "asyncengine:" else {"engine": "0"}
+        assert value(stat_logger, f"{prefix}request_success_total", got, finished_reason="stop", **labels) == 1
+        assert value(stat_logger, f"{prefix}request_queue_time_seconds_sum", got, **labels) == 1.0
+        assert value(stat_logger, f"{prefix}request_prefill_time_seconds_sum", got, **labels) == 0.5
+        assert value(stat_logger, f"{prefix}request_decode_time_seconds_sum", got, **labels) == 1.5
+        assert value(stat_logger, f"{prefix}request_inference_time_seconds_sum", got, **labels) == 2.0
+        assert value(stat_logger, f"{prefix}request_time_per_output_token_seconds_sum", got, **labels) == 1.5 / 4
+        assert value(stat_logger, f"{prefix}request_prompt_tokens_sum", got, **labels) == 7
+        assert value(stat_logger, f"{prefix}request_generation_tokens_sum", got, **labels) == 5
+        assert value(stat_logger, f"{prefix}request_params_max_tokens_sum", got, **labels) == 64
+        assert value(stat_logger, f"{prefix}request_params_n_sum", got, **labels) == 2
+        assert value(stat_logger, f"{prefix}request_max_num_generation_tokens_sum", got, **labels) == 5
+        assert value(stat_logger, f"{prefix}iteration_tokens_total_sum", got, **labels) == 8
+        assert value(stat_logger, f"{prefix}inter_token_latency_seconds_count", got, **labels) == 2
+    assert value(stat_logger, "vllm:time_per_output_token_seconds_sum", got, engine="0") == pytest.approx(0.06)
+
+
+def test_scheduler_totals_become_counters_in_both_names_and_the_cache_config_is_published():
+    stat_logger = PrometheusStatLogger(EngineConfig(served_model_name="m", block_size=32), model_name="m")
+    assert not any(name == "vllm:cache_config_info" for name, _ in samples(stat_logger))  # blocks unknown yet
+    stat_logger.update_scheduler_stats(SchedulerStats(num_preemptions=2, prefix_cache_queries=40, prefix_cache_hits=16,
+                                                      num_blocks=99))
+    stat_logger.update_scheduler_stats(SchedulerStats(num_preemptions=3, prefix_cache_queries=40, prefix_cache_hits=16,
+                                                      num_blocks=99))  # a scrape's stats: only what grew
+    got = samples(stat_logger)
+    assert value(stat_logger, "asyncengine:num_preemptions_total", got) == 3
+    assert value(stat_logger, "vllm:num_preemptions_total", got, engine="0") == 3
+    assert value(stat_logger, "vllm:prefix_cache_queries_total", got, engine="0") == 40
+    assert value(stat_logger, "vllm:prefix_cache_hits_total", got, engine="0") == 16
+    ((labels, info),) = [(dict(k), v) for (n, k), v in got.items() if n == "vllm:cache_config_info"]
+    assert info == 1
+    assert {key: labels[key] for key in ("num_gpu_blocks", "block_size", "enable_prefix_caching", "engine")} == \
+        {"num_gpu_blocks": "99", "block_size": "32", "enable_prefix_caching": "True", "engine": "0"}
