@@ -37,7 +37,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from asyncengine.server.access import BODYLESS_POSTS
 from support.server import start_server
 
 API_KEY = "schemathesis-key"
@@ -60,12 +59,14 @@ def server(default_model_dir):
     assert running.stop() == 0, running.stderr()[-3000:]
 
 
-def run_schemathesis(url: str) -> tuple[list[str], list[str], collections.Counter]:
-    """(operations, failures, statuses by (operation, mode, status)) of schemathesis against the server at `url`."""
+def run_schemathesis(url: str) -> tuple[list[str], list[str], collections.Counter, set[str]]:
+    """(operations, failures, statuses by (operation, mode, status), the operations with a body) of schemathesis
+    against the server at `url`."""
     schema = schemathesis.openapi.from_url(url + "/openapi.json", headers=AUTH, timeout=60)
     failures: list[str] = []
     statuses: collections.Counter = collections.Counter()
     operations = []
+    with_body: set[str] = set()
 
     def test_of(operation, mode: str, strategy, examples: int):
         @settings(max_examples=examples, derandomize=True, database=None, deadline=None, print_blob=False,
@@ -89,27 +90,29 @@ def run_schemathesis(url: str) -> tuple[list[str], list[str], collections.Counte
         for example in schema.get_strategies_from_examples(operation):
             test_of(operation, "examples", example, 1)()
         test_of(operation, "positive", operation.as_strategy(generation_mode=POSITIVE), POSITIVE_EXAMPLES)()
-        if operation.body:  # (a GET without parameters has nothing to break)
+        if operation.body:  # (a GET without parameters, or a POST that reads no body, has nothing to break)
+            with_body.add(operation.label)
             test_of(operation, "negative", operation.as_strategy(generation_mode=NEGATIVE), NEGATIVE_EXAMPLES)()
-    return operations, failures, statuses
+    return operations, failures, statuses, with_body
 
 
-BODYLESS = {f"POST {path}" for path in BODYLESS_POSTS}  # (POST /ping: no body, nothing to break)
 
 
 @pytest.mark.timeout(900)  # about 40 s on a quiet machine; a busy one can take ten times that
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(server):
-    operations, failures, statuses = run_schemathesis(server.url)
+    operations, failures, statuses, with_body = run_schemathesis(server.url)
     summary: collections.Counter = collections.Counter()  # requests by (operation, mode)
     for (label, mode, _), count in statuses.items():
         summary[(label, mode)] += count
     print(f"\n{sum(statuses.values())} requests over {len(operations)} operations; statuses {dict(statuses)}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
-    # Every operation was called in both modes, and the LoRA routes are among them.
+    # Every operation was called, each with a body in both modes, and the LoRA routes are among them.
     assert {"POST /v1/load_lora_adapter", "POST /v1/unload_lora_adapter", "POST /v1/chat/completions"} <= set(
         operations)
-    assert all(summary[(label, mode)] > 0 for label in operations for mode in ("positive", "negative")
-               if mode == "positive" or label.startswith("POST ") and label not in BODYLESS), summary
+    uncalled = [(label, mode) for label in operations for mode in ("positive", "negative")
+                if (mode == "positive" or label in with_body) and not summary[(label, mode)]]
+    assert not uncalled, (uncalled, summary)
+    assert {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"} <= with_body
     # The document's examples were served, not refused: generation (streams included), embeddings, ranking.
     for label in ("POST /v1/completions", "POST /v1/chat/completions", "POST /v1/chat/completions/render",
                   "POST /tokenize", "POST /detokenize", "POST /v1/embeddings", "POST /score", "POST /rerank"):
