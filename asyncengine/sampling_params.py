@@ -1,7 +1,7 @@
 """SamplingParams: how to sample one request, with vLLM's names and defaults.
 
 The class remembers which fields the caller set. A model's generation_config.json supplies defaults
-for the fields the request left alone (`with_defaults`), as ARCHITECTURE.md promises. Every check
+for the fields the request left alone (`with_defaults`), as docs/architecture.md promises. Every check
 raises `RequestError` naming the field, so the HTTP layer can answer 400 with `param` filled in.
 """
 

@@ -1,4 +1,4 @@
-"""Attention backends: how the attention layers attend over the paged KV cache (EXTENSION_POINTS.md).
+"""Attention backends: how the attention layers attend over the paged KV cache (docs/reference.md).
 
 `backend.py` is the interface, `registry.py` the registry a plugin fills (`register_attention_backend`),
 `selector.py` the worker's choice per layer (the platform's `get_attn_backend_cls`, or the

@@ -2,7 +2,7 @@
 
 Names come from `lora_modules` (at start-up), from runtime loads (POST /v1/load_lora_adapter), and
 from the LoRA resolvers (a name nobody knows yet: the built-in filesystem resolver, then the
-registered ones, EXTENSION_POINTS.md R11). Each name gets an id of its own, never reused (an unloaded
+registered ones, docs/reference.md R11). Each name gets an id of its own, never reused (an unloaded
 adapter's id stays retired: the prefix cache keys blocks by it, and workers cache weights under it).
 
 A `LoRARequest` given directly (`LLM.generate(..., lora_request=...)`) keeps the caller's id; one id

@@ -1,6 +1,6 @@
 """Loading the tokenizer and rendering chat prompts.
 
-`tokenizer_mode` picks the tokenizer class from TokenizerRegistry (EXTENSION_POINTS.md, tokenizers; the table
+`tokenizer_mode` picks the tokenizer class from TokenizerRegistry (docs/reference.md, tokenizers; the table
 is in the floor, asyncengine.interfaces.tokenizer): "auto" is transformers' AutoTokenizer; a plugin adds a mode with `TokenizerRegistry.register("mode", "pkg.mod:Class")`.
 Read in the frontend only (it tokenizes prompts and detokenizes outputs). The class is built as
 `Class.from_pretrained(path)`, as in vLLM; what the engine calls on it is in docs/plugins.md ("Tokenizers").

@@ -1,4 +1,4 @@
-"""The `additional_config` keys' table (EXTENSION_POINTS.md, additional_config): key -> the validator of
+"""The `additional_config` keys' table (docs/reference.md, additional_config): key -> the validator of
 whoever claimed it. A general plugin calls `AdditionalConfigRegistry.claim("key", validator)`; the
 validator is called with the value and raises to refuse it.
 

@@ -1,4 +1,4 @@
-"""The custom-op tables (EXTENSION_POINTS.md, custom ops): in-tree op classes and their out-of-tree
+"""The custom-op tables (docs/reference.md, custom ops): in-tree op classes and their out-of-tree
 replacements (`custom_ops`), and the op providers (`op_providers`, several implementations of one op).
 
 Torch-free: the frontend builds its manifest from these registries, and a general plugin registers into

@@ -1,5 +1,5 @@
 """Executor: the interface of what runs the workers for the engine core (`distributed_executor_backend`,
-EXTENSION_POINTS.md, the executor backend: "uni", "mp", or "pkg.mod:Class" naming a subclass).
+docs/reference.md, the executor backend: "uni", "mp", or "pkg.mod:Class" naming a subclass).
 
 The built-ins (UniExecutor: the worker on a thread of the engine-core process; MultiprocExecutor: one
 process per rank) are in asyncengine/engine_core/executor.py, and a plugin usually subclasses one of

@@ -1,4 +1,4 @@
-"""LoRARequest, and LoRA resolvers (EXTENSION_POINTS.md R11): find an adapter by name the first time a request asks for it.
+"""LoRARequest, and LoRA resolvers (docs/reference.md R11): find an adapter by name the first time a request asks for it.
 
 vLLM's shape: subclass `LoRAResolver`, implement `async resolve_lora(base_model_name, lora_name)` to
 return a `LoRARequest` (its `lora_path` a local directory in PEFT's format) or None when it does not

@@ -1,5 +1,5 @@
 """Model loaders, the interface: `--load-format NAME` picks the class that fills a model's weights
-(EXTENSION_POINTS.md, model loaders), and the table of loaders.
+(docs/reference.md, model loaders), and the table of loaders.
 
 A loader is a BaseModelLoader subclass registered with `@register_model_loader("name")`, from a general
 plugin so that every process has it. Read in the worker, which builds the model; the frontend checks

@@ -1,4 +1,4 @@
-"""Tool-call and reasoning parsers (EXTENSION_POINTS.md, parsers): the classes a parser plugin subclasses,
+"""Tool-call and reasoning parsers (docs/reference.md, parsers): the classes a parser plugin subclasses,
 the shapes they hand back to the chat completions route, and the two tables of them.
 
 `ToolParserManager` maps a name (`--tool-call-parser NAME`) to a ToolParser class, `ReasoningParserManager`

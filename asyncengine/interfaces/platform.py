@@ -1,4 +1,4 @@
-"""The Platform interface (EXTENSION_POINTS.md, "The Platform interface").
+"""The Platform interface (docs/reference.md, "The Platform interface").
 
 A platform is a class, used through its class methods (like vLLM's). Built-in `cpu` and `cuda`
 implement it exactly as a plugin's platform does. Resolution checks that the identity attributes are

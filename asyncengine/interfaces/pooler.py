@@ -1,5 +1,5 @@
 """Pooler: the interface of a pooling model's pooler (the built-in LAST, MEAN, CLS and ALL included), and
-the registry that names them (PoolerRegistry, EXTENSION_POINTS.md R12, read in the worker).
+the registry that names them (PoolerRegistry, docs/reference.md R12, read in the worker).
 
 A pooler turns the final hidden states of each pooling request's prompt into that request's output: the
 worker hands it the step's pooling requests as one run of rows, `hidden_states` `[sum(lengths), hidden]`,

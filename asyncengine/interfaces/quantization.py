@@ -1,5 +1,5 @@
 """Quantization methods, the interface: `quantization="NAME"` picks the QuantizationConfig that builds the
-linear layers (EXTENSION_POINTS.md, quantization methods), and the table of methods.
+linear layers (docs/reference.md, quantization methods), and the table of methods.
 
 A method is a `QuantizationConfig` subclass registered with `@register_quantization_config("name")`; its
 `get_quant_method(layer, prefix)` returns the `LinearMethod` that creates, loads and applies the weights

@@ -1,4 +1,4 @@
-"""The structured-output backend interface (EXTENSION_POINTS.md), and the table of backends.
+"""The structured-output backend interface (docs/reference.md), and the table of backends.
 
 A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), off the engine core's
 event loop) and gives each request a matcher over it. The engine core asks each

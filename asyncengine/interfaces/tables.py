@@ -1,4 +1,4 @@
-"""Every registry plugins fill, and which process roles read each (EXTENSION_POINTS.md, "reads it").
+"""Every registry plugins fill, and which process roles read each (docs/reference.md, "reads it").
 
 The manifest check compares, in each child process, the registries its role reads with the frontend's:
 a key the frontend has and the child lacks fails start-up there, naming it. `plugins map` and the

@@ -1,4 +1,4 @@
-"""The tokenizer modes' table (EXTENSION_POINTS.md, tokenizers): `tokenizer_mode` -> a class built as
+"""The tokenizer modes' table (docs/reference.md, tokenizers): `tokenizer_mode` -> a class built as
 `Class.from_pretrained(path)`, as in vLLM.
 
 A plugin adds a mode with `TokenizerRegistry.register("mode", "pkg.mod:Class")`. The built-in "auto"

@@ -2,7 +2,7 @@
 one module of the floor that imports torch (CustomOp is an nn.Module; the torch work of the other
 interfaces' defaults is here too); imported only by who asks for it.
 
-vLLM's names and semantics (EXTENSION_POINTS.md, custom ops):
+vLLM's names and semantics (docs/reference.md, custom ops):
 - `forward` dispatches to `forward_<device_type>` of the current platform ("cpu", "cuda", or an
   out-of-tree platform's device type) when the class defines it; else, on an out-of-tree platform,
   to `forward_oot` when defined; else to `forward_native`, the torch reference every op must have.

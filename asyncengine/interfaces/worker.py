@@ -1,4 +1,4 @@
-"""WorkerBase: what the engine core asks of a worker (`worker_cls`, EXTENSION_POINTS.md).
+"""WorkerBase: what the engine core asks of a worker (`worker_cls`, docs/reference.md).
 
 The engine core drives a worker by method name, in a thread of the engine-core process or in a process
 of its own: `init_device`, `load_model`, `kv_cache_spec`, `determine_num_blocks`, `initialize_kv_cache`, `execute_model`,

@@ -1,4 +1,4 @@
-"""Model loaders: `--load-format NAME` picks the class that fills a model's weights (EXTENSION_POINTS.md).
+"""Model loaders: `--load-format NAME` picks the class that fills a model's weights (docs/reference.md).
 The interface (BaseModelLoader, LoadConfig) and the table are in the floor,
 asyncengine.interfaces.model_loader.
 

@@ -1,6 +1,6 @@
 """Asking a platform for its attention backend as vLLM does (`ask_attn_backend`).
 
-The Platform interface itself is in the floor, asyncengine.interfaces.platform (EXTENSION_POINTS.md,
+The Platform interface itself is in the floor, asyncengine.interfaces.platform (docs/reference.md,
 "The Platform interface"); it is imported here too, for the names code and plugins have used.
 """
 

@@ -1,6 +1,6 @@
 """Choosing the platform: the first start-up phase of every process.
 
-Precedence (EXTENSION_POINTS.md, platform plugins): `--device` names one (a built-in, or a platform plugin by its
+Precedence (docs/reference.md, platform plugins): `--device` names one (a built-in, or a platform plugin by its
 entry-point name); else exactly one active out-of-tree platform wins over the built-ins; two active
 ones are an error naming both; else `cuda` when a GPU is usable, else `cpu`. Every detector's
 verdict is a record; a detector that raises is an error, never a silent fallback. A platform class

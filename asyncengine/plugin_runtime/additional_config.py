@@ -1,4 +1,4 @@
-"""`additional_config` (EXTENSION_POINTS.md): a dict of options for the platform or a plugin, each
+"""`additional_config` (docs/reference.md): a dict of options for the platform or a plugin, each
 key validated by whoever claims it; a key nobody claims is an error, never silently ignored.
 
 Two ways to claim a key:

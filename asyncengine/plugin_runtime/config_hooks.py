@@ -1,4 +1,4 @@
-"""Config hooks: options that name a class as "package.module:attr" (EXTENSION_POINTS.md, config hooks).
+"""Config hooks: options that name a class as "package.module:attr" (docs/reference.md, config hooks).
 
 A hook may also be given as "package.module.attr" (vLLM's form) or as the class itself
 (asyncengine/config/class_paths.py keeps its path).
@@ -147,7 +147,7 @@ def extension_problem(extension_cls: Any, worker_cls: type, *, worker_attributes
 
 @dataclass(frozen=True)
 class Hook:
-    readers: tuple[str, ...]  # the roles that read it (EXTENSION_POINTS.md, "reads it")
+    readers: tuple[str, ...]  # the roles that read it (docs/reference.md, "reads it")
     check: Callable[..., str | None]  # what is wrong with the imported value, or None
     checks: str  # what the check is, in words, for the timeline
     with_config: bool = False  # check(value, config): the check depends on other options
@@ -166,7 +166,7 @@ HOOKS: dict[str, Hook] = {
     "kv_connector_module_path": Hook((ENGINE_CORE, WORKER), _is_kv_connector, "a KVConnectorBase subclass"),
 }
 
-# Which roles read each hook (EXTENSION_POINTS.md's "reads it" column).
+# Which roles read each hook (docs/reference.md's "reads it" column).
 HOOK_READERS = {option: hook.readers for option, hook in HOOKS.items()}
 
 

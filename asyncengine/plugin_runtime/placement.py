@@ -1,6 +1,6 @@
 """Placement, decided here once: where the engine core and the worker run, and so which roles each process plays.
 
-Two switches (ARCHITECTURE.md, "Processes and roles"):
+Two switches (docs/architecture.md, "Processes and roles"):
 - `in_process`: the engine core runs in the frontend's event loop (embedding, tests), or in a process of
   its own (the default of `asyncengine serve`);
 - `distributed_executor_backend`: "uni" runs the worker on a thread of the engine core's process, "mp" one

@@ -1,5 +1,5 @@
 """Each metric under our name and, where vLLM has the same metric, under vLLM's name too (../shared
-ARCHITECTURE.md's rule), so that vLLM's Grafana dashboards and alerts read this server unchanged.
+docs/architecture.md's rule), so that vLLM's Grafana dashboards and alerts read this server unchanged.
 
 A `Twin` is one metric published as several Prometheus families in one registry: `asyncengine:<name>`
 with our labels and buckets (kept as they were: existing dashboards and alerts of ours must not break),

@@ -1,4 +1,4 @@
-"""The structured-output backend interface (EXTENSION_POINTS.md, structured-output backends): GrammarMatcher and
+"""The structured-output backend interface (docs/reference.md, structured-output backends): GrammarMatcher and
 StructuredOutputBackend are in the floor (asyncengine.interfaces.structured_output), imported here;
 GrammarError and the bitmask width are here.
 

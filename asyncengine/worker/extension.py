@@ -1,4 +1,4 @@
-"""Worker extensions (`worker_extension_cls`, EXTENSION_POINTS.md): composed with the worker, never
+"""Worker extensions (`worker_extension_cls`, docs/reference.md): composed with the worker, never
 spliced into its bases.
 
 vLLM adds the extension class to the worker's bases at run time and guards name clashes with a bare

@@ -1,6 +1,6 @@
 """`asyncengine plugins map`: where each extension point is read, one column per process.
 
-Three kinds, as EXTENSION_POINTS.md names them, and they reach a process differently:
+Three kinds, as docs/reference.md names them, and they reach a process differently:
 - an entry-point group is loaded by the process itself at start-up (it needs nothing from you);
 - a config hook reaches the process in the configuration every process receives;
 - a registry works in a process only if a general plugin (or the platform) filled it there.
@@ -97,7 +97,7 @@ def format_map(entries: list[MapEntry]) -> str:
     return "\n".join(lines)
 
 
-# The row of docs/reference.md (EXTENSION_POINTS.md's ids) for each name the map shows, so that the
+# The row of docs/reference.md (docs/reference.md's ids) for each name the map shows, so that the
 # generated page links every entry to its row; a name without a row is shown without a link.
 REFERENCE_ROWS = {
     "asyncengine.general_plugins": "E1", "asyncengine.platform_plugins": "E2",

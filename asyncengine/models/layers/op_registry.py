@@ -1,4 +1,4 @@
-"""The custom-op tables (EXTENSION_POINTS.md, custom ops): in-tree op classes, their out-of-tree replacements,
+"""The custom-op tables (docs/reference.md, custom ops): in-tree op classes, their out-of-tree replacements,
 and op providers (several implementations of one op, chosen per call).
 
 Torch-free on purpose: the frontend builds its manifest from these registries, and a general plugin

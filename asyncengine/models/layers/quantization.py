@@ -1,5 +1,5 @@
 """Quantization methods: `quantization="NAME"` picks the QuantizationConfig that builds the linear layers
-(EXTENSION_POINTS.md, quantization methods). The interface (QuantizationConfig, LinearMethod) and the table are in the
+(docs/reference.md, quantization methods). The interface (QuantizationConfig, LinearMethod) and the table are in the
 floor, asyncengine.interfaces.quantization; here are the torch methods the linear layers run.
 
 Embeddings, the lm_head and the norms are never quantized. The built-in "int8" (weight-only,
