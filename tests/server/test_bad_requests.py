@@ -72,7 +72,7 @@ CASES = [
     ("unknown model", "POST", "/v1/completions", completion(model="gpt-4"), None, 404, "model", "does not exist"),
     ("unknown model on /tokenize", "POST", "/tokenize", {"model": "gpt-4", "prompt": "hi"}, None, 404, "model",
      "does not exist"),
-    # An unknown top-level field is ignored (tests/server/test_request_fields.py); inside an object, a 400.
+    # An unknown top-level field is ignored (tests/server/test_ignored_and_vllm_fields.py); inside an object, a 400.
     ("unknown nested parameter", "POST", "/v1/completions", completion(stream_options={"frobnicate": True}), None,
      400, "stream_options.frobnicate", "unsupported parameter"),
     ("unsupported parameter: echo with logprobs", "POST", "/v1/completions", completion(echo=True, logprobs=1), None,
