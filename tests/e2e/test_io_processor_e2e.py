@@ -95,7 +95,8 @@ def test_io_processor_route_end_to_end_in_the_server_process(served):
     assert status == 400, refused
     error = refused["error"]
     assert error["param"] == "data.items" and error["code"] == "io_processor_refused"
-    assert f"IO processor {IO_PROCESSOR!r} (pre_process) refused the request" in error["message"]
+    assert f"IO processor {IO_PROCESSOR!r} (" in error["message"] and "pre_process refused the request" in error[
+        "message"] and "distribution asyncengine-io-processor-example" in error["message"]
     assert "non-empty list" in error["message"]
     # ... a body without data is the server's own 400, and the next request is served.
     status, missing = post(url, {"max_tokens": 2})
