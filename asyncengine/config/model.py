@@ -139,8 +139,10 @@ def resolve_model_impl(config: EngineConfig, names: list[str], hf_config: dict[s
         return NATIVE
     reason = transformers_cannot_run(names, hf_config, trust_remote_code=config.trust_remote_code)
     if reason is not None:
-        supported = f"; native: {', '.join(architectures.get_supported_archs())}" if architectures is not None else ""
-        raise UnsupportedArchitectureError(f"model architecture(s) {', '.join(names)} of {model_dir}: {reason}"
+        # vLLM's words ("... are not supported for now"), which plugin authors search for, then why not here.
+        supported = f"; supported: {', '.join(architectures.get_supported_archs())}" if architectures is not None else ""
+        raise UnsupportedArchitectureError(f"model architecture(s) {', '.join(names)} of {model_dir} are not supported "
+                                           f"for now: no native class (a model plugin registers one), and {reason}"
                                            f"{supported}")
     if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
         raise ConfigError(
