@@ -50,7 +50,7 @@ print(json.dumps(result))
 @pytest.fixture(scope="module")
 def moe_model(tiny_model, tmp_path_factory) -> Path:
     """The tiny Llama's folder with architecture MoeTestForCausalLM: its MLP tensors swapped for a router and
-    the stacked experts of a FusedMoE layer per decoder layer."""
+    the stacked experts of a FusedMoE layer per decoder layer, in transformers' layout (gate_up_proj, down_proj)."""
     llama = tiny_model("llama").path
     folder = tmp_path_factory.mktemp("moe-test-model")
     config = json.loads((llama / "config.json").read_text())
@@ -63,8 +63,8 @@ def moe_model(tiny_model, tmp_path_factory) -> Path:
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}.mlp."
         tensors[prefix + "gate.weight"] = torch.randn(EXPERTS, size, generator=generator) * 0.2
-        tensors[prefix + "experts.w13_weight"] = torch.randn(EXPERTS, 2 * INNER, size, generator=generator) * 0.2
-        tensors[prefix + "experts.w2_weight"] = torch.randn(EXPERTS, size, INNER, generator=generator) * 0.2
+        tensors[prefix + "experts.gate_up_proj"] = torch.randn(EXPERTS, 2 * INNER, size, generator=generator) * 0.2
+        tensors[prefix + "experts.down_proj"] = torch.randn(EXPERTS, size, INNER, generator=generator) * 0.2
     save_file(tensors, folder / "model.safetensors")
     return folder
 
