@@ -91,9 +91,10 @@ def post(server, path: str, body: dict) -> tuple[int, dict]:
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"input": []}, "input", "input is empty"),
-    ({"input": [101, 7592, 30522, 102]}, "input", "token id 30522 in input is outside the vocabulary"),
-    ({"input": ["fine", [101, 99999]]}, "input", "mixes strings"),
+    ({"input": []}, "input", "input must hold at least 1 item"),
+    ({"input": [101, 7592, 30522, 102]}, "input[2]", "must be at most 30521 (max_token_id=30521"),
+    ({"input": ["fine", [101, 99999]]}, "input[1][1]", "outside the vocabulary"),  # bounds first, at the edge
+    ({"input": ["fine", [101, 102]]}, "input", "mixes strings"),
     ({"input": ["fine", "word " * 300]}, "input[1]", "more than max_model_len (256)"),
     ({"input": "hello", "dimensions": 64}, "dimensions", "not a Matryoshka model"),
     ({"input": "hello", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "positive integer"),
