@@ -77,7 +77,9 @@ TEXT_ROUTES = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/ping"}
 EXAMPLES_PER_ROUTE = 14  # 364 cases over the first 13 routes (320 before the render and Responses routes joined)
 # Fewer for the routes whose code another route's cases already reach (/v1/score is /score's view, /v2/rerank
 # /rerank's, /invocations each route's; /ping reads no body): with /v2/embed's 14, 70 more cases, 434 in all.
-FEWER_EXAMPLES = {"/v1/score": 4, "/v2/rerank": 4, "/invocations": 10, "/ping": 3}
+# More for /pooling: its request declares many optional fields that a generation model refuses when set
+# (`dimensions`, ...), so few drawn bodies are valid, and a valid one must get through (asserted below).
+FEWER_EXAMPLES = {"/v1/score": 4, "/v2/rerank": 4, "/invocations": 10, "/ping": 3, "/pooling": 28}
 ADAPTER_NAMES = ["a", "b", "misfit", "tiny"]  # "tiny": the served model's own name
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}},
