@@ -61,7 +61,6 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
     classes: dict[str, type[AttentionBackend]] = {}
     names, backends, owners, fallbacks = [], [], {}, []
 
-    @reads("attention_backends", "worker")
     def backend_class(name: str) -> type[AttentionBackend]:
         if name not in classes:
             classes[name] = AttentionBackendRegistry.backend_class(

@@ -73,9 +73,9 @@ class QuantizationConfig:
 
     def get_supported_act_dtypes(self) -> list[Any]:
         """The activation dtypes the method runs with; the worker refuses a model dtype outside them."""
-        import torch
+        from asyncengine.interfaces.torch_bases import float_dtypes  # (the floor's one torch module)
 
-        return [torch.bfloat16, torch.float16, torch.float32]
+        return float_dtypes()
 
     @classmethod
     def get_min_capability(cls) -> int:

@@ -112,6 +112,11 @@ def reads(registry: str, role: str):
     """Mark a function as reading `registry` in processes of `role` (see `plugins map`)."""
 
     def mark(function: Any) -> Any:
+        # Module level only: a decorator run by each call of an enclosing function would add a site per call,
+        # and `plugins map` would then depend on what ran before it.
+        if "<locals>" in getattr(function, "__qualname__", ""):
+            raise TypeError(f"reads({registry!r}, {role!r}) marks {function.__qualname__}, a nested function: mark "
+                            "the module-level function that encloses it")
         _READ_SITES.append(ReadSite(registry, role, function))
         return function
 

@@ -167,4 +167,10 @@ def build_on_device(model_cls: type, hf_config: Any, *, dtype: str, device: Any,
         return model_cls(hf_config, dtype=getattr(torch, dtype), max_position=max_position)
 
 
-__all__ = ["CustomOp", "build_on_device", "inference_mode", "install_platform_lookup", "seed_everything"]
+def float_dtypes() -> list[torch.dtype]:
+    """The floating dtypes a model runs in here (bfloat16, float16, float32): a quantization method's
+    activation dtypes unless it says otherwise (QuantizationConfig.get_supported_act_dtypes)."""
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
+__all__ = ["CustomOp", "build_on_device", "float_dtypes", "inference_mode", "install_platform_lookup", "seed_everything"]
