@@ -50,6 +50,15 @@ class BackendChoice:
 
 
 @reads("attention_backends", "worker")
+def _registered_backend(name: str, chosen_by: str, option: str | None) -> tuple[type[AttentionBackend], str]:
+    """The backend class `name` resolves to, and who provides it (for the start-up summary)."""
+    cls = AttentionBackendRegistry.backend_class(name, chosen_by=chosen_by,
+                                                 field="attention_backend" if option else None)
+    entry = AttentionBackendRegistry.get(name)
+    return cls, f"registered by {entry.owner}" if entry else "a class path"
+
+
+@reads("attention_backends", "worker")
 def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, block_size: int,
                               option: str | None = None) -> BackendChoice:
     """A backend instance per layer (`layers` carry num_heads, num_kv_heads, head_dim, scale, and may carry
@@ -63,10 +72,7 @@ def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, bloc
 
     def backend_class(name: str) -> type[AttentionBackend]:
         if name not in classes:
-            classes[name] = AttentionBackendRegistry.backend_class(
-                name, chosen_by=chosen_by, field="attention_backend" if option else None)
-            entry = AttentionBackendRegistry.get(name)
-            owners[name] = f"registered by {entry.owner}" if entry else "a class path"
+            classes[name], owners[name] = _registered_backend(name, chosen_by, option)
             check_backend_class(name, classes[name], f"{owners[name]}, chosen by {chosen_by}")  # forward, not at step 1
         return classes[name]
 
