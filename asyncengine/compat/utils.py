@@ -66,5 +66,15 @@ def set_weight_attrs(weight: Any, weight_attrs: dict[str, Any] | None) -> None:
         setattr(weight, key, value)
 
 
-__all__ = ["cdiv", "get_ip", "get_open_port", "is_pin_memory_available", "next_power_of_2", "random_uuid",
+# vLLM's Literal of its quantization methods' names, in annotations (`-> QuantizationMethods | None`): here any
+# registered method's name.
+QuantizationMethods = str
+
+
+def is_pooling_model(model: Any) -> bool:
+    """vLLM's predicate: whether a model (its class or an instance) is a pooling model."""
+    return bool(getattr(model, "is_pooling_model", False))
+
+
+__all__ = ["QuantizationMethods", "cdiv", "is_pooling_model", "get_ip", "get_open_port", "is_pin_memory_available", "next_power_of_2", "random_uuid",
            "round_down", "round_up", "set_weight_attrs"]

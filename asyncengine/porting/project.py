@@ -9,6 +9,9 @@ from asyncengine.porting.codemod import FileResult, port_config_text, port_pytho
 
 SKIPPED_DIRECTORIES = {".git", ".hg", ".venv", "venv", "build", "dist", "__pycache__", "node_modules", ".tox"}
 CONFIG_FILES = ("pyproject.toml", "setup.cfg")
+# An installed (or unpacked) wheel's registration: `*.dist-info/entry_points.txt`, in setup.cfg's INI form. An
+# egg-info's copy is generated from the sources' pyproject.toml or setup.cfg, so it is not read.
+WHEEL_ENTRY_POINTS = "entry_points.txt"
 DOCS_PAGE = "docs/porting.md"
 
 
@@ -80,6 +83,10 @@ def _files(root: Path) -> list[Path]:
         relative = path.relative_to(root).parts
         if any(part in SKIPPED_DIRECTORIES or part.endswith(".egg-info") for part in relative[:-1]):
             continue
-        if path.is_file() and (path.suffix == ".py" or path.name in CONFIG_FILES):
+        if path.is_file() and (path.suffix == ".py" or path.name in CONFIG_FILES or _is_wheel_registration(path)):
             found.append(path)
     return found
+
+
+def _is_wheel_registration(path: Path) -> bool:
+    return path.name == WHEEL_ENTRY_POINTS and path.parent.name.endswith(".dist-info")

@@ -103,6 +103,14 @@ IMPORTS.update({
         (f"{_COMPAT}.attention_selector", "PlaceholderAttentionBackend"),
     ("vllm.platforms", "_init_trace"): (f"{_COMPAT}.platforms", "_init_trace"),
 })
+# vLLM's loader contract: the model's config as a loader receives it, and its default loader (ours reads
+# safetensors as vLLM's does; a subclass overriding load_weights or download_model works the same).
+IMPORTS.update({
+    ("vllm.config", "ModelConfig"): ("asyncengine.config.model", "ModelConfig"),
+    ("vllm.config.model", "ModelConfig"): ("asyncengine.config.model", "ModelConfig"),
+    ("vllm.model_executor.model_loader", "DefaultModelLoader"): (API, "SafetensorsLoader"),
+    ("vllm.model_executor.model_loader.default_loader", "DefaultModelLoader"): (API, "SafetensorsLoader"),
+})
 # vLLM's helpers that plugins call: its logger, its tensor-parallel state and collectives, its small utilities.
 _DISTRIBUTED = ["get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
                 "get_tensor_model_parallel_group", "get_tp_group", "get_pp_group", "get_pipeline_model_parallel_rank",
@@ -120,11 +128,24 @@ _HELPERS = {
     "vllm.utils.network_utils": ("utils", ["get_ip", "get_open_port"]),
     "vllm.utils.platform_utils": ("utils", ["is_pin_memory_available"]),
     "vllm.model_executor.utils": ("utils", ["set_weight_attrs"]),
+    "vllm.model_executor.layers.linear": ("utils", ["set_weight_attrs"]),  # vLLM's linear module imports it
+    "vllm.model_executor.model_loader.weight_utils": ("weight_utils", [
+        "safetensors_weights_iterator", "pt_weights_iterator", "filter_files_not_needed_for_inference",
+        "filter_duplicate_safetensors_files", "default_weight_loader"]),
+    "vllm.model_executor.models": ("utils", ["is_pooling_model"]),
+    "vllm.model_executor.models.interfaces_base": ("utils", ["is_pooling_model"]),
+    "vllm.model_executor.layers.quantization": ("utils", ["QuantizationMethods"]),
+    "vllm.config": ("compilation", ["CUDAGraphMode", "CompilationMode", "CompilationLevel"]),
+    "vllm.config.compilation": ("compilation", ["CUDAGraphMode", "CompilationMode", "CompilationLevel"]),
+    "vllm.utils.torch_utils": ("torch_utils", ["direct_register_custom_op", "set_default_torch_dtype",
+                                               "current_stream"]),
     # `from vllm.envs import VLLM_LOGGING_LEVEL`: the flags asyncengine's envs answers
     "vllm.envs": ("envs", list(ENVS_ANSWERED)),
 }
 IMPORTS.update({(module, name): (f"{_COMPAT}.{target}", name)
                 for module, (target, names) in _HELPERS.items() for name in names})
+# vLLM's older home of it, beside vllm.utils' arithmetic
+IMPORTS[("vllm.utils", "direct_register_custom_op")] = (f"{_COMPAT}.torch_utils", "direct_register_custom_op")
 # vLLM environment variables that asyncengine reads under vLLM's name, left as they are by the tool.
 ENVIRONMENT_VARIABLES_READ = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "LLMEngine/EngineArgs (asyncengine/compat/llm_engine.py): 0 runs the engine "
@@ -184,7 +205,8 @@ UNMAPPED = [
 
 
 # Where a name the table has no row for may still be ours (the "provided by name" uses of the report).
-PROVIDING_MODULES = (API, f"{_COMPAT}.logger", f"{_COMPAT}.distributed", f"{_COMPAT}.utils")
+PROVIDING_MODULES = (API, f"{_COMPAT}.logger", f"{_COMPAT}.distributed", f"{_COMPAT}.utils", f"{_COMPAT}.weight_utils",
+                     f"{_COMPAT}.torch_utils", f"{_COMPAT}.compilation")
 
 
 def provided_by_name(name: str) -> str | None:

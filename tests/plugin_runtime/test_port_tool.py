@@ -207,3 +207,33 @@ def test_a_bare_import_with_no_mapped_use_is_left_as_it_was_and_listed():
     unused = port_python("import vllm.spare as spare\n")
     assert unused.text == "import vllm.spare as spare\n"
     assert [u.what for u in unused.unmapped] == ["import vllm.spare"]
+
+
+def test_a_plugins_own_vllm_names_raise_no_alarm_and_vllms_are_named():
+    source = ('import logging, os\nimport vllm.envs as e\n\n'
+              'OWN = os.environ.get("VLLM_ASCEND_ENABLE_NZ", "0"), os.getenv("VLLM_MY_PLUGIN_CHUNK")\n'
+              'LEVEL = e.VLLM_LOGGING_LEVEL\nlogging.getLogger("vllm").addHandler(logging.NullHandler())\n'
+              'VLLMS = os.environ.get("VLLM_ATTENTION_BACKEND"), e.VLLM_USE_DEEP_GEMM\n')
+    result = port_python(source)
+    # vLLM's own variables that asyncengine does not read are named; the plugin's own VLLM_* are its business
+    assert sorted((u.line, u.what) for u in result.unmapped) == [
+        (7, "envs.VLLM_USE_DEEP_GEMM"), (7, "the environment variable VLLM_ATTENTION_BACKEND")]
+    assert 'logging.getLogger("asyncengine")' in result.text and "VLLM_ASCEND_ENABLE_NZ" in result.text
+    assert "from asyncengine.plugins_api import envs as e" in result.text
+
+
+def test_an_unpacked_wheels_registration_is_ported_and_an_egg_infos_copy_is_not(tmp_path):
+    from asyncengine.porting.project import port_tree
+
+    wheel_info = tmp_path / "pkg-1.0.dist-info"
+    egg_info = tmp_path / "pkg.egg-info"
+    for folder in (wheel_info, egg_info):
+        folder.mkdir()
+        (folder / "entry_points.txt").write_text(
+            "[console_scripts]\npkg = pkg:main\n\n[vllm.general_plugins]\npkg = pkg:register\n")
+    report = port_tree(tmp_path)
+    report.write()
+    assert (wheel_info / "entry_points.txt").read_text() == (
+        "[console_scripts]\npkg = pkg:main\n\n[asyncengine.general_plugins]\npkg = pkg:register\n")
+    assert "[vllm.general_plugins]" in (egg_info / "entry_points.txt").read_text()  # generated from the sources
+    assert report.num_mapped == 1 and report.num_unmapped == 0
