@@ -67,6 +67,14 @@ FIXED: dict[str, dict[str, Any]] = {
     "parallel_config": {},
 }
 
+# vLLM's list- and dict-valued settings that platforms change in place (`compilation_config.custom_ops.append(
+# "+rms_norm")`, `"+x" in cops`): a read of one never written gives vLLM's empty default, kept, so the change
+# persists and is listed as ignored like any other write.
+EMPTY_CONTAINERS: dict[str, dict[str, type]] = {
+    "compilation_config": {"custom_ops": list, "splitting_ops": list, "compile_sizes": list,
+                           "cudagraph_capture_sizes": list, "static_forward_context": dict},
+}
+
 # vLLM's other top-level sub-configs: none is used here, each reads None (and is noted).
 ABSENT_SECTIONS = (
     "speculative_config", "lora_config", "observability_config", "structured_outputs_config",
@@ -117,6 +125,10 @@ class SubConfigView:
             return FIXED[section][name]
         if name in self._kept:
             return self._kept[name]
+        if name in EMPTY_CONTAINERS.get(section, {}):
+            empty = self._kept[name] = EMPTY_CONTAINERS[section][name]()
+            _note(f"{section}.{name} was read: it has no meaning in asyncengine; it starts empty, as vLLM's")
+            return empty
         _note(f"{section}.{name} was read: it has no meaning in asyncengine, so it reads None")
         return None
 

@@ -39,6 +39,17 @@ def test_views_read_and_write_through_and_note_what_has_no_meaning():
         config.not_a_vllm_name  # noqa: B018  (only vLLM's section names read None)
 
 
+def test_a_list_vllm_starts_empty_is_changed_in_place_as_platforms_do():
+    config = EngineConfig()
+    with collecting_ignored() as notes:
+        ops = config.compilation_config.custom_ops  # pace-vllm's hook: `"+x" in cops`, then cops.append("+x")
+        assert ops == [] and "+rms_norm" not in ops
+        ops.append("+rms_norm")
+        assert config.compilation_config.custom_ops == ["+rms_norm"]
+    assert notes == ["compilation_config.custom_ops was read: it has no meaning in asyncengine; it starts empty, "
+                     "as vLLM's"]
+
+
 class InPlacePlatform(CpuPlatform):
     device_name = "in_place"
 
