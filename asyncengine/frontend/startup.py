@@ -18,11 +18,11 @@ from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, t
 from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.loader.model_source import resolve_files_dir, resolve_model_dir
-from asyncengine.loader.registry import ModelLoaderRegistry
+from asyncengine.interfaces.model_loader import ModelLoaderRegistry
 from asyncengine.interfaces.quantization import resolve_quantization_name
-from asyncengine.models.layers.quantization import QuantizationRegistry
+from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.pooling.default_model import default_pooling_model_dir, wants_default_pooling_model
-from asyncengine.registries.base import describe, reads
+from asyncengine.interfaces.registry import describe, reads
 
 
 @dataclass

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import msgspec
 
-from asyncengine.errors import ConfigError, StartupError
+from asyncengine.errors import ConfigError
+from asyncengine.interfaces.parser_plugins import import_plugin
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError
 
@@ -139,18 +139,6 @@ class ReasoningParser:
 
 # -- the tables -------------------------------------------------------------------------------------------
 
-# Loads a parser plugin given to an option: (value, option) -> the imported module. The server's
-# (asyncengine.server.parsers.loading.import_plugin), set when that module is imported.
-PluginLoader = Callable[..., ModuleType]
-_plugin_loader: PluginLoader | None = None
-
-
-def set_plugin_loader(loader: PluginLoader) -> None:
-    """Install the function that imports a parser plugin (the server does, when its parsers load)."""
-    global _plugin_loader
-    _plugin_loader = loader
-
-
 class ParserRegistry(Registry):
     """A registry of parser classes, all subclasses of `base`, with vLLM's `register_module` shape.
 
@@ -217,12 +205,7 @@ class ParserRegistry(Registry):
 
     def import_plugin(self, plugin: str) -> ModuleType:
         """Load a parser plugin (a .py path or a module name); its decorators register its parsers."""
-        if _plugin_loader is None:
-            raise StartupError(
-                f"{self.plugin_option} {plugin!r}: parser plugins are loaded by the server's parsers, which are "
-                "not imported in this process; import asyncengine.server.parsers first"
-            )
-        return _plugin_loader(plugin, option=self.plugin_option)
+        return import_plugin(plugin, option=self.plugin_option)
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -324,5 +307,4 @@ for _name, _class in BUILT_IN_REASONING_PARSERS.items():
 __all__ = [
     "DeltaFunctionCall", "DeltaMessage", "DeltaToolCall", "ExtractedToolCalls", "FunctionCall", "ParserRegistry",
     "ReasoningParser", "ReasoningParserManager", "ToolCall", "ToolParser", "ToolParserManager", "new_tool_call_id",
-    "set_plugin_loader",
 ]

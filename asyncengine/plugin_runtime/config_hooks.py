@@ -26,7 +26,8 @@ from asyncengine.interfaces.executor import Executor
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.kv_connector import KVConnectorBase
 from asyncengine.interfaces.logits import LogitsProcessor
-from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, PHASE_CONFIG_HOOKS, WORKER
+from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
+from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
 from asyncengine.plugin_runtime.records import StartupTrace
 
 

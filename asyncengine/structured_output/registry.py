@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.config.structured_outputs import DEFAULT_BACKEND, configured_backend_name
 from asyncengine.errors import ConfigError, ModelLoadError, RequestError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import reads
