@@ -39,21 +39,7 @@ class HFAutoTokenizer:
 @reads("tokenizers", "frontend")
 def tokenizer_class(mode: str) -> Any:
     """The class registered for `mode`; an unknown mode lists the known ones."""
-    from asyncengine.interfaces.imports import import_by_path
-
-    entry = TokenizerRegistry.get(mode)
-    if entry is None:
-        raise ConfigError(f"tokenizer_mode {mode!r} names no tokenizer; known: {', '.join(TokenizerRegistry.keys())} "
-                          "(a plugin adds one with TokenizerRegistry.register(\"mode\", \"pkg.mod:Class\"))",
-                          field="tokenizer_mode")
-    implementation = entry.implementation
-    if isinstance(implementation, str):
-        implementation = import_by_path(implementation, what=f"tokenizer mode {mode!r}",
-                                        error=lambda message: ConfigError(message, field="tokenizer_mode"))
-    if not callable(getattr(implementation, "from_pretrained", None)):
-        raise ConfigError(f"tokenizer mode {mode!r}: {describe(implementation)} has no from_pretrained(path) "
-                          "class method", field="tokenizer_mode")
-    return implementation
+    return TokenizerRegistry.load(mode)
 
 
 def load_tokenizer(path: str | Path, mode: str = AUTO, *, trust_remote_code: bool = False) -> Any:

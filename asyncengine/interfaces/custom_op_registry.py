@@ -19,8 +19,8 @@ from asyncengine.errors import ModelLoadError, StartupError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, reads
 
-CustomOpRegistry = Registry("custom_ops", "custom op")
-OpProviderRegistry = Registry("op_providers", "op provider")
+CustomOpRegistry: Registry[Any] = Registry("custom_ops", "custom op")
+OpProviderRegistry: Registry[Any] = Registry("op_providers", "op provider")
 
 OOT_PREFIX = "oot:"
 

@@ -23,7 +23,7 @@ from asyncengine.interfaces.kv_connector import (
     KVConnectorFactory,
     KVConnectorRole,
 )
-from asyncengine.interfaces.registry import describe, reads
+from asyncengine.interfaces.registry import contract_problem, describe, reads
 
 
 class ConnectorChoice:
@@ -66,9 +66,9 @@ def connector_class(config: KVTransferConfig) -> ConnectorChoice:
     except Exception as exc:  # an import error (the message names the path) or the module raising: named
         raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) could not be imported: {exc}",
                           field=FIELD) from exc
-    if not (isinstance(cls, type) and issubclass(cls, KVConnectorBase)):
-        raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) is {cls!r}, not a subclass of "
-                          "asyncengine.plugins_api.KVConnectorBase", field=FIELD)
+    problem = contract_problem(cls, KVConnectorBase, "asyncengine.plugins_api.KVConnectorBase")
+    if problem:
+        raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) {problem}", field=FIELD)
     return ConnectorChoice(cls, origin)
 
 

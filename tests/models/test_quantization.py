@@ -110,9 +110,9 @@ def test_a_wrong_checkpoint_shape_still_fails_clearly():
 
 def test_int8_is_built_in_and_unknown_names_list_the_known_methods():
     assert QuantizationRegistry.owners()["int8"] == "built-in"
-    assert QuantizationRegistry.config_class("int8") is Int8Config
+    assert QuantizationRegistry.load("int8") is Int8Config
     with pytest.raises(ConfigError, match=r"quantization 'awq' names no quantization method; known: .*int8"):
-        QuantizationRegistry.config_class("awq")
+        QuantizationRegistry.load("awq")
 
 
 def test_replacing_a_registered_method_needs_override():
