@@ -18,7 +18,7 @@ from asyncengine.frontend.chat_messages import conversation_for_template
 from asyncengine.interfaces.registry import describe, reads
 
 # The table is in the floor (a plugin fills it in every process), with "auto" naming HFAutoTokenizer
-# below by path; imported here for the names code and plugins have used.
+# below by path.
 from asyncengine.interfaces.tokenizer import AUTO, TokenizerRegistry
 
 # What the engine calls on every tokenizer; the rest (apply_chat_template, chat_template, eos_token_id) is optional.
