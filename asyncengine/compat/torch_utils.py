@@ -42,7 +42,7 @@ def direct_register_custom_op(op_name: str, op_func: Callable[..., Any], mutates
 
 def _platform_dispatch_key() -> str:
     from asyncengine.errors import StartupError
-    from asyncengine.platforms.resolution import current_platform
+    from asyncengine.plugin_runtime.platform_resolution import current_platform
 
     try:
         platform = current_platform()
