@@ -161,18 +161,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, dict=True, metaclass=_Records
         """A copy with `changes` applied (and checked); the changed fields count as set by the caller."""
         values = {name: getattr(self, name) for name in self.__struct_fields__}
         values.update(changes)
-        params = SamplingParams(**values)
-        params.__dict__["_explicit"] = self.explicit_fields | frozenset(changes)
-        return params
+        return _rebuild(values, self.explicit_fields | frozenset(changes))
 
+    # copy, deepcopy and pickle keep what the caller set (msgspec's own would call the class with every field).
     def __copy__(self) -> SamplingParams:
         return self.clone()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SamplingParams:
         values = copy.deepcopy({name: getattr(self, name) for name in self.__struct_fields__}, memo)
-        params = SamplingParams(**values)
-        params.__dict__["_explicit"] = self.explicit_fields
-        return params
+        return _rebuild(values, self.explicit_fields)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], frozenset[str]]]:
+        return _rebuild, ({name: getattr(self, name) for name in self.__struct_fields__}, self.explicit_fields)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Assignment goes through the same checks as the constructor, and leaves the object as it was
@@ -183,6 +183,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, dict=True, metaclass=_Records
         for field in self.__struct_fields__:
             msgspec.Struct.__setattr__(self, field, getattr(replaced, field))
         self.__dict__["_explicit"] = replaced.explicit_fields
+
+
+def _rebuild(values: dict[str, Any], explicit: frozenset[str]) -> SamplingParams:
+    params = SamplingParams(**values)
+    params.__dict__["_explicit"] = explicit
+    return params
 
 
 # The fields whose bounds and types the table's msgspec types check (the others have shapes of their own,
