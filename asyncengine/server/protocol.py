@@ -24,11 +24,11 @@ from typing import Annotated, Any
 import msgspec
 
 from asyncengine.json_nesting import json_tokens
+from asyncengine.interfaces.parsers import DeltaMessage, ToolCall
 from asyncengine.sampling_bounds import (
     Int64, LogitBias, MinTokens, NumCompletions, NumLogprobs, NumTokens, Penalty, Probability, RepetitionPenalty,
     Temperature, TokenId, TopK, TopP, TruncatePromptTokens,
 )
-from asyncengine.server.parsers.types import DeltaMessage, ToolCall
 
 # -- requests ------------------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.sampling_bounds import (
     Count, Int64, LogitBias, Penalty, PositiveCount, Probability, RepetitionPenalty, Temperature, TokenId, TopP,
 )
