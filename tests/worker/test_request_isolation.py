@@ -20,7 +20,7 @@ import torch
 
 from asyncengine import AsyncEngine, EngineConfig, RequestError, SamplingParams
 from asyncengine.config.model import build_model_config
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.wire.engine_core import SamplingOptions
