@@ -1,57 +1,34 @@
-"""SamplingParams: how to sample one request, with vLLM's names and defaults.
+"""SamplingParams: how to sample one request, with vLLM's names and defaults, as a msgspec Struct.
 
-The class remembers which fields the caller set. A model's generation_config.json supplies defaults
-for the fields the request left alone (`with_defaults`), as docs/architecture.md promises. Every check
-raises `RequestError` naming the field, so the HTTP layer can answer 400 with `param` filled in.
+Every field is typed with the bounds table (sampling_bounds.py), which the server's request Structs
+and the wire's SamplingOptions share: a value is checked when the object is built (whichever way: the
+constructor, `msgspec.convert`, a decoder) and when a field is assigned, and a value past a bound gets
+the words the server's 400 has. The class remembers which fields the caller set (`explicit_fields`): a
+model's generation_config.json supplies defaults for the fields the request left alone (`with_defaults`),
+as docs/architecture.md promises. Every check raises `RequestError` naming the field, so the HTTP layer
+can answer 400 with `param` filled in. The bounds that need the engine's configuration (n, logprobs,
+token ids) are checked by the InputProcessor with `check_limits`, in the same words.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+import copy
+import functools
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import msgspec
 
 from asyncengine.errors import RequestError
+from asyncengine.sampling_bounds import (
+    LIMIT_KEY, INT64_MAX, LogitBias, MinTokens, NumCompletions, NumLogprobs, NumTokens, Penalty, Probability,
+    RepetitionPenalty, Temperature, TokenId, TopK, TopP, TruncatePromptTokens, Int64, bound_message,
+    invalid_value_message, split_validation_error, top_level,
+)
 from asyncengine.structured_output_spec import StructuredOutputsParams
 
 _GREEDY_EPSILON = 1e-5
-
-# The engine's types (docs/sampling.md, "Limits"): integers travel as int64 (torch.long in the
-# worker's tensors), floats are float32 there. Every value is checked against them here, so nothing
-# a request sets can overflow a tensor in a worker. Tighter, meaningful bounds (the vocabulary, the
-# context, --max-n) need the model and the engine, and are checked by the frontend's InputProcessor.
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-FLOAT32_MAX = 3.4028234663852886e38
-
-# vLLM's defaults. Order is the constructor's keyword order.
-_DEFAULTS: dict[str, Any] = {
-    "n": 1,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "seed": None,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "stop": None,
-    "stop_token_ids": None,
-    "ignore_eos": False,
-    "max_tokens": 16,
-    "min_tokens": 0,
-    "logprobs": None,
-    "skip_special_tokens": True,
-    "spaces_between_special_tokens": True,
-    "include_stop_str_in_output": False,
-    "extra_args": None,
-    "structured_outputs": None,
-    "logit_bias": None,
-    "allowed_token_ids": None,
-    "bad_words": None,
-    "truncate_prompt_tokens": None,
-}
 
 # Fields that a model's generation_config.json may supply, with the name it uses there.
 GENERATION_CONFIG_FIELDS = {
@@ -63,141 +40,83 @@ GENERATION_CONFIG_FIELDS = {
     "max_tokens": "max_new_tokens",
 }
 
-_UNSET: Any = object()
+
+class _RecordsExplicitFields(msgspec.StructMeta):
+    """SamplingParams' metaclass: a call records the keywords it was given as the fields the caller set
+    (a msgspec Struct cannot define __init__; `__post_init__` has checked them by then)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        params = super().__call__(*args, **kwargs)
+        params.__dict__["_explicit"] = frozenset(kwargs)
+        return params
 
 
-class SamplingParams:
-    """Sampling options for one request. `temperature=0` is greedy; `top_k=0` (or -1) is off."""
+class SamplingParams(msgspec.Struct, kw_only=True, dict=True, metaclass=_RecordsExplicitFields):
+    """Sampling options for one request. `temperature=0` is greedy; `top_k=0` (or -1) is off.
 
-    __slots__ = (*_DEFAULTS, "_explicit")
+    Some fields take other forms and are normalized: `stop` a string, `stop_token_ids` None or a tuple,
+    `logit_bias` string keys (JSON's), `bad_words` a string, `structured_outputs` a dict of its fields."""
 
-    # The fields as the checks leave them (the slots above hold them; annotations alone add no class attribute).
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    seed: int | None
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
-    stop: list[str]
-    stop_token_ids: list[int]
-    ignore_eos: bool
-    max_tokens: int | None
-    min_tokens: int
-    logprobs: int | None
-    skip_special_tokens: bool
-    spaces_between_special_tokens: bool
-    include_stop_str_in_output: bool
-    extra_args: dict[str, Any] | None
-    structured_outputs: StructuredOutputsParams | None
-    logit_bias: dict[int, float] | None
-    allowed_token_ids: list[int] | None
-    bad_words: list[str] | None
-    truncate_prompt_tokens: int | None  # keep the prompt's last N tokens; -1: up to max_model_len (vLLM's)
-    _explicit: frozenset[str]
-
-    def __init__(
-        self,
-        *,
-        n: int = _UNSET,
-        temperature: float = _UNSET,
-        top_p: float = _UNSET,
-        top_k: int = _UNSET,
-        min_p: float = _UNSET,
-        seed: int | None = _UNSET,
-        presence_penalty: float = _UNSET,
-        frequency_penalty: float = _UNSET,
-        repetition_penalty: float = _UNSET,
-        stop: str | list[str] | None = _UNSET,
-        stop_token_ids: list[int] | None = _UNSET,
-        ignore_eos: bool = _UNSET,
-        max_tokens: int | None = _UNSET,
-        min_tokens: int = _UNSET,
-        logprobs: int | None = _UNSET,
-        skip_special_tokens: bool = _UNSET,
-        spaces_between_special_tokens: bool = _UNSET,
-        include_stop_str_in_output: bool = _UNSET,
-        extra_args: dict[str, Any] | None = _UNSET,
-        structured_outputs: StructuredOutputsParams | None = _UNSET,
-        logit_bias: dict[int, float] | dict[str, float] | None = _UNSET,
-        allowed_token_ids: list[int] | None = _UNSET,
-        bad_words: list[str] | None = _UNSET,
-        truncate_prompt_tokens: int | None = _UNSET,
-    ) -> None:
-        given = dict(locals())
-        explicit = set()
-        for name, default in _DEFAULTS.items():
-            value = given[name]
-            if value is _UNSET:
-                value = default
-            else:
-                explicit.add(name)
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_explicit", frozenset(explicit))
-        self._normalize_and_check()
+    n: NumCompletions = 1
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: Probability = 0.0
+    seed: Int64 | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[TokenId] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+    max_tokens: NumTokens | None = 16
+    min_tokens: MinTokens = 0
+    logprobs: NumLogprobs | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    extra_args: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[TokenId, LogitBias] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None  # keep the prompt's last N; -1: max_model_len
 
     # -- validation ------------------------------------------------------------------------------------
 
-    def _normalize_and_check(self) -> None:
-        _check_int(self.n, "n", minimum=1)
-        _check_number(self.temperature, "temperature", minimum=0.0)
-        _check_number(self.top_p, "top_p")
-        if not 0.0 < self.top_p <= 1.0:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
-        # top_k above the vocabulary keeps every token (the InputProcessor turns it off); past int64
-        # it could not reach a worker's tensors at all.
-        _check_int(self.top_k, "top_k", minimum=-1)
-        if self.top_k == -1:
-            object.__setattr__(self, "top_k", 0)
-        _check_number(self.min_p, "min_p")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}", field="min_p")
-        if self.seed is not None:
-            _check_int(self.seed, "seed", minimum=INT64_MIN)
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check_number(value, name)
-            if not -2.0 <= value <= 2.0:
-                raise RequestError(f"{name} must be in [-2, 2], got {value}", field=name)
-        _check_number(self.repetition_penalty, "repetition_penalty")
-        if not self.repetition_penalty >= _FLOAT32_TINY:
-            raise RequestError(
-                f"repetition_penalty must be greater than 0 (at least {_FLOAT32_TINY:.3g}, the smallest float32 "
-                f"the worker can divide by), got {self.repetition_penalty}",
-                field="repetition_penalty",
-            )
-        object.__setattr__(self, "stop", _normalize_stop(self.stop))
+    def __post_init__(self) -> None:
+        set_field = msgspec.Struct.__setattr__  # (this class's __setattr__ checks through a new instance)
+        set_field(self, "stop", _normalize_stop(self.stop))
         if self.stop_token_ids is None:
-            object.__setattr__(self, "stop_token_ids", [])
-        else:
-            if not isinstance(self.stop_token_ids, (list, tuple)):
-                raise RequestError("stop_token_ids must be a list of token ids", field="stop_token_ids")
-            for token_id in self.stop_token_ids:
-                _check_int(token_id, "stop_token_ids", minimum=0)
-            object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-                     "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise RequestError(f"{name} must be true or false", field=name)
-        if self.max_tokens is not None:
-            _check_int(self.max_tokens, "max_tokens", minimum=1)
-        _check_int(self.min_tokens, "min_tokens", minimum=0)
+            set_field(self, "stop_token_ids", [])
+        elif not isinstance(self.stop_token_ids, (list, tuple)):
+            raise RequestError("stop_token_ids must be a list of token ids", field="stop_token_ids")
+        set_field(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, (list, tuple)):
+            raise RequestError("allowed_token_ids must be a list of token ids", field="allowed_token_ids")
+        # The bounds table, through msgspec: the same checks and words as the server's.
+        try:
+            checked: Any = msgspec.convert({name: getattr(self, name) for name in _CHECKED_FIELDS}, _checked_struct())
+        except msgspec.ValidationError as exc:
+            param, in_dict, message = split_validation_error(str(exc))
+            raise RequestError(invalid_value_message(param, message, in_dict=in_dict),
+                               field=top_level(param)) from None
+        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):  # copies: lists, float biases
+            set_field(self, name, getattr(checked, name))
+        if self.top_k == -1:
+            set_field(self, "top_k", 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise RequestError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
                 field="min_tokens",
             )
-        if self.logprobs is not None:
-            _check_int(self.logprobs, "logprobs", minimum=0)
-        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
-            _check_int(self.truncate_prompt_tokens, "truncate_prompt_tokens", minimum=1)
-        object.__setattr__(self, "extra_args", _normalize_extra_args(self.extra_args))
-        object.__setattr__(self, "structured_outputs", _normalize_structured_outputs(self.structured_outputs))
-        object.__setattr__(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
-        object.__setattr__(self, "allowed_token_ids", _normalize_allowed_token_ids(self.allowed_token_ids))
-        object.__setattr__(self, "bad_words", _normalize_bad_words(self.bad_words))
+        if self.truncate_prompt_tokens == 0:
+            raise RequestError("truncate_prompt_tokens must be at least 1 (or -1: the last max_model_len tokens)",
+                               field="truncate_prompt_tokens")
+        set_field(self, "extra_args", _normalize_extra_args(self.extra_args))
+        set_field(self, "structured_outputs", _normalize_structured_outputs(self.structured_outputs))
+        set_field(self, "allowed_token_ids", _normalize_allowed_token_ids(self.allowed_token_ids))
+        set_field(self, "bad_words", _normalize_bad_words(self.bad_words))
 
     # -- derived views -----------------------------------------------------------------------------------
 
@@ -207,18 +126,26 @@ class SamplingParams:
 
     @property
     def explicit_fields(self) -> frozenset[str]:
-        """The fields the caller set (the others may take the model's generation_config defaults)."""
-        return self._explicit
+        """The fields the caller set (the others may take the model's generation_config defaults). An
+        object decoded rather than called counts the fields that differ from their defaults."""
+        explicit = self.__dict__.get("_explicit")
+        if explicit is None:
+            default = SamplingParams()
+            explicit = frozenset(name for name in self.__struct_fields__
+                                 if getattr(self, name) != getattr(default, name))
+        return explicit
 
-    def with_defaults(self, defaults: dict[str, Any]) -> "SamplingParams":
+    def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
         """A copy where each field the caller did not set takes `defaults[field]` when present."""
-        values = {name: getattr(self, name) for name in self._explicit}
-        filled = {name: value for name, value in defaults.items() if name not in self._explicit and name in _DEFAULTS}
+        explicit = self.explicit_fields
+        values = {name: getattr(self, name) for name in explicit}
+        filled = {name: value for name, value in defaults.items()
+                  if name not in explicit and name in self.__struct_fields__}
         values.update(filled)
         try:
             merged = SamplingParams(**values)
         except RequestError as exc:
-            if exc.field in filled and exc.field not in self._explicit and len(filled) == 1:
+            if exc.field in filled and exc.field not in explicit and len(filled) == 1:
                 message = f"the model's generation_config.json gives an invalid default: {exc.message}"
             else:
                 message = (
@@ -227,72 +154,112 @@ class SamplingParams:
                 )
             raise RequestError(message, field=exc.field) from exc
         # Defaults filled in are not "explicit": keep the caller's view of what they set.
-        object.__setattr__(merged, "_explicit", self._explicit)
+        merged.__dict__["_explicit"] = explicit
         return merged
 
-    def clone(self, **changes: Any) -> "SamplingParams":
+    def clone(self, **changes: Any) -> SamplingParams:
         """A copy with `changes` applied (and checked); the changed fields count as set by the caller."""
-        values = {name: getattr(self, name) for name in _DEFAULTS}
+        values = {name: getattr(self, name) for name in self.__struct_fields__}
         values.update(changes)
-        return _rebuild(values, self._explicit | frozenset(changes))
+        return _rebuild(values, self.explicit_fields | frozenset(changes))
+
+    # copy, deepcopy and pickle keep what the caller set (msgspec's own would call the class with every field).
+    def __copy__(self) -> SamplingParams:
+        return self.clone()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SamplingParams:
+        values = copy.deepcopy({name: getattr(self, name) for name in self.__struct_fields__}, memo)
+        return _rebuild(values, self.explicit_fields)
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], frozenset[str]]]:
-        # copy.copy / copy.deepcopy: rebuild through the constructor (slots plus a validating
-        # __setattr__ cannot be restored attribute by attribute).
-        return _rebuild, ({name: getattr(self, name) for name in _DEFAULTS}, self._explicit)
+        return _rebuild, ({name: getattr(self, name) for name in self.__struct_fields__}, self.explicit_fields)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Assignment goes through the same checks as the constructor.
-        if name not in _DEFAULTS:
+        # Assignment goes through the same checks as the constructor, and leaves the object as it was
+        # when they fail.
+        if name not in self.__struct_fields__:
             raise AttributeError(f"SamplingParams has no field {name!r}")
         replaced = self.clone(**{name: value})
-        for field in _DEFAULTS:
-            object.__setattr__(self, field, getattr(replaced, field))
-        object.__setattr__(self, "_explicit", replaced._explicit)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SamplingParams):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _DEFAULTS)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _DEFAULTS)
-        return f"SamplingParams({fields})"
+        for field in self.__struct_fields__:
+            msgspec.Struct.__setattr__(self, field, getattr(replaced, field))
+        self.__dict__["_explicit"] = replaced.explicit_fields
 
 
 def _rebuild(values: dict[str, Any], explicit: frozenset[str]) -> SamplingParams:
     params = SamplingParams(**values)
-    object.__setattr__(params, "_explicit", frozenset(explicit))
+    params.__dict__["_explicit"] = explicit
     return params
 
 
-_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+# The fields whose bounds and types the table's msgspec types check (the others have shapes of their own,
+# normalized by hand below). `logit_bias` is checked after its keys became ints.
+_CHECKED_FIELDS = tuple(name for name in SamplingParams.__struct_fields__
+                        if name not in ("stop", "extra_args", "structured_outputs", "bad_words"))
 
 
-def _check_int(value: Any, field: str, *, minimum: int) -> None:
-    """An integer in [minimum, INT64_MAX]: every integer field travels as an int64."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"{field} must be an integer, got {value!r}", field=field)
-    if value < minimum:
-        raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
-    if value > INT64_MAX:
-        raise RequestError(f"{field} must be at most {INT64_MAX} (2^63 - 1, the engine's int64), got {value}",
-                           field=field)
+@functools.cache
+def _checked_struct() -> type:
+    """A Struct of SamplingParams' checked fields, with their types (the table's) and no __post_init__."""
+    types = typing.get_type_hints(SamplingParams, include_extras=True)
+    return msgspec.defstruct("SamplingParams", [(name, types[name]) for name in _CHECKED_FIELDS], kw_only=True)
 
 
-def _check_number(value: Any, field: str, *, minimum: float | None = None) -> None:
-    """A finite number that stays finite as a float32 (the workers' tensors)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"{field} must be a finite number, got {value!r}", field=field)
-    try:
-        finite = math.isfinite(value) and abs(value) <= FLOAT32_MAX
-    except OverflowError:  # an int too large to compare as a float
-        finite = False
-    if not finite:
-        raise RequestError(f"{field} must be a finite number of magnitude at most {FLOAT32_MAX:.4g} (float32), "
-                           f"got {value!r}", field=field)
-    if minimum is not None and value < minimum:
-        raise RequestError(f"{field} must be at least {minimum}, got {value}", field=field)
+def check_limits(params: SamplingParams, limits: Mapping[str, int | None]) -> None:
+    """Check `params` against the configuration's limits (`limits[name]` for each `limit(name)` of the table
+    that a field carries; a name absent or None is not checked), in the words of the server's 400s. The
+    InputProcessor passes the limits that do not concern the context: those it checks with the prompt."""
+    for name, limit_name, shape in _limited_fields():
+        value, bound = getattr(params, name), limits.get(limit_name)
+        if value is None or bound is None:
+            continue
+        if shape == "scalar" and value > bound:
+            raise RequestError(bound_message(name, "<=", str(bound), (limit_name, bound)), field=name)
+        if shape == "items":
+            for index, item in enumerate(value):
+                if item > bound:
+                    raise RequestError(bound_message(f"{name}[{index}]", "<=", str(bound), (limit_name, bound)),
+                                       field=name)
+        if shape == "keys":
+            for key in value:
+                if key > bound:
+                    # (a key has no path of its own: the message names it)
+                    raise RequestError(f"{name} has token id {key}, outside the vocabulary (0..{bound})"
+                                       if limit_name == "max_token_id" else
+                                       bound_message(f"{name} key {key}", "<=", str(bound), (limit_name, bound)),
+                                       field=name)
+
+
+@functools.cache
+def _limited_fields() -> tuple[tuple[str, str, str], ...]:
+    """(field, limit name, "scalar" | "items" | "keys") for each SamplingParams field the table limits."""
+    found = []
+    for name, tp in typing.get_type_hints(SamplingParams, include_extras=True).items():
+        for shape, inner in _shapes(tp):
+            limit_name = _limit_name(inner)
+            if limit_name is not None:
+                found.append((name, limit_name, shape))
+    return tuple(found)
+
+
+def _shapes(tp: Any) -> list[tuple[str, Any]]:
+    """The Annotated types a field's type holds: itself, a list's items, a dict's keys (through `| None`)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return [("scalar", tp)]
+    if origin is list:
+        return [("items", args[0])]
+    if origin is dict:
+        return [("keys", args[0])]
+    return [shape for arg in args for shape in _shapes(arg)]  # a union
+
+
+def _limit_name(tp: Any) -> str | None:
+    if typing.get_origin(tp) is not Annotated:
+        return None
+    for meta in typing.get_args(tp)[1:]:
+        if isinstance(meta, msgspec.Meta) and meta.extra and LIMIT_KEY in meta.extra:
+            return str(meta.extra[LIMIT_KEY])
+    return None
 
 
 def _normalize_extra_args(extra_args: Any) -> dict[str, Any] | None:
@@ -329,28 +296,21 @@ def _normalize_structured_outputs(value: Any) -> StructuredOutputsParams | None:
     return value
 
 
-# OpenAI's bounds for a logit bias. vLLM clamps a bias outside them; we refuse it, as OpenAI does.
-LOGIT_BIAS_MAX = 100.0
-
-
-def _normalize_logit_bias(value: Any) -> dict[int, float] | None:
-    """{token id: bias}: keys are ints, or strings of ints (JSON's object keys, as OpenAI sends them);
-    each bias a number in [-100, 100]. The vocabulary bound is the InputProcessor's (it knows the model)."""
+def _normalize_logit_bias(value: Any) -> dict[Any, Any] | None:
+    """{token id: bias}: keys are ints, or strings of ints (JSON's object keys, as OpenAI sends them). The
+    biases are checked with the table (LogitBias, [-100, 100]); the vocabulary bound is the InputProcessor's."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise RequestError(f"logit_bias must be an object mapping token ids to biases, got {type(value).__name__}",
                            field="logit_bias")
-    biases: dict[int, float] = {}
+    biases: dict[int, Any] = {}
     for key, bias in value.items():
         token_id = _token_id_key(key)
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
-            raise RequestError(f"logit_bias[{key}] must be a number in [-100, 100], got {bias!r}",
-                               field="logit_bias")
         if token_id in biases:
             raise RequestError(f"logit_bias names token id {token_id} twice (as {key!r})", field="logit_bias")
-        biases[token_id] = float(bias)
-    return biases or None
+        biases[token_id] = bias
+    return biases or None  # an empty bias changes nothing
 
 
 def _token_id_key(key: Any) -> int:
@@ -362,17 +322,13 @@ def _token_id_key(key: Any) -> int:
     return key
 
 
-def _normalize_allowed_token_ids(value: Any) -> list[int] | None:
-    """A non-empty list of token ids (vLLM refuses an empty one too: nothing could be sampled)."""
+def _normalize_allowed_token_ids(value: list[int] | None) -> list[int] | None:
+    """A non-empty list of token ids (vLLM refuses an empty one too: nothing could be sampled), each once."""
     if value is None:
         return None
-    if not isinstance(value, (list, tuple)):
-        raise RequestError("allowed_token_ids must be a list of token ids", field="allowed_token_ids")
     if not value:
         raise RequestError("allowed_token_ids must not be empty: no token could be sampled (leave it unset to "
                            "allow every token)", field="allowed_token_ids")
-    for token_id in value:
-        _check_int(token_id, "allowed_token_ids", minimum=0)
     return list(dict.fromkeys(value))
 
 

@@ -56,6 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.parallel_state",
             "asyncengine.outputs",
             "asyncengine.sampling_params",
+            "asyncengine.sampling_bounds",  # the bounds of every sampling value (the server's, SamplingParams', the wire's)
             "asyncengine.structured_output_spec",
             "asyncengine.json_nesting",
             # Pooling's params, runner and pooler choice, built-in poolers (torch only) and outputs.

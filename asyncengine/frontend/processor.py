@@ -25,7 +25,8 @@ from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
 from asyncengine.frontend.lora import LoRAAdapters
 from asyncengine.interfaces.lora_resolver import LoRARequest
-from asyncengine.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
+from asyncengine.sampling_bounds import INT64_MAX, INT64_MIN, RequestBounds
+from asyncengine.sampling_params import SamplingParams, check_limits
 from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.limits import SourceLimits
 from asyncengine.structured_output.registry import backend_class_for_request
@@ -70,6 +71,10 @@ class InputProcessor:
         # validate_params runs here, so a bad argument is a 400 rather than a dead worker.
         self.logits_processors = list(logits_processors)
         self._submissions = itertools.count()
+        # The configuration's limits on SamplingParams (n, logprobs, token ids), checked in the server's words;
+        # the context's (max_tokens, min_tokens) are checked with the prompt (`_max_tokens`, `process`).
+        bounds = RequestBounds.of(engine_config, model_config)
+        self.limits = {"max_n": bounds.max_n, "max_logprobs": bounds.max_logprobs, "max_token_id": bounds.max_token_id}
         # Structured outputs: the default backend is checked now (an unknown name fails start-up), and
         # each grammar is checked by its backend before the request is queued (a 400 naming the field).
         self.structured_outputs_backend = configured_backend_name(engine_config.structured_outputs_config)
@@ -109,7 +114,9 @@ class InputProcessor:
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         self._check_prompt(token_ids)
         params = params.with_defaults(self.model_config.generation_defaults)
-        self._check_params(params)
+        check_limits(params, self.limits)
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer (the engine runs with skip_tokenizer_init)", field="stop")
         self._validate_with_logits_processors(params)
         max_tokens = self._max_tokens(params, len(token_ids))
         if params.min_tokens > max_tokens:
@@ -240,38 +247,6 @@ class InputProcessor:
             if error is not None:
                 raise error
         return min(params.max_tokens, room)
-
-    def _check_params(self, params: SamplingParams) -> None:
-        max_n = self.engine_config.max_n
-        if params.n > max_n:
-            raise RequestError(
-                f"n={params.n} asks for more completions than this engine allows in one request (max_n={max_n}): "
-                "lower n, or start the engine with a larger --max-n", field="n",
-            )
-        limit = self.engine_config.max_logprobs
-        vocab = self.model_config.vocab_size
-        if params.logprobs is not None and params.logprobs > min(limit, vocab):
-            raise RequestError(
-                f"logprobs={params.logprobs} exceeds the engine's max_logprobs ({limit})"
-                if params.logprobs > limit
-                else f"logprobs={params.logprobs} exceeds the vocabulary size ({vocab})",
-                field="logprobs",
-            )
-        for token_id in params.stop_token_ids or ():
-            if token_id >= vocab:
-                raise RequestError(
-                    f"stop_token_ids has {token_id}, outside the vocabulary (0..{vocab - 1})", field="stop_token_ids"
-                )
-        for token_id in params.logit_bias or ():
-            if token_id >= vocab:
-                raise RequestError(f"logit_bias has token id {token_id}, outside the vocabulary (0..{vocab - 1})",
-                                   field="logit_bias")
-        for token_id in params.allowed_token_ids or ():
-            if token_id >= vocab:
-                raise RequestError(f"allowed_token_ids has {token_id}, outside the vocabulary (0..{vocab - 1})",
-                                   field="allowed_token_ids")
-        if params.stop and self.tokenizer is None:
-            raise RequestError("stop strings need a tokenizer (the engine runs with skip_tokenizer_init)", field="stop")
 
     def _bad_words_token_ids(self, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
         """Each bad word as token sequences, as vLLM tokenizes them: the word (leading whitespace

@@ -13,7 +13,8 @@ import msgspec
 
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
 from asyncengine.server.protocol import too_deep_field
-from asyncengine.server.request_bounds import REASONS, field_limit
+from asyncengine.sampling_bounds import invalid_value_message, is_bound, split_validation_error, top_level
+from asyncengine.server.request_bounds import field_limit
 
 RETRY_AFTER_SECONDS = 1
 
@@ -47,57 +48,32 @@ def too_deep(body: bytes) -> ApiError:
                        param=param, code="invalid_value")
 
 
-# "Expected `int`, got `str` - at `$.max_tokens`" -> "max_tokens"; "$.messages[0].role" -> "messages[0].role"
-_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+# msgspec's words for a body it refused: "Object missing required field `model` - at `$.messages[0]`".
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
-# A bound declared on a field (msgspec.Meta): "Expected `int` >= 1", "Expected `array` of length <= 8".
-_RANGE = re.compile(r"^Expected `[^`]*` (>=|<=|>|<) (\S+)$")
-_LENGTH = re.compile(r"^Expected `(str|array|object)` of length (>=|<=) (\d+)$")
-_RANGE_WORDS = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}
-_LENGTH_UNITS = {"str": "characters", "array": "items", "object": "entries"}
 
 
 def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError,
                           struct: type | None = None) -> ApiError:
     """A body msgspec could not decode or validate, as a 400 naming the field. A value past a bound is said
-    in words, with what sets the bound when the server's configuration does (`struct`: the decoded type)."""
+    in words (sampling_bounds.py: the Python API's SamplingParams says it in the same words), with what sets
+    the bound when the server's configuration does (`struct`: the decoded type)."""
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return bad_request(f"the request body is not valid JSON: {text}", code="invalid_json")
-    match = _PATH.search(text)
-    in_dict = bool(match) and match.group(1).endswith("[...]")  # type: ignore[union-attr]
-    parent = match.group(1).replace("[...]", "") if match else ""  # a dict's value: the dict names the field
-    missing = _MISSING.match(text)
+    parent, in_dict, message = split_validation_error(text)
+    missing = _MISSING.match(message)
     if missing:
         param = f"{parent}.{missing.group(1)}" if parent else missing.group(1)
         return bad_request(f"missing required parameter {param!r}", param=param, code="missing_parameter")
-    unknown = _UNKNOWN.match(text)
+    unknown = _UNKNOWN.match(message)
     if unknown:
         param = f"{parent}.{unknown.group(1)}" if parent else unknown.group(1)
         return bad_request(f"unsupported parameter {param!r}: this server does not know it", param=param,
                            code="unsupported_parameter")
-    message = _PATH.sub("", text)
-    if parent and (_RANGE.match(message) or _LENGTH.match(message)):
-        text = _bound_message(parent, message, struct)
-        return bad_request(f"each value of {text}" if in_dict else text, param=parent, code="invalid_value")
-    return bad_request(f"invalid value for {parent or 'the body'!r}: {message}" if parent else
-                       f"invalid request body: {message}", param=parent or None, code="invalid_value")
-
-
-def _bound_message(param: str, message: str, struct: type | None) -> str:
-    length = _LENGTH.match(message)
-    if length:
-        kind, op, value = length.groups()
-        unit = _LENGTH_UNITS[kind] if value != "1" else _LENGTH_UNITS[kind][:-1]
-        return f"{param} must hold {_RANGE_WORDS[op]} {value} {unit}"
-    op, value = _RANGE.match(message).groups()  # type: ignore[union-attr]  # (the caller matched one of the two)
-    text = f"{param} must be {_RANGE_WORDS[op]} {value}"
-    top_level = re.split(r"[.\[]", param, maxsplit=1)[0]
-    found = field_limit(struct, top_level) if struct is not None and op == "<=" else None
-    if found is not None and str(found[1]) == value:
-        text += f" ({found[0]}={found[1]}: {REASONS[found[0]]})"
-    return text
+    found = field_limit(struct, top_level(parent)) if struct is not None and parent and is_bound(message) else None
+    return bad_request(invalid_value_message(parent, message, in_dict=in_dict, found=found), param=parent or None,
+                       code="invalid_value")
 
 
 def http_param(field: str | None) -> str | None:

@@ -37,7 +37,8 @@ import msgspec
 
 from asyncengine.wire.startup import StartupRecord
 from asyncengine.server import protocol, protocol_pooling, protocol_responses
-from asyncengine.server.request_bounds import RequestBounds, bounded
+from asyncengine.sampling_bounds import RequestBounds
+from asyncengine.server.request_bounds import bounded
 from asyncengine.server.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 
 OPENAPI_VERSION = "3.2.0"

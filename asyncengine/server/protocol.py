@@ -7,9 +7,9 @@ ignored. Parameters we know but cannot honour with the value given (`suffix`, `b
 are a 400 saying so (see `unsupported()`).
 
 Bounds at the edge (docs/server.md, "Limits"): every bound the server enforces on a field is declared on
-it as `msgspec.Meta` (the ranges SamplingParams checks, which the Python API shares; every integer an int64,
-as the engine's tensors hold them; floats within float32), so msgspec refuses a value out of range naming
-the field, and /openapi.json publishes the same bounds. Bounds that come from the configuration (`n` at most
+it as `msgspec.Meta` (the sampling fields with the bounds table, sampling_bounds.py, which SamplingParams
+shares; every integer an int64, as the engine's tensors hold them; floats within float32), so msgspec
+refuses a value out of range naming the field, and /openapi.json publishes the same bounds. Bounds that come from the configuration (`n` at most
 --max-n, token ids within the vocabulary, `max_tokens` within the context) are declared with `limit(...)`:
 the server decodes with the Structs `request_bounds.bounded` gives for its configuration. `prompt`, which
 OpenAI's clients send in several shapes, is typed so that it nests at most two lists deep: msgspec then stops
@@ -23,11 +23,12 @@ from typing import Annotated, Any
 
 import msgspec
 
-from asyncengine.sampling_params import _FLOAT32_TINY as FLOAT32_TINY  # the smallest normal float32
-from asyncengine.sampling_params import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from asyncengine.json_nesting import json_tokens
 from asyncengine.interfaces.parsers import DeltaMessage, ToolCall
-from asyncengine.server.request_bounds import limit
+from asyncengine.sampling_bounds import (
+    Int64, LogitBias, MinTokens, NumCompletions, NumLogprobs, NumTokens, Penalty, Probability, RepetitionPenalty,
+    Temperature, TokenId, TopK, TopP, TruncatePromptTokens,
+)
 
 # -- requests ------------------------------------------------------------------------------------------
 
@@ -64,20 +65,11 @@ XargScalar = str | int | float | bool
 XargValue = XargScalar | list[XargScalar]
 
 
-# An integer the engine holds as an int64 (vLLM bounds seed the same way).
-Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
-# A token id of the model's vocabulary.
-TokenId = Annotated[int, limit("max_token_id", ge=0)]
-# Token ids, at least one (an empty prompt is refused; an empty string is refused too where its tokens are none).
+# The sampling fields' types are the bounds table's (sampling_bounds.py), which SamplingParams and the wire's
+# SamplingOptions share. Token ids, at least one (an empty prompt is refused; an empty string is refused too where its tokens are none).
 TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 # A completion prompt: a string, a list of strings or token ids (and lists of token ids); see above.
 Prompt = str | Annotated[list[str | TokenId | TokenIds], msgspec.Meta(min_length=1)]
-# The ranges SamplingParams checks (sampling_params.py), which the Python API shares.
-Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-NumCompletions = Annotated[int, limit("max_n", ge=1)]
-NumTokens = Annotated[int, limit("max_model_len", ge=1)]  # max_tokens and the like: the prompt shares the context
-NumLogprobs = Annotated[int, limit("max_logprobs", ge=0)]
 
 
 class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -85,19 +77,18 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     model: str | None = None
     n: NumCompletions = 1
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=FLOAT32_MAX)] | None = None
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None  # 0 and -1: off
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None  # 0 and -1: off
     min_p: Probability | None = None
     seed: Int64 | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    # greater than 0: the worker divides by it, in float32
-    repetition_penalty: Annotated[float, msgspec.Meta(ge=FLOAT32_TINY, le=FLOAT32_MAX)] | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, limit("max_model_len", ge=0)] | None = None
+    min_tokens: MinTokens | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
@@ -107,7 +98,7 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # prompt's last N tokens (-1: the last max_model_len), logprob tokens as "token_id:N".
     priority: Int64 = 0
     cache_salt: Annotated[str, msgspec.Meta(min_length=1)] | None = None
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     return_tokens_as_token_ids: bool | None = None
     # vLLM's older structured-output fields, read as the matching key of structured_outputs (one of them, and
     # not beside structured_outputs or response_format).
@@ -133,7 +124,7 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     structured_outputs: dict[str, Any] | None = None
     # OpenAI's token id (a string, as JSON keys are) -> bias in [-100, 100]; vLLM's extra-body token
     # filters (docs/sampling.md, "Logit bias, allowed tokens and bad words"). Checked by SamplingParams.
-    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: dict[str, LogitBias] | None = None
     allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
     # Known, not implemented: a request that sets it gets a 400 that says so.

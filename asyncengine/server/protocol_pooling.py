@@ -11,19 +11,16 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from asyncengine.sampling_params import INT64_MAX
-from asyncengine.server.protocol import TokenId, TokenIds
+from asyncengine.sampling_bounds import PositiveCount, TokenId, TruncatePromptTokens
+from asyncengine.server.protocol import TokenIds
 
 # (msgspec takes one array type per union: the list's items say which shape it is, checked in serving_pooling.)
 EmbeddingInput = str | Annotated[list[str | TokenId | TokenIds], msgspec.Meta(min_length=1)]
-# -1: truncate to max_model_len; 0 is refused by PoolingParams (a JSON schema range cannot leave out one value)
-TruncateTokens = Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]
-Positive = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 
 
 class _PoolingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    truncate_prompt_tokens: TruncateTokens | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None  # -1: max_model_len; 0 refused by PoolingParams
     add_special_tokens: bool = True
     user: str | None = None  # OpenAI's end-user id: accepted, used for nothing (as OpenAI's own server may)
 
@@ -31,7 +28,7 @@ class _PoolingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class EmbeddingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Positive | None = None
+    dimensions: PositiveCount | None = None
     normalize: bool | None = None
 
 
@@ -43,7 +40,7 @@ class PoolingRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
     data: Any = None
     task: Literal["encode", "embed", "classify", "token_embed", "token_classify", "plugin"] | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Positive | None = None
+    dimensions: PositiveCount | None = None
     normalize: bool | None = None
 
 
@@ -74,7 +71,7 @@ SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_
 class RerankRequest(_PoolingFields, kw_only=True, forbid_unknown_fields=True):
     query: str
     documents: list[str]
-    top_n: Positive | None = None  # the best top_n documents (all of them when unset or larger)
+    top_n: PositiveCount | None = None  # the best top_n documents (all of them when unset or larger)
     return_documents: bool = True
 
 
@@ -94,11 +91,11 @@ class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     input_type: Literal["search_document", "search_query", "classification", "clustering"] | None = None
     embedding_types: Annotated[list[CohereEmbeddingType], msgspec.Meta(min_length=1)] = \
         msgspec.field(default_factory=lambda: ["float"])
-    output_dimension: Positive | None = None
+    output_dimension: PositiveCount | None = None
     # NONE and END refuse a text past the context (END, cutting the text's end, is not built); START keeps
     # its last tokens, `max_tokens` of them when set.
     truncate: Literal["NONE", "START", "END"] = "END"
-    max_tokens: Positive | None = None
+    max_tokens: PositiveCount | None = None
 
 
 class CohereBilledUnits(msgspec.Struct, kw_only=True):

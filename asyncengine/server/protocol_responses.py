@@ -18,9 +18,10 @@ from typing import Annotated, Any
 
 import msgspec
 
-from asyncengine.sampling_params import _FLOAT32_TINY as FLOAT32_TINY  # the smallest normal float32
-from asyncengine.sampling_params import FLOAT32_MAX, INT64_MAX
-from asyncengine.server.protocol import Int64, NumLogprobs, NumTokens, Penalty, Probability, XargValue
+from asyncengine.sampling_bounds import (
+    Count, Int64, NumLogprobs, NumTokens, Penalty, Probability, RepetitionPenalty, Temperature, TopK, TopP,
+)
+from asyncengine.server.protocol import XargValue
 
 # The most items `input` may hold. The body's byte limit bounds it too, but a body of empty items within
 # that limit would still be a list of hundreds of thousands of messages for the chat template to render.
@@ -110,8 +111,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     max_output_tokens: NumTokens | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=FLOAT32_MAX)] | None = None
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     top_logprobs: NumLogprobs | None = None
     include: list[str] | None = None
     stream: bool = False
@@ -126,14 +127,14 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    max_tool_calls: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
+    max_tool_calls: Count | None = None
     # Known and refused when set: a stored prompt template, a conversation object (OpenAI-hosted state).
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     # vLLM's extras on its Responses request (sampling and structured output as in chat completions).
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None  # 0 and -1: off
+    top_k: TopK | None = None  # 0 and -1: off
     min_p: Probability | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(ge=FLOAT32_TINY, le=FLOAT32_MAX)] | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     seed: Int64 | None = None

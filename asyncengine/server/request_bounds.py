@@ -17,44 +17,11 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
 
-_LIMIT_KEY = "asyncengine_limit"  # in Meta.extra: the RequestBounds field that gives `le`
-
-# What each limit is, for the schema's description and the error a value past it gets.
-REASONS = {
-    "max_n": "the server's --max-n",
-    "max_logprobs": "the server's --max-logprobs (and the vocabulary size)",
-    "max_model_len": "the model's maximum context length, which the prompt's tokens share",
-    "max_token_id": "the last token id of the model's vocabulary; a larger one is outside the vocabulary",
-}
-
-
-@dataclass(frozen=True)
-class RequestBounds:
-    """The configuration's limits on request fields (each a RequestBounds field named by `limit`)."""
-
-    max_n: int
-    max_logprobs: int
-    max_model_len: int
-    max_token_id: int | None  # vocab_size - 1; None when the model's config does not say
-
-    @classmethod
-    def of(cls, engine_client: Any) -> "RequestBounds":
-        config, model = engine_client.config, engine_client.model_config
-        vocab = int(getattr(model, "vocab_size", 0) or 0)
-        return cls(max_n=config.max_n, max_logprobs=min(config.max_logprobs, vocab) if vocab else config.max_logprobs,
-                   max_model_len=model.max_model_len, max_token_id=vocab - 1 if vocab > 0 else None)
-
-
-def limit(name: str, **meta: Any) -> msgspec.Meta:
-    """A Meta whose `le` is the RequestBounds field `name` (until `bounded` sets it, the int64 maximum)."""
-    if name not in REASONS:
-        raise ValueError(f"unknown limit {name!r}: one of {sorted(REASONS)}")
-    return msgspec.Meta(le=2**63 - 1, extra={_LIMIT_KEY: name}, **meta)
+from asyncengine.sampling_bounds import LIMIT_KEY, REASONS, RequestBounds
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,7 +76,7 @@ def _specialize(tp: Any, bounds: RequestBounds) -> Any:
 
 
 def _bounded_meta(meta: msgspec.Meta, bounds: RequestBounds) -> msgspec.Meta:
-    name = (meta.extra or {}).get(_LIMIT_KEY)
+    name = (meta.extra or {}).get(LIMIT_KEY)
     value = getattr(bounds, name) if isinstance(name, str) else None
     if value is None or not isinstance(name, str):
         return meta
@@ -123,8 +90,8 @@ def _bounded_meta(meta: msgspec.Meta, bounds: RequestBounds) -> msgspec.Meta:
 def _find_limit(tp: Any) -> tuple[str, int] | None:
     if typing.get_origin(tp) is Annotated:
         for meta in typing.get_args(tp)[1:]:
-            if isinstance(meta, msgspec.Meta) and (meta.extra or {}).get(_LIMIT_KEY) and meta.le is not None:
-                return meta.extra[_LIMIT_KEY], int(meta.le)  # type: ignore[index]
+            if isinstance(meta, msgspec.Meta) and (meta.extra or {}).get(LIMIT_KEY) and meta.le is not None:
+                return meta.extra[LIMIT_KEY], int(meta.le)  # type: ignore[index]
     for arg in typing.get_args(tp):
         found = _find_limit(arg)
         if found is not None:

@@ -34,7 +34,8 @@ from asyncengine.server.protocol import (
     IOProcessRequest, ModelCard, ModelList, TokenizeRequest,
 )
 from asyncengine.server.invocations import invocation_view
-from asyncengine.server.request_bounds import RequestBounds, bounded
+from asyncengine.sampling_bounds import RequestBounds
+from asyncengine.server.request_bounds import bounded
 from asyncengine.server.serving_chat import create_chat_completion, message_dicts
 from asyncengine.server.serving_completions import create_completion
 from asyncengine.server.response_scope import current_response_scope
@@ -115,7 +116,7 @@ def add_builtin_routes(app: Any, context: ServingContext, metrics: Any, *, skip:
     engine = context.engine
     has_engine = getattr(engine, "has_engine", True)
     created = int(time.time())
-    bounds = RequestBounds.of(engine)
+    bounds = RequestBounds.of(engine.config, engine.model_config)
     for contract in CONTRACTS.values():  # each request Struct with this server's bounds, made now, not by a request
         for struct in any_of(contract.request):
             bounded(struct, bounds)
@@ -276,7 +277,7 @@ def publish_openapi(app: Any, engine_client: Any, plugin_routes: Collection[tupl
         openapi_document, routes, title="asyncengine", version=__version__, plugin_routes=plugins,
         api_key=bool(server_config is not None and server_config.api_key),
         open_routes=PUBLIC_PATHS,  # served without the key (access.py)
-        bounds=RequestBounds.of(engine_client),
+        bounds=RequestBounds.of(engine_client.config, engine_client.model_config),
         strict_fields=bool(server_config is not None and server_config.strict_request_fields)))
 
 

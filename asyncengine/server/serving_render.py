@@ -23,8 +23,8 @@ from asyncengine.server.serving_chat import chat_parts
 from asyncengine.server.serving_completions import prompts_of
 from asyncengine.server.serving_lora import resolve_model
 
-# SamplingParams' fields (its slots, less the private one), as vLLM's render answer lists them.
-_SAMPLING_FIELDS = tuple(name for name in SamplingParams.__slots__ if not name.startswith("_"))
+# SamplingParams' fields, as vLLM's render answer lists them.
+_SAMPLING_FIELDS = SamplingParams.__struct_fields__
 
 
 async def render_chat_request(context: ServingContext, request: ChatCompletionRequest,

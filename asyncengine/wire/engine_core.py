@@ -7,6 +7,9 @@ from typing import Any
 import msgspec
 
 from asyncengine.interfaces.lora_resolver import LoRARequest
+from asyncengine.sampling_bounds import (
+    Count, Int64, LogitBias, Penalty, PositiveCount, Probability, RepetitionPenalty, Temperature, TokenId, TopP,
+)
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
@@ -17,21 +20,25 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     Stop strings, detokenization and `n` stay in the frontend; here `max_tokens` is a number (the
     frontend fills in the room left under max_model_len) and `eos_token_ids` lists every EOS id
     of the model (empty when the request set ignore_eos).
+
+    The fields carry the bounds table's types (sampling_bounds.py), as SamplingParams does: a message that
+    holds a value past them does not decode. The worker trusts what decodes: the frontend checked each
+    value where it entered, the vocabulary's bounds included (top_k at or above the vocabulary is 0 here).
     """
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    max_tokens: int = 16
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    eos_token_ids: tuple[int, ...] = ()
-    logprobs: int | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: Count = 0
+    min_p: Probability = 0.0
+    seed: Int64 | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    max_tokens: PositiveCount = 16
+    min_tokens: Count = 0
+    stop_token_ids: tuple[TokenId, ...] = ()
+    eos_token_ids: tuple[TokenId, ...] = ()
+    logprobs: Count | None = None
     # SamplingParams.extra_args, already checked to encode (and normalized to what msgpack decodes):
     # per-request arguments for logits processors, which read them in the worker.
     extra_args: dict[str, Any] | None = None
@@ -40,9 +47,9 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     structured_outputs: GrammarSpec | None = None
     # SamplingParams.logit_bias, allowed_token_ids and bad_words, checked against the vocabulary; the bad
     # words as the token sequences the frontend's tokenizer gave (worker/logit_controls.py applies them).
-    logit_bias: dict[int, float] | None = None
-    allowed_token_ids: tuple[int, ...] | None = None
-    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    logit_bias: dict[TokenId, LogitBias] | None = None
+    allowed_token_ids: tuple[TokenId, ...] | None = None
+    bad_words_token_ids: tuple[tuple[TokenId, ...], ...] = ()
 
     @property
     def is_greedy(self) -> bool:

@@ -43,7 +43,7 @@ class RequestLogitControls:
     @classmethod
     def build(cls, options: SamplingOptions, vocab_size: int, device: torch.device) -> RequestLogitControls | None:
         """None when the request sets none of them (it then costs nothing per step). The ids are
-        checked already (check_sampling_options): each is below `vocab_size`."""
+        checked by the frontend (SamplingParams and the InputProcessor's limits): each is below `vocab_size`."""
         if not has_logit_controls(options):
             return None
         bias_ids = bias_values = blocked = None

@@ -54,7 +54,7 @@ from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
-from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
+from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.structured_output.bitmask import apply_bitmask
 from asyncengine.wire.kv_cache import KVCacheLayout
@@ -393,10 +393,10 @@ class ModelRunner:
         return failed
 
     def _admit(self, new: NewRequestData) -> FailedRequest | None:
-        """Check what this worker builds from one request's own values, where failing fails only it:
-        its sampling values as the sampler's tensors, and each logits processor's check_request."""
+        """Check what this worker builds from one request's own values, where failing fails only it: each
+        logits processor's check_request, and its LoRA adapter. (Its sampling values need no check here: the
+        frontend checked them where they entered, and the wire's SamplingOptions carries their bounds.)"""
         try:
-            check_sampling_options(new.sampling, self.model_config.vocab_size)
             if self.logits_processors is not None:
                 self.logits_processors.check_request(new.sampling)
             if new.lora_request is not None:
@@ -404,9 +404,6 @@ class ModelRunner:
                     return FailedRequest(request_id=new.request_id, field="lora_request",
                                          message="this engine was started without enable_lora: it serves no adapters")
                 self.lora.add(new.lora_request)  # read and checked now: a bad adapter fails only this request
-        except RequestSamplingError as exc:
-            return FailedRequest(request_id=new.request_id, field=exc.field,
-                                 message=f"the worker cannot sample this request: {exc}")
         except LoRAAdapterError as exc:
             return FailedRequest(request_id=new.request_id, field="lora_request", message=str(exc))
         except LogitsProcessorRequestError as exc:

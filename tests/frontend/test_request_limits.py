@@ -86,6 +86,18 @@ def test_n_above_max_n_is_refused_naming_n():
         processor(max_n=4).process("r", tokens(3), SamplingParams(n=5))
 
 
+@pytest.mark.parametrize("fields, field", [({"logit_bias": {VOCAB: 1.0}}, "logit_bias"),
+                                           ({"allowed_token_ids": [0, VOCAB]}, "allowed_token_ids"),
+                                           ({"stop_token_ids": [VOCAB + 5]}, "stop_token_ids")])
+def test_token_ids_past_the_vocabulary_are_refused_before_a_worker_indexes_with_them(fields, field):
+    # (The worker trusts the wire: it no longer checks the ids it indexes its logits with.)
+    with pytest.raises(RequestError) as info:
+        processor().process("r", tokens(3), SamplingParams(**fields))
+    assert info.value.field == field and "outside the vocabulary" in info.value.message
+    last = {"logit_bias": {VOCAB - 1: 1.0}, "allowed_token_ids": [0, VOCAB - 1], "stop_token_ids": [VOCAB - 1]}[field]
+    assert processor().process("r", tokens(3), SamplingParams(**{field: last})).children
+
+
 def test_max_n_must_be_positive():
     with pytest.raises(ConfigError) as info:
         EngineConfig(max_n=0)

@@ -329,3 +329,23 @@ def test_assignment_after_with_defaults_keeps_the_filled_in_defaults():
     params = SamplingParams().with_defaults({"temperature": 0.6, "top_k": 20})
     params.max_tokens = 64
     assert (params.temperature, params.top_k, params.max_tokens) == (0.6, 20, 64)
+
+
+def test_pickle_round_trip_keeps_what_the_caller_set():
+    import pickle
+
+    params = SamplingParams(temperature=0.5, stop="x")
+    copied = pickle.loads(pickle.dumps(params))
+    assert copied == params and copied.explicit_fields == {"temperature", "stop"}
+
+
+def test_a_struct_decoded_by_msgspec_is_checked_and_counts_the_fields_off_their_defaults():
+    import msgspec
+
+    decoded = msgspec.json.decode(b'{"temperature": 0.2, "stop": ["y"], "n": 1}', type=SamplingParams)
+    assert decoded.stop == ["y"] and decoded.explicit_fields == {"temperature", "stop"}
+    with pytest.raises(msgspec.ValidationError, match="temperature"):
+        msgspec.json.decode(b'{"temperature": -1}', type=SamplingParams)
+    # A rule of SamplingParams' own, besides the table's types (a decoder says it as a ValidationError).
+    with pytest.raises(msgspec.ValidationError, match=r"min_tokens \(20\) must not exceed max_tokens \(4\)"):
+        msgspec.json.decode(b'{"min_tokens": 20, "max_tokens": 4}', type=SamplingParams)

@@ -410,7 +410,7 @@ def test_the_server_serves_its_contract_built_once(fuzz_server, document, tiny_m
     from asyncengine.server import routes
     from asyncengine.server.access import PUBLIC_PATHS
     from asyncengine.server.openapi import openapi_document
-    from asyncengine.server.request_bounds import RequestBounds
+    from asyncengine.sampling_bounds import RequestBounds
     from asyncengine.server.serving_lora import LORA_ROUTES
 
     status, content_type, again = send(fuzz_server, "GET", "/openapi.json")

@@ -32,7 +32,8 @@ from asyncengine.server.app import create_app
 from asyncengine.server.config import ServerConfig
 from asyncengine.server.invocations import invocation_view
 from asyncengine.server.openapi import CONTRACTS, openapi_document
-from asyncengine.server.request_bounds import RequestBounds, bounded
+from asyncengine.sampling_bounds import RequestBounds
+from asyncengine.server.request_bounds import bounded
 from asyncengine.server.serving_lora import LORA_ROUTES
 
 BOUNDS = RequestBounds(max_n=7, max_logprobs=5, max_model_len=300, max_token_id=258)
