@@ -140,53 +140,63 @@ static inline float silu_mul(float g, float u, int is_bf16) {
     return in_dtype(in_dtype(g / (1.0f + expf(-g)), is_bf16) * u, is_bf16);
 }
 
+/* dot(q, row) and acc += p * row over one head of D values (row in the dtype, q and acc float32). */
+static inline float dot_head(const float *q, const void *row, int64_t D, int is_bf16) {
+    int64_t d = 0;
+    float dot = 0.0f;
+#if defined(__AVX512F__)
+    __m512 sum = _mm512_setzero_ps();
+    for (; d + 16 <= D; d += 16)
+        sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + d),
+                              is_bf16 ? widen16((const uint16_t *)row + d) : _mm512_loadu_ps((const float *)row + d), sum);
+    dot = _mm512_reduce_add_ps(sum);
+#endif
+    for (; d < D; d++) dot += q[d] * load(row, d, is_bf16);
+    return dot;
+}
+static inline void add_head(float *acc, float p, const void *row, int64_t D, int is_bf16) {
+    int64_t d = 0;
+#if defined(__AVX512F__)
+    const __m512 pv = _mm512_set1_ps(p);
+    for (; d + 16 <= D; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, is_bf16 ? widen16((const uint16_t *)row + d)
+                                                              : _mm512_loadu_ps((const float *)row + d),
+                                                  _mm512_loadu_ps(acc + d)));
+#endif
+    for (; d < D; d++) acc[d] += p * load(row, d, is_bf16);
+}
+
 /* One query head over its sequence's context in the paged cache: an exact softmax in float32. */
 static void attend(const void *q, const void *k_cache, const void *v_cache, const int64_t *table, int64_t ctx,
                    int64_t kv_head, int64_t num_blocks, int64_t block_size, int64_t D, float scale, int is_bf16,
                    float *scores, void *out) {
-    const int64_t es = is_bf16 ? 2 : 4;
+    const int64_t es = is_bf16 ? 2 : 4, row_bytes = D * es;
     float qf[512], acc[512];
     for (int64_t d = 0; d < D; d++) { qf[d] = load(q, d, is_bf16); acc[d] = 0.0f; }
     float top = -INFINITY;
-    for (int64_t t = 0; t < ctx; t++) {
-        const int64_t slot = (kv_head * num_blocks + table[t / block_size]) * block_size + t % block_size;
-        const char *kp = (const char *)k_cache + slot * D * es;
-        float dot = 0.0f;
-        if (is_bf16) {
-            const uint16_t *kr = (const uint16_t *)kp;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t d = 0; d < D; d++) dot += qf[d] * bf(kr[d]);
-        } else {
-            const float *kr = (const float *)kp;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t d = 0; d < D; d++) dot += qf[d] * kr[d];
+    for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {  /* block by block: no division per token */
+        const char *kb = (const char *)k_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
+        const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        for (int64_t i = 0; i < n; i++) {
+            const float score = dot_head(qf, kb + i * row_bytes, D, is_bf16) * scale;
+            scores[t0 + i] = score;
+            if (score > top) top = score;
         }
-        scores[t] = dot * scale;
-        if (scores[t] > top) top = scores[t];
     }
     float total = 0.0f;
-    int64_t t0 = 0;
+    int64_t t = 0;
 #if defined(__AVX512F__)
-    for (; t0 + 16 <= ctx; t0 += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t0), _mm512_set1_ps(top)));
-        _mm512_storeu_ps(scores + t0, e);
+    for (; t + 16 <= ctx; t += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), _mm512_set1_ps(top)));
+        _mm512_storeu_ps(scores + t, e);
         total += _mm512_reduce_add_ps(e);
     }
 #endif
-    for (int64_t t = t0; t < ctx; t++) { scores[t] = expf(scores[t] - top); total += scores[t]; }
-    for (int64_t t = 0; t < ctx; t++) {
-        const int64_t slot = (kv_head * num_blocks + table[t / block_size]) * block_size + t % block_size;
-        const char *vp = (const char *)v_cache + slot * D * es;
-        const float p = scores[t];
-        if (is_bf16) {
-            const uint16_t *vr = (const uint16_t *)vp;
-            #pragma omp simd
-            for (int64_t d = 0; d < D; d++) acc[d] += p * bf(vr[d]);
-        } else {
-            const float *vr = (const float *)vp;
-            #pragma omp simd
-            for (int64_t d = 0; d < D; d++) acc[d] += p * vr[d];
-        }
+    for (; t < ctx; t++) { scores[t] = expf(scores[t] - top); total += scores[t]; }
+    for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+        const char *vb = (const char *)v_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
+        const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        for (int64_t i = 0; i < n; i++) add_head(acc, scores[t0 + i], vb + i * row_bytes, D, is_bf16);
     }
     for (int64_t d = 0; d < D; d++) store(out, d, acc[d] / total, is_bf16);
 }
