@@ -38,7 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+# The child takes asyncengine from PYTHONPATH (`--baseline-tree`) or the installed tree, never from this file's.
+sys.path[:0] = [str(ROOT / "bench")] if sys.argv[1:2] == ["--child"] else [str(ROOT), str(ROOT / "bench")]
 
 PROMPT_LEN = 496  # W3's first prompt
 
@@ -214,7 +215,8 @@ def hog(enabled: bool):
 def line(name: str, figures: dict, started_load: str) -> str:
     return (f"{name:44s} TTFT {figures['ttft_ms']:7.1f} ms  decode {figures['decode_tok_s']:6.1f} tok/s/stream  "
             f"ITL p50 {figures['itl_p50_ms']:6.1f} ms p99 {figures['itl_p99_ms']:6.1f} ms  "
-            f"threads {figures.get('threads')}  (load {started_load})")
+            f"threads {figures.get('threads')}  (load {started_load})"
+            + (f"  code {figures['code']}" if "code" in figures else ""))
 
 
 def main() -> int:
