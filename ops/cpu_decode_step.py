@@ -49,7 +49,24 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
     int64_t k0 = 0;
     for (int64_t b = 0; b < B; b++) sums[b] = 0.0f;
 #if defined(__AVX512BF16__)
-    if (is_bf16) {
+    if (is_bf16 && B == 1) {  /* one row: four accumulators in registers, four chains in flight */
+        const uint16_t *wr = (const uint16_t *)w, *xr = (const uint16_t *)x;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (; k0 + 128 <= K; k0 += 128) {
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 32)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 32)));
+            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 64)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 64)));
+            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 96)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 96)));
+        }
+        for (; k0 + 32 <= K; k0 += 32)
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
+        sums[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    } else if (is_bf16) {
         __m512 acc[MAX_ROWS], acc2[MAX_ROWS];
         for (int64_t b = 0; b < B; b++) { acc[b] = _mm512_setzero_ps(); acc2[b] = _mm512_setzero_ps(); }
         const uint16_t *wr = (const uint16_t *)w;
