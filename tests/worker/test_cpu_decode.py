@@ -45,10 +45,10 @@ def _runner(path: str, dtype: str, **options) -> ModelRunner:
 def platform():
     """The CPU platform as if resolved at start-up (tests/worker/conftest.py's cpu_platform), for the module."""
     from asyncengine.models.layers import op_registry
-    from asyncengine.platforms import resolution
+    from support.platforms import use_platform
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(resolution, "_current", CpuPlatform)
+        use_platform(patch, CpuPlatform)
         patch.setattr(op_registry, "_chains", {})
         yield
 
