@@ -4,11 +4,17 @@
     .venv/bin/python bench/profile_step.py --dtype bfloat16
     .venv/bin/python bench/profile_step.py --prefill 512     # one 512-token prompt instead
     .venv/bin/python bench/profile_step.py --num-seqs 4      # a decode step late in W3, 4 sequences left
+    .venv/bin/python bench/profile_step.py --num-seqs 1 --dtype bfloat16 --phases   # W5's step, phase by phase
 
 Builds a ModelRunner with the default model and fills it with W3's 32 prompts, each halfway through its
 output (contexts of about 100-640 tokens, as in the middle of a W3 run), then runs the same decode step
 repeatedly: the median wall time of a step, and the profiler's self time per op grouped into what the
 step does (linear layers, attention, norms and rotary, the head and sampling, the rest).
+
+`--phases` adds where a small step's time goes without the profiler's own overhead: the runner's
+phases (input preparation, forward, logits + sampling + read-back), the forward at 1 and 2 threads,
+each op of one decoder layer timed alone in a loop (module call, and the bare kernel under it) times
+the layers, and the floor of the step: its weights' bytes at the measured read bandwidth.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--block-size", type=int, help="the KV cache's block size (default: the engine's)")
     parser.add_argument("--top", type=int, default=15, help="ops listed")
+    parser.add_argument("--phases", action="store_true", help="also time the step's phases and one layer's ops")
+    parser.add_argument("--eager", action="store_true",
+                        help="enforce_eager: the model's modules op by op, never the captured CPU decode step")
     args = parser.parse_args()
 
     import torch
@@ -67,7 +76,8 @@ def main() -> int:
     from throughput import WORKLOADS, draw_workload
 
     config = config_from_dict({"model": None, "dtype": args.dtype, "skip_tokenizer_init": True,
-                               "max_model_len": 2048, **({"block_size": args.block_size} if args.block_size else {})})
+                               "max_model_len": 2048, "enforce_eager": args.eager,
+                               **({"block_size": args.block_size} if args.block_size else {})})
     model_config = build_model_config(config, model_dir=resolve_model_dir(None), default_dtype="float32",
                                       tokenizer=None)
     StartupTrace("frontend")  # this process plays every role, as in-process engines do
@@ -102,6 +112,10 @@ def main() -> int:
         runner.execute_model(step)
         times.append(time.perf_counter() - start)
     median = statistics.median(times)
+    if args.phases:
+        from step_phases import print_phases
+
+        print_phases(runner, step, args.steps)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             runner.execute_model(step)
@@ -112,7 +126,8 @@ def main() -> int:
         by_group[group_of(e.key)] = by_group.get(group_of(e.key), 0.0) + e.self_cpu_time_total
     kind = f"prefill of {args.prefill} tokens" if args.prefill else \
         f"decode of {len(prompts)} sequences, contexts {min(contexts)}-{max(contexts)} (sum {sum(contexts)})"
-    print(f"{args.dtype}, {kind}, {torch.get_num_threads()} threads: median step {median * 1000:.1f} ms "
+    path = "eager" if runner.cpu_decode is None else "captured CPU decode step where it applies"
+    print(f"{args.dtype}, {kind}, {torch.get_num_threads()} threads, {path}: median step {median * 1000:.1f} ms "
           f"(min {min(times) * 1000:.1f}) over {args.steps} steps")
     print(f"profiler self time by group (the profiler adds its own overhead per op; {total / args.steps / 1000:.1f} "
           "ms/step in all, the rest of a step is Python between ops):")

@@ -26,7 +26,7 @@ import ctypes
 
 import torch
 
-from asyncengine.ops.cpu_build import AVX512_EXP, C_PRELUDE, KernelLibrary
+from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, KernelLibrary
 
 C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #if defined(__AVX512F__)
@@ -76,22 +76,7 @@ int rms_norm(const void *x, int64_t x_stride, const void *residual_in, int64_t r
 #if defined(__AVX512F__)
 /* exp16: ops/cpu_build.py's AVX512_EXP, included at the top. */
 
-/* bfloat16 <-> float32, 16 at a time; narrowing rounds to nearest-even as to_bf does (NaN stays NaN). */
-static inline __m512 widen16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-static inline __m256i narrow16(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(rounded);
-}
-static inline __m512 round16(__m512 v) {  /* v rounded to bfloat16, held as float32 */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow16(v)), 16));
-}
-#endif
+""" + AVX512_BF16 + r"""#endif
 
 /* out[r, i] = silu(x[r, i]) * x[r, d + i]: rows of x are [gate | up], 2d wide, with a row stride. */
 int silu_and_mul(const void *x, int64_t x_stride, void *out, int64_t rows, int64_t d, int is_bf16, int threads) {

@@ -157,7 +157,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     device: Annotated[str, doc(
         "The device: auto (an active platform plugin, else CUDA when usable, else CPU), cpu, cuda or a "
         "platform plugin's name.")] = "auto"
-    enforce_eager: Annotated[bool, doc("CUDA: run decode steps eagerly instead of replaying CUDA graphs.")] = False
+    enforce_eager: Annotated[bool, doc(
+        "Run decode steps through the model's modules: on CUDA instead of replaying CUDA graphs, on CPU instead of "
+        "the captured decode step of small batches (docs/performance.md).")] = False
     # vLLM's --attention-backend. Read in the worker; the name is checked in the frontend first.
     attention_backend: Annotated[str | None, doc(
         "The attention backend of every layer, by registered name (TORCH_PAGED, TRITON_PAGED, a plugin's) or "
@@ -166,7 +168,8 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     # Given and below the CPUs available, the model's threads are pinned and other threads kept off their
     # cores (worker/cpu_threads.py, docs/performance.md). Read in the worker.
     cpu_threads: Annotated[int | None, doc(
-        "CPU: threads of the model's ops per worker; none: the process's CPUs shared among the workers.")] = None
+        "CPU: threads of the model's ops per worker; none: the process's CPUs less those other processes keep busy, "
+        "shared among the workers, and followed as the load changes.")] = None
     # One process per stage and tensor-parallel rank (docs/distributed.md).
     pipeline_parallel_size: Annotated[int, doc("Pipeline stages the model's layers are split over.")] = 1
     # Each with its own workers and KV cache (frontend/dp_router.py).

@@ -1,10 +1,14 @@
 """The model's CPU threads: how many (`cpu_threads`, `--cpu-threads`) and which cores they run on.
 
 Default: the CPUs this process may run on (its affinity mask, which a container or `taskset` may
-narrow below the machine's count), shared evenly among the workers of the engine (and of the other
-data-parallel engine cores on this host: `local_workers`), and at most torch's
-count (its default is the physical cores; OMP_NUM_THREADS or torch.set_num_threads may have lowered it);
-nothing pinned. A worker sets torch's intra-op thread count
+narrow below the machine's count), less those other processes keep busy when the worker starts
+(`busy_cpus`: /proc/stat over a fifth of a second, this process's own time left out), shared evenly among
+the workers of the engine (and of the other data-parallel engine cores on this host: `local_workers`),
+and at most torch's count (its default is the physical cores; OMP_NUM_THREADS or torch.set_num_threads
+may have lowered it); nothing pinned. Why the busy CPUs are left out: a step splits its work evenly among
+its threads and waits for the last, so a thread that shares its core with another process's busy loop
+gets half that core and the whole step runs at its pace; on two cores with one busy, one thread on the
+free core decodes faster than two (bench/RESULTS.md, issue 36). A worker sets torch's intra-op thread count
 on its own thread (the OpenMP threads torch starts from that thread serve the model, and the C decode
 kernel reads the same count).
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -47,29 +52,89 @@ def local_workers(rank: int, world_size: int, data_parallel_rank: int, data_para
     return data_parallel_rank * world_size + rank, data_parallel_size * world_size
 
 
+def busy_cpus(cpus: list[int], interval: float = 0.2) -> float:
+    """How many of `cpus` other processes kept busy over the next `interval` seconds: the CPUs' busy time
+    (/proc/stat) less this process's own (its CPU seconds), in CPUs. 0.0 where /proc cannot be read."""
+    before = _sample(cpus)
+    time.sleep(interval)
+    return _others_busy(cpus, before, _sample(cpus))
+
+
+Sample = tuple[list[tuple[int, int]] | None, float | None]
+
+
+def _sample(cpus: list[int]) -> Sample:
+    return _cpu_times(cpus), _own_seconds()
+
+
+def _others_busy(cpus: list[int], before: Sample, after: Sample) -> float:
+    """The CPUs other processes kept busy between two samples (0.0 when either could not be read)."""
+    (times_before, own_before), (times_after, own_after) = before, after
+    if times_before is None or times_after is None or own_before is None or own_after is None:
+        return 0.0
+    busy = sum(a[0] - b[0] for a, b in zip(times_after, times_before)) / _TICKS
+    total = sum(a[1] - b[1] for a, b in zip(times_after, times_before)) / _TICKS
+    if total <= 0:
+        return 0.0
+    return min(float(len(cpus)), len(cpus) * max(0.0, busy - (own_after - own_before)) / total)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_times(cpus: list[int]) -> list[tuple[int, int]] | None:
+    """(busy ticks, all ticks) of each of `cpus`, from /proc/stat."""
+    wanted, found = {f"cpu{cpu}" for cpu in cpus}, []
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                fields = line.split()
+                if fields and fields[0] in wanted:
+                    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+                    found.append((sum(ticks) - ticks[3] - ticks[4], sum(ticks)))
+    except (OSError, ValueError):
+        return None
+    return found if len(found) == len(wanted) else None
+
+
+def _own_seconds() -> float | None:
+    """This process's CPU seconds so far (every thread, user and system)."""
+    try:
+        times = os.times()
+    except OSError:
+        return None
+    return times.user + times.system
+
+
 @dataclass(frozen=True)
 class ThreadPlan:
     threads: int  # torch's intra-op threads for this worker
     model_cpus: tuple[int, ...] | None  # pin the worker's thread here; None: no pinning
     other_cpus: tuple[int, ...] | None  # the process's other threads go here (with model_cpus)
+    busy: float = 0.0  # CPUs other processes kept busy at start (default plan only)
 
     def describe(self) -> str:
         if self.model_cpus is None:
-            return f"{self.threads} model threads, not pinned"
+            seen = f" ({self.busy:.1f} CPUs busy with other processes at start)" if self.busy >= 0.05 else ""
+            return f"{self.threads} model threads, not pinned{seen}"
         return (f"{self.threads} model threads pinned to CPUs {_ranges(self.model_cpus)}; the process's other "
                 f"threads on CPUs {_ranges(self.other_cpus or ())}")
 
 
 def plan_threads(cpu_threads: int | None, rank: int, world_size: int, cpus: list[int],
-                 torch_default_threads: int) -> ThreadPlan:
-    """What a worker of `rank` among `world_size` workers on these CPUs should use."""
+                 torch_default_threads: int, busy: float = 0.0) -> ThreadPlan:
+    """What a worker of `rank` among `world_size` workers on these CPUs should use; `busy`: how many of
+    them other processes keep busy (`busy_cpus`), which the default leaves to them."""
     if cpu_threads is not None and cpu_threads < 1:
         raise ConfigError(f"cpu_threads must be at least 1 when given, got {cpu_threads}", field="cpu_threads")
     share = max(1, len(cpus) // max(1, world_size))
     if cpu_threads is None:
         # The default pins nothing, and keeps torch's count where it is lower: physical cores on a CPU
         # with two hardware threads per core (siblings share one core's units), or what the user set.
-        return ThreadPlan(min(share, torch_default_threads), None, None)
+        # A CPU counts as taken when others keep it busy more than half the time.
+        free = max(1, int(len(cpus) - busy + 0.5))
+        return ThreadPlan(min(share, max(1, free // max(1, world_size)), torch_default_threads), None, None,
+                          round(busy, 2))
     threads = cpu_threads
     used = threads * world_size
     if used >= len(cpus):
@@ -110,6 +175,32 @@ def apply(plan: ThreadPlan) -> AppliedThreads:
             logger.debug("could not move thread %d to CPUs %s: %s", tid, sorted(target), exc)
     logger.info("CPU threads: %s", plan.describe())
     return applied
+
+
+class LoadFollower:
+    """The default plan kept up to date while the engine runs: every `period` seconds (checked between
+    steps, from /proc/stat's counts since the last check, no waiting) the CPUs other processes keep busy
+    are counted again and torch's thread count set to what `plan_threads` would choose now. A busy loop
+    that starts after the engine (or stops) changes the thread count within a period or two."""
+
+    def __init__(self, cpus: list[int], world_size: int, torch_default_threads: int, period: float = 2.0) -> None:
+        self.cpus, self.world_size, self.torch_default = cpus, world_size, torch_default_threads
+        self.period = period
+        self._sample = _sample(cpus)
+        self._next = time.monotonic() + period
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.period
+        before, self._sample = self._sample, _sample(self.cpus)
+        others = _others_busy(self.cpus, before, self._sample)
+        threads = plan_threads(None, 0, self.world_size, self.cpus, self.torch_default, others).threads
+        if threads != torch.get_num_threads():
+            logger.info("CPU threads: %d -> %d (%.1f of %d CPUs busy with other processes)",
+                        torch.get_num_threads(), threads, others, len(self.cpus))
+            torch.set_num_threads(threads)
 
 
 def restore(applied: AppliedThreads) -> None:

@@ -47,6 +47,7 @@ from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
 from asyncengine.wire.pooling import PoolingOptions
 from asyncengine import parallel_state as parallel
+from asyncengine.worker.cpu_decode import CpuDecodeStep
 from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker import kv_cache
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
@@ -124,6 +125,7 @@ class ModelRunner:
         self.block_rows = BlockTableRows(-(-model_config.max_model_len // self.block_size))
         self.staging = StagingBuffers(device, self.pin_memory)
         self.decode_graphs: DecodeGraphs | None = None  # captured after the KV cache, where the platform allows
+        self.cpu_decode: CpuDecodeStep | None = None  # small CPU decode steps as one C call (worker/cpu_decode.py)
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
 
@@ -281,6 +283,15 @@ class ModelRunner:
             self.kv_connector.register_kv_caches(self.kv_caches)
         if self._decode_graphs_allowed():
             self.enable_decode_graphs(capture=True)
+        if self.device.type == "cpu" and self.model_config.runner != "pooling":
+            started = time.time()
+            self.cpu_decode, detail = CpuDecodeStep.build(self.model, self.attention_layers, self.dtype,
+                                                          self.engine_config)
+            logger.info("CPU decode step: %s", detail if self.cpu_decode else f"not used ({detail})")
+            self.kv_cache_records.append(StartupRecord(
+                pid=os.getpid(), role=current_process_role(), phase="kv cache", plugin="CPU decode step",
+                outcome="ok" if self.cpu_decode else "skipped", reason=detail, start=started,
+                duration=time.time() - started))
 
     def _warm_up(self) -> None:
         """One forward pass of a block's worth of tokens, so that what the first request would otherwise
@@ -441,6 +452,8 @@ class ModelRunner:
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
         if graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
+        elif self.cpu_decode is not None and self.cpu_decode.applies(inputs.metadata):
+            hidden = self.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.lora is not None:
             self.lora.begin_step((self.requests[rid].lora_request, n) for rid, n in scheduled.items())
             try:

@@ -74,6 +74,7 @@ class Worker(WorkerBase):
         self.device = torch.device(device_type if device_type == "cpu" or world_size == 1 else f"{device_type}:{rank}")
         self.model_runner: ModelRunner | None = None  # built by init_device
         self._cpu_threads: cpu_threads.AppliedThreads | None = None  # set by init_device on CPU
+        self._load_follower: cpu_threads.LoadFollower | None = None  # with the default cpu_threads on CPU
         self.extension = None
         # The logits-processor classes of this process's plugin phases (entry points and the
         # `logits_processors` option); the model runner builds them with the model.
@@ -89,8 +90,13 @@ class Worker(WorkerBase):
             config = self.engine_config
             index, sharing = cpu_threads.local_workers(self.rank, self.world_size, config.data_parallel_rank,
                                                        config.data_parallel_size, config.distributed_executor_backend)
+            cpus = cpu_threads.available_cpus()
+            busy = cpu_threads.busy_cpus(cpus) if config.cpu_threads is None and len(cpus) > 1 else 0.0
+            torch_default = torch.get_num_threads()
             self._cpu_threads = cpu_threads.apply(cpu_threads.plan_threads(
-                config.cpu_threads, index, sharing, cpu_threads.available_cpus(), torch.get_num_threads()))
+                config.cpu_threads, index, sharing, cpus, torch_default, busy))
+            if config.cpu_threads is None and len(cpus) > 1:  # the default follows the load as it changes
+                self._load_follower = cpu_threads.LoadFollower(cpus, sharing, torch_default)
         parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend,
                             pipeline_parallel_size=self.engine_config.pipeline_parallel_size)
         with plugin_hook(self.platform, "seed_everything"):
@@ -131,6 +137,8 @@ class Worker(WorkerBase):
     def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
         """One step; `grammar`: its deferred masks (ModelRunner.execute_model), from an in-process executor."""
         started = time.monotonic()
+        if self._load_follower is not None:
+            self._load_follower.poll()
         output = self._runner().execute_model(scheduler_output, grammar)
         output.started_at, output.finished_at = started, time.monotonic()
         return output

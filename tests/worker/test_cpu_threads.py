@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -125,3 +126,31 @@ def test_an_engine_with_fewer_threads_than_cpus_runs_pinned_and_leaves_the_proce
     assert described["threads"] == 1 and described["cpus"] == [cpus[0]]
     assert main_while_running == set(cpus[1:])
     assert os.sched_getaffinity(0) == set(cpus)
+
+
+def test_the_default_leaves_cpus_other_processes_keep_busy():
+    two = [0, 1]
+    assert plan_threads(None, 0, 1, two, 2, busy=1.0) == ThreadPlan(1, None, None, 1.0)  # one core taken: one thread
+    assert plan_threads(None, 0, 1, two, 2, busy=0.3) == ThreadPlan(2, None, None, 0.3)  # mostly free: both
+    assert plan_threads(None, 0, 1, two, 2, busy=2.0).threads == 1  # never fewer than one
+    assert plan_threads(None, 0, 2, CPUS, 8, busy=4.0).threads == 2  # the free half, shared by two workers
+    assert plan_threads(2, 0, 1, two, 2, busy=2.0).threads == 2  # a given count is kept
+    assert "1.0 CPUs busy with other processes" in plan_threads(None, 0, 1, two, 2, busy=1.0).describe()
+
+
+@needs_two_cpus
+def test_busy_cpus_sees_a_busy_loop():
+    import subprocess
+    import sys
+
+    from asyncengine.worker.cpu_threads import busy_cpus
+
+    cpus = sorted(os.sched_getaffinity(0))
+    loop = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpus[-1]}}})\n"
+                             "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert 0.5 <= busy_cpus(cpus) <= len(cpus)
+    finally:
+        loop.kill()
+        loop.wait()

@@ -1,0 +1,159 @@
+"""The CPU's captured decode step: small decode batches of a plain Llama-shaped model as one C call.
+
+What CUDA graphs are to a GPU (worker/cuda_graphs.py), this is to a CPU: at one to `MAX_ROWS` decoding
+sequences the step's cost is the layers' per-op overhead (Python, dispatch, a thread fork/join per op),
+not their arithmetic; ops/cpu_decode_step.py runs the embedding, every decoder layer and the final norm in
+one call, with one thread team for the whole step. Larger batches, prompts and mixed steps run the model's
+modules as before (there the matmuls are real work, which oneDNN does best).
+
+It applies only where it computes exactly what the model's modules would: it reads the weights from
+the modules' attributes (nothing is copied or restructured) after checking that every module is the
+built-in one running its built-in code: Llama's classes (or subclasses that change none of what the
+step does), RMSNorm, SiLU-and-mul and the NeoX rotary over whole heads, each with `native` first among
+its op's providers and no out-of-tree replacement; plain float weights without biases; the built-in
+CPU attention backend with neither sliding window, soft cap nor sinks; one worker, no LoRA, no KV
+connector, one KV cache group; float32 or bfloat16 with the C kernel built. Anything else keeps the
+modules, with the reason logged once at start-up. `enforce_eager=True` turns it off, as it does CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from asyncengine.models.layers.attention import AttentionMetadata
+from asyncengine.ops import cpu_decode_step
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = cpu_decode_step.MAX_ROWS
+
+
+class CpuDecodeStep:
+    """Runs a decode step of up to `max_batch_size` sequences through ops/cpu_decode_step.py."""
+
+    def __init__(self, model: Any, attention_layers: list[Any], max_batch_size: int) -> None:
+        self.model = model
+        self.attention_layers = attention_layers
+        self.max_batch_size = max_batch_size
+        self._weights: cpu_decode_step.DecoderWeights | None = None
+        self._bound_cache: int | None = None  # data_ptr of the first layer's key cache the table points into
+
+    @classmethod
+    def build(cls, model: Any, attention_layers: list[Any], dtype: torch.dtype,
+              engine_config: Any) -> tuple[CpuDecodeStep | None, str]:
+        """(the step, what it covers) or (None, why it does not apply)."""
+        reason = why_not(model, attention_layers, dtype, engine_config)
+        if reason is not None:
+            return None, reason
+        step = cls(model, attention_layers, min(MAX_ROWS, engine_config.max_num_seqs))
+        return step, f"decode steps of 1-{step.max_batch_size} sequences as one C call (ops/cpu_decode_step.py)"
+
+    def applies(self, metadata: AttentionMetadata) -> bool:
+        return metadata.decode_only and len(metadata.query_lens) <= self.max_batch_size
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """The final hidden states of the step's tokens (the model's forward for these inputs)."""
+        weights = self._table()
+        inner = self.model.model
+        rotary = next(iter(inner.rotaries.values()))
+        cos, sin = rotary.lookup(positions, weights.dtype)
+        rows = input_ids.shape[0]
+        return cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
+                                           metadata.slot_mapping, metadata.block_tables, metadata.seq_lens_tensor)
+
+    def _table(self) -> cpu_decode_step.DecoderWeights:
+        """The kernel's table of weights and caches, rebuilt when the caches were (re)allocated."""
+        first_cache = self.attention_layers[0].kv_cache[0].data_ptr()
+        if self._weights is None or self._bound_cache != first_cache:
+            inner = self.model.model
+            layers = []
+            for layer in inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                key_cache, value_cache = attn.attn.kv_cache
+                layers.append((layer.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
+                               layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
+                               key_cache, value_cache))
+            first = inner.layers[0].self_attn
+            self._weights = cpu_decode_step.DecoderWeights(
+                layers, inner.embed_tokens.weight, inner.norm.weight, num_heads=first.num_heads,
+                num_kv_heads=first.num_kv_heads, head_dim=first.head_dim, eps=inner.norm.eps, scale=first.attn.scale)
+            self._bound_cache = first_cache
+        return self._weights
+
+
+def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_config: Any) -> str | None:
+    """None when the captured step computes what `model`'s modules compute; else the first reason it does not."""
+    from asyncengine.attention.torch_paged import TorchPagedBackend
+    from asyncengine.models.layers.activation import SiluAndMul
+    from asyncengine.models.layers.embedding import VocabParallelEmbedding
+    from asyncengine.models.layers.op_registry import native_first
+    from asyncengine.models.layers.norm import RMSNorm
+    from asyncengine.models.layers.quantization import UnquantizedLinearMethod
+    from asyncengine.models.layers.rotary import RotaryEmbedding
+    from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+
+    config = engine_config
+    if config.enforce_eager:
+        return "enforce_eager"
+    if config.tensor_parallel_size != 1 or config.pipeline_parallel_size != 1:
+        return "more than one worker"
+    if config.enable_lora or config.kv_transfer is not None:
+        return "LoRA or a KV connector"
+    if dtype not in cpu_decode_step.SUPPORTED_DTYPES:
+        return f"dtype {dtype}"
+    if not isinstance(model, LlamaForCausalLM) or type(model).forward is not LlamaForCausalLM.forward:
+        return f"{type(model).__name__} is not a Llama-shaped model"
+    inner = model.model
+    if type(inner).forward is not LlamaModel.forward or inner.embed_scale is not None \
+            or type(inner.embed_tokens) is not VocabParallelEmbedding or type(inner.norm) is not RMSNorm \
+            or len(inner.rotaries) != 1:
+        return f"{type(inner).__name__} changes the model's forward"
+    for op in ("rms_norm", "rotary", "silu_and_mul"):
+        if not native_first(op):
+            return f"op {op!r} has a provider before native"
+    rotary = next(iter(inner.rotaries.values()))
+    if type(rotary) is not RotaryEmbedding or not rotary.is_neox_style or rotary.rotary_dim != rotary.head_size:
+        return "the rotary embedding is not NeoX over whole heads"
+    if len(attention_layers) != len(inner.layers):
+        return "attention layers outside the decoder layers"
+    for layer in inner.layers:
+        reason = _layer_reason(layer, dtype, LlamaDecoderLayer, LlamaAttention, LlamaMLP, RMSNorm, SiluAndMul,
+                               UnquantizedLinearMethod, TorchPagedBackend)
+        if reason is not None:
+            return reason
+    tensors = [inner.embed_tokens.weight, inner.norm.weight]
+    if not all(t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return "the embedding or final norm is not a contiguous CPU tensor in the model's dtype"
+    if not cpu_decode_step.available(dtype):
+        return f"the C kernel is unavailable: {cpu_decode_step.unavailable_reason()}"
+    return None
+
+
+def _layer_reason(layer: Any, dtype: torch.dtype, decoder_cls: Any, attention_cls: Any, mlp_cls: Any,
+                  norm_cls: Any, act_cls: Any, linear_method: Any, backend_cls: Any) -> str | None:
+    name = type(layer).__name__
+    if type(layer).forward is not decoder_cls.forward or layer.norm_names != decoder_cls.norm_names \
+            or layer.residual_multiplier is not None:
+        return f"{name} changes the decoder layer"
+    attn, mlp = layer.self_attn, layer.mlp
+    if type(attn).forward is not attention_cls.forward or type(attn).normalize_qk is not attention_cls.normalize_qk:
+        return f"{type(attn).__name__} changes attention"
+    if type(mlp) is not mlp_cls or type(mlp.act) is not act_cls:
+        return f"{type(mlp).__name__} is not Llama's SiLU MLP"
+    if type(layer.input_layernorm) is not norm_cls or type(layer.post_attention_layernorm) is not norm_cls:
+        return "a norm that is not RMSNorm"
+    paged = attn.attn
+    if type(paged.backend) is not backend_cls or paged.sliding_window is not None \
+            or paged.logits_soft_cap is not None or paged.sinks is not None or paged.kv_cache_group != 0:
+        return "attention with another backend, a sliding window, a soft cap or sinks"
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    if any(type(linear.quant_method) is not linear_method or linear.bias is not None for linear in linears):
+        return "quantized linear layers or biases"
+    tensors = [linear.weight for linear in linears] + [layer.input_layernorm.weight,
+                                                       layer.post_attention_layernorm.weight]
+    if not all(t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return "weights that are not contiguous CPU tensors in the model's dtype"
+    return None

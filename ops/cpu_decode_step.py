@@ -1,0 +1,401 @@
+"""A whole decode step of a Llama-shaped decoder as one C call: the small-batch CPU path.
+
+Why: at one to a few sequences a decode step reads each weight once and does little else, so it should
+cost about its weights' read. Run as torch ops it costs far more: a decoder layer is ten calls (norm,
+QKV, rotary, KV store, attention, O, norm, gate-up, SiLU-and-mul, down), each with Python, dispatch and
+an OpenMP fork/join, and at one row the oneDNN matmuls are themselves mostly call overhead
+(bench/RESULTS.md, issue 36). Here the embedding lookup, every layer and the final norm run inside one
+OpenMP parallel region: the matrix-vector products split their output rows among the threads (dynamic
+chunks, so a slowed thread takes fewer), attention splits by sequence and query head, the small
+elementwise steps run on one thread, with a barrier between phases.
+
+What it computes is `decode_step_reference` below (the model's own modules, which is what the model's
+forward runs), rounding where that rounds: every op's output in the model's dtype (bfloat16 after each
+matmul, norm, rotary product and sum, SiLU and product, as torch's ops and the fused kernels of
+ops/cpu_fused.py round), statistics and sums in float32. What differs is the order of the sums: the
+matmuls' dot products (here AVX-512 BF16 `vdpbf16ps`: exact products, float32 sums, the same arithmetic
+as oneDNN's bfloat16 matmul in another order) and attention's softmax (an exact float32 softmax). The tests
+compare the two (tests/ops/test_cpu_decode_step.py).
+
+Built and loaded as ops/cpu_build.py says (the system C compiler, ~/.cache/asyncengine/kernels, ctypes,
+the OpenMP runtime torch has loaded); `ASYNCENGINE_CPU_KERNELS=0` turns it off. The engine's use of it:
+asyncengine/worker/cpu_decode.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, KernelLibrary
+
+C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
+#include <stdlib.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+""" + AVX512_BF16 + r"""#endif
+
+typedef struct {
+    const void *norm1, *qkv, *o, *norm2, *gate_up, *down;  /* weights, [out, in] row-major */
+    void *k_cache, *v_cache;                                 /* [kv_heads, num_blocks, block_size, head_dim] */
+} layer_t;
+
+/* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. */
+#define MAX_ROWS 8
+static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_bf16, float *sums) {
+    int64_t k0 = 0;
+    for (int64_t b = 0; b < B; b++) sums[b] = 0.0f;
+#if defined(__AVX512BF16__)
+    if (is_bf16 && B == 1) {  /* one row: four accumulators in registers, four chains in flight */
+        const uint16_t *wr = (const uint16_t *)w, *xr = (const uint16_t *)x;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (; k0 + 128 <= K; k0 += 128) {
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 32)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 32)));
+            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 64)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 64)));
+            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 96)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 96)));
+        }
+        for (; k0 + 32 <= K; k0 += 32)
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
+        sums[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    } else if (is_bf16) {
+        __m512 acc[MAX_ROWS], acc2[MAX_ROWS];
+        for (int64_t b = 0; b < B; b++) { acc[b] = _mm512_setzero_ps(); acc2[b] = _mm512_setzero_ps(); }
+        const uint16_t *wr = (const uint16_t *)w;
+        for (; k0 + 64 <= K; k0 += 64) {
+            const __m512i w0 = _mm512_loadu_si512((const void *)(wr + k0));
+            const __m512i w1 = _mm512_loadu_si512((const void *)(wr + k0 + 32));
+            for (int64_t b = 0; b < B; b++) {
+                const uint16_t *xr = (const uint16_t *)x + b * K + k0;
+                acc[b] = _mm512_dpbf16_ps(acc[b], (__m512bh)_mm512_loadu_si512((const void *)xr), (__m512bh)w0);
+                acc2[b] = _mm512_dpbf16_ps(acc2[b], (__m512bh)_mm512_loadu_si512((const void *)(xr + 32)),
+                                           (__m512bh)w1);
+            }
+        }
+        for (; k0 + 32 <= K; k0 += 32) {
+            const __m512i w0 = _mm512_loadu_si512((const void *)(wr + k0));
+            for (int64_t b = 0; b < B; b++)
+                acc[b] = _mm512_dpbf16_ps(acc[b], (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)x
+                                                                                               + b * K + k0)),
+                                          (__m512bh)w0);
+        }
+        for (int64_t b = 0; b < B; b++) sums[b] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b], acc2[b]));
+    }
+#endif
+#if defined(__AVX512F__)
+    if (!is_bf16) {
+        __m512 acc[MAX_ROWS];
+        for (int64_t b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
+        const float *wr = (const float *)w;
+        for (; k0 + 16 <= K; k0 += 16) {
+            const __m512 w0 = _mm512_loadu_ps(wr + k0);
+            for (int64_t b = 0; b < B; b++)
+                acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps((const float *)x + b * K + k0), w0, acc[b]);
+        }
+        for (int64_t b = 0; b < B; b++) sums[b] = _mm512_reduce_add_ps(acc[b]);
+    }
+#endif
+    for (int64_t b = 0; b < B; b++) {
+        float s = 0.0f;
+        for (int64_t k = k0; k < K; k++) s += load(x, b * K + k, is_bf16) * load(w, k, is_bf16);
+        sums[b] += s;
+    }
+}
+
+/* out[b, n] = x[b] . w[n] rounded to the dtype, for this thread's share of the N rows. */
+static void matvec(const void *x, const void *w, int64_t N, int64_t K, int64_t B, void *out, int is_bf16) {
+    const int64_t es = is_bf16 ? 2 : 4;
+    float sums[MAX_ROWS];
+    #pragma omp for schedule(dynamic, 16)
+    for (int64_t n = 0; n < N; n++) {
+        dot_rows(x, (const char *)w + n * K * es, K, B, is_bf16, sums);
+        for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b], is_bf16);
+    }
+}
+
+/* RMSNorm with the residual addition (ops/cpu_fused.py's rms_norm, one row): s = x (+ residual, rounded),
+   residual <- s, out = weight * norm(s) rounded as Llama's RMSNorm rounds. */
+static void norm_row(const void *x, void *residual, int add, const void *weight, void *out, int64_t H, float eps,
+                     int is_bf16, float *s) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < H; i++) {
+        float v = load(x, i, is_bf16);
+        if (add) v = in_dtype(v + load(residual, i, is_bf16), is_bf16);
+        s[i] = v;
+    }
+    for (int64_t i = 0; i < H; i++) acc += s[i] * s[i];
+    const float inv = 1.0f / sqrtf(acc / (float)H + eps);
+    for (int64_t i = 0; i < H; i++) {
+        store(residual, i, s[i], is_bf16);
+        if (is_bf16) store(out, i, load(weight, i, 1) * bf(to_bf(s[i] * inv)), 1);
+        else store(out, i, load(weight, i, 0) * (s[i] * inv), 0);
+    }
+}
+
+/* The NeoX rotation of one head (ops/cpu_fused.py's rotate): each product and the sum rounded. */
+static void rotate_head(const void *src, void *dst, const void *cs, const void *sn, int64_t D, int is_bf16) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = load(src, i, is_bf16), b = load(src, i + half, is_bf16);
+        const float lo = in_dtype(a * load(cs, i, is_bf16), is_bf16) + in_dtype(-b * load(sn, i, is_bf16), is_bf16);
+        const float hi = in_dtype(b * load(cs, i + half, is_bf16), is_bf16) +
+                         in_dtype(a * load(sn, i + half, is_bf16), is_bf16);
+        store(dst, i, lo, is_bf16);
+        store(dst, i + half, hi, is_bf16);
+    }
+}
+
+static inline float silu_mul(float g, float u, int is_bf16) {
+    return in_dtype(in_dtype(g / (1.0f + expf(-g)), is_bf16) * u, is_bf16);
+}
+
+/* dot(q, row) and acc += p * row over one head of D values (row in the dtype, q and acc float32). */
+static inline float dot_head(const float *q, const void *row, int64_t D, int is_bf16) {
+    int64_t d = 0;
+    float dot = 0.0f;
+#if defined(__AVX512F__)
+    __m512 sum = _mm512_setzero_ps();
+    for (; d + 16 <= D; d += 16)
+        sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + d),
+                              is_bf16 ? widen16((const uint16_t *)row + d) : _mm512_loadu_ps((const float *)row + d), sum);
+    dot = _mm512_reduce_add_ps(sum);
+#endif
+    for (; d < D; d++) dot += q[d] * load(row, d, is_bf16);
+    return dot;
+}
+static inline void add_head(float *acc, float p, const void *row, int64_t D, int is_bf16) {
+    int64_t d = 0;
+#if defined(__AVX512F__)
+    const __m512 pv = _mm512_set1_ps(p);
+    for (; d + 16 <= D; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, is_bf16 ? widen16((const uint16_t *)row + d)
+                                                              : _mm512_loadu_ps((const float *)row + d),
+                                                  _mm512_loadu_ps(acc + d)));
+#endif
+    for (; d < D; d++) acc[d] += p * load(row, d, is_bf16);
+}
+
+/* One query head over its sequence's context in the paged cache: an exact softmax in float32. */
+static void attend(const void *q, const void *k_cache, const void *v_cache, const int64_t *table, int64_t ctx,
+                   int64_t kv_head, int64_t num_blocks, int64_t block_size, int64_t D, float scale, int is_bf16,
+                   float *scores, void *out) {
+    const int64_t es = is_bf16 ? 2 : 4, row_bytes = D * es;
+    float qf[512], acc[512];
+    for (int64_t d = 0; d < D; d++) { qf[d] = load(q, d, is_bf16); acc[d] = 0.0f; }
+    float top = -INFINITY;
+    for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {  /* block by block: no division per token */
+        const char *kb = (const char *)k_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
+        const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        for (int64_t i = 0; i < n; i++) {
+            const float score = dot_head(qf, kb + i * row_bytes, D, is_bf16) * scale;
+            scores[t0 + i] = score;
+            if (score > top) top = score;
+        }
+    }
+    float total = 0.0f;
+    int64_t t = 0;
+#if defined(__AVX512F__)
+    for (; t + 16 <= ctx; t += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), _mm512_set1_ps(top)));
+        _mm512_storeu_ps(scores + t, e);
+        total += _mm512_reduce_add_ps(e);
+    }
+#endif
+    for (; t < ctx; t++) { scores[t] = expf(scores[t] - top); total += scores[t]; }
+    for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+        const char *vb = (const char *)v_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
+        const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        for (int64_t i = 0; i < n; i++) add_head(acc, scores[t0 + i], vb + i * row_bytes, D, is_bf16);
+    }
+    for (int64_t d = 0; d < D; d++) store(out, d, acc[d] / total, is_bf16);
+}
+
+/* The decode step of B sequences (one new token each) through every layer, ending with the final norm:
+   out [B, H] in the dtype. ids, slots: [B] int64 (a negative slot stores nothing: a padding row);
+   cs, sn: [B, D] the rotary cos/sin of each token's position, in the dtype; tables: [B, table_stride] int64;
+   seq_lens [B] int32 (the context after this token; 0: a padding row, which attends to nothing).
+   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short. */
+int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, const void *final_norm,
+                const int64_t *ids, const void *cs, const void *sn, const int64_t *slots, const int64_t *tables,
+                int64_t table_stride, const int32_t *seq_lens, int64_t B, int64_t H, int64_t num_heads,
+                int64_t num_kv_heads, int64_t D, int64_t I, int64_t num_blocks, int64_t block_size, float eps,
+                float scale, int is_bf16, void *out, int threads) {
+    if (B < 1 || B > MAX_ROWS || D > 512 || D % 2) return -1;
+    const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, QKV = (num_heads + 2 * num_kv_heads) * D;
+    const int64_t group = num_heads / num_kv_heads;
+    int64_t max_ctx = 1;
+    for (int64_t b = 0; b < B; b++) if (seq_lens[b] > max_ctx) max_ctx = seq_lens[b];
+    char *mem = malloc((size_t)es * B * (3 * H + QKV + 2 * Q + I));
+    float *scores_all = malloc(sizeof(float) * (size_t)max_ctx * B * num_heads);
+    if (!mem || !scores_all) { free(mem); free(scores_all); return -2; }
+    char *hidden = mem, *residual = hidden + es * B * H, *x = residual + es * B * H, *qkv = x + es * B * H;
+    char *qrot = qkv + es * B * QKV, *attn = qrot + es * B * Q, *act = attn + es * B * Q;
+    for (int64_t b = 0; b < B; b++) memcpy(hidden + b * H * es, (const char *)embed + ids[b] * H * es, H * es);
+    #pragma omp parallel num_threads(threads)
+    {
+        for (int64_t l = 0; l < num_layers; l++) {
+            const layer_t *L = layers + l;
+            #pragma omp single
+            {
+                float s[8192];
+                for (int64_t b = 0; b < B; b++)
+                    norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
+                             is_bf16, s);
+            }
+            matvec(x, L->qkv, QKV, H, B, qkv, is_bf16);
+            #pragma omp single
+            for (int64_t b = 0; b < B; b++) {
+                const char *row = qkv + b * QKV * es, *c = (const char *)cs + b * D * es, *sv = (const char *)sn + b * D * es;
+                for (int64_t h = 0; h < num_heads; h++)
+                    rotate_head(row + h * D * es, qrot + (b * num_heads + h) * D * es, c, sv, D, is_bf16);
+                if (slots[b] < 0) continue;
+                const int64_t block = slots[b] / block_size, offset = slots[b] % block_size;
+                for (int64_t h = 0; h < num_kv_heads; h++) {
+                    const int64_t at = ((h * num_blocks + block) * block_size + offset) * D * es;
+                    rotate_head(row + (Q + h * D) * es, (char *)L->k_cache + at, c, sv, D, is_bf16);
+                    memcpy((char *)L->v_cache + at, row + (Q + (num_kv_heads + h) * D) * es, D * es);
+                }
+            }
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < B * num_heads; task++) {
+                const int64_t b = task / num_heads, h = task % num_heads;
+                char *o = attn + task * D * es;
+                if (seq_lens[b] <= 0) { memset(o, 0, D * es); continue; }
+                attend(qrot + task * D * es, L->k_cache, L->v_cache, tables + b * table_stride, seq_lens[b],
+                       h / group, num_blocks, block_size, D, scale, is_bf16, scores_all + task * max_ctx, o);
+            }
+            matvec(attn, L->o, H, Q, B, hidden, is_bf16);
+            #pragma omp single
+            {
+                float s[8192];
+                for (int64_t b = 0; b < B; b++)
+                    norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
+                             is_bf16, s);
+            }
+            {   /* gate and up rows j and I + j together: their SiLU-and-product at once */
+                float g[MAX_ROWS], u[MAX_ROWS];
+                #pragma omp for schedule(dynamic, 16)
+                for (int64_t j = 0; j < I; j++) {
+                    dot_rows(x, (const char *)L->gate_up + j * H * es, H, B, is_bf16, g);
+                    dot_rows(x, (const char *)L->gate_up + (I + j) * H * es, H, B, is_bf16, u);
+                    for (int64_t b = 0; b < B; b++)
+                        store(act, b * I + j, silu_mul(in_dtype(g[b], is_bf16), in_dtype(u[b], is_bf16), is_bf16),
+                              is_bf16);
+                }
+            }
+            matvec(act, L->down, H, I, B, hidden, is_bf16);
+        }
+        #pragma omp single
+        {
+            float s[8192];
+            for (int64_t b = 0; b < B; b++)
+                norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm,
+                         (char *)out + b * H * es, H, eps, is_bf16, s);
+        }
+    }
+    free(mem);
+    free(scores_all);
+    return 0;
+}
+"""
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+MAX_ROWS = 8  # the kernel's largest batch (MAX_ROWS in the C source)
+MAX_HIDDEN = 8192  # its norms' per-row scratch
+MAX_HEAD_DIM = 512
+# -ffp-contract=off: the elementwise steps round where torch's separate ops do (the dot products use
+# explicit fused multiply-adds, as any matmul does).
+_FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
+              ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"])
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache")]
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    library.decode_step.restype = ctypes.c_int
+    argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P] + [_I] * 8 + \
+        [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, ctypes.c_int]
+    library.decode_step.argtypes = argtypes
+
+
+_kernels = KernelLibrary("cpu_decode_step", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
+                         what="CPU decode-step kernel", fallback="decode steps run the model's layers one op at a time")
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernel runs for a model in `dtype` (compiling it on first use)."""
+    return _kernels.available(dtype)
+
+
+def unavailable_reason() -> str | None:
+    return _kernels.unavailable_reason()
+
+
+class DecoderWeights:
+    """The tensors one decode step reads, as the kernel takes them: per layer (norm1, qkv, o, norm2, gate_up,
+    down, key cache, value cache), and the embedding and final norm. The caller keeps every tensor alive."""
+
+    def __init__(self, layers: Sequence[Sequence[torch.Tensor]], embed: torch.Tensor, final_norm: torch.Tensor, *,
+                 num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float) -> None:
+        self.tensors = [tuple(layer) for layer in layers]
+        self.embed, self.final_norm = embed, final_norm
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.eps, self.scale = eps, scale
+        self.hidden_size = embed.shape[1]
+        self.intermediate_size = self.tensors[0][4].shape[0] // 2 if self.tensors else 0
+        self.dtype = embed.dtype
+        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer]
+        if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == self.dtype for t in tensors):
+            raise ValueError("decode_step takes contiguous CPU tensors, all in the model's dtype")
+        if self.hidden_size > MAX_HIDDEN or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads:
+            raise ValueError(f"decode_step takes hidden sizes up to {MAX_HIDDEN}, even head sizes up to "
+                             f"{MAX_HEAD_DIM} and whole GQA groups")
+        self.table = (Layer * len(self.tensors))(*[Layer(*[t.data_ptr() for t in layer]) for layer in self.tensors])
+
+
+def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                slots: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """The final hidden states `[B, hidden]` (after the model's last norm) of B decoding tokens: `input_ids`,
+    `slots` `[B]` int64, `cos`/`sin` `[B, head_dim]` in the model's dtype (the rotary tables at each token's
+    position), `block_tables` `[B, width]` int64, `seq_lens` `[B]` int32 (each context with this token).
+    Each token's key and value are stored at its slot of each layer's cache (none for a negative slot)."""
+    library = _kernels.get(weights.dtype)
+    rows = input_ids.numel()
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"decode_step takes 1 to {MAX_ROWS} sequences, got {rows}")
+    if out is None:
+        out = torch.empty(rows, weights.hidden_size, dtype=weights.dtype)
+    k_cache = weights.tensors[0][6] if weights.tensors else weights.embed.new_empty(1, 1, 1, 1)
+    _, num_blocks, block_size, _ = k_cache.shape
+    int64 = (input_ids, slots, block_tables)
+    if any(t.dtype != torch.int64 or not t.is_contiguous() for t in int64) or seq_lens.dtype != torch.int32 \
+            or not seq_lens.is_contiguous() or cos.dtype != weights.dtype or sin.dtype != weights.dtype \
+            or not cos.is_contiguous() or not sin.is_contiguous():
+        raise ValueError("decode_step: ids, slots and block tables contiguous int64, seq_lens int32, cos/sin "
+                         "contiguous in the model's dtype")
+    status = library.decode_step(
+        ctypes.addressof(weights.table), len(weights.tensors), weights.embed.data_ptr(), weights.final_norm.data_ptr(),
+        input_ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
+        block_tables.shape[1], seq_lens.data_ptr(), rows, weights.hidden_size, weights.num_heads,
+        weights.num_kv_heads, weights.head_dim, weights.intermediate_size, num_blocks, block_size, weights.eps,
+        weights.scale, int(weights.dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
+    if status == -2:
+        raise MemoryError("decode_step could not allocate its scratch memory")
+    if status != 0:
+        raise ValueError(f"decode_step refused the shapes (status {status})")
+    return out

@@ -1,0 +1,122 @@
+"""asyncengine/worker/cpu_decode.py and its kernel, ops/cpu_decode_step.py, against its reference: the model's own modules.
+
+A tiny random Llama (GQA 3:1, untied head) in a ModelRunner; its KV cache filled with random keys and values,
+so each sequence attends over a context of its own length; then one decode step of 1, 3 and 8 sequences run
+both ways on the same inputs: the final hidden states, the keys and values each stored, and the greedy tokens
+must agree (float32 to float32's rounding, bfloat16 to bfloat16's). Also: what the step refuses, with its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncengine import EngineConfig
+from asyncengine.config.model import build_model_config
+from asyncengine.ops import cpu_decode_step
+from asyncengine.platforms.cpu import CpuPlatform
+from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.wire.worker import NewRequestData, SchedulerOutput
+from asyncengine.worker.cpu_decode import why_not
+from asyncengine.worker.model_runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(not cpu_decode_step.available(torch.float32),
+                                reason=f"no C compiler: {cpu_decode_step.unavailable_reason()}")
+
+CONTEXTS = (1, 17, 40, 5, 33, 64, 2, 29)  # each sequence's context with the decoded token
+BLOCK_SIZE = 16
+
+
+def _runner(path: str, dtype: str, **options) -> ModelRunner:
+    config = EngineConfig(model=path, dtype=dtype, skip_tokenizer_init=True, max_model_len=128,
+                          num_gpu_blocks_override=64, block_size=BLOCK_SIZE, max_num_seqs=8, plugins="", **options)
+    model_config = build_model_config(config, model_dir=Path(path), default_dtype="float32", tokenizer=None)
+    StartupTrace("frontend")
+    runner = ModelRunner(config, model_config, torch.device("cpu"), CpuPlatform)
+    runner.load_model()
+    runner.initialize_kv_cache(runner.determine_num_blocks())
+    return runner
+
+
+@pytest.fixture(scope="module")
+def platform():
+    """The CPU platform as if resolved at start-up (tests/worker/conftest.py's cpu_platform), for the module."""
+    from asyncengine.models.layers import op_registry
+    from support.platforms import use_platform
+
+    with pytest.MonkeyPatch.context() as patch:
+        use_platform(patch, CpuPlatform)
+        patch.setattr(op_registry, "_chains", {})
+        yield
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_model, platform):
+    path = str(tiny_model("llama").path)
+    return {dtype: _runner(path, dtype) for dtype in ("float32", "bfloat16")}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("num_seqs", [1, 3, 8])
+def test_decode_step_matches_the_models_modules(runners, dtype, num_seqs):
+    runner = runners[dtype]
+    assert runner.cpu_decode is not None, [r.reason for r in runner.kv_cache_records]
+    generator = torch.Generator().manual_seed(num_seqs)
+    for key_cache, value_cache in runner.kv_caches:
+        key_cache.copy_(torch.randn(key_cache.shape, generator=generator))
+        value_cache.copy_(torch.randn(value_cache.shape, generator=generator))
+    new, next_block = [], 0
+    for index, context in enumerate(CONTEXTS[:num_seqs]):
+        blocks = list(range(next_block, next_block + -(-context // BLOCK_SIZE)))
+        next_block += len(blocks) + 1  # a gap, so that no two sequences' tables look alike
+        prompt = torch.randint(3, 997, (context,), generator=generator).tolist()
+        new.append(NewRequestData(request_id=f"{dtype}-{num_seqs}-{index}", prompt_token_ids=prompt,
+                                  output_token_ids=[], sampling=SamplingOptions(temperature=0.0), block_ids=blocks,
+                                  num_computed_tokens=context - 1))
+    runner._update_states(SchedulerOutput(new_requests=new))
+    inputs = runner._prepare_inputs({request.request_id: 1 for request in new})
+    assert runner.cpu_decode.applies(inputs.metadata)
+    slots = inputs.metadata.slot_mapping
+    with torch.inference_mode():
+        expected = runner.model(inputs.input_ids, inputs.positions, inputs.metadata)
+        expected_kv = [(k.flatten(1, 2)[:, slots].clone(), v.flatten(1, 2)[:, slots].clone()) for k, v in runner.kv_caches]
+        for key_cache, value_cache in runner.kv_caches:  # the kernel must store them itself
+            key_cache.flatten(1, 2)[:, slots] = 0
+            value_cache.flatten(1, 2)[:, slots] = 0
+        got = runner.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
+        expected_tokens = runner.model.compute_logits(expected).argmax(-1)
+        got_logits = runner.model.compute_logits(got)
+    tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == "float32" else dict(atol=0.1, rtol=0.05)
+    torch.testing.assert_close(got.float(), expected.float(), **tolerance)
+    for (key, value), (key_cache, value_cache) in zip(expected_kv, runner.kv_caches):
+        torch.testing.assert_close(key_cache.flatten(1, 2)[:, slots].float(), key.float(), **tolerance)
+        torch.testing.assert_close(value_cache.flatten(1, 2)[:, slots].float(), value.float(), **tolerance)
+    # Greedy tokens equal, unless the reference's top two are within the dtype's rounding (a tie).
+    top2 = got_logits.float().topk(2, dim=-1)
+    tie = (top2.values[:, 0] - top2.values[:, 1]) <= (1e-4 if dtype == "float32" else 0.1)
+    assert ((got_logits.argmax(-1) == expected_tokens) | tie).all()
+    for request in new:
+        runner._remove_request(request.request_id)
+
+
+def test_decode_step_refuses_what_it_does_not_compute(tiny_model, platform):
+    llama = _runner(str(tiny_model("llama").path), "float32", enforce_eager=True)
+    assert llama.cpu_decode is None
+    assert why_not(llama.model, llama.attention_layers, torch.float32, llama.engine_config) == "enforce_eager"
+    qwen2 = _runner(str(tiny_model("qwen2").path), "float32")  # q/k/v biases
+    assert qwen2.cpu_decode is None
+    assert why_not(qwen2.model, qwen2.attention_layers, torch.float32, qwen2.engine_config) \
+        == "quantized linear layers or biases"
+    qwen3 = _runner(str(tiny_model("qwen3").path), "float32")  # q/k norms
+    assert "changes attention" in why_not(qwen3.model, qwen3.attention_layers, torch.float32, qwen3.engine_config)
+
+
+def test_decode_step_refuses_more_rows_than_it_holds(runners):
+    weights = runners["float32"].cpu_decode._table()
+    ids = torch.zeros(cpu_decode_step.MAX_ROWS + 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="1 to 8 sequences"):
+        cpu_decode_step.decode_step(weights, ids, torch.empty(0), torch.empty(0), ids, ids.view(-1, 1),
+                                    torch.zeros(ids.numel(), dtype=torch.int32))
