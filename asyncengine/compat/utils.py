@@ -7,6 +7,9 @@ import socket
 import uuid
 from typing import Any
 
+# vLLM's `vllm.model_executor.utils.set_weight_attrs`: its home is with the layers that read the attributes.
+from asyncengine.models.layers.weight_loading import set_weight_attrs
+
 
 def cdiv(a: int, b: int) -> int:
     """The ceiling of a / b."""
@@ -52,18 +55,6 @@ def is_pin_memory_available() -> bool:
     from asyncengine.platforms.resolution import current_platform
 
     return bool(current_platform().is_pin_memory_available())
-
-
-def set_weight_attrs(weight: Any, weight_attrs: dict[str, Any] | None) -> None:
-    """vLLM's: set attributes on a parameter (its `weight_loader`, `output_dim`, ...); refusing to overwrite
-    one already set, as vLLM's does (with an error here, not an assert)."""
-    if weight_attrs is None:
-        return
-    for key, value in weight_attrs.items():
-        if hasattr(weight, key):
-            raise AttributeError(f"set_weight_attrs: the parameter already has {key!r}; vLLM refuses to overwrite "
-                                 "it, and so does asyncengine")
-        setattr(weight, key, value)
 
 
 __all__ = ["cdiv", "get_ip", "get_open_port", "is_pin_memory_available", "next_power_of_2", "random_uuid",

@@ -125,6 +125,23 @@ _HELPERS = {
 }
 IMPORTS.update({(module, name): (f"{_COMPAT}.{target}", name)
                 for module, (target, names) in _HELPERS.items() for name in names})
+# vLLM's model-building layers, which a vLLM model file is written against: ours, in vLLM's shape (docs/porting.md,
+# layers), imported from their home modules (they import torch).
+_LAYERS = "asyncengine.models.layers"
+_MODEL_LAYERS = {
+    "vllm.model_executor.layers.linear": ("linear", ["ReplicatedLinear", "ColumnParallelLinear",
+                                                     "MergedColumnParallelLinear", "QKVParallelLinear",
+                                                     "RowParallelLinear"]),
+    "vllm.model_executor.layers.vocab_parallel_embedding": ("embedding", ["VocabParallelEmbedding", "ParallelLMHead",
+                                                                          "DEFAULT_VOCAB_PADDING_SIZE"]),
+    "vllm.model_executor.layers.logits_processor": ("logits", ["LogitsProcessor"]),
+    "vllm.model_executor.layers.rotary_embedding": ("rotary", ["get_rope"]),
+    "vllm.model_executor.model_loader.weight_utils": ("weight_loading", ["default_weight_loader"]),
+    "vllm.attention": ("vllm_attention", ["Attention"]),
+    "vllm.attention.layer": ("vllm_attention", ["Attention"]),
+}
+IMPORTS.update({(module, name): (f"{_LAYERS}.{target}", name)
+                for module, (target, names) in _MODEL_LAYERS.items() for name in names})
 # vLLM environment variables that asyncengine reads under vLLM's name, left as they are by the tool.
 ENVIRONMENT_VARIABLES_READ = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "LLMEngine/EngineArgs (asyncengine/compat/llm_engine.py): 0 runs the engine "

@@ -59,8 +59,8 @@ def test_the_int8_dynamic_layer_gives_the_same_result_without_the_kernels(rows, 
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 160, generator=generator)
     with building_with(Int8DynamicConfig()):
-        layer = ColumnParallelLinear(160, [(0, 96)], [96], bias=False, dtype=torch.float32)
-    layer.load(layer.weight, weight, None, "w")
+        layer = ColumnParallelLinear(160, 96, bias=False, params_dtype=torch.float32, return_bias=False)
+    layer.weight.weight_loader(layer.weight, weight)
     quantization.process_weights_after_loading(layer)
     x = torch.randn(rows, 160, generator=generator) * 4
     calls = []
