@@ -257,6 +257,8 @@ def resolve_quantization_name(user_quant: str | None, hf_config: Any) -> str | N
     return named
 
 
+@reads("quantization", "frontend")  # the plugin methods it lists
+@reads("quantization", "worker")
 def refuse_prequantized(method: Any, user_quant: str | None) -> None:
     """A checkpoint whose weights are already quantized (gptq, awq, fp8, bitsandbytes, ...) by a method no
     registered QuantizationConfig loads: loading its packed tensors as float weights would fail far away, or
