@@ -29,7 +29,7 @@ from asyncengine.models.layers.quantization import (
     register_quantization_config,
 )
 from asyncengine.registries.base import RegistrationError
-from tests.support.tensor_parallel import as_tensor_parallel_rank
+from support.tensor_parallel import as_tensor_parallel_rank
 
 OPTIONS = dict(skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20)
 NUM_TOKENS = 12
