@@ -105,17 +105,10 @@ class LinearLayer(nn.Module):
             if not hasattr(param, "weight_loader"):
                 param.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         if bias:
-            self.bias = nn.Parameter(torch.empty(self.bias_size(), dtype=self.params_dtype), requires_grad=False)
-            set_weight_attrs(self.bias, {"output_dim": 0 if self.bias_is_split() else None,
-                                         "weight_loader": self.weight_loader})
+            self.bias = nn.Parameter(torch.empty(self.output_size_per_partition, dtype=self.params_dtype), requires_grad=False)
+            set_weight_attrs(self.bias, {"output_dim": 0, "weight_loader": self.weight_loader})
         else:
             self.register_parameter("bias", None)
-
-    def bias_size(self) -> int:
-        return self.output_size_per_partition
-
-    def bias_is_split(self) -> bool:
-        return True
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None) -> None:
         raise NotImplementedError
@@ -319,9 +312,6 @@ class RowParallelLinear(LinearLayer):
         start, end = input_partition or parallel.split_evenly(input_size, self.tp_size)[self.tp_rank]
         self.input_range = (start, end)
         self._create_weights(end - start, [output_size], bias)
-
-    def bias_is_split(self) -> bool:
-        return False
 
     def forward(self, x: torch.Tensor) -> Any:
         if not self.input_is_parallel:
