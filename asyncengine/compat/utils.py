@@ -1,14 +1,12 @@
-"""vLLM's small helpers that plugins import (`vllm.utils`, `vllm.utils.math_utils`, `vllm.utils.network_utils`,
-`vllm.model_executor.utils.set_weight_attrs`), written here with vLLM's names and behaviour."""
+"""vLLM's small helpers that plugins import (`vllm.utils`, `vllm.utils.math_utils`, `vllm.utils.network_utils`),
+written here with vLLM's names and behaviour. (`vllm.model_executor.utils.set_weight_attrs` lives with the layers
+that read the attributes: asyncengine/models/layers/linear.py.)"""
 
 from __future__ import annotations
 
 import socket
 import uuid
 from typing import Any
-
-# vLLM's `vllm.model_executor.utils.set_weight_attrs`: its home is with the layers that read the attributes.
-from asyncengine.models.layers.weight_loading import set_weight_attrs
 
 
 def cdiv(a: int, b: int) -> int:
@@ -52,10 +50,10 @@ def get_open_port() -> int:
 
 def is_pin_memory_available() -> bool:
     """vLLM's utility, asked of this process's platform."""
-    from asyncengine.platforms.resolution import current_platform
+    from asyncengine.plugin_runtime.platform_resolution import current_platform
 
     return bool(current_platform().is_pin_memory_available())
 
 
 __all__ = ["cdiv", "get_ip", "get_open_port", "is_pin_memory_available", "next_power_of_2", "random_uuid",
-           "round_down", "round_up", "set_weight_attrs"]
+           "round_down", "round_up"]

@@ -49,7 +49,7 @@ from asyncengine.models.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from asyncengine.models.layers.weight_loading import copy_checked
+from asyncengine.models.layers.linear import copy_checked
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
 from asyncengine import parallel_state as parallel

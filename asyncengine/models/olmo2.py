@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from asyncengine import parallel_state as parallel
-from asyncengine.models.layers.weight_loading import check_shape, copy_checked, set_weight_attrs
+from asyncengine.models.layers.linear import check_shape, copy_checked, set_weight_attrs
 from asyncengine.models.layers.norm import GemmaRMSNorm, rms_norm_float32_weight, rms_norm_native
 from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 

@@ -119,7 +119,6 @@ _HELPERS = {
     "vllm.utils.math_utils": ("utils", _MATH),
     "vllm.utils.network_utils": ("utils", ["get_ip", "get_open_port"]),
     "vllm.utils.platform_utils": ("utils", ["is_pin_memory_available"]),
-    "vllm.model_executor.utils": ("utils", ["set_weight_attrs"]),
     # `from vllm.envs import VLLM_LOGGING_LEVEL`: the flags asyncengine's envs answers
     "vllm.envs": ("envs", list(ENVS_ANSWERED)),
 }
@@ -136,7 +135,8 @@ _MODEL_LAYERS = {
                                                                           "DEFAULT_VOCAB_PADDING_SIZE"]),
     "vllm.model_executor.layers.logits_processor": ("logits", ["LogitsProcessor"]),
     "vllm.model_executor.layers.rotary_embedding": ("rotary", ["get_rope"]),
-    "vllm.model_executor.model_loader.weight_utils": ("weight_loading", ["default_weight_loader"]),
+    "vllm.model_executor.model_loader.weight_utils": ("linear", ["default_weight_loader"]),
+    "vllm.model_executor.utils": ("linear", ["set_weight_attrs"]),
     "vllm.attention": ("vllm_attention", ["Attention"]),
     "vllm.attention.layer": ("vllm_attention", ["Attention"]),
 }
@@ -167,8 +167,8 @@ CLASS_PATHS = {
 # Attributes named by a dotted string, as `monkeypatch.setattr("vllm.plugins.load_plugins_by_group", fake)`
 # names them: the attribute our code looks up when it is called, so that the same stub takes effect.
 ATTRIBUTE_PATHS = {
-    "vllm.plugins.load_plugins_by_group": "asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group",
-    "vllm.v1.metrics.loggers.load_plugins_by_group": "asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group",
+    "vllm.plugins.load_plugins_by_group": "asyncengine.compat.plugins.load_plugins_by_group",
+    "vllm.v1.metrics.loggers.load_plugins_by_group": "asyncengine.compat.plugins.load_plugins_by_group",
 }
 
 # What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.

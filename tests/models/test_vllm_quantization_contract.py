@@ -24,7 +24,7 @@ from asyncengine.interfaces.quantization import (
     quantization_config_for,
 )
 from asyncengine.models.layers.linear import QKVParallelLinear, RowParallelLinear
-from asyncengine.models.layers.weight_loading import set_weight_attrs
+from asyncengine.models.layers.linear import set_weight_attrs
 
 
 class Recording(LinearMethodBase):

@@ -21,7 +21,7 @@ from torch import nn
 
 from asyncengine import parallel_state as parallel
 from asyncengine.models.layers import cpu_gemm
-from asyncengine.models.layers.weight_loading import check_shape, copy_checked, set_weight_attrs
+from asyncengine.models.layers.linear import check_shape, copy_checked, set_weight_attrs
 
 DEFAULT_VOCAB_PADDING_SIZE = 64  # vLLM's default, accepted for its signature (no padding here)
 

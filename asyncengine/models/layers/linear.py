@@ -7,9 +7,11 @@ each shard (q, k and v fused into one matrix, or gate and up), so no communicati
 layer splits its input features: each rank multiplies its slice and the partial results are summed across ranks
 (its bias added once, after the sum). With one rank both are plain linear layers.
 
-Loading is vLLM's protocol (models/layers/weight_loading.py): each parameter carries
-`weight_loader(param, loaded_weight[, loaded_shard_id])`, given the checkpoint's whole tensor, which takes this
-rank's part; shard ids are "q"/"k"/"v" for QKVParallelLinear and 0, 1, ... for MergedColumnParallelLinear, and
+Loading is vLLM's protocol, whose helpers live here too (`set_weight_attrs`, `default_weight_loader`): each
+parameter carries `weight_loader(param, loaded_weight[, loaded_shard_id])`, given the checkpoint's whole tensor,
+which takes this rank's part, and the linear layers' weights `output_dim`/`input_dim` (the dimension the
+tensor-parallel split cuts); a model's `load_weights` calls `getattr(param, "weight_loader",
+default_weight_loader)(param, tensor[, shard_id])` for each checkpoint tensor (docs/porting.md, layers); shard ids are "q"/"k"/"v" for QKVParallelLinear and 0, 1, ... for MergedColumnParallelLinear, and
 no shard id on a fused layer means the checkpoint stores it fused (Phi-3's qkv_proj): it is split here.
 
 Where vLLM requires a split to divide evenly, these layers split as evenly as possible instead (larger parts
@@ -32,11 +34,47 @@ from asyncengine import parallel_state as parallel
 from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.quantization import LinearBase
 from asyncengine.models.layers.quantization import linear_method_for
-# check_shape and copy_checked live in weight_loading.py; imported here also for the model files that take them
-# from this module (the MoE files).
-from asyncengine.models.layers.weight_loading import check_shape, copy_checked, set_weight_attrs
 
 Range = tuple[int, int]
+
+
+# -- vLLM's weight-loading helpers ------------------------------------------------------------------------
+
+
+def set_weight_attrs(weight: Any, weight_attrs: dict[str, Any] | None) -> None:
+    """vLLM's: set attributes on a parameter (its `weight_loader`, `output_dim`, ...); refusing to overwrite
+    one already set, as vLLM's does (with an error here, not an assert)."""
+    if weight_attrs is None:
+        return
+    for key, value in weight_attrs.items():
+        if hasattr(weight, key):
+            raise AttributeError(f"set_weight_attrs: the parameter already has {key!r}; vLLM refuses to overwrite "
+                                 "it, and so does asyncengine")
+        setattr(weight, key, value)
+
+
+def check_shape(loaded: Any, expected: tuple[int, ...], name: str) -> None:
+    """The whole checkpoint tensor must have the shape config.json implies (before any rank takes its part)."""
+    if tuple(loaded.shape) != tuple(expected):
+        raise ModelLoadError(
+            f"checkpoint tensor {name!r} has shape {tuple(loaded.shape)}, but the model built from "
+            f"config.json expects {tuple(expected)}: the weights do not match the config"
+        )
+
+
+def copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    """Copy with a clear error when the checkpoint's tensor has the wrong shape."""
+    check_shape(loaded, tuple(target.shape), name)
+    target.copy_(loaded)
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """vLLM's: the whole tensor into a parameter no rank splits (norms, a replicated layer's weight)."""
+    copy_checked(param.data, loaded_weight, getattr(param, "checkpoint_name", "weight"))
+
+
+# -- the layers -------------------------------------------------------------------------------------------
+
 
 
 def partition_heads(num_heads: int, num_kv_heads: int, *, ranks: int | None = None,
@@ -346,5 +384,6 @@ class RowParallelLinear(LinearLayer):
 LinearBase.register(LinearLayer)
 
 
-__all__ = ["ColumnParallelLinear", "LinearLayer", "MergedColumnParallelLinear", "QKVParallelLinear",
+__all__ = ["ColumnParallelLinear", "LinearLayer", "check_shape", "copy_checked", "default_weight_loader",
+           "set_weight_attrs", "MergedColumnParallelLinear", "QKVParallelLinear",
            "ReplicatedLinear", "RowParallelLinear", "partition_heads"]
