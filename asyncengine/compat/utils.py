@@ -1,5 +1,6 @@
-"""vLLM's small helpers that plugins import (`vllm.utils`, `vllm.utils.math_utils`, `vllm.utils.network_utils`,
-`vllm.model_executor.utils.set_weight_attrs`), written here with vLLM's names and behaviour."""
+"""vLLM's small helpers that plugins import (`vllm.utils`, `vllm.utils.math_utils`, `vllm.utils.network_utils`),
+written here with vLLM's names and behaviour. (`vllm.model_executor.utils.set_weight_attrs` lives with the layers
+that read the attributes: asyncengine/models/layers/linear.py.)"""
 
 from __future__ import annotations
 
@@ -54,18 +55,6 @@ def is_pin_memory_available() -> bool:
     return bool(current_platform().is_pin_memory_available())
 
 
-def set_weight_attrs(weight: Any, weight_attrs: dict[str, Any] | None) -> None:
-    """vLLM's: set attributes on a parameter (its `weight_loader`, `output_dim`, ...); refusing to overwrite
-    one already set, as vLLM's does (with an error here, not an assert)."""
-    if weight_attrs is None:
-        return
-    for key, value in weight_attrs.items():
-        if hasattr(weight, key):
-            raise AttributeError(f"set_weight_attrs: the parameter already has {key!r}; vLLM refuses to overwrite "
-                                 "it, and so does asyncengine")
-        setattr(weight, key, value)
-
-
 # vLLM's Literal of its quantization methods' names, in annotations (`-> QuantizationMethods | None`): here any
 # registered method's name.
 QuantizationMethods = str
@@ -77,4 +66,4 @@ def is_pooling_model(model: Any) -> bool:
 
 
 __all__ = ["QuantizationMethods", "cdiv", "is_pooling_model", "get_ip", "get_open_port", "is_pin_memory_available", "next_power_of_2", "random_uuid",
-           "round_down", "round_up", "set_weight_attrs"]
+           "round_down", "round_up"]

@@ -55,17 +55,6 @@ def filter_duplicate_safetensors_files(hf_weights_files: list[str], hf_folder: s
     return [name for name in hf_weights_files if name in wanted]
 
 
-def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
-    """vLLM's loader of a parameter that needs no sharding: the checkpoint's tensor copied in whole (a scalar
-    into a one-element parameter); a shape that differs is an error naming both shapes."""
-    if param.numel() == 1 and loaded_weight.numel() == 1:
-        param.data.fill_(loaded_weight.item())
-        return
-    if param.size() != loaded_weight.size():
-        raise ValueError(f"default_weight_loader: the checkpoint's tensor has shape {tuple(loaded_weight.size())}, the "
-                         f"parameter {tuple(param.size())}")
-    param.data.copy_(loaded_weight)
 
-
-__all__ = ["default_weight_loader", "filter_duplicate_safetensors_files", "filter_files_not_needed_for_inference",
+__all__ = ["filter_duplicate_safetensors_files", "filter_files_not_needed_for_inference",
            "pt_weights_iterator", "safetensors_weights_iterator"]

@@ -103,6 +103,11 @@ class BaseModelLoader:
             hf_config = model_cls.spec_of(model_config)
         else:
             _, model_cls = ModelRegistry.resolve(model_config.architectures, self.load_config.model_class_overrides)
+            vllm_shaped = import_by_path("asyncengine.models.vllm_model:is_vllm_model_class",
+                                         what="vLLM model adapter", error=ModelLoadError)
+            if vllm_shaped(model_cls):  # written as vLLM's model files are: built and called as vLLM does
+                model_cls = import_by_path("asyncengine.models.vllm_model:as_engine_model",
+                                           what="vLLM model adapter", error=ModelLoadError)(model_cls)
             if model_config.runner == "pooling" and not getattr(model_cls, "is_pooling_model", False):
                 # A generation model run as an embedder (--runner pooling): the same layers, no LM head.
                 adapt = import_by_path("asyncengine.models.pooling_adapters:as_pooling_model",

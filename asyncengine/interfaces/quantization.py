@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncengine.errors import ModelLoadError
+from asyncengine.errors import ConfigError, ModelLoadError
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.interfaces.registry import BUILT_IN, Registry, reads
 
@@ -230,9 +230,10 @@ def quantization_config_for(cls: type[QuantizationConfig], hf_config: Any, model
 @reads("quantization", "worker")  # the name the model is built with
 def resolve_quantization_name(user_quant: str | None, hf_config: Any) -> str | None:
     """The method that builds the model, as vLLM decides it: a method whose `override_quantization_method`
-    claims the checkpoint wins (asked in registration order); else the user's `quantization`; else the
-    checkpoint's `quant_method` when a plugin registered a method by that name (the built-in models otherwise
-    load float checkpoints only, so a checkpoint naming an unknown method keeps the user's choice)."""
+    claims the checkpoint wins (asked in registration order); else, for a pre-quantized checkpoint (config.json's
+    `quantization_config`), the plugin method registered under its `quant_method` (the user's `quantization`, if
+    given, must name the same); else the user's `quantization`. A pre-quantized checkpoint no registered method
+    loads is refused here, at start-up, naming its method (`refuse_prequantized`)."""
     found = checkpoint_quantization_config(hf_config)
     if found is None:
         return user_quant
@@ -244,12 +245,33 @@ def resolve_quantization_name(user_quant: str | None, hf_config: Any) -> str | N
             claimed = cls.override_quantization_method(found, user_quant)
         if claimed is not None:
             return claimed
-    if user_quant is None:
-        named = found.get("quant_method")
-        entry = QuantizationRegistry.get(named) if isinstance(named, str) else None
-        if entry is not None and entry.owner != BUILT_IN:
-            return named
-    return user_quant
+    named = found.get("quant_method")
+    entry = QuantizationRegistry.get(named) if isinstance(named, str) else None
+    if entry is None or entry.owner == BUILT_IN:
+        refuse_prequantized(named, user_quant)
+    if user_quant is not None and user_quant != named:
+        raise ConfigError(f"the checkpoint is quantized with {named!r} (config.json's quantization_config), and "
+                          f"quantization={user_quant!r} was asked for: leave quantization out, or set it to "
+                          f"{named!r}", field="quantization")
+    return named
+
+
+@reads("quantization", "frontend")  # the plugin methods it lists
+@reads("quantization", "worker")
+def refuse_prequantized(method: Any, user_quant: str | None) -> None:
+    """A checkpoint whose weights are already quantized (gptq, awq, fp8, bitsandbytes, ...) by a method no
+    registered QuantizationConfig loads: loading its packed tensors as float weights would fail far away, or
+    worse, run garbage. vLLM's built-in kernels for these formats are not here (docs/quantization.md)."""
+    name = repr(method) if isinstance(method, str) else "an unnamed method (no quant_method)"
+    asked = f" (quantization={user_quant!r} quantizes float checkpoints only)" if user_quant else ""
+    plugins = [key for key in QuantizationRegistry.keys()
+               if QuantizationRegistry.get(key).owner != BUILT_IN]  # type: ignore[union-attr]
+    raise ConfigError(
+        f"the checkpoint is pre-quantized with {name} (config.json's quantization_config), and no quantization "
+        f"method registered here loads it{asked}; plugin methods registered: {', '.join(plugins) or 'none'}. Use "
+        "the model's float (unquantized) checkpoint, optionally with quantization int8, int8_dynamic, or a GGUF "
+        "file with quantization gguf; or install a plugin whose QuantizationConfig is registered under that name "
+        "or claims the checkpoint in override_quantization_method", field="quantization")
 
 
 # -- the table of methods -------------------------------------------------------------------------------
@@ -282,6 +304,11 @@ def building_with(config: QuantizationConfig | None) -> Iterator[None]:
         _building_with.reset(token)
 
 
+def current_quantization_config() -> QuantizationConfig | None:
+    """The config the model being built takes its layers' methods from (vLLM's `vllm_config.quant_config`)."""
+    return _building_with.get()
+
+
 def process_weights_after_loading(model: Any) -> None:
     """Each linear layer's method, once every weight is loaded; a plugin's method that raises is named."""
     for module in model.modules():
@@ -292,5 +319,6 @@ def process_weights_after_loading(model: Any) -> None:
 
 
 __all__ = ["LinearBase", "LinearMethod", "LinearMethodBase", "QuantizationConfig", "QuantizationRegistry",
-           "QuantizeMethodBase", "building_with", "checkpoint_quantization_config", "process_weights_after_loading",
-           "quantization_config_for", "resolve_quantization_name"]
+           "QuantizeMethodBase", "building_with", "checkpoint_quantization_config", "current_quantization_config",
+           "process_weights_after_loading",
+           "quantization_config_for", "refuse_prequantized", "resolve_quantization_name"]

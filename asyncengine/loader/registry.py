@@ -49,7 +49,26 @@ class SafetensorsLoader(BaseModelLoader):
             from asyncengine.loader.gguf_blocks import with_blocks
 
             weights = with_blocks(weights, model_dir)  # quantization="gguf": the linear weights as the file's blocks
-        model.load_weights(weights)  # type: ignore[operator]
+        loaded = model.load_weights(weights)  # type: ignore[operator]
+        if isinstance(loaded, set):  # vLLM's form: the names of the parameters loaded, which must be all of them
+            _check_all_loaded(model, loaded, model_dir)
+
+
+def _check_all_loaded(model: nn.Module, loaded: set[str], model_dir: Path) -> None:
+    """As vLLM's loader: a parameter the model's load_weights did not report loading (and no quantization method
+    computes) is an error, naming the parameters."""
+    missing = []
+    for name, _ in model.named_parameters():
+        module_name, _, leaf = name.rpartition(".")
+        method = getattr(model.get_submodule(module_name), "quant_method", None)
+        if name not in loaded and leaf not in getattr(method, "computed_parameters", ()):
+            missing.append(name)
+    if missing:
+        from asyncengine.errors import ModelLoadError
+
+        shown = ", ".join(sorted(missing)[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ModelLoadError(f"{type(model).__name__}.load_weights did not load {shown} from {model_dir}: the "
+                             "checkpoint lacks them, or the model's load_weights skips them")
 
 
 class GgufLoader(SafetensorsLoader):

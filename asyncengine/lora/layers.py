@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asyncengine import parallel_state as parallel
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 
@@ -106,38 +105,46 @@ class ColumnParallelLoRA(_LoRALinear):
     base: ColumnParallelLinear
 
     def __init__(self, base: ColumnParallelLinear, context: LoRAContext, **options) -> None:
-        super().__init__(base, context, in_features=base.in_features, out_sizes=list(base.output_sizes), **options)
+        if base.gather_output and base.tp_size > 1:
+            raise ValueError(f"{base.prefix or 'ColumnParallelLinear'}: LoRA does not wrap a layer that gathers its "
+                             "output")
+        super().__init__(base, context, in_features=base.input_size, out_sizes=list(base.output_partition_sizes),
+                         **options)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.add_delta(self.base(x), x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        base = self.base
+        y = self.add_delta(base.quant_method.apply(base, x, None if base.skip_bias_add else base.bias), x)
+        return base.layer_result(y)  # the base layer's form: (output, output_bias), or the output alone
 
     def local_b(self, b: torch.Tensor, index: int) -> torch.Tensor:
-        start, end = self.base.shard_rows[index]
+        start, end = self.base.shard_ranges[index]
         return b[start:end]
 
     def expected_shapes(self, index: int) -> tuple[int, int]:
-        return self.base.in_features, self.base.shard_sizes[index]
+        return self.base.input_size, self.base.output_sizes[index]
 
 
 class RowParallelLoRA(_LoRALinear):
     base: RowParallelLinear
 
     def __init__(self, base: RowParallelLinear, context: LoRAContext, *, out_features: int, **options) -> None:
-        start, end = base.in_cols
+        start, end = base.input_range
         super().__init__(base, context, in_features=end - start, out_sizes=[out_features], **options)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         base = self.base
+        if not base.input_is_parallel:
+            start, end = base.input_range
+            x = x[..., start:end]
         # The delta joins this rank's partial sum: the all-reduce sums the ranks' deltas with the base's.
-        y = parallel.all_reduce(self.add_delta(base.quant_method.apply(base, x), x))
-        return y if base.bias is None else y + base.bias
+        return base.layer_result(base.finish(self.add_delta(base.quant_method.apply(base, x), x)))
 
     def local_a(self, a: torch.Tensor) -> torch.Tensor:
-        start, end = self.base.in_cols
+        start, end = self.base.input_range
         return a[:, start:end]
 
     def expected_shapes(self, index: int) -> tuple[int, int]:
-        return self.base.in_total, self.out_sizes[0]
+        return self.base.input_size, self.out_sizes[0]
 
 
 __all__ = ["ColumnParallelLoRA", "LoRAContext", "LoRAStep", "RowParallelLoRA"]

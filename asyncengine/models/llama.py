@@ -4,9 +4,12 @@ file's classes and set its switches).
 
 Written against the paged KV cache: the batch is a flat run of tokens with their positions, and each
 attention layer reads keys and values from cache pages (asyncengine/models/layers/attention.py).
-Checkpoint names follow transformers; q/k/v and gate/up are fused into one matrix each on load.
-With tensor parallelism each rank holds whole KV-head groups (`partition_heads`), a slice of the MLP
-and of the vocabulary; every layer class loads its own part of each checkpoint tensor (`load`).
+Checkpoint names follow transformers; q/k/v and gate/up are fused into one matrix each on load. The layers are
+vLLM's (models/layers/linear.py, embedding.py: QKVParallelLinear, MergedColumnParallelLinear, RowParallelLinear,
+VocabParallelEmbedding, ParallelLMHead) and `load_weights` is vLLM's loop: a stacked-params mapping sends
+q/k/v and gate/up to their fused parameter with a shard id, and each parameter's `weight_loader` takes its
+rank's part. With tensor parallelism each rank holds whole KV-head groups (`partition_heads`), a slice of the
+MLP and of the vocabulary.
 With pipeline parallelism each stage holds its range of decoder layers (the embedding on the first, the
 final norm and the head on the last; `PPMissingLayer` keeps the others' places, so checkpoint names stay
 as they are), receives the previous stage's hidden states and residual and sends its own on.
@@ -29,7 +32,7 @@ expert tensors go to their FusedMoE layer; a checkpoint named or laid out otherw
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -40,19 +43,16 @@ from asyncengine.models.layers.attention import AttentionMetadata, PagedAttentio
 from asyncengine.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from asyncengine.models.layers.fused_moe import FusedMoE
 from asyncengine.models.layers.logits import finish_logits, some_names
-from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear, check_shape, copy_checked
+from asyncengine.models.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from asyncengine.models.layers.linear import copy_checked
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
 from asyncengine import parallel_state as parallel
-
-# checkpoint projection name -> (fused parameter name, shard index)
-FUSED_PROJECTIONS = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
 
 # Checkpoint tensors that older exports carry but no model needs.
 IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -71,49 +71,23 @@ def layer_type(config: Any, layer_index: int) -> str | None:
     return types[layer_index] if types and layer_index < len(types) else None
 
 
-def partition_heads(num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """This rank's [start, end) of query heads and of KV heads.
-
-    Ranks take whole groups (a KV head with the query heads that share it), as evenly as possible, so
-    an uneven count (SmolLM2's 3 KV heads on 2 ranks) still works. With fewer KV heads than ranks,
-    each KV head is repeated on `ranks / kv_heads` ranks, which split its query heads.
-    """
-    ranks, rank = parallel.world_size(), parallel.rank()
-    group = num_heads // num_kv_heads
-    if num_kv_heads >= ranks:
-        kv_start, kv_end = parallel.split_evenly(num_kv_heads, ranks)[rank]
-        return (kv_start * group, kv_end * group), (kv_start, kv_end)
-    if ranks % num_kv_heads or group % (ranks // num_kv_heads):
-        raise ModelLoadError(
-            f"{num_heads} attention heads with {num_kv_heads} KV heads cannot be split over "
-            f"tensor_parallel_size={ranks}: with fewer KV heads than ranks, the ranks must divide evenly "
-            "among the KV heads and their query heads"
-        )
-    replicas = ranks // num_kv_heads
-    kv_head = rank // replicas
-    q_start, q_end = parallel.split_evenly(group, replicas)[rank % replicas]
-    return (kv_head * group + q_start, kv_head * group + q_end), (kv_head, kv_head + 1)
-
-
 class LlamaAttention(nn.Module):
     rotary_emb: RotaryEmbedding  # the model's rotary op for this layer's rope key, set by LlamaModel
 
-    def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype, layer_index: int = 0, prefix: str | None = None) -> None:
         super().__init__()
+        prefix = f"model.layers.{layer_index}.self_attn" if prefix is None else prefix
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = dim = head_dim_of(config)
-        (q_start, q_end), (kv_start, kv_end) = partition_heads(total_heads, total_kv_heads)
-        self.num_heads, self.num_kv_heads = q_end - q_start, kv_end - kv_start
-        q_rows, kv_rows = (q_start * dim, q_end * dim), (kv_start * dim, kv_end * dim)
-        self.q_rows, self.kv_rows = q_rows, kv_rows  # this rank's rows of the q and of the k/v projections
-        self.split_sizes = [self.num_heads * dim, self.num_kv_heads * dim, self.num_kv_heads * dim]
-        q_total, kv_total = total_heads * dim, total_kv_heads * dim
-        self.qkv_proj = ColumnParallelLinear(
-            config.hidden_size, [q_rows, kv_rows, kv_rows], [q_total, kv_total, kv_total],
-            bias=self.qkv_bias(config), dtype=dtype,
-        )
-        self.o_proj = RowParallelLinear(q_rows, q_total, config.hidden_size, bias=self.o_bias(config), dtype=dtype)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, dim, total_heads, total_kv_heads,
+                                          bias=self.qkv_bias(config), params_dtype=dtype, prefix=f"{prefix}.qkv_proj")
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        # This rank's rows of the q and of the k/v projections (whole KV-head groups: partition_heads).
+        self.q_rows, self.kv_rows = self.qkv_proj.q_range, self.qkv_proj.kv_range
+        self.q_size, self.kv_size = self.num_heads * dim, self.num_kv_heads * dim
+        self.o_proj = RowParallelLinear(total_heads * dim, config.hidden_size, bias=self.o_bias(config),
+                                        params_dtype=dtype, input_partition=self.q_rows, prefix=f"{prefix}.o_proj")
         self.rope_key = self.rope_parameters_key(config, layer_index)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.attention_scale(config),
                                    sliding_window=self.sliding_window(config, layer_index),
@@ -157,30 +131,36 @@ class LlamaAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        query, key, value = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+        qkv, _ = self.qkv_proj(hidden)
+        query, key, value = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         query, key = self.normalize_qk(query, key)
         query, key = self.rotary_emb(query, key, cos_sin)
-        return self.o_proj(self.attn(query, key, value.contiguous(), metadata))
+        output, _ = self.o_proj(self.attn(query, key, value.contiguous(), metadata))
+        return output
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any, *, dtype: torch.dtype, intermediate_size: int | None = None) -> None:
+    def __init__(self, config: Any, *, dtype: torch.dtype, intermediate_size: int | None = None,
+                 prefix: str = "") -> None:
         """`intermediate_size`: the config's unless given (a MoE model's dense layers and shared expert)."""
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         size = intermediate_size or config.intermediate_size
-        rows = parallel.split_evenly(size, parallel.world_size())[parallel.rank()]
-        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [rows, rows], [size, size], bias=bias, dtype=dtype)
-        self.down_proj = RowParallelLinear(rows, size, config.hidden_size, bias=bias, dtype=dtype)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], bias=bias, params_dtype=dtype,
+                                                       prefix=f"{prefix}.gate_up_proj" if prefix else "")
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias=bias, params_dtype=dtype,
+                                           prefix=f"{prefix}.down_proj" if prefix else "")
         # `act(gate) * up`: SiLU, or Gemma's GELU (`hidden_activation`, else `hidden_act`).
         self.act = gated_activation(str(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
                                         or "silu"))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+        gate_up, _ = self.gate_up_proj(hidden)
+        output, _ = self.down_proj(self.act(gate_up))
+        return output
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -205,7 +185,7 @@ class LlamaDecoderLayer(nn.Module):
     def make_mlp(config: Any, dtype: torch.dtype, layer_index: int) -> nn.Module:
         """The block after attention, `[tokens, hidden] -> [tokens, hidden]`: Llama's gated MLP (a mixture of
         experts on a MoE architecture's sparse layers, asyncengine/models/moe.py)."""
-        return LlamaMLP(config, dtype=dtype)
+        return LlamaMLP(config, dtype=dtype, prefix=f"model.layers.{layer_index}.mlp")
 
     @staticmethod
     def make_norm(config: Any, size: int, dtype: torch.dtype) -> nn.Module:
@@ -263,7 +243,8 @@ class LlamaModel(nn.Module):
         self.hidden_size, self.dtype = config.hidden_size, dtype
         first, last = parallel.is_first_stage(), parallel.is_last_stage()
         self.start_layer, self.end_layer = parallel.stage_layers(config.num_hidden_layers)
-        self.embed_tokens: nn.Module = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens: nn.Module = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype,
+                                                               prefix="model.embed_tokens")
                                         if first else PPMissingLayer())
         self.embed_scale = self.embedding_scale(config, dtype)
         # One rotary table per rope key (one, unless the layer types have their own parameters, as Gemma 3's);
@@ -325,13 +306,15 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.model_cls(config, dtype=dtype, max_position=max_position)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         first, last = parallel.is_first_stage(), parallel.is_last_stage()
-        self.lm_head: nn.Module = (ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.lm_head: nn.Module = (ParallelLMHead(config.vocab_size, config.hidden_size, params_dtype=dtype,
+                                                  prefix="lm_head")
                                    if last else PPMissingLayer())
         # Tied on one stage; a last stage without the embedding loads its head from the embedding's tensor.
         self.shares_embedding = self.tie_word_embeddings and first and last
         self.head_from_embedding = self.tie_word_embeddings and last and not first
-        if self.shares_embedding:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if self.shares_embedding and isinstance(self.lm_head, ParallelLMHead) \
+                and isinstance(self.model.embed_tokens, VocabParallelEmbedding):
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_divisor = self.logits_scaling(config)
         self.final_logit_soft_cap = self.final_logit_softcapping(config)
 
@@ -352,12 +335,22 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return finish_logits(self.lm_head(hidden), divisor=self.logits_divisor, cap=self.final_logit_soft_cap)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (transformers names) into the parameters; every parameter must be set."""
+    # vLLM's: (fused parameter, checkpoint projection, shard id) for the checkpoint tensors a fused layer holds.
+    stacked_params_mapping: ClassVar[list[tuple[str, str, str | int]]] = [
+        (".qkv_proj", ".q_proj", "q"),
+        (".qkv_proj", ".k_proj", "k"),
+        (".qkv_proj", ".v_proj", "v"),
+        (".gate_up_proj", ".gate_proj", 0),
+        (".gate_up_proj", ".up_proj", 1),
+    ]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (transformers names) into the parameters, each through its `weight_loader`
+        (vLLM's loop); every parameter must be set. Returns the names of the parameters loaded, as vLLM's do."""
         params = dict(self.named_parameters())
         required = self._required_pieces(params)
-        loaded: set[tuple[str, int | None]] = set()
-        unexpected = []
+        loaded: set[tuple[str, Any]] = set()
+        unexpected: list[str] = []
         for name, tensor in self.checkpoint_weights(weights):
             if name.endswith(IGNORED_CHECKPOINT_SUFFIXES):
                 continue
@@ -373,25 +366,20 @@ class LlamaForCausalLM(nn.Module):
                 pieces = layer.load_checkpoint(key, tensor, name)
                 loaded.update((f"{module_name}.{leaf}", piece) for leaf, piece in pieces)
                 continue
-            target_name, shard = _fused_target(name)
-            param = params.get(target_name)
-            if param is None:
-                unexpected.append(name)
-                continue
-            module = self.get_submodule(target_name.rsplit(".", 1)[0])
-            load = getattr(module, "load", None)
-            if shard is None and isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
-                # q/k/v or gate/up as one checkpoint tensor (Phi-3, GLM-4): each part into its shard.
-                check_shape(tensor, (sum(module.shard_sizes),) + tuple(tensor.shape[1:]), name)
-                for index, part in enumerate(tensor.split(module.shard_sizes, dim=0)):
-                    module.load(param, part, index, name)
-                    loaded.add((target_name, index))
-                continue
-            if load is not None:  # a layer that keeps only its tensor-parallel part
-                load(param, tensor, shard, name)
+            for param_name, weight_name, shard_id in self.stacked_params_mapping:
+                fused = name.replace(weight_name, param_name)
+                if weight_name in name and fused in params:
+                    param = params[fused]
+                    param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+                    loaded.add((fused, shard_id))
+                    break
             else:
-                copy_checked(param.data, tensor, name)
-            loaded.add((target_name, shard))
+                whole = params.get(name)
+                if whole is None:
+                    unexpected.append(name)
+                    continue
+                self._load_whole(name, whole, tensor)
+                loaded.update(self._pieces_of(name))
         if unexpected:
             raise ModelLoadError(
                 f"the checkpoint has tensors this {type(self).__name__} does not have: "
@@ -400,10 +388,32 @@ class LlamaForCausalLM(nn.Module):
         missing = [name if shard is None else f"{name} (shard {shard})" for name, shard in required - loaded]
         if missing:
             raise ModelLoadError(f"the checkpoint lacks weights for: {some_names(missing)}")
+        return {name for name, _ in required | loaded}  # every piece required was loaded (checked above)
 
-    def _required_pieces(self, params: dict[str, nn.Parameter]) -> set[tuple[str, int | None]]:
-        """(parameter, shard) pairs a checkpoint must provide; shard None for unfused parameters."""
-        required: set[tuple[str, int | None]] = set()
+    def _load_whole(self, name: str, param: nn.Parameter, tensor: torch.Tensor) -> None:
+        """A checkpoint tensor with no shard id: through the parameter's weight_loader (a fused layer's, given
+        the fused tensor: Phi-3's qkv_proj, GLM-4's gate_up_proj, splits it); a module's `load(param, tensor,
+        shard, name)` where its parameter has none (GPT-OSS's sinks); else copied whole."""
+        weight_loader = getattr(param, "weight_loader", None)
+        if weight_loader is not None:
+            weight_loader(param, tensor)
+            return
+        load = getattr(self.get_submodule(name.rsplit(".", 1)[0]), "load", None)
+        if load is not None:
+            load(param, tensor, None, name)
+        else:
+            copy_checked(param.data, tensor, name)
+
+    def _pieces_of(self, name: str) -> list[tuple[str, Any]]:
+        """The (parameter, shard id) pieces a whole tensor named `name` fills: every shard of a fused layer."""
+        module = self.get_submodule(name.rsplit(".", 1)[0])
+        if isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
+            return [(name, shard) for shard in module.shard_ids()]
+        return [(name, None)]
+
+    def _required_pieces(self, params: dict[str, nn.Parameter]) -> set[tuple[str, Any]]:
+        """(parameter, shard id) pairs a checkpoint must provide; shard None for unfused parameters."""
+        required: set[tuple[str, Any]] = set()
         for name in params:
             if self.shares_embedding and name == "lm_head.weight":
                 continue
@@ -414,10 +424,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, FusedMoE):  # each expert's gate, up and down, wherever the checkpoint has them
                 required.update((name, piece) for piece in module.checkpoint_pieces(leaf))
                 continue
-            if isinstance(module, ColumnParallelLinear) and module.num_shards > 1:
-                required.update((name, shard) for shard in range(module.num_shards))
-            else:
-                required.add((name, None))
+            required.update(self._pieces_of(name))
         return required
 
     def checkpoint_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
@@ -451,12 +458,3 @@ class LlamaForCausalLM(nn.Module):
         if name.startswith(("model.norm.", "lm_head.")):
             return not parallel.is_last_stage()
         return False
-
-
-def _fused_target(name: str) -> tuple[str, int | None]:
-    """`model.layers.3.self_attn.k_proj.weight` -> (`model.layers.3.self_attn.qkv_proj.weight`, 1)."""
-    parts = name.split(".")
-    if len(parts) >= 2 and parts[-2] in FUSED_PROJECTIONS:
-        fused, shard = FUSED_PROJECTIONS[parts[-2]]
-        return ".".join(parts[:-2] + [fused, parts[-1]]), shard
-    return name, None

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from asyncengine import parallel_state as parallel
-from asyncengine.models.layers.linear import check_shape, copy_checked
+from asyncengine.models.layers.linear import check_shape, copy_checked, set_weight_attrs
 from asyncengine.models.layers.norm import GemmaRMSNorm, rms_norm_float32_weight, rms_norm_native
 from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
@@ -30,10 +30,13 @@ class ProjectionNorm(GemmaRMSNorm):
         super().__init__(rows[1] - rows[0], eps, dtype=dtype, weight_offset=0.0)
         self.total, self.rows, self.replicas = total, rows, replicas
         self.llama_rounding = llama_rounding
+        set_weight_attrs(self.weight, {"output_dim": 0, "weight_loader": self.weight_loader})
 
-    def load(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None, name: str) -> None:
-        check_shape(loaded, (self.total,), name)
-        copy_checked(param.data, loaded.narrow(0, self.rows[0], self.rows[1] - self.rows[0]), name)
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        """The whole projection's norm weight: this rank's rows of it."""
+        name = f"{type(self).__name__} weight"
+        check_shape(loaded_weight, (self.total,), name)
+        copy_checked(param.data, loaded_weight.narrow(0, self.rows[0], self.rows[1] - self.rows[0]), name)
 
     def forward_native(self, x: torch.Tensor,
                        residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

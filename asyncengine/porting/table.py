@@ -127,11 +127,9 @@ _HELPERS = {
     "vllm.utils.math_utils": ("utils", _MATH),
     "vllm.utils.network_utils": ("utils", ["get_ip", "get_open_port"]),
     "vllm.utils.platform_utils": ("utils", ["is_pin_memory_available"]),
-    "vllm.model_executor.utils": ("utils", ["set_weight_attrs"]),
-    "vllm.model_executor.layers.linear": ("utils", ["set_weight_attrs"]),  # vLLM's linear module imports it
     "vllm.model_executor.model_loader.weight_utils": ("weight_utils", [
         "safetensors_weights_iterator", "pt_weights_iterator", "filter_files_not_needed_for_inference",
-        "filter_duplicate_safetensors_files", "default_weight_loader"]),
+        "filter_duplicate_safetensors_files"]),
     "vllm.model_executor.models": ("utils", ["is_pooling_model"]),
     "vllm.model_executor.models.interfaces_base": ("utils", ["is_pooling_model"]),
     "vllm.model_executor.layers.quantization": ("utils", ["QuantizationMethods"]),
@@ -146,6 +144,24 @@ IMPORTS.update({(module, name): (f"{_COMPAT}.{target}", name)
                 for module, (target, names) in _HELPERS.items() for name in names})
 # vLLM's older home of it, beside vllm.utils' arithmetic
 IMPORTS[("vllm.utils", "direct_register_custom_op")] = (f"{_COMPAT}.torch_utils", "direct_register_custom_op")
+# vLLM's model-building layers, which a vLLM model file is written against: ours, in vLLM's shape (docs/porting.md,
+# layers), imported from their home modules (they import torch).
+_LAYERS = "asyncengine.models.layers"
+_MODEL_LAYERS = {
+    "vllm.model_executor.layers.linear": ("linear", ["ReplicatedLinear", "ColumnParallelLinear",
+                                                     "MergedColumnParallelLinear", "QKVParallelLinear",
+                                                     "RowParallelLinear", "set_weight_attrs"]),
+    "vllm.model_executor.layers.vocab_parallel_embedding": ("embedding", ["VocabParallelEmbedding", "ParallelLMHead",
+                                                                          "DEFAULT_VOCAB_PADDING_SIZE"]),
+    "vllm.model_executor.layers.logits_processor": ("logits", ["LogitsProcessor"]),
+    "vllm.model_executor.layers.rotary_embedding": ("rotary", ["get_rope"]),
+    "vllm.model_executor.model_loader.weight_utils": ("linear", ["default_weight_loader"]),
+    "vllm.model_executor.utils": ("linear", ["set_weight_attrs"]),
+    "vllm.attention": ("vllm_attention", ["Attention"]),
+    "vllm.attention.layer": ("vllm_attention", ["Attention"]),
+}
+IMPORTS.update({(module, name): (f"{_LAYERS}.{target}", name)
+                for module, (target, names) in _MODEL_LAYERS.items() for name in names})
 # vLLM environment variables that asyncengine reads under vLLM's name, left as they are by the tool.
 ENVIRONMENT_VARIABLES_READ = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "LLMEngine/EngineArgs (asyncengine/compat/llm_engine.py): 0 runs the engine "

@@ -16,7 +16,7 @@ from asyncengine.errors import ConfigError
 from asyncengine.loader.gguf_blocks import CONFIG_KEY, BlockQuantizedRows
 from asyncengine.models.layers import gguf_linear
 from asyncengine.models.layers.gguf_linear import GgufConfig, quantize_q8_0
-from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
+from asyncengine.models.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from asyncengine.interfaces.quantization import building_with, process_weights_after_loading
 from asyncengine.ops import cpu_block_int8
 from support.platforms import use_platform
@@ -29,12 +29,12 @@ def file_blocks(rows: int, cols: int, seed: int) -> BlockQuantizedRows:
     return BlockQuantizedRows(q, scale, (torch.rand(rows, cols // 32, generator=generator) - 0.5) * 0.1, f"w{seed}")
 
 
-def fused_layer(shards: list[BlockQuantizedRows]) -> ColumnParallelLinear:
+def fused_layer(shards: list[BlockQuantizedRows]) -> MergedColumnParallelLinear:
     with building_with(GgufConfig()):
-        layer = ColumnParallelLinear(96, [(0, s.shape[0]) for s in shards], [s.shape[0] for s in shards], bias=False,
-                                     dtype=torch.float32)
+        layer = MergedColumnParallelLinear(96, [s.shape[0] for s in shards], bias=False, params_dtype=torch.float32,
+                                           return_bias=False)
     for index, shard in enumerate(shards):
-        layer.load(layer.weight, shard, index, shard.name)
+        layer.weight.weight_loader(layer.weight, shard, index)
     process_weights_after_loading(layer)
     return layer
 
@@ -66,8 +66,8 @@ def test_a_row_parallel_rank_takes_its_blocks_columns(monkeypatch):
     monkeypatch.setattr(gguf_linear.cpu_block_int8, "available", lambda dtype: False)  # compare plain weights
     whole = file_blocks(48, 96, 4)
     with building_with(GgufConfig()):
-        layer = RowParallelLinear((32, 96), 96, 48, bias=False, dtype=torch.float32)
-    layer.load(layer.weight, whole, None, "w")
+        layer = RowParallelLinear(96, 48, bias=False, params_dtype=torch.float32, input_partition=(32, 96))
+    layer.weight.weight_loader(layer.weight, whole)
     assert torch.equal(layer.weight, whole.q[:, 32:]) and torch.equal(layer.weight_scale, whole.scale[:, 1:])
 
 

@@ -21,11 +21,8 @@ from asyncengine.interfaces.quantization import building_with
 
 def linear(cls, config, weight):
     with building_with(config):
-        if cls is ColumnParallelLinear:
-            layer = cls(weight.shape[1], [(0, weight.shape[0])], [weight.shape[0]], bias=False, dtype=torch.float32)
-        else:
-            layer = cls((0, weight.shape[1]), weight.shape[1], weight.shape[0], bias=False, dtype=torch.float32)
-    layer.load(layer.weight, weight, None, "w")
+        layer = cls(weight.shape[1], weight.shape[0], bias=False, params_dtype=torch.float32, return_bias=False)
+    layer.weight.weight_loader(layer.weight, weight)
     return layer
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from asyncengine import SamplingParams
 from asyncengine.errors import ConfigError
-from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
+from asyncengine.models.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from asyncengine.models.layers.quantization import (
     Int8Config,
     Int8LinearMethod,
@@ -27,6 +27,7 @@ from asyncengine.models.layers.quantization import (
 )
 from asyncengine.interfaces.quantization import QuantizationConfig, QuantizationRegistry, building_with
 from asyncengine.interfaces.registry import RegistrationError
+from support.tensor_parallel import as_tensor_parallel_rank
 
 OPTIONS = dict(skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20)
 NUM_TOKENS = 12
@@ -54,8 +55,9 @@ def test_an_all_zero_row_stays_zero():
     assert bool((dequantize_int8(q, scale, torch.float32) == 0).all())
 
 
-def build(cls, *args, quantized: bool, **kwargs):
-    with building_with(Int8Config() if quantized else None):
+def build(cls, *args, quantized: bool, rank: tuple[int, int] = (0, 1), **kwargs):
+    """The layer as tensor-parallel rank `rank[0]` of `rank[1]` builds it."""
+    with building_with(Int8Config() if quantized else None), as_tensor_parallel_rank(*rank):
         return cls(*args, **kwargs)
 
 
@@ -66,20 +68,19 @@ def test_column_parallel_int8_output_is_close_to_float_and_holds_int8():
     x = torch.randn(5, 32, generator=gen)
     layers = {}
     for quantized in (False, True):
-        # Rows [8, 40) of shard 0 and [4, 12) of shard 1, as a tensor-parallel rank would hold them.
-        layer = build(ColumnParallelLinear, 32, [(8, 40), (4, 12)], [48, 16], bias=True, dtype=torch.float32,
-                      quantized=quantized)
-        layer.load(layer.weight, shards[0], 0, "w0")
-        layer.load(layer.weight, shards[1], 1, "w1")
-        layer.load(layer.bias, biases[0], 0, "b0")
-        layer.load(layer.bias, biases[1], 1, "b1")
+        # Rows [24, 48) of shard 0 and [8, 16) of shard 1: tensor-parallel rank 1 of 2's part.
+        layer = build(MergedColumnParallelLinear, 32, [48, 16], bias=True, params_dtype=torch.float32,
+                      quantized=quantized, rank=(1, 2), return_bias=False)
+        for param, tensors in ((layer.weight, shards), (layer.bias, biases)):
+            for shard_id, tensor in enumerate(tensors):
+                param.weight_loader(param, tensor, shard_id)
         layers[quantized] = layer
     assert isinstance(layers[False].quant_method, UnquantizedLinearMethod)
     assert isinstance(layers[True].quant_method, Int8LinearMethod)
     assert layers[True].weight.dtype == torch.int8 and not layers[True].weight.requires_grad
-    expected_weight = torch.cat([shards[0][8:40], shards[1][4:12]])
+    expected_weight = torch.cat([shards[0][24:48], shards[1][8:16]])
     assert torch.equal(layers[False].weight, expected_weight)
-    assert torch.equal(layers[True].bias, torch.cat([biases[0][8:40], biases[1][4:12]]))
+    assert torch.equal(layers[True].bias, torch.cat([biases[0][24:48], biases[1][8:16]]))
     reference = F.linear(x, expected_weight, layers[False].bias)
     assert relative_error(layers[True](x), reference) < 1e-2
 
@@ -89,9 +90,10 @@ def test_row_parallel_int8_shards_sum_to_the_float_output():
     weight = torch.randn(24, 40, generator=gen) * 0.05
     x = torch.randn(7, 40, generator=gen)
     partial = []
-    for start, end in ((0, 20), (20, 40)):  # two ranks' input columns (the all-reduce is the sum)
-        layer = build(RowParallelLinear, (start, end), 40, 24, bias=False, dtype=torch.float32, quantized=True)
-        layer.load(layer.weight, weight, None, "w")
+    for rank, (start, end) in enumerate(((0, 20), (20, 40))):  # two ranks' input columns (the sum is ours)
+        layer = build(RowParallelLinear, 40, 24, bias=False, params_dtype=torch.float32, quantized=True,
+                      rank=(rank, 2), reduce_results=False, return_bias=False)
+        layer.weight.weight_loader(layer.weight, weight)
         assert layer.weight.shape == (24, end - start) and layer.weight_scale.shape == (24,)
         partial.append(layer(x[:, start:end]))
     assert relative_error(sum(partial), x @ weight.T) < 1e-2
@@ -100,9 +102,10 @@ def test_row_parallel_int8_shards_sum_to_the_float_output():
 def test_a_wrong_checkpoint_shape_still_fails_clearly():
     from asyncengine.errors import ModelLoadError
 
-    layer = build(RowParallelLinear, (0, 4), 8, 3, bias=False, dtype=torch.float32, quantized=True)
-    with pytest.raises(ModelLoadError, match="has shape"):
-        layer.load(layer.weight, torch.zeros(3, 9), None, "w")
+    layer = build(RowParallelLinear, 8, 3, bias=False, params_dtype=torch.float32, quantized=True, rank=(0, 2),
+                  reduce_results=False, prefix="model.layers.0.mlp.down_proj")
+    with pytest.raises(ModelLoadError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \(3, 9\)"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(3, 9))
 
 
 # -- the registry ----------------------------------------------------------------------------------------
@@ -154,7 +157,7 @@ def test_an_unknown_quantization_fails_at_start_listing_the_known(tiny_model, ma
 
 
 def linear_weight_shape(config) -> tuple[int, int]:
-    """(elements, output rows) of the tiny Llama's ColumnParallelLinear/RowParallelLinear weights."""
+    """(elements, output rows) of the tiny Llama's linear layers' weights."""
     hidden, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     head_dim = hidden // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
@@ -268,7 +271,7 @@ def test_the_dummy_loader_quantizes_its_random_weights(tiny_model, make_llm):
     from asyncengine.loader.registry import DummyLoader
     from asyncengine.interfaces.model_loader import LoadConfig
 
-    layers = {q: torch.nn.Sequential(build(ColumnParallelLinear, 16, [(0, 8)], [8], bias=True, dtype=torch.float32,
+    layers = {q: torch.nn.Sequential(build(ColumnParallelLinear, 16, 8, bias=True, params_dtype=torch.float32,
                                            quantized=q)) for q in (False, True)}
     for layer in layers.values():
         DummyLoader(LoadConfig("dummy", seed=3)).load_weights(layer, None)
@@ -301,7 +304,8 @@ def test_a_plugin_quantization_method_builds_the_layers_in_the_worker(tiny_model
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     # 2 decoder layers x (qkv, o, gate_up, down), all built in the worker process, none in the frontend.
-    assert len(lines) == 8 and {r["layer"] for r in lines} == {"ColumnParallelLinear", "RowParallelLinear"}
+    assert len(lines) == 8 and {r["layer"] for r in lines} == {"QKVParallelLinear", "MergedColumnParallelLinear",
+                                                                 "RowParallelLinear"}
     assert {r["role"] for r in lines} == {"worker rank 0"}
     assert {r["pid"] for r in lines} != {outcome["pid"]} and len({r["pid"] for r in lines}) == 1
     # The fake method keeps float weights: the same tokens as the plain model.

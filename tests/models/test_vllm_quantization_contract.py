@@ -23,7 +23,8 @@ from asyncengine.interfaces.quantization import (
     process_weights_after_loading,
     quantization_config_for,
 )
-from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
+from asyncengine.models.layers.linear import QKVParallelLinear, RowParallelLinear
+from asyncengine.models.layers.linear import set_weight_attrs
 
 
 class Recording(LinearMethodBase):
@@ -36,9 +37,11 @@ class Recording(LinearMethodBase):
                        params_dtype, **extra_weight_attrs):
         self.created = (input_size_per_partition, list(output_partition_sizes), input_size, output_size,
                         params_dtype, sorted(extra_weight_attrs))
-        layer.register_parameter("weight", Parameter(torch.empty(sum(output_partition_sizes),
-                                                                 input_size_per_partition, dtype=params_dtype),
-                                                     requires_grad=False))
+        weight = Parameter(torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+                           requires_grad=False)
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})  # as vLLM's methods mark their weight
+        set_weight_attrs(weight, extra_weight_attrs)
+        layer.register_parameter("weight", weight)
         layer.register_parameter("weight_step", Parameter(torch.zeros(()), requires_grad=False))
 
     def process_weights_after_loading(self, layer):
@@ -88,16 +91,18 @@ def test_a_vllm_linear_method_builds_loads_and_runs_in_our_linear_layers():
     torch.manual_seed(0)
     config = RecordingConfig()
     with building_with(config):
-        # q, k, v fused: shards of 8, 4 and 4 rows, 16 inputs (one rank)
-        qkv = ColumnParallelLinear(16, [(0, 8), (0, 4), (0, 4)], [8, 4, 4], bias=True, dtype=torch.float32)
-        down = RowParallelLinear((0, 16), 16, 8, bias=False, dtype=torch.float32)
+        # q, k, v fused: 2 query heads and 1 KV head of 4, shards of 8, 4 and 4 rows, 16 inputs (one rank)
+        qkv = QKVParallelLinear(16, 4, 2, 1, bias=True, params_dtype=torch.float32, return_bias=False)
+        down = RowParallelLinear(16, 8, bias=False, params_dtype=torch.float32)
     assert config.methods[0].created == (16, [8, 4, 4], 16, 16, torch.float32, ["weight_loader"])
     assert config.methods[1].created == (16, [8], 16, 8, torch.float32, ["weight_loader"])
     # the parameters the method adds are computed, not read from the checkpoint
     assert qkv.quant_method.computed_parameters == ("weight_step",)
+    assert qkv.weight.weight_loader == qkv.weight_loader and (qkv.weight.output_dim, qkv.weight.input_dim) == (0, 1)
+    assert down.weight.weight_loader == down.weight_loader
     parts = [torch.randn(8, 16), torch.randn(4, 16), torch.randn(4, 16)]
-    for shard, part in enumerate(parts):
-        qkv.load(qkv.weight, part, shard, f"part {shard}")
+    for shard_id, part in zip("qkv", parts):
+        qkv.weight.weight_loader(qkv.weight, part, shard_id)
     qkv.bias.data.zero_()
     process_weights_after_loading(qkv)
     x = torch.randn(3, 16)
@@ -127,7 +132,7 @@ def test_a_methods_failure_is_named(method, error, message):
     config.get_quant_method = lambda layer, prefix: method()
     with pytest.raises(error) as raised:
         with building_with(config):
-            layer = RowParallelLinear((0, 16), 16, 8, bias=False, dtype=torch.float32)
+            layer = RowParallelLinear(16, 8, bias=False, params_dtype=torch.float32)
         layer(torch.randn(2, 16))
     assert message in str(raised.value)
 

@@ -10,7 +10,7 @@ import torch
 from asyncengine.models.layers import quantization
 from asyncengine.models.layers.linear import ColumnParallelLinear
 from asyncengine.models.layers.quantization import Int8DynamicConfig, quantize_rows_int8
-from asyncengine.interfaces.quantization import building_with
+from asyncengine.interfaces.quantization import building_with, process_weights_after_loading
 from asyncengine.ops import cpu_int8
 
 pytestmark = pytest.mark.skipif(not cpu_int8.available(torch.float32),
@@ -60,9 +60,9 @@ def test_the_int8_dynamic_layer_gives_the_same_result_without_the_kernels(rows, 
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 160, generator=generator)
     with building_with(Int8DynamicConfig()):
-        layer = ColumnParallelLinear(160, [(0, 96)], [96], bias=False, dtype=torch.float32)
-    layer.load(layer.weight, weight, None, "w")
-    quantization.process_weights_after_loading(layer)
+        layer = ColumnParallelLinear(160, 96, bias=False, params_dtype=torch.float32, return_bias=False)
+    layer.weight.weight_loader(layer.weight, weight)
+    process_weights_after_loading(layer)
     x = torch.randn(rows, 160, generator=generator) * 4
     calls = []
     real = cpu_int8.quantize_rows

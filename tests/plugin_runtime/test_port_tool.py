@@ -13,7 +13,7 @@ SOURCE = '''"""Plugin. é"""  # a non-ASCII character before the imports: column
 import os
 from vllm import LLM, ModelRegistry as Registry, SamplingParams
 import vllm.envs as envs
-from vllm.model_executor.layers.linear import ColumnParallelLinear
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.v1.core.sched.scheduler import Scheduler as Base, SchedulerOutput
 
 if True:
@@ -31,7 +31,7 @@ import os
 from asyncengine import LLM, SamplingParams
 from asyncengine.plugins_api import ModelRegistry as Registry
 from asyncengine.plugins_api import envs
-from vllm.model_executor.layers.linear import ColumnParallelLinear
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from asyncengine.plugins_api import Scheduler as Base
 from vllm.v1.core.sched.scheduler import SchedulerOutput
 
@@ -54,7 +54,7 @@ def test_python_rewrites_keep_everything_else_and_list_what_cannot_be_mapped():
         (4, "from asyncengine.plugins_api import envs")]
     unmapped = [(u.line, u.what, u.section) for u in result.unmapped]
     assert unmapped == [
-        (5, "vllm.model_executor.layers.linear.ColumnParallelLinear", "custom-ops"),
+        (5, "vllm.model_executor.layers.mamba.mamba_mixer2.MambaMixer2", "custom-ops"),
         (6, "vllm.v1.core.sched.scheduler.SchedulerOutput", "the-table-of-names"),
         (14, "the class path 'vllm.worker.multi_step_worker.MultiStepWorker'", "the-table-of-names"),
         (15, "envs.VLLM_ATTENTION_BACKEND", "environment-variables"),

@@ -51,8 +51,8 @@ def test_deep_check_passes_at_tp2_with_the_quantization_method(ported, tmp_path)
     # the tiny config's qkv is 64 + 2 * 32 rows (4 query, 2 KV heads of 16), gate_up 2 * 128, halved per rank.
     quantized = sorted(line for line in lines if line.startswith("quantized"))
     assert quantized == sorted(2 * 2 * [
-        "quantized ColumnParallelLinear (64, 64) torch.int8", "quantized RowParallelLinear (64, 32) torch.int8",
-        "quantized ColumnParallelLinear (128, 64) torch.int8", "quantized RowParallelLinear (64, 64) torch.int8"])
+        "quantized QKVParallelLinear (64, 64) torch.int8", "quantized RowParallelLinear (64, 32) torch.int8",
+        "quantized MergedColumnParallelLinear (128, 64) torch.int8", "quantized RowParallelLinear (64, 64) torch.int8"])
     # the other registered method was not built, and the report says so
     assert "not built: the plugins' quantization methods deep_int8_broken" in result.stdout
 

@@ -14,8 +14,9 @@ from safetensors.torch import save_file
 from asyncengine.compat.compilation import CompilationLevel, CompilationMode, CUDAGraphMode
 from asyncengine.compat.torch_utils import current_stream, direct_register_custom_op, set_default_torch_dtype
 from asyncengine.compat.utils import is_pooling_model
+from asyncengine.errors import ModelLoadError
+from asyncengine.models.layers.linear import default_weight_loader
 from asyncengine.compat.weight_utils import (
-    default_weight_loader,
     filter_duplicate_safetensors_files,
     filter_files_not_needed_for_inference,
     pt_weights_iterator,
@@ -76,7 +77,7 @@ def test_default_weight_loader_copies_whole_and_names_a_wrong_shape():
     scalar = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
     default_weight_loader(scalar, torch.tensor(4.0))  # a scalar into a one-element parameter
     assert scalar.item() == 4.0
-    with pytest.raises(ValueError, match=r"shape \(3, 2\), the parameter \(2, 3\)"):
+    with pytest.raises(ModelLoadError, match=r"has shape \(3, 2\), but the model built from config.json expects \(2, 3\)"):
         default_weight_loader(param, torch.ones(3, 2))
 
 

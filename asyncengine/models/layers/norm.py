@@ -26,10 +26,24 @@ def rms_norm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 @CustomOp.register("RMSNorm")
 class RMSNorm(CustomOp):
-    def __init__(self, hidden_size: int, eps: float, *, dtype: torch.dtype) -> None:
+    """vLLM's constructor: `RMSNorm(hidden_size, eps=1e-6, var_hidden_size=None, has_weight=True, dtype=None)`
+    (dtype None: torch's default dtype, which the model is built under); `var_hidden_size` (statistics over the
+    first features only) is refused, as no model here needs it."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, var_hidden_size: int | None = None,
+                 has_weight: bool = True, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        if var_hidden_size not in (None, hidden_size):
+            raise ValueError(f"RMSNorm: var_hidden_size={var_hidden_size} (statistics over part of the "
+                             f"{hidden_size} features) is not supported here")
+        self.hidden_size = hidden_size
+        self.variance_epsilon = self.eps = eps
+        self.has_weight = has_weight
+        weight = torch.ones(hidden_size, dtype=dtype if dtype is not None else torch.get_default_dtype())
+        if has_weight:
+            self.weight = nn.Parameter(weight, requires_grad=False)
+        else:
+            self.register_buffer("weight", weight, persistent=False)
 
     def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

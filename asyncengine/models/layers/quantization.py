@@ -201,13 +201,14 @@ def register_quantization_config(name: str, *, override: bool = False) -> Callab
 # -- the model being built -----------------------------------------------------------------------------
 
 
-def linear_method_for(layer: Any, prefix: str = "") -> LinearMethod:
-    """The method of a linear layer being built: the quantization config's (ours, or vLLM's LinearMethodBase
-    through models/layers/vllm_linear.py), else the plain float one."""
+def linear_method_for(layer: Any, prefix: str = "", quant_config: QuantizationConfig | None = None) -> LinearMethod:
+    """The method of a linear layer being built: the quantization config's (the one the layer was given, as
+    vLLM's models pass `quant_config=`, else the one the model is being built with; ours, or vLLM's
+    LinearMethodBase through models/layers/vllm_linear.py), else the plain float one."""
     from asyncengine.interfaces.plugin_code import plugin_hook
     from asyncengine.models.layers.vllm_linear import as_linear_method
 
-    config = _building_with.get()
+    config = quant_config if quant_config is not None else _building_with.get()
     if config is None:
         return UnquantizedLinearMethod()
     with plugin_hook(config, "get_quant_method"):

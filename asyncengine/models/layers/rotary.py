@@ -1,9 +1,10 @@
 """Rotary position embedding (RoPE), with the scaling variants Llama-family checkpoints use.
 
 `RotaryEmbedding` is a custom op (interfaces/torch_bases.py): replaceable by name ("RotaryEmbedding"), and its
-rotation runs through the providers of op "rotary" (`rotary_native` is the reference). Unlike vLLM's
-`forward(positions, query, key)`, it takes the step's cos/sin, looked up once per step (`lookup`)
-and shared by every layer. Its constructor takes ours or vLLM's arguments (RotaryEmbedding's docstring).
+rotation runs through the providers of op "rotary" (`rotary_native` is the reference). Our models call it with
+the step's cos/sin, looked up once per step (`lookup`) and shared by every layer; a vLLM model file calls it as
+vLLM's, `forward(positions, query, key)`, and builds it with `get_rope(...)`. Its constructor takes ours or
+vLLM's arguments (RotaryEmbedding's docstring).
 """
 
 from __future__ import annotations
@@ -285,6 +286,18 @@ class RotaryEmbedding(CustomOp):
             self.sin_table[positions].unsqueeze(1).to(dtype),
         )
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Ours, `(query, key, cos_sin)` with `[tokens, heads, head_dim]` heads; or vLLM's, `(positions, query,
+        key)` with `[tokens, heads * head_size]` projections (the positions looked up here), returned alike."""
+        if len(args) == 3 and not kwargs and isinstance(args[2], torch.Tensor):
+            positions, query, key = args
+            tokens = positions.numel()
+            cos_sin = self.lookup(positions.reshape(-1), query.dtype)
+            rotated_query, rotated_key = super().forward(query.view(tokens, -1, self.head_size),
+                                                         key.view(tokens, -1, self.head_size), cos_sin)
+            return rotated_query.reshape(query.shape), rotated_key.reshape(key.shape)
+        return super().forward(*args, **kwargs)
+
     def forward_native(
         self, query: torch.Tensor, key: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,6 +332,21 @@ class RotaryEmbedding(CustomOp):
         query_rot, key_rot = rotate(query[..., :rotary_dim], key[..., :rotary_dim])
         return (torch.cat((query_rot, query[..., rotary_dim:]), dim=-1),
                 torch.cat((key_rot, key[..., rotary_dim:]), dim=-1))
+
+
+def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float, is_neox_style: bool = True,
+             rope_scaling: dict[str, Any] | None = None, dtype: torch.dtype | None = None,
+             partial_rotary_factor: float = 1.0) -> RotaryEmbedding:
+    """vLLM's: the rotary op of a vLLM model file (`rope_scaling` in config.json's form: its `rope_type` or
+    `type`, and that type's parameters, among SUPPORTED_ROPE_TYPES)."""
+    params: dict[str, Any] = dict(rope_scaling or {})
+    params["rope_type"] = params.pop("type", None) or params.get("rope_type") or "default"
+    params.update(rope_theta=float(base), is_neox_style=bool(is_neox_style),
+                  partial_rotary_factor=rotary_dim * partial_rotary_factor / head_size)
+    params.setdefault("max_position_embeddings", max_position)
+    if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(f"get_rope: rope type {params['rope_type']!r} is none of {', '.join(SUPPORTED_ROPE_TYPES)}")
+    return RotaryEmbedding(head_size, max_position, params)
 
 
 def rotary_native(

@@ -7,8 +7,8 @@ output_size, params_dtype)`, `load_weight_rows(layer, row_offset, rows)` and `ap
 | our layer calls                          | the adapter calls vLLM's method                                   |
 |------------------------------------------|-------------------------------------------------------------------|
 | create_weights(layer, in, out, dtype)    | create_weights(layer, in, output_partition_sizes, input_size,     |
-|                                          | output_size, dtype, weight_loader=...) (sizes: this rank's shards, |
-|                                          | the whole layer's input and output)                               |
+|                                          | output_size, dtype, weight_loader=layer.weight_loader) (sizes:    |
+|                                          | this rank's shards, the whole layer's input and output)           |
 | load_weight_rows(layer, offset, rows)    | (rows copied into `layer.weight`, which create_weights registered) |
 | apply(layer, x, bias)                    | apply(layer, x, bias)                                             |
 | process_weights_after_loading(layer)     | process_weights_after_loading(layer)                              |
@@ -31,9 +31,6 @@ from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.plugin_code import describe_owner, plugin_hook
 from asyncengine.interfaces.quantization import LinearMethod, LinearMethodBase
 
-_SHARD_IDS = {"q": 0, "k": 1, "v": 2}  # vLLM's QKVParallelLinear shard ids, as our fused layers index them
-
-
 class VllmLinearMethod(LinearMethod):
     """Our LinearMethod over a vLLM-shaped `LinearMethodBase` (`plugin_method`)."""
 
@@ -42,13 +39,14 @@ class VllmLinearMethod(LinearMethod):
         self.computed_parameters: tuple[str, ...] = ()
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int, params_dtype: torch.dtype) -> None:
-        output_sizes = list(getattr(layer, "output_sizes", [output_size]))  # a column layer's shards on this rank
-        whole_input = int(getattr(layer, "in_total", input_size))  # a row layer's input before the rank split
-        whole_output = sum(getattr(layer, "shard_sizes", [output_size]))
+        # The layer's sizes as vLLM's layers hand them over (models/layers/linear.py sets them before this call).
+        output_sizes = list(getattr(layer, "output_partition_sizes", [output_size]))
+        whole_input = int(getattr(layer, "input_size", input_size))
+        whole_output = int(getattr(layer, "output_size", output_size))
         before = {name for name, _ in layer.named_parameters(recurse=False)}
         with plugin_hook(self.plugin_method, "create_weights"):
             self.plugin_method.create_weights(layer, input_size, output_sizes, whole_input, whole_output,
-                                              params_dtype, weight_loader=_weight_loader(layer))
+                                              params_dtype, weight_loader=layer.weight_loader)
         weight = getattr(layer, "weight", None)
         if not isinstance(weight, nn.Parameter) or tuple(weight.shape) != (output_size, input_size):
             shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
@@ -70,17 +68,6 @@ class VllmLinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.plugin_method.process_weights_after_loading(layer)
-
-
-def _weight_loader(layer: nn.Module) -> Any:
-    """vLLM's `weight_loader(param, loaded_weight, loaded_shard_id=None)` over our layer's `load` (shard ids
-    as vLLM names them: an index, or "q"/"k"/"v")."""
-
-    def weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None) -> None:
-        shard = _SHARD_IDS.get(loaded_shard_id, loaded_shard_id) if isinstance(loaded_shard_id, str) else loaded_shard_id
-        layer.load(param, loaded_weight, shard, "weight")  # type: ignore[operator]
-
-    return weight_loader
 
 
 def as_linear_method(method: Any) -> LinearMethod | None:

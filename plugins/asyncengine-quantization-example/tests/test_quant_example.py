@@ -69,12 +69,13 @@ def test_layers_hold_packed_weights_and_stay_close_to_float(tmp_path, monkeypatc
     gen = torch.Generator().manual_seed(1)
     weight, x = torch.randn(40, 64, generator=gen) * 0.05, torch.randn(5, 64, generator=gen)
     with building_with(Int4GroupConfig()):
-        column = ColumnParallelLinear(64, [(0, 40)], [40], bias=False, dtype=torch.float32)
-        rows = [RowParallelLinear((start, start + 32), 64, 40, bias=False, dtype=torch.float32) for start in (0, 32)]
+        column = ColumnParallelLinear(64, 40, bias=False, params_dtype=torch.float32, return_bias=False)
+        # two ranks' input columns, [0, 32) and [32, 64), each rank's partial sum left to the test
+        rows = [RowParallelLinear(64, 40, bias=False, params_dtype=torch.float32, input_partition=(start, start + 32),
+                                  return_bias=False) for start in (0, 32)]
     assert isinstance(column.quant_method, Int4GroupLinearMethod) and column.quant_method.group_size == 32
-    column.load(column.weight, weight, None, "w")
-    for layer in rows:
-        layer.load(layer.weight, weight, None, "w")
+    for layer in [column, *rows]:
+        layer.weight.weight_loader(layer.weight, weight)
     assert column.weight.dtype == torch.uint8 and column.weight.shape == (40, 32)
     assert sum(p.numel() * p.element_size() for p in column.parameters()) == 40 * 32 + 2 * (40 * 2 * 2)
     reference = F.linear(x, weight)

@@ -117,9 +117,7 @@ class Int4GroupConfig(QuantizationConfig):
                tensor_parallel_size=engine_config.tensor_parallel_size)
 
     def get_quant_method(self, layer, prefix):
-        width = getattr(layer, "in_features", None)
-        if width is None and hasattr(layer, "in_cols"):  # RowParallelLinear: this rank's input columns
-            width = layer.in_cols[1] - layer.in_cols[0]
+        width = getattr(layer, "input_size_per_partition", None)  # this rank's input columns (vLLM's name)
         size = group_size_for(width) if isinstance(width, int) else None
         if size is None:  # verify_config refuses such models; a layer of another shape stays float
             return None
