@@ -26,14 +26,9 @@ from asyncengine.interfaces.executor import Executor
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.kv_connector import KVConnectorBase
 from asyncengine.interfaces.logits import LogitsProcessor
+from asyncengine.interfaces.scheduler import scheduler_class_problem
 from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, PHASE_CONFIG_HOOKS, WORKER
 from asyncengine.plugin_runtime.records import StartupTrace
-
-
-# The built-in a scheduler_cls must subclass, named by its path as config names the built-in worker
-# (BUILTIN_WORKER): the plugin runtime sits below the roles that define them, and imports one only to check
-# a class that replaces it (the check needs the concrete class: a scheduler keeps the built-in's step loop).
-BUILTIN_SCHEDULER = "asyncengine.engine_core.scheduler:Scheduler"
 
 
 def _builtin(path: str) -> type:
@@ -45,16 +40,6 @@ def _is_model_class(value: Any) -> str | None:
         return "is not a class"
     if not callable(getattr(value, "load_weights", None)):
         return "has no load_weights method (see asyncengine.models.llama for the model interface)"
-    return None
-
-
-def _is_scheduler_class(value: Any) -> str | None:
-    if not isinstance(value, type):
-        return f"is {value!r}, not a class; name a subclass of asyncengine.plugins_api.Scheduler"
-    if not issubclass(value, _builtin(BUILTIN_SCHEDULER)):
-        return ("is not a subclass of asyncengine.engine_core.scheduler:Scheduler; subclass "
-                "asyncengine.plugins_api.Scheduler (the engine core builds it with Scheduler's keyword "
-                "arguments and keeps async scheduling, which belongs to its step loop)")
     return None
 
 
@@ -155,7 +140,8 @@ class Hook:
 
 HOOKS: dict[str, Hook] = {
     "model_class_overrides": Hook((FRONTEND, WORKER), _is_model_class, "a model class with load_weights"),
-    "scheduler_cls": Hook((ENGINE_CORE,), _is_scheduler_class, "a Scheduler subclass"),
+    "scheduler_cls": Hook((ENGINE_CORE,), scheduler_class_problem,
+                          "a Scheduler subclass or a SchedulerInterface implementation"),
     "worker_cls": Hook((WORKER,), _is_worker_class, "a Worker subclass"),
     "worker_extension_cls": Hook((WORKER,), _is_worker_extension,
                                  "a class built as Class(worker), no public method clashing with the worker's",

@@ -60,12 +60,12 @@ def test_a_pooling_request_is_never_chunked_nor_served_from_the_prefix_cache():
     first = scheduler.schedule()
     assert first.num_scheduled_tokens == {"gen": 32}  # a generation prompt would be chunked; this one waits
     scheduler.update_from_output(first, ModelRunnerOutput(request_ids=["gen"], sampled_token_ids=[5]))
-    scheduler.abort_requests(["gen"])  # its two full blocks stay in the prefix cache
+    scheduler.finish_requests(["gen"])  # its two full blocks stay in the prefix cache
     scheduler = _scheduler(budget=64)
     scheduler.add_request(_request("gen", list(range(1, 33)), pooling=None))
     step = scheduler.schedule()
     scheduler.update_from_output(step, ModelRunnerOutput(request_ids=["gen"], sampled_token_ids=[5]))
-    scheduler.abort_requests(["gen"])
+    scheduler.finish_requests(["gen"])
     scheduler.add_request(_request("same-prefix", list(range(1, 41))))
     step = scheduler.schedule()
     assert step.num_scheduled_tokens == {"same-prefix": 40}  # every token computed: none from the cache
