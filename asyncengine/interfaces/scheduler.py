@@ -100,7 +100,7 @@ SCHEDULER_METHODS = tuple(sorted(name for name, value in vars(SchedulerInterface
 
 def missing_scheduler_methods(cls: type) -> list[str]:
     """The methods of SchedulerInterface that `cls` lacks or leaves abstract."""
-    abstract = getattr(cls, "__abstractmethods__", frozenset())
+    abstract: frozenset[str] = getattr(cls, "__abstractmethods__", frozenset())
     return [name for name in SCHEDULER_METHODS if not callable(getattr(cls, name, None)) or name in abstract]
 
 
