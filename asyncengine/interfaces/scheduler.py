@@ -26,26 +26,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from asyncengine.wire.engine_core import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-    from asyncengine.wire.worker import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
+from typing import Any
 
 
 class SchedulerInterface(ABC):
+    # What the methods take and give, by the names of the wire types (asyncengine.wire, not imported by the
+    # interfaces): `request` an EngineCoreRequest, `scheduler_output` a SchedulerOutput and
+    # `model_runner_output` a ModelRunnerOutput (wire.worker); update_from_output gives EngineCoreOutputs,
+    # fail_request an EngineCoreOutput, make_stats SchedulerStats (wire.engine_core), get_grammar_bitmask a
+    # GrammarBitmask (wire.worker).
+
     @abstractmethod
-    def add_request(self, request: EngineCoreRequest) -> None:
+    def add_request(self, request: Any) -> None:
         """Queue a new request (its `request_id` is new to the scheduler)."""
 
     @abstractmethod
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> Any:
         """One step: the tokens of each request to run now (`num_scheduled_tokens`), the requests the
         workers see for the first time, those they must forget, and the grammar masks of the step."""
 
     @abstractmethod
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         """Fold a step's sampled tokens (and pooled outputs, and requests a worker refused) in; the
         outputs to send to the frontend, with `make_stats()` as their scheduler_stats."""
 
@@ -56,12 +57,12 @@ class SchedulerInterface(ABC):
         ignored (a request may have finished a moment earlier). The ids it ended."""
 
     @abstractmethod
-    def fail_request(self, request_id: str, message: str, field: str | None) -> EngineCoreOutput | None:
+    def fail_request(self, request_id: str, message: str, field: str | None) -> Any:
         """End one request with finish_reason "error" (its grammar was refused, or broke); its output,
         or None when it is gone already."""
 
     @abstractmethod
-    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarBitmask | None:
+    def get_grammar_bitmask(self, scheduler_output: Any) -> Any:
         """The grammar masks of a step whose masks were deferred (`deferred_grammar_request_ids`), from the
         matchers' state now: the step loop asks once the step before it has been folded in."""
 
@@ -81,7 +82,7 @@ class SchedulerInterface(ABC):
         return self.has_unfinished_requests() or self.has_finished_requests()
 
     @abstractmethod
-    def make_stats(self) -> SchedulerStats:
+    def make_stats(self) -> Any:
         """The scheduler's state for the stat loggers and /metrics, made at every step."""
 
     @abstractmethod
