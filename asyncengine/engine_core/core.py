@@ -1,5 +1,5 @@
-"""EngineCore: the scheduler (`Scheduler`, or the subclass `scheduler_cls` names) and the executor
-that runs its steps, started in order.
+"""EngineCore: the scheduler (`Scheduler`, or the SchedulerInterface `scheduler_cls` names, built with
+its helpers: interfaces/scheduler.py) and the executor that runs its steps, started in order.
 
 Start-up phases (recorded in the engine core's StartupTrace): `kv connector` (only when kv_transfer_config
 names one: its scheduler side), `start workers` (threads or processes; worker processes run their own
