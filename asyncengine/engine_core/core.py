@@ -22,15 +22,17 @@ from anyio.abc import TaskStatus
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.engine_core.block_manager import BlockManager
-from asyncengine.engine_core.executor import Executor, build_executor
+from asyncengine.interfaces.executor import Executor
+from asyncengine.engine_core.executor import build_executor
 from asyncengine.engine_core.micro_batches import micro_batches_for
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError, StartupError
+from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRole
 from asyncengine.interfaces.scheduler import SchedulerInterface
-from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
-from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
-from asyncengine.registries.base import reads
+from asyncengine.wire.startup import StartupRecord
+from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.interfaces.registry import reads
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.structured_output.manager import StructuredOutputManager
 from asyncengine.wire.kv_cache import KVCacheLayout, build_layout

@@ -31,7 +31,7 @@ A request a worker could not take (ModelRunnerOutput.failed_requests) finishes w
 With a KV connector (`kv_connector`, its scheduler side; given by the engine core from kv_transfer_config),
 a request being admitted asks it for the prompt tokens it can supply after the local prefix cache's;
 those count as computed, the connector's worker side fills their blocks before the step's forward pass,
-and every step carries the connector's metadata to the workers (kv_transfer/base.py).
+and every step carries the connector's metadata to the workers (interfaces/kv_connector.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
-from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRequest
+from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRequest
 from asyncengine.interfaces.scheduler import SchedulerInterface
 from asyncengine.structured_output.backend import GrammarBroken
 from asyncengine.structured_output.manager import StructuredOutputManager
@@ -89,7 +89,7 @@ class Scheduler(SchedulerInterface):
         # Structured outputs (structured_output/manager.py): grammars and matchers of constrained requests,
         # which wait here until theirs is compiled; None when no request can be constrained (tests).
         self.structured_output = structured_output
-        # The scheduler side of the KV connector (kv_transfer/base.py), or None.
+        # The scheduler side of the KV connector (interfaces/kv_connector.py), or None.
         self.kv_connector = kv_connector
         # Multi-LoRA: at most this many distinct adapters among the running sequences (the workers' slots);
         # None without LoRA.
