@@ -20,7 +20,8 @@ from asyncengine.interfaces.attention import (  # read in: worker (the platform 
 from asyncengine.attention.registry import register_attention_backend
 from asyncengine.interfaces.executor import Executor  # read in: engine core (distributed_executor_backend=mod:Class)
 from asyncengine.engine_core.executor import MultiprocExecutor, UniExecutor  # the built-ins, to subclass
-from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core (`--scheduler-cls` subclasses it)
+from asyncengine.engine_core.scheduler import Scheduler  # read in: engine core (`--scheduler-cls`, to subclass)
+from asyncengine.interfaces.scheduler import SchedulerInterface  # read in: engine core (`--scheduler-cls` implements it)
 from asyncengine.errors import RequestError  # raise it to refuse a request (LogitsProcessor.validate_params)
 from asyncengine.errors import ConfigError  # raise it to refuse an option (check_and_update_config, validators)
 from asyncengine.interfaces.endpoint import EndpointPlugin  # read in: frontend (opt-in)
@@ -249,6 +250,7 @@ __all__ = [
     "RegistrationError",
     "RequestError",
     "Scheduler",
+    "SchedulerInterface",
     "StatLoggerBase",
     "TokenizerRegistry",
     "Worker",

@@ -37,7 +37,7 @@ def main() -> int:
             sampling=SamplingOptions(temperature=0.0, max_tokens=n)))  # no eos ids: ignore_eos
     schedule_times, update_times, batch_sizes = [], [], []
     tokens = 0
-    while scheduler.has_unfinished():
+    while scheduler.has_unfinished_requests():
         started = time.perf_counter()
         output = scheduler.schedule()
         scheduled = time.perf_counter()

@@ -1,5 +1,5 @@
-"""EngineCore: the scheduler (`Scheduler`, or the subclass `scheduler_cls` names) and the executor
-that runs its steps, started in order.
+"""EngineCore: the scheduler (`Scheduler`, or the SchedulerInterface `scheduler_cls` names, built with
+its helpers: interfaces/scheduler.py) and the executor that runs its steps, started in order.
 
 Start-up phases (recorded in the engine core's StartupTrace): `kv connector` (only when kv_transfer_config
 names one: its scheduler side), `start workers` (threads or processes; worker processes run their own
@@ -11,6 +11,7 @@ check` does not come here (check.py).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -26,7 +27,8 @@ from asyncengine.engine_core.executor import build_executor
 from asyncengine.engine_core.micro_batches import micro_batches_for
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.interfaces.kv_connector import KVConnectorRole
+from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRole
+from asyncengine.interfaces.scheduler import SchedulerInterface
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.wire.startup import StartupRecord
 from asyncengine.plugin_runtime.records import StartupTrace
@@ -35,26 +37,21 @@ from asyncengine.runtime.groups import single_exceptions
 from asyncengine.structured_output.manager import StructuredOutputManager
 from asyncengine.wire.kv_cache import KVCacheLayout, build_layout
 
+logger = logging.getLogger(__name__)
+
 
 class EngineCore:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, executor: Executor, num_blocks: int,
-                 block_manager: BlockManager | None = None) -> None:
+    """The scheduler and what the step loop needs beside it: the executor, the KV-cache blocks, the
+    structured-output manager (grammars compile in the step loop's task group) and the micro-batch rules."""
+
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, executor: Executor,
+                 block_manager: BlockManager, kv_connector: KVConnectorBase | None = None) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.executor = executor
-        if block_manager is None:
-            block_manager = BlockManager(num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
-        # `scheduler_cls` replaces the class only: async scheduling is the step loop's (loop.py), so
-        # a subclass keeps it. The config-hooks phase of this process checked the class already.
-        self.scheduler = scheduler_class(engine_config)(
-            block_manager=block_manager,
-            max_num_seqs=engine_config.max_num_seqs,
-            max_num_batched_tokens=engine_config.effective_max_num_batched_tokens,
-            max_model_len=model_config.max_model_len,
-            enable_chunked_prefill=engine_config.enable_chunked_prefill,
-        )
+        self.block_manager = block_manager
         # Structured outputs: grammars are compiled and masks computed here; backends load lazily.
-        self.scheduler.structured_output = StructuredOutputManager(
+        self.structured_output = StructuredOutputManager(
             tokenizer_dir=model_config.tokenizer_dir, vocab_size=model_config.vocab_size,
             eos_token_ids=model_config.eos_token_ids,
             structured_outputs_config=engine_config.structured_outputs_config,
@@ -62,16 +59,27 @@ class EngineCore:
             cache_bytes=engine_config.structured_outputs_cache_bytes,
             compile_timeout=engine_config.structured_outputs_compile_timeout,
         )
-        # Multi-LoRA: a step never uses more adapters than each worker has slots.
-        self.scheduler.max_loras = engine_config.max_loras if engine_config.enable_lora else None
-        self.scheduler.policy = engine_config.scheduling_policy
         # Pipeline stages with async scheduling: micro-batches that overlap (micro_batches.py).
-        self.scheduler.micro_batches = micro_batches_for(engine_config, executor.platform.device_type)
+        self.micro_batches = micro_batches_for(engine_config, executor.platform.device_type)
+        # `scheduler_cls` replaces the class only: async scheduling is the step loop's (loop.py), so any
+        # scheduler keeps it. The config-hooks phase of this process checked the class already.
+        self.scheduler: SchedulerInterface = scheduler_class(engine_config)(
+            block_manager=block_manager,
+            max_num_seqs=engine_config.max_num_seqs,
+            max_num_batched_tokens=engine_config.effective_max_num_batched_tokens,
+            max_model_len=model_config.max_model_len,
+            enable_chunked_prefill=engine_config.enable_chunked_prefill,
+            policy=engine_config.scheduling_policy,
+            structured_output=self.structured_output,
+            kv_connector=kv_connector,
+            # Multi-LoRA: a step never uses more adapters than each worker has slots.
+            max_loras=engine_config.max_loras if engine_config.enable_lora else None,
+            micro_batches=self.micro_batches,
+        )
 
     @property
     def num_blocks(self) -> int:
-        return self.scheduler.block_manager.num_blocks
-
+        return self.block_manager.num_blocks
 
 
 async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig, plugin_state: Any,
@@ -120,8 +128,7 @@ async def run_engine_core(engine_config: EngineConfig, model_config: ModelConfig
                         layout.sliding_windows)
                     # The scheduler (with the block manager over these blocks) is built in this phase, so
                     # that a `scheduler_cls` whose constructor raises fails it, named, and the workers stop.
-                    core = EngineCore(engine_config, model_config, executor, num_blocks, block_manager)
-                    core.scheduler.kv_connector = connector
+                    core = EngineCore(engine_config, model_config, executor, block_manager, connector)
             except BaseException:
                 await executor.shutdown()
                 raise
@@ -142,13 +149,25 @@ def kv_cache_layout(specs: list[Any]) -> KVCacheLayout:
 
 
 @reads("hook:scheduler_cls", "engine core")
-def scheduler_class(engine_config: EngineConfig) -> type[Scheduler]:
-    """The class `scheduler_cls` names ("pkg.mod:Class", a Scheduler subclass), else Scheduler."""
+def scheduler_class(engine_config: EngineConfig) -> type[SchedulerInterface]:
+    """The class `scheduler_cls` names ("pkg.mod:Class": a SchedulerInterface, subclass or not), else
+    Scheduler. A custom one is logged once with what async scheduling asks of it."""
     if not engine_config.scheduler_cls:
         return Scheduler
     from asyncengine.plugin_runtime.config_hooks import load_hook
 
-    return load_hook("scheduler_cls", engine_config.scheduler_cls)
+    cls: type[SchedulerInterface] = load_hook("scheduler_cls", engine_config.scheduler_cls)
+    if engine_config.async_scheduling and not issubclass(cls, Scheduler):
+        # vLLM warns that its scheduler interface is not public when a custom class is used; here the
+        # interface is public, and what a class must know is what async scheduling does to its calls.
+        logger.warning("scheduler_cls %s does not subclass Scheduler and async scheduling is on: the step loop "
+                       "calls its schedule() for the next step while a step runs, before update_from_output() "
+                       "folds that step's tokens in, so it must count a request's tokens in flight (as "
+                       "Scheduler does) or run with async_scheduling=False", engine_config.scheduler_cls)
+    else:
+        logger.info("scheduler_cls %s%s", engine_config.scheduler_cls,
+                    ": async scheduling on (the step loop's, kept)" if engine_config.async_scheduling else "")
+    return cls
 
 
 def check_budget(engine_config: EngineConfig, model_config: ModelConfig) -> None:

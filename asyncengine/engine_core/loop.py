@@ -31,7 +31,7 @@ from asyncengine.runtime.reply import Reply
 from asyncengine.errors import EngineDeadError, RequestError, error_field, error_type_name
 from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.deferred import DeferredMask
-from asyncengine.wire.engine_core import EngineCoreOutputs
+from asyncengine.wire.engine_core import EngineCoreOutputs, FinishReason
 from asyncengine.wire.messages import (
     AbortRequests,
     AddRequests,
@@ -85,7 +85,8 @@ class EngineCoreLoop:
         self.send = send
         self.process_name = process_name
         # 2 with async scheduling; P with micro-batches over P pipeline stages (micro_batches.py).
-        self.pipeline_depth = steps_in_flight(core.engine_config, core.scheduler.micro_batches)
+        self.pipeline_depth = steps_in_flight(core.engine_config, core.micro_batches)
+        self.structured_output = core.structured_output
         self._wakeup = anyio.Event()
         self._num_steps = 0
         self._trace: list[StepRecord] | None = None
@@ -96,7 +97,7 @@ class EngineCoreLoop:
         """Run until `Shutdown`, the end of `inbox`, or a dead executor (reported with EngineCoreDead)."""
         async with anyio.create_task_group() as tg:
             # Grammar compiles (and the grammar-compile process) live as long as the step loop.
-            await tg.start(self.scheduler.structured_output.serve)
+            await tg.start(self.structured_output.serve)
             tg.start_soon(self._read_inbox, inbox, tg)
             in_flight: deque[_InFlight] = deque()
             try:
@@ -114,6 +115,7 @@ class EngineCoreLoop:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.executor.shutdown()
+                self.scheduler.shutdown()
 
     async def _report_death(self, dead: EngineDeadError) -> None:
         # In this process the exception itself stays reachable (the in-process client chains it).
@@ -140,11 +142,11 @@ class EngineCoreLoop:
                     self.scheduler.add_request(request)
                     if request.sampling.structured_outputs is not None:
                         # Compiled off the step loop; the request waits in the scheduler meanwhile.
-                        self.scheduler.structured_output.track(request.request_id)
+                        self.structured_output.track(request.request_id)
                         tg.start_soon(self._prepare_grammar, request)
                 self._wakeup.set()
             elif isinstance(message, AbortRequests):
-                self.scheduler.abort_requests(message.request_ids)
+                self.scheduler.finish_requests(message.request_ids, FinishReason.ABORT)
                 self._wakeup.set()
             elif isinstance(message, UtilityCall):
                 tg.start_soon(self._utility, message)
@@ -153,12 +155,12 @@ class EngineCoreLoop:
 
     async def _prepare_grammar(self, request: Any) -> None:
         try:
-            await self.scheduler.structured_output.prepare(request.request_id, request.sampling.structured_outputs,
-                                                           request.prompt_token_ids)
+            await self.structured_output.prepare(request.request_id, request.sampling.structured_outputs,
+                                                 request.prompt_token_ids)
         except GrammarError as refused:  # the request alone fails, naming the field and the backend
             output = self.scheduler.fail_request(request.request_id, refused.message, refused.field)
             if output is not None:
-                await self.send(EngineCoreOutputs(outputs=[output], scheduler_stats=self.scheduler.stats()))
+                await self.send(EngineCoreOutputs(outputs=[output], scheduler_stats=self.scheduler.make_stats()))
         finally:
             self._wakeup.set()
 
@@ -179,14 +181,13 @@ class EngineCoreLoop:
             worker_method, worker_args, worker_kwargs = args
             return round_trip(await self.executor.call(worker_method, *worker_args, **(worker_kwargs or {})))
         if method == "get_structured_output_stats":
-            return self.scheduler.structured_output.stats_dict()
+            return self.structured_output.stats_dict()
         if method == "get_scheduler_stats":
-            return round_trip(self.scheduler.stats())
+            return round_trip(self.scheduler.make_stats())
         if method == "reset_prefix_cache":
-            self.scheduler.block_manager.reset_prefix_cache()
-            return True
+            return self.scheduler.reset_prefix_cache()
         if method == "kv_cache_info":
-            manager = self.scheduler.block_manager
+            manager = self.core.block_manager
             # Per KV cache group (one unless the model has sliding-window layers): its window and blocks in use.
             return {"num_blocks": manager.num_blocks, "num_free_blocks": manager.num_free_blocks,
                     "block_size": manager.block_size, "sliding_windows": list(manager.sliding_windows),
@@ -204,11 +205,11 @@ class EngineCoreLoop:
     async def _step_loop(self, in_flight: deque[_InFlight]) -> None:
         # Masks may follow their step only with two steps in flight (not pipeline micro-batches, whose steps
         # alternate between batches) and an executor that takes them late.
-        self.scheduler.structured_output.deferred_masks = (
-            self.pipeline_depth == 2 and self.scheduler.micro_batches is None
+        self.structured_output.deferred_masks = (
+            self.pipeline_depth == 2 and self.core.micro_batches is None
             and getattr(self.executor, "supports_deferred_grammar", False))
         while True:
-            while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished():
+            while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished_requests():
                 started = time.monotonic()
                 self._phase = "step loop: scheduler.schedule()"
                 scheduler_output = self.scheduler.schedule()
@@ -229,10 +230,11 @@ class EngineCoreLoop:
                                            deferred_mask))
                 self._num_steps += 1
             if not in_flight:
-                if self.scheduler.has_unfinished() and not self.scheduler.structured_output.num_compiling:
+                if self.scheduler.has_unfinished_requests() and not self.structured_output.num_compiling:
                     raise EngineDeadError(
-                        f"the scheduler holds {self.scheduler.num_unfinished} requests but can schedule none: "
-                        "this is a bug in asyncengine's scheduler"
+                        f"the scheduler ({type(self.scheduler).__qualname__}) holds "
+                        f"{self.scheduler.get_num_unfinished_requests()} requests but can schedule none: this is "
+                        "a bug in the scheduler"
                     )
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
@@ -247,7 +249,7 @@ class EngineCoreLoop:
                 # The next step's constrained requests have their previous token now: its masks, at once
                 # (its worker is waiting for them, or soon will be), before the outputs go out.
                 self._phase = "step loop: computing a deferred step's grammar masks"
-                bitmask = self.scheduler.grammar_bitmask(following.scheduler_output.deferred_grammar_request_ids or [])
+                bitmask = self.scheduler.get_grammar_bitmask(following.scheduler_output)
                 await self.executor.deliver_masks(following.deferred_mask, bitmask)
             update_end = time.monotonic()
             if self._trace is not None:

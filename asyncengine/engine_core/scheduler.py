@@ -1,4 +1,5 @@
-"""Scheduler: continuous batching with a token budget, chunked prefill and preemption.
+"""Scheduler: continuous batching with a token budget, chunked prefill and preemption; the built-in
+SchedulerInterface (asyncengine/interfaces/scheduler.py, which says how the engine core builds it).
 
 It supports async scheduling: step N+1 may be scheduled before step N's sampled tokens are folded
 in. A sequence counts the tokens it will sample in steps still in flight (`num_pending_tokens`); the
@@ -27,7 +28,7 @@ requests are admitted past them.
 A request a worker could not take (ModelRunnerOutput.failed_requests) finishes with finish_reason
 "error" and the worker's message; the other requests and the engine go on.
 
-With a KV connector (`kv_connector`, its scheduler side; set by the engine core from kv_transfer_config),
+With a KV connector (`kv_connector`, its scheduler side; given by the engine core from kv_transfer_config),
 a request being admitted asks it for the prompt tokens it can supply after the local prefix cache's;
 those count as computed, the connector's worker side fills their blocks before the step's forward pass,
 and every step carries the connector's metadata to the workers (interfaces/kv_connector.py).
@@ -43,7 +44,9 @@ from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
 from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRequest
+from asyncengine.interfaces.scheduler import SchedulerInterface
 from asyncengine.structured_output.backend import GrammarBroken
+from asyncengine.structured_output.manager import StructuredOutputManager
 from asyncengine.wire.engine_core import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -60,7 +63,7 @@ from asyncengine.wire.worker import (
 )
 
 
-class Scheduler:
+class Scheduler(SchedulerInterface):
     def __init__(
         self,
         *,
@@ -69,12 +72,30 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_chunked_prefill: bool = True,
+        policy: str = "fcfs",
+        structured_output: StructuredOutputManager | None = None,
+        kv_connector: KVConnectorBase | None = None,
+        max_loras: int | None = None,
+        micro_batches: MicroBatches | None = None,
     ) -> None:
+        # The arguments are the engine core's, the same for every scheduler_cls (interfaces/scheduler.py).
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
+        # "fcfs" or "priority" (see above; scheduling_policy).
+        self.policy = policy
+        # Structured outputs (structured_output/manager.py): grammars and matchers of constrained requests,
+        # which wait here until theirs is compiled; None when no request can be constrained (tests).
+        self.structured_output = structured_output
+        # The scheduler side of the KV connector (interfaces/kv_connector.py), or None.
+        self.kv_connector = kv_connector
+        # Multi-LoRA: at most this many distinct adapters among the running sequences (the workers' slots);
+        # None without LoRA.
+        self.max_loras = max_loras
+        # Pipeline micro-batches (engine_core/micro_batches.py); None without pipeline stages to overlap.
+        self.micro_batches = micro_batches
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.sequences: dict[str, Sequence] = {}
@@ -85,25 +106,11 @@ class Scheduler:
         self._unsent: set[str] = set()
         # Sequences the worker must forget at the next step.
         self._forget: list[str] = []
-        # The scheduler side of the KV connector (interfaces/kv_connector.py), or None. Set by the engine core
-        # after construction, so a `scheduler_cls` subclass keeps Scheduler's constructor arguments.
-        self.kv_connector: KVConnectorBase | None = None
         self.num_prompt_tokens_computed = 0
         self.num_kv_connector_loaded_tokens = 0
         # Sequence id -> its parent request's id: the completions of a request with n > 1, the prompts of
         # one HTTP completions request (EngineCoreRequest.parent_id).
         self._parent_of: dict[str, str] = {}
-        # Structured outputs (structured_output/manager.py), set by the engine core like kv_connector:
-        # grammars and matchers of constrained requests, which wait here until theirs is compiled.
-        self.structured_output = None
-        # Multi-LoRA: at most this many distinct adapters among the running sequences (the workers' slots),
-        # set by the engine core like kv_connector; None without LoRA.
-        self.max_loras: int | None = None
-        # Pipeline micro-batches (engine_core/micro_batches.py), set by the engine core like kv_connector;
-        # None without pipeline stages to overlap.
-        self.micro_batches: MicroBatches | None = None
-        # "fcfs" or "priority" (see above), set by the engine core from scheduling_policy like kv_connector.
-        self.policy = "fcfs"
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -122,10 +129,16 @@ class Scheduler:
         if request.parent_id is not None:
             self._parent_of[seq.request_id] = request.parent_id
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
-        """Finish the given requests as aborted, freeing their blocks. Unknown ids are ignored
-        (the request may have finished on its own a moment earlier). Returns the ids aborted."""
-        aborted = []
+    def finish_requests(self, request_ids: str | Iterable[str] | None,
+                        finished_status: str = FinishReason.ABORT) -> list[str]:
+        """Finish the given requests (every one for None) with `finished_status`, "abort" unless told,
+        freeing their blocks. Unknown ids are ignored (the request may have finished on its own a moment
+        earlier). Returns the ids finished."""
+        if request_ids is None:
+            request_ids = list(self.sequences)
+        elif isinstance(request_ids, str):
+            request_ids = [request_ids]
+        finished = []
         for request_id in request_ids:
             seq = self.sequences.get(request_id)
             if seq is None:
@@ -134,16 +147,25 @@ class Scheduler:
                 self.running.remove(seq)
             else:
                 self.waiting.remove(seq)
-            self._finish(seq, FinishReason.ABORT)
-            aborted.append(request_id)
-        return aborted
+            self._finish(seq, finished_status)
+            finished.append(request_id)
+        return finished
 
-    @property
-    def num_unfinished(self) -> int:
+    def get_num_unfinished_requests(self) -> int:
         return len(self.sequences)
 
-    def has_unfinished(self) -> bool:
+    def has_unfinished_requests(self) -> bool:  # (the interface's, without a call: the step loop asks often)
         return bool(self.sequences)
+
+    def has_finished_requests(self) -> bool:
+        return bool(self._forget)
+
+    def reset_prefix_cache(self) -> bool:
+        self.block_manager.reset_prefix_cache()
+        return True
+
+    def shutdown(self) -> None:
+        """Nothing to release: the blocks are the workers' memory, the grammars the engine core's."""
 
     # -- one step ----------------------------------------------------------------------------------------
 
@@ -282,7 +304,7 @@ class Scheduler:
             num_scheduled_tokens=scheduled,
             finished_request_ids=forget,
             kv_connector_metadata=metadata,
-            grammar_bitmask=None if defer_masks else self.grammar_bitmask(sampling_ids),
+            grammar_bitmask=None if defer_masks else self._grammar_bitmask(sampling_ids),
             deferred_grammar_request_ids=sampling_ids if defer_masks else None,
             pipeline_token_ids=(None if micro_batches is None
                                 else micro_batches.token_ids(cached_requests, self.sequences)),
@@ -345,12 +367,12 @@ class Scheduler:
         admitted, self._admitted = self._admitted, []
         return EngineCoreOutputs(
             outputs=outputs,
-            scheduler_stats=self.stats(),
+            scheduler_stats=self.make_stats(),
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens,
             admitted_request_ids=admitted,
         )
 
-    def stats(self) -> SchedulerStats:
+    def make_stats(self) -> SchedulerStats:
         manager = self.block_manager
         return SchedulerStats(
             num_running_reqs=len(self.running),
@@ -402,7 +424,10 @@ class Scheduler:
                 and any(manager.is_constrained(rid) and self.sequences[rid].num_pending_tokens > 1
                         for rid in sampling_ids))
 
-    def grammar_bitmask(self, sampling_ids: list[str]) -> GrammarBitmask | None:
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarBitmask | None:
+        return self._grammar_bitmask(scheduler_output.deferred_grammar_request_ids or [])
+
+    def _grammar_bitmask(self, sampling_ids: list[str]) -> GrammarBitmask | None:
         """The masks of those of `sampling_ids` that are constrained, from their matchers' state now."""
         if self.structured_output is None:
             return None

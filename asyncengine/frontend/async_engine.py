@@ -13,10 +13,13 @@ Tokenizing and chat rendering never run on the event loop: `generate` (and `proc
 `tokenize`, `detokenize`, `render_chat`, `chat_prompt`, which the server calls) run them in the
 engine's `tokenizer_pool`, a few threads that the server and the Python API share (tokenizer_pool.py).
 
-Each request is one RequestRecord (request_state.py) from `submit` to its end; the RequestTable
-makes submitting, aborting, a step's outputs and the engine's death one call each. The server hands
-a request over once, through `open_stream` (the parsed prompt or conversation, its SamplingParams
-and options: rendered, tokenized and validated here, the output stream returned).
+Each request, a generation or a pooling request (`encode`, `pool`: frontend/pooling.py), is one
+RequestRecord (request_state.py) from `submit` to its end, in one RequestTable that makes submitting,
+aborting, a step's outputs and the engine's death one call each, whatever the kind; every request runs
+through `_run` (admission, hand-over, outputs, and the one abort path). The server hands a generation
+over once, through `open_stream` (the parsed prompt or conversation, its SamplingParams and options:
+rendered, tokenized and validated here, the output stream returned). Calls into the engine core and
+the workers (`collective_rpc`, `get_scheduler_stats`, ...) go through the CoreClient (core_client.py).
 
 Stat loggers (the stat-logger plugins, and any added with `add_stat_logger`) run in StatLogging
 (stat_logging.py): a slow one cannot stall the streams. A stat logger that raises is a bug that
@@ -41,14 +44,13 @@ from anyio.from_thread import run_sync as run_on_loop
 from anyio.lowlevel import current_token
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
-from asyncengine.runtime.reply import Reply
-from asyncengine.errors import EngineDeadError, RequestError, rebuild_error
+from asyncengine.errors import EngineDeadError, RequestError
 from asyncengine.frontend.core_client import CoreClient
 from asyncengine.frontend.dp_router import EngineLost, start_client
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
-from asyncengine.frontend.pooling import PoolingEngine
+from asyncengine.frontend.pooling import PoolingProcessor, PoolingPrompt
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
-from asyncengine.frontend.request_state import RequestTable
+from asyncengine.frontend.request_state import RequestRecord, RequestTable
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
 from asyncengine.interfaces.stat_logger import StatLoggerBase
 from asyncengine.frontend.stat_logging import StatLogging, logger_initialized
@@ -57,6 +59,8 @@ from asyncengine.frontend.tokenizer import decode_ids, encode_text, render_chat
 from asyncengine.frontend.tokenizer_pool import TokenizerPool
 from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.outputs import RequestOutput
+from asyncengine.pooling.outputs import PoolingRequestOutput
+from asyncengine.pooling.params import PoolingParams
 from asyncengine.plugin_runtime.phases import PluginState, run_plugin_phases
 from asyncengine.plugin_runtime.placement import frontend_roles
 from asyncengine.wire.startup import StartupRecord
@@ -64,7 +68,7 @@ from asyncengine.plugin_runtime.records import StartupTrace, write_trace
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import EngineCoreOutputs, SchedulerStats
-from asyncengine.wire.messages import AbortRequests, AddRequests, EngineCoreDead, UtilityCall, UtilityResult
+from asyncengine.wire.messages import AbortRequests, AddRequests, EngineCoreDead
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +98,7 @@ async def frontend_start(
         if config.startup_trace:
             write_trace(config.startup_trace, trace.records)
 
-class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/pooling.py)
+class AsyncEngine:
     def __init__(self, config: EngineConfig, setup: FrontendSetup, core: CoreClient, plugins: PluginState,
                  startup_records: list[StartupRecord]) -> None:
         self.config = config
@@ -113,10 +117,12 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         self._core = core
         self.stat_logging = StatLogging(config.stats_log_interval, self._stat_logger_failed,
                                         lambda: self.last_scheduler_stats)
-        self._requests = RequestTable(OutputProcessor(setup.tokenizer), config.max_waiting_requests,
-                                      self.stat_logging.tracker, lambda: self.stat_logging.active)
-        self._calls: dict[int, Reply] = {}  # utility calls into the engine core, waiting for their result
-        self._call_ids = itertools.count()
+        # Every request, of every kind: generations (their outputs made by the output processor) and
+        # pooling requests (checked and made by the pooling processor).
+        self._requests = RequestTable(config.max_waiting_requests, self.stat_logging.tracker,
+                                      lambda: self.stat_logging.active)
+        self.output_processor = OutputProcessor(setup.tokenizer)
+        self._pooling = PoolingProcessor(config, setup.model_config, setup.tokenizer)
         self._request_ids = itertools.count()
         self._dead: EngineDeadError | None = None
         self._lost_engines: set[int] = set()  # data-parallel engine cores that died while others serve on
@@ -189,8 +195,7 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         with anyio.CancelScope(shield=True):
             await self._core.close()
         self._requests.fail_all(EngineDeadError("the engine was shut down"))
-        self.pooling_requests.fail_all(EngineDeadError("the engine was shut down"))
-        self._fail_calls(EngineDeadError("the engine was shut down"))
+        self._core.fail_calls(EngineDeadError("the engine was shut down"))
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -370,7 +375,16 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
             raise RequestError(
                 f"n={num_children} exceeds max_waiting_requests ({self.config.max_waiting_requests})", field="n"
             )
-        record = self._requests.open(processed, kind)
+        record = self._requests.open(processed.request_id, processed.children,
+                                     self.output_processor.new_state(processed, kind))
+        async with aclosing(self._run(record, nowait=nowait)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def _run(self, record: RequestRecord, *, nowait: bool) -> AsyncGenerator[Any, None]:
+        """Any kind of request, opened in the table: admission (a place under max_waiting_requests, waited
+        for unless `nowait`), the hand-over to the engine core, then its outputs until the last; if it ends
+        otherwise (its consumer stopped, was cancelled, or an error), the one abort path."""
         finished = False
         try:
             if await self._requests.admit(record, nowait=nowait):
@@ -414,46 +428,64 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         if not self._accepting:
             raise EngineDeadError("the engine is shutting down and accepts no new requests")
 
-    # -- calls into the engine core and the workers -----------------------------------------------------
+    # -- pooling requests (frontend/pooling.py) ----------------------------------------------------------
+
+    def pooling_task_default(self) -> str:
+        return self._pooling.pooling_task_default()
+
+    def check_pooling_task(self, task: str) -> None:
+        self._pooling.check_pooling_task(task)
+
+    def prepare_pooling(self, prompt: Any, params: PoolingParams | None, *, task: str | None = None,
+                        pair: Any = None, field: str = "prompt") -> PoolingPrompt:
+        """Check and tokenize one pooling request (run it in the tokenizer pool: it may tokenize)."""
+        return self._pooling.prepare_pooling(prompt, params, task=task, pair=pair, field=field)
+
+    def check_fits_the_queue(self, count: int, field: str) -> None:
+        self._pooling.check_fits_the_queue(count, field)
+
+    async def pool(self, prompt: Any, pooling_params: PoolingParams | None = None, request_id: str | None = None,
+                   *, task: str | None = None, pair: Any = None, field: str = "prompt",
+                   nowait: bool = False) -> PoolingRequestOutput:
+        """One pooling request, checked, tokenized (in the tokenizer pool) and run; its pooled output. It waits
+        for a place under max_waiting_requests, or with `nowait` raises EngineOverloadedError when there is none."""
+        self._check_accepting()
+        prepared = await self.tokenizer_pool.run(
+            self.prepare_pooling, prompt, pooling_params, task=task, pair=pair, field=field)
+        return await self.run_pooling(prepared, request_id, nowait=nowait)
+
+    async def run_pooling(self, prepared: PoolingPrompt, request_id: str | None = None, *,
+                          nowait: bool = False) -> PoolingRequestOutput:
+        self._check_accepting()
+        record = self._requests.open(*self._pooling.new_request(prepared, request_id))
+        async with aclosing(self._run(record, nowait=nowait)) as outputs:
+            async for output in outputs:
+                result: PoolingRequestOutput = output
+                return result
+        raise RequestError("the pooling request ended without an output")  # (_run yields until one is final)
+
+    async def encode(self, prompt: Any, pooling_params: PoolingParams | None = None, request_id: str | None = None,
+                     *, task: str | None = None) -> AsyncGenerator[PoolingRequestOutput, None]:
+        """vLLM's AsyncLLM.encode: yields the request's one (final) PoolingRequestOutput."""
+        yield await self.pool(prompt, pooling_params, request_id, task=task)
+
+    # -- calls into the engine core and the workers (the core client's: core_client.py) --------------------
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """Run public worker method `method(*args, **kwargs)` on every rank; each rank's result
-        (msgspec-encodable). vLLM's signature: `timeout` in seconds (then TimeoutError). The arguments must
-        be msgspec-encodable (a TypeError names one that is not), and every worker gets them as a worker
-        process decodes them (a tuple as a list, a Struct as a dict), in-process too. `collective_rpc(method,
-        args)` (args second) still works."""
-        if isinstance(timeout, (list, tuple)):  # the older form, args second: a list or tuple is no timeout
-            if isinstance(args, Mapping) and kwargs is None:  # (method, args, kwargs)
-                args, kwargs = (), args
-            if args != ():
-                raise TypeError(f"collective_rpc({method!r}, {timeout!r}, {args!r}): with the arguments second, "
-                                "the third is the keyword arguments (a dict); or pass timeout, args, kwargs by name")
-            timeout, args = None, timeout
-        worker_args, worker_kwargs = rpc_arguments(method, args, kwargs)
-        with anyio.fail_after(timeout):  # None: no deadline
-            return await self._call_core("collective_rpc", method, worker_args, worker_kwargs)
+        """Run public worker method `method(*args, **kwargs)` on every rank; each rank's result. vLLM's
+        signature (CoreClient.collective_rpc says what travels)."""
+        return await self._core.collective_rpc(method, timeout, args, kwargs)
 
     async def get_scheduler_stats(self) -> SchedulerStats:
-        return msgspec.convert(await self._call_core("get_scheduler_stats"), SchedulerStats)
+        return msgspec.convert(await self._core.call("get_scheduler_stats"), SchedulerStats)
 
     async def reset_prefix_cache(self) -> None:
-        await self._call_core("reset_prefix_cache")
+        await self._core.call("reset_prefix_cache")
 
     async def call_engine_core(self, method: str, *args: Any) -> Any:
         """A named engine-core call (`kv_cache_info`, `start_step_trace`, `stop_step_trace`, ...)."""
-        return await self._call_core(method, *args)
-
-    async def _call_core(self, method: str, *args: Any) -> Any:
-        if self._dead is not None:
-            raise self._dead.again()
-        call_id = next(self._call_ids)
-        reply = self._calls[call_id] = Reply()
-        try:
-            await self._core.send(UtilityCall(call_id=call_id, method=method, args=list(args)))
-            return await reply.wait()
-        finally:
-            self._calls.pop(call_id, None)
+        return await self._core.call(method, *args)
 
     # -- outputs ---------------------------------------------------------------------------------------
 
@@ -461,20 +493,13 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         task_status.started()
         while True:
             try:
-                message = await self._core.receive()
+                message = await self._core.get_output()  # (a call's result goes to its caller there)
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 if not self._closing:
                     self._die(EngineDeadError(f"{await self._core.death_cause()}"))
                 return
             if isinstance(message, EngineCoreOutputs):
                 await self._on_step(message)
-            elif isinstance(message, UtilityResult):
-                reply = self._calls.get(message.call_id)
-                if reply is not None:
-                    if message.error is not None:
-                        reply.fail(rebuild_error(message.error_type, message.error, message.error_field))
-                    else:
-                        reply.set(message.result)
             elif isinstance(message, EngineLost):  # one data-parallel engine core of several (dp_router.py)
                 self._lost_engines.add(message.engine_index)
                 self._requests.fail_core_requests(message.core_request_ids, message.error)
@@ -489,7 +514,6 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
         logging_stats = self.stat_logging.active  # without a stat logger, stats cost nothing
         received = time.monotonic() if logging_stats else 0.0
         self.last_scheduler_stats = message.scheduler_stats
-        self.pooling_requests.on_step(message.outputs)
         to_abort = self._requests.on_step(message)
         if logging_stats:
             # Before this step's first await: a synchronous logger (Prometheus) has recorded the step
@@ -505,15 +529,10 @@ class AsyncEngine(PoolingEngine):  # encode / pool: pooling requests (frontend/p
             self._dead = error
             logger.error("engine dead: %s", error)
         self.stat_logging.stop()
-        self.pooling_requests.fail_all(self._dead)
         in_core = self._requests.fail_all(self._dead)
-        self._fail_calls(self._dead)
+        self._core.fail_calls(self._dead)
         self._died.set()
         return in_core
-
-    def _fail_calls(self, error: EngineDeadError) -> None:
-        for reply in self._calls.values():
-            reply.fail(error)
 
     # -- stat loggers ----------------------------------------------------------------------------------
 
@@ -560,31 +579,3 @@ def _text_to_tokenize(prompt: Any) -> str | None:
     if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
         return prompt["prompt"]
     return None
-
-
-_RPC_ENCODER, _RPC_DECODER = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
-
-
-def rpc_arguments(method: str, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any] | None]:
-    """collective_rpc's `args` and `kwargs` as every worker receives them (what msgpack decodes), each
-    checked to encode: a TypeError names the argument that cannot travel to a worker process."""
-    call = f"collective_rpc({method!r})"
-    if not isinstance(args, (list, tuple)):
-        raise TypeError(f"{call}: args is a {type(args).__name__}; pass the positional arguments as a list or tuple")
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise TypeError(f"{call}: kwargs is a {type(kwargs).__name__}; pass the keyword arguments as a dict")
-    for name in kwargs or ():
-        if not isinstance(name, str):
-            raise TypeError(f"{call}: keyword argument name {name!r} ({type(name).__name__}) is not a string")
-
-    def decoded(what: str, value: Any) -> Any:
-        try:
-            return _RPC_DECODER.decode(_RPC_ENCODER.encode(value))
-        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
-            raise TypeError(f"{call}: {what} ({type(value).__name__}) cannot be sent to the workers: {exc}; pass "
-                            "msgspec-encodable values (None, bool, int, float, str, bytes, lists, dicts, "
-                            "msgspec Structs)") from None
-
-    worker_args = [decoded(f"positional argument {index}", value) for index, value in enumerate(args)]
-    worker_kwargs = {name: decoded(f"keyword argument {name!r}", value) for name, value in (kwargs or {}).items()}
-    return worker_args, worker_kwargs or None

@@ -5,32 +5,49 @@ memory object streams. `ProcessCoreClient` starts the engine core as a fresh int
 it in frames over a Unix socket in a private directory (or TCP with a secret). Either starts as a step
 of its owner's start-up, `client = await tg.start(start_core_client(config), config, setup, plugins, trace)`.
 
+Every client also carries the calls into the engine core (`call`: a named engine-core method;
+`collective_rpc`: a worker method on every rank): each call is a UtilityCall with an id, answered by a
+UtilityResult that `get_output` hands to its waiting caller, so the frontend's output handler sees only
+the steps' outputs and the engine's deaths.
+
 `check_engine_core` is `asyncengine plugins check`'s path instead: the engine core's start-up phases and
 its workers', in this process or in its own, and no model, so the serving path always has one.
 """
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 from anyio.abc import Process, TaskStatus
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.engine_core.check import check_workers
 from asyncengine.engine_core.core import EngineCore, run_engine_core
 from asyncengine.engine_core.loop import EngineCoreLoop
-from asyncengine.errors import StartupError, rebuild_error
+from asyncengine.errors import EngineDeadError, StartupError, rebuild_error
 from asyncengine.frontend.startup import FrontendSetup
 from asyncengine.plugin_runtime.platform_resolution import current_platform_key
 from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.groups import single_exceptions
+from asyncengine.runtime.reply import Reply
 from asyncengine.runtime.spawn import describe_exit, spawn_child, stop_process
 from asyncengine.wire.framing import FrameStream
-from asyncengine.wire.messages import CheckParams, FrontendInbox, Ready, Shutdown, StartupFailed, StartupParams
+from asyncengine.wire.messages import (
+    CheckParams,
+    FrontendInbox,
+    Ready,
+    Shutdown,
+    StartupFailed,
+    StartupParams,
+    UtilityCall,
+    UtilityResult,
+)
 
 ENGINE_CORE_START_TIMEOUT = 900.0  # it loads the model before it says Ready
 T = TypeVar("T")
@@ -38,6 +55,11 @@ T = TypeVar("T")
 
 class CoreClient(ABC):
     process_name: str
+
+    def __init__(self) -> None:
+        self._pending_calls: dict[int, Reply] = {}  # calls into the engine core, waiting for their result
+        self._call_ids = itertools.count()
+        self._calls_failed: EngineDeadError | None = None  # once set, every call fails with it
 
     @abstractmethod
     async def send(self, message: Any) -> None: ...
@@ -59,11 +81,94 @@ class CoreClient(ABC):
         its type, message and culprit crossed, on EngineCoreDead)."""
         return None
 
+    # -- calls into the engine core and the workers -----------------------------------------------------
+
+    async def get_output(self) -> Any:
+        """The next message from the engine core other than a call's result (each is handed to its
+        caller here): a step's EngineCoreOutputs, EngineCoreDead, or (data parallelism) EngineLost."""
+        while True:
+            message = await self.receive()
+            if not isinstance(message, UtilityResult):
+                return message
+            reply = self._pending_calls.get(message.call_id)
+            if reply is not None:
+                if message.error is not None:
+                    reply.fail(rebuild_error(message.error_type, message.error, message.error_field))
+                else:
+                    reply.set(message.result)
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """A named engine-core call (`get_scheduler_stats`, `kv_cache_info`, ...): its result, or its error
+        raised here (typed as in the engine core)."""
+        if self._calls_failed is not None:
+            raise self._calls_failed.again()
+        call_id = next(self._call_ids)
+        reply = self._pending_calls[call_id] = Reply()
+        try:
+            await self.send(UtilityCall(call_id=call_id, method=method, args=list(args)))
+            return await reply.wait()
+        finally:
+            self._pending_calls.pop(call_id, None)
+
+    def fail_calls(self, error: EngineDeadError) -> None:
+        """The engine died or shut down: the calls waiting fail with `error`, and so does every later one."""
+        self._calls_failed = error
+        for reply in self._pending_calls.values():
+            reply.fail(error)
+
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
+                             kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run public worker method `method(*args, **kwargs)` on every rank; each rank's result
+        (msgspec-encodable). vLLM's signature: `timeout` in seconds (then TimeoutError). The arguments must
+        be msgspec-encodable (a TypeError names one that is not), and every worker gets them as a worker
+        process decodes them (a tuple as a list, a Struct as a dict), in-process too. `collective_rpc(method,
+        args)` (args second) still works."""
+        if isinstance(timeout, (list, tuple)):  # the older form, args second: a list or tuple is no timeout
+            if isinstance(args, Mapping) and kwargs is None:  # (method, args, kwargs)
+                args, kwargs = (), args
+            if args != ():
+                raise TypeError(f"collective_rpc({method!r}, {timeout!r}, {args!r}): with the arguments second, "
+                                "the third is the keyword arguments (a dict); or pass timeout, args, kwargs by name")
+            timeout, args = None, timeout
+        worker_args, worker_kwargs = rpc_arguments(method, args, kwargs)
+        with anyio.fail_after(timeout):  # None: no deadline
+            result: list[Any] = await self.call("collective_rpc", method, worker_args, worker_kwargs)
+            return result
+
+
+_RPC_ENCODER, _RPC_DECODER = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+
+
+def rpc_arguments(method: str, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any] | None]:
+    """collective_rpc's `args` and `kwargs` as every worker receives them (what msgpack decodes), each
+    checked to encode: a TypeError names the argument that cannot travel to a worker process."""
+    call = f"collective_rpc({method!r})"
+    if not isinstance(args, (list, tuple)):
+        raise TypeError(f"{call}: args is a {type(args).__name__}; pass the positional arguments as a list or tuple")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"{call}: kwargs is a {type(kwargs).__name__}; pass the keyword arguments as a dict")
+    for name in kwargs or ():
+        if not isinstance(name, str):
+            raise TypeError(f"{call}: keyword argument name {name!r} ({type(name).__name__}) is not a string")
+
+    def decoded(what: str, value: Any) -> Any:
+        try:
+            return _RPC_DECODER.decode(_RPC_ENCODER.encode(value))
+        except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+            raise TypeError(f"{call}: {what} ({type(value).__name__}) cannot be sent to the workers: {exc}; pass "
+                            "msgspec-encodable values (None, bool, int, float, str, bytes, lists, dicts, "
+                            "msgspec Structs)") from None
+
+    worker_args = [decoded(f"positional argument {index}", value) for index, value in enumerate(args)]
+    worker_kwargs = {name: decoded(f"keyword argument {name!r}", value) for name, value in (kwargs or {}).items()}
+    return worker_args, worker_kwargs or None
+
 
 class InProcessCoreClient(CoreClient):
     process_name = "the engine core (in-process)"
 
     def __init__(self, core: EngineCore) -> None:
+        super().__init__()
         # Both bounded, and neither reader waits on its writer: the loop's inbox handler never sends
         # (grammar compilation and calls answer from tasks of their own), so a full outbox cannot stop
         # it taking requests and aborts. 1024 messages in: a burst of submissions from many tasks
@@ -125,6 +230,7 @@ class InProcessCoreClient(CoreClient):
 
 class ProcessCoreClient(CoreClient):
     def __init__(self, process: Process, frames: FrameStream) -> None:
+        super().__init__()
         self.process = process
         self.frames = frames
         self.process_name = f"the engine core (pid {process.pid})"

@@ -110,6 +110,7 @@ class _CombinedCall:
 
 class DataParallelCoreClient(CoreClient):
     def __init__(self, config: EngineConfig, clients: list[CoreClient]) -> None:
+        super().__init__()
         self.config = config
         self.engines = [_Engine(index, client) for index, client in enumerate(clients)]
         self.router = Router(len(clients), config.block_size)

@@ -2,10 +2,13 @@
 
 The handler never waits for a consumer: if the consumer has not taken the previous output yet, the
 new one is merged into it (text and tokens appended), so a slow reader costs memory for its own
-request only and delays nobody else.
+request only and delays nobody else. Only a generation's outputs come more than once (RequestOutput
+deltas, merged here); a request of another kind (pooling) gets its one output, or its error.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import anyio
 
@@ -14,11 +17,11 @@ from asyncengine.outputs import CompletionOutput, RequestOutput
 
 class OutputCollector:
     def __init__(self) -> None:
-        self._output: RequestOutput | None = None
+        self._output: Any = None
         self._error: BaseException | None = None
         self._ready = anyio.Event()
 
-    def put(self, output: RequestOutput) -> None:
+    def put(self, output: Any) -> None:
         self._output = output if self._output is None else merge_outputs(self._output, output)
         self._ready.set()
 
@@ -26,7 +29,7 @@ class OutputCollector:
         self._error = error
         self._ready.set()
 
-    async def get(self) -> RequestOutput:
+    async def get(self) -> Any:
         """The next output (or the merge of all since the last get); raises the failure after it."""
         while True:
             if self._output is not None:

@@ -3,8 +3,8 @@
 It detokenizes incrementally, finds stop strings (then asks for the engine-core request to be
 aborted, since the core only knows token-level stops), gathers the `n` completions of a request, and
 emits either deltas (streaming) or one final output. It keeps no table of requests: each request's
-state (a RequestOutputState) lives in its RequestRecord (request_state.py), which calls `apply` for
-each engine-core output and `make_output` once per step.
+state (a RequestOutputState, a generation's RequestOutputs) lives in its RequestRecord
+(request_state.py), whose table calls `apply` for each engine-core output and `make_output` once per step.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from asyncengine.errors import RequestError
 from asyncengine.frontend.detokenizer import IncrementalDetokenizer
 from asyncengine.frontend.processor import ProcessedRequest
+from asyncengine.frontend.request_state import RequestOutputs
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.wire.engine_core import EngineCoreOutput, FinishReason
 
@@ -58,9 +59,10 @@ class CompletionState:
 
 
 @dataclass
-class RequestOutputState:
-    """What the output processor keeps for one request (its RequestRecord holds it)."""
+class RequestOutputState(RequestOutputs):
+    """What the output processor keeps for one generation request (its RequestRecord holds it)."""
 
+    processor: OutputProcessor
     request: ProcessedRequest
     kind: OutputKind
     completions: list[CompletionState]
@@ -69,6 +71,18 @@ class RequestOutputState:
     @property
     def finished(self) -> bool:
         return all(c.finished for c in self.completions)
+
+    def failure(self, output: EngineCoreOutput) -> BaseException | None:
+        return self.processor.error_of(output) if output.finish_reason == FinishReason.ERROR else None
+
+    def apply(self, completion: CompletionState, output: EngineCoreOutput) -> bool:
+        return self.processor.apply(completion, output)
+
+    def make_output(self) -> RequestOutput | None:
+        return self.processor.make_output(self)
+
+    def abort(self) -> RequestOutput | None:
+        return self.processor.abort(self)
 
 
 class OutputProcessor:
@@ -100,7 +114,7 @@ class OutputProcessor:
                 logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None,
             ))
-        return RequestOutputState(request, kind, completions)
+        return RequestOutputState(self, request, kind, completions)
 
     def abort(self, state: RequestOutputState) -> RequestOutput | None:
         """End the unfinished completions with finish_reason "abort"; the request's last output."""

@@ -1,14 +1,18 @@
 """The frontend's side of pooling requests (embed, classify, score, encode): checked and tokenized here, sent
 to the engine core as prefill-only requests, answered with one pooled output each (docs/pooling.md).
 
-`PoolingEngine` is mixed into AsyncEngine: `encode(prompt, pooling_params)` (vLLM's name; an async generator
-that yields the one final PoolingRequestOutput) and `pool(...)`, its coroutine form. A pooling request is one
-engine-core request, tracked by the `PoolingTable` until its output (or error) arrives; cancelling the waiting
-task aborts it in the engine core, and the engine's death fails it.
+`PoolingProcessor` checks and tokenizes (`prepare_pooling`, in the tokenizer pool) and makes the request;
+`PoolingOutputs` is what a pooling request makes of its engine-core output: the kind of request the
+AsyncEngine's one RequestTable holds beside generations (request_state.py). AsyncEngine's `encode(prompt,
+pooling_params)` (vLLM's name; an async generator that yields the one final PoolingRequestOutput) and `pool(...)`,
+its coroutine form, run it as they run a generation: the same admission, the same abort path (cancelling the
+waiting task, or `abort(request_id)`, aborts it in the engine core), the same step handler; the engine's death
+fails it.
 
 A pooling request takes a place under `max_waiting_requests` as a generation does (the same AdmissionGate,
-frontend/admission.py) and holds it until its output arrives (the step that first runs a pooling request also
-finishes it): it waits for room, or with `nowait` (the server) fails with EngineOverloadedError at once, a 503.
+frontend/admission.py) and holds it until the scheduler first runs it (the step that first runs a pooling
+request also finishes it): it waits for room, or with `nowait` (the server) fails with EngineOverloadedError
+at once, a 503.
 
 Every check of a request raises RequestError naming the field (the server's 400): an empty prompt, a token id
 outside the vocabulary, a prompt longer than max_model_len without `truncate_prompt_tokens`, `dimensions` on a
@@ -20,22 +24,16 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator
-
-import anyio
+from typing import Any
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
-from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
-from asyncengine.frontend.admission import AdmissionGate
-from asyncengine.frontend.core_client import CoreClient
-from asyncengine.frontend.request_state import RequestTable
-from asyncengine.frontend.tokenizer_pool import TokenizerPool
+from asyncengine.errors import RequestError
+from asyncengine.frontend.request_state import RequestOutputs
 from asyncengine.frontend.tokenizer import encode_text
 from asyncengine.pooling.outputs import PoolingOutput, PoolingRequestOutput, tensor_of
 from asyncengine.pooling.params import PoolingParams
 from asyncengine.wire.engine_core import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingOptions
-from asyncengine.wire.messages import AbortRequests, AddRequests
 from asyncengine.wire.pooling import PoolingOptions
 
 _NO_SAMPLING = SamplingOptions(max_tokens=1)
@@ -51,108 +49,67 @@ class PoolingPrompt:
     options: PoolingOptions
 
 
-class _Pending:
-    __slots__ = ("done", "output", "error", "holds_place")
+@dataclass
+class PoolingCompletion:
+    """A pooling request's one engine-core request, as the request table sees it."""
 
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.output: EngineCoreOutput | None = None
-        self.error: BaseException | None = None
-        self.holds_place = True  # its place at the admission gate, until it is given back
+    core_request_id: str
+    finished: bool = False
 
 
-class PoolingTable:
-    """Pooling requests in the engine core, by engine-core id, until their one output arrives. Each holds one
-    place at `gate` (taken before `open`), given back when its output arrives or it is forgotten."""
+class PoolingOutputs(RequestOutputs):
+    """A pooling request's outputs: the one pooled vector (or scores) its engine-core request ends with."""
 
-    def __init__(self, gate: AdmissionGate) -> None:
-        self.gate = gate
-        self._pending: dict[str, _Pending] = {}
+    counted_in_stats = False  # the stat loggers count generated tokens and their latencies: a pooling has none
 
-    def __len__(self) -> int:
-        return len(self._pending)
+    def __init__(self, request_id: str, core_request_id: str, prepared: PoolingPrompt) -> None:
+        self.request_id = request_id
+        self.prepared = prepared
+        self.completions = [PoolingCompletion(core_request_id)]
+        self.num_cached_tokens = 0
+        self._output: EngineCoreOutput | None = None
 
-    async def take_place(self, *, nowait: bool) -> None:
-        """One place at the gate for a pooling request: wait for it, or with `nowait` raise
-        EngineOverloadedError when every place is taken (as a generation request does)."""
-        if not nowait:
-            await self.gate.enter(1)
-        elif not self.gate.try_enter(1):
-            raise EngineOverloadedError(
-                f"{self.gate.capacity} requests are already waiting (max_waiting_requests); retry later")
+    @property
+    def finished(self) -> bool:
+        return bool(self.completions[0].finished)
 
-    def open(self, core_id: str) -> _Pending:
-        """Track a request that has taken its place (`take_place`): the table gives the place back."""
-        pending = self._pending[core_id] = _Pending()
-        return pending
+    def failure(self, output: EngineCoreOutput) -> BaseException | None:
+        if output.finish_reason == FinishReason.ERROR:
+            return RequestError(output.error or "the engine could not pool this request", field=output.error_field)
+        if output.pooled is None:
+            return RequestError(f"the pooling request ended ({output.finish_reason}) without an output")
+        return None
 
-    def _give_back_place(self, pending: _Pending) -> None:
-        if pending.holds_place:
-            pending.holds_place = False
-            self.gate.leave(1)
+    def apply(self, completion: PoolingCompletion, output: EngineCoreOutput) -> bool:
+        if output.finished:
+            completion.finished = True
+            self._output = output
+        return False
 
-    def forget(self, core_id: str) -> bool:
-        """Stop tracking a request; True when it was still waiting (so the engine core still has it)."""
-        pending = self._pending.pop(core_id, None)
-        if pending is None:
-            return False
-        self._give_back_place(pending)
-        return True
+    def make_output(self) -> PoolingRequestOutput | None:
+        output = self._output
+        if output is None or output.pooled is None:  # (failure() ended a finished one without a vector)
+            return None
+        prepared = self.prepared
+        return PoolingRequestOutput(request_id=self.request_id, outputs=PoolingOutput(tensor_of(output.pooled)),
+                                    prompt_token_ids=prepared.prompt_token_ids, prompt=prepared.prompt)
 
-    def on_step(self, outputs: list[EngineCoreOutput]) -> None:
-        if not self._pending:
-            return
-        for output in outputs:
-            pending = self._pending.get(output.request_id)
-            if pending is None or not output.finished:
-                continue
-            del self._pending[output.request_id]
-            self._give_back_place(pending)
-            if output.finish_reason == FinishReason.ERROR:
-                pending.error = RequestError(output.error or "the engine could not pool this request",
-                                             field=output.error_field)
-            elif output.pooled is None:
-                pending.error = RequestError(f"the pooling request ended ({output.finish_reason}) without an output")
-            pending.output = output
-            pending.done.set()
-
-    def fail_all(self, error: BaseException) -> None:
-        for pending in self._pending.values():
-            pending.error = error
-            pending.done.set()
-        self._pending.clear()
+    def abort(self) -> RequestError:
+        return RequestError(f"pooling request {self.request_id!r} was aborted", field="request_id")
 
 
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-class PoolingEngine:
-    """AsyncEngine's pooling methods (mixed into it: AsyncEngine sets these attributes and defines the two
-    methods below, which its own definitions override)."""
+class PoolingProcessor:
+    """Pooling requests checked and tokenized against the model, and made into a request for the table."""
 
-    model_config: ModelConfig
-    config: EngineConfig
-    tokenizer: Any
-    tokenizer_pool: TokenizerPool
-    _core: CoreClient
-    _requests: RequestTable  # the generation requests: its admission gate bounds pooling requests too
-
-    def _check_accepting(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def dead_error(self) -> EngineDeadError | None:
-        raise NotImplementedError
-
-    _pooling_table: PoolingTable | None = None
-    _pooling_ids = itertools.count()
-
-    @property
-    def pooling_requests(self) -> PoolingTable:
-        if self._pooling_table is None:
-            self._pooling_table = PoolingTable(self._requests.gate)
-        return self._pooling_table
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, tokenizer: Any) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self._numbers = itertools.count()
 
     # -- checking and tokenizing ------------------------------------------------------------------------
 
@@ -257,46 +214,13 @@ class PoolingEngine:
             raise RequestError(f"{field} has {count} inputs, more than max_waiting_requests ({capacity}) can hold: "
                                "send fewer per request", field=field)
 
-    async def pool(self, prompt: Any, pooling_params: PoolingParams | None = None, request_id: str | None = None,
-                   *, task: str | None = None, pair: Any = None, field: str = "prompt",
-                   nowait: bool = False) -> PoolingRequestOutput:
-        """One pooling request, checked, tokenized (in the tokenizer pool) and run; its pooled output. It waits
-        for a place under max_waiting_requests, or with `nowait` raises EngineOverloadedError when there is none."""
-        self._check_accepting()
-        prepared = await self.tokenizer_pool.run(
-            self.prepare_pooling, prompt, pooling_params, task=task, pair=pair, field=field)
-        return await self.run_pooling(prepared, request_id, nowait=nowait)
-
-    async def run_pooling(self, prepared: PoolingPrompt, request_id: str | None = None, *,
-                          nowait: bool = False) -> PoolingRequestOutput:
-        number = next(self._pooling_ids)
+    def new_request(self, prepared: PoolingPrompt,
+                    request_id: str | None) -> tuple[str, list[EngineCoreRequest], PoolingOutputs]:
+        """A prepared pooling request as the request table opens it: its id (`pool-N` unless given), its one
+        prefill-only engine-core request and its outputs."""
+        number = next(self._numbers)
         request_id = request_id if request_id is not None else f"pool-{number}"
         core_id = f"{number}:pool:{request_id}"
-        table = self.pooling_requests
-        await table.take_place(nowait=nowait)
-        pending = table.open(core_id)  # (no checkpoint between: the place cannot be lost to a cancellation)
         request = EngineCoreRequest(request_id=core_id, prompt_token_ids=prepared.prompt_token_ids,
                                     sampling=_NO_SAMPLING, arrival_time=time.monotonic(), pooling=prepared.options)
-        try:
-            self._check_accepting()
-            await self._core.send(AddRequests(requests=[request]))
-            await pending.done.wait()
-        finally:
-            if table.forget(core_id) and self.dead_error is None:
-                with anyio.CancelScope(shield=True):  # cancelled while it ran: free it in the engine core
-                    try:
-                        await self._core.send(AbortRequests(request_ids=[core_id]))
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        pass  # the engine core is gone: nothing left to abort
-        if pending.error is not None:
-            raise pending.error
-        output = pending.output
-        if output is None or output.pooled is None:  # (on_step sets one of error and output)
-            raise RequestError("the pooling request ended without an output")
-        return PoolingRequestOutput(request_id=request_id, outputs=PoolingOutput(tensor_of(output.pooled)),
-                                    prompt_token_ids=prepared.prompt_token_ids, prompt=prepared.prompt)
-
-    async def encode(self, prompt: Any, pooling_params: PoolingParams | None = None, request_id: str | None = None,
-                     *, task: str | None = None) -> AsyncGenerator[PoolingRequestOutput, None]:
-        """vLLM's AsyncLLM.encode: yields the request's one (final) PoolingRequestOutput."""
-        yield await self.pool(prompt, pooling_params, request_id, task=task)
+        return request_id, [request], PoolingOutputs(request_id, core_id, prepared)

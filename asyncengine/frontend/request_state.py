@@ -1,11 +1,17 @@
 """RequestRecord and RequestTable: one object per request in the AsyncEngine, owning its life cycle.
 
+One table for every kind of request: a generation (its `n` completions), a pooling request (one
+prefill-only engine-core request), and whatever kind comes next. A kind differs only in what it makes
+of its engine-core outputs: its RequestOutputs (generation: output_processor.py's RequestOutputState,
+which detokenizes and finds stop strings; pooling: pooling.py's PoolingOutputs). Everything else is the
+table's, the same for every kind.
+
 A request is queued (waiting at the admission gate for a place under `max_waiting_requests`), then
-in the engine core (its `n` completions sent as engine-core requests), and it ends once: finished,
-aborted, or failed. Its record holds everything the frontend knows about it: the processed request,
-the output processor's state (detokenizers, what was sent), the mailbox its consumer reads, which of
-its engine-core requests still hold an admission place (until the scheduler first runs them) and
-which are still in the engine core (so that an abort reaches only those).
+in the engine core (its engine-core requests sent), and it ends once: finished, aborted, or failed.
+Its record holds everything the frontend knows about it: its engine-core requests, its outputs' state,
+the mailbox its consumer reads, which of its engine-core requests still hold an admission place (until
+the scheduler first runs them) and which are still in the engine core (so that an abort reaches only
+those).
 
 The RequestTable holds the records by request id and their completions by engine-core id, and makes
 each event one call: `open` (submit), `admit` and `send` (admission, then the hand-over to the
@@ -18,7 +24,9 @@ from __future__ import annotations
 
 import enum
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 import anyio
 
@@ -26,10 +34,40 @@ from asyncengine.errors import EngineOverloadedError, RequestError
 from asyncengine.frontend.admission import AdmissionGate
 from asyncengine.frontend.iteration_stats import StatsTracker
 from asyncengine.frontend.output_collector import OutputCollector
-from asyncengine.frontend.output_processor import CompletionState, OutputKind, OutputProcessor, RequestOutputState
-from asyncengine.frontend.processor import ProcessedRequest
-from asyncengine.outputs import RequestOutput
-from asyncengine.wire.engine_core import EngineCoreOutputs, EngineCoreRequest, FinishReason
+from asyncengine.wire.engine_core import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+
+
+class RequestOutputs(ABC):
+    """What one kind of request makes of its engine-core outputs; the table calls these for every kind."""
+
+    # Whether the stat loggers track its engine-core requests (prompt and generated tokens, latencies).
+    counted_in_stats: ClassVar[bool] = True
+    # One per engine-core request, in order; each has `core_request_id` and `finished`.
+    completions: list[Any]
+    num_cached_tokens: int
+
+    @property
+    @abstractmethod
+    def finished(self) -> bool:
+        """Every completion has finished."""
+
+    @abstractmethod
+    def failure(self, output: EngineCoreOutput) -> BaseException | None:
+        """The error that `output` (a finished one) ends the whole request with, or None."""
+
+    @abstractmethod
+    def apply(self, completion: Any, output: EngineCoreOutput) -> bool:
+        """Fold one engine-core output into its completion; True when the frontend ended the completion
+        here (a stop string), so that the engine core must abort it."""
+
+    @abstractmethod
+    def make_output(self) -> Any | None:
+        """The consumer's output after this step's outputs were applied, or None (nothing to hand over)."""
+
+    @abstractmethod
+    def abort(self) -> Any:
+        """End the unfinished completions as aborted: the consumer's last output, or the exception it
+        gets instead (a kind whose outputs cannot say "aborted")."""
 
 
 class RequestPhase(enum.Enum):
@@ -43,11 +81,11 @@ class RequestPhase(enum.Enum):
 class RequestRecord:
     """One request, from `submit` to its end. Its consumer reads `next_output()`."""
 
-    __slots__ = ("request_id", "request", "outputs", "phase", "holding_places", "in_core", "mailbox")
+    __slots__ = ("request_id", "core_requests", "outputs", "phase", "holding_places", "in_core", "mailbox")
 
-    def __init__(self, request: ProcessedRequest, outputs: RequestOutputState) -> None:
-        self.request_id = request.request_id
-        self.request = request
+    def __init__(self, request_id: str, core_requests: list[EngineCoreRequest], outputs: RequestOutputs) -> None:
+        self.request_id = request_id
+        self.core_requests = core_requests
         self.outputs = outputs
         self.phase = RequestPhase.QUEUED
         # Engine-core ids that hold an admission place (admitted at the gate, not yet run by the
@@ -58,13 +96,13 @@ class RequestRecord:
 
     @property
     def num_places(self) -> int:
-        return len(self.request.children)
+        return len(self.core_requests)
 
     @property
     def is_open(self) -> bool:
         return self.phase is RequestPhase.QUEUED or self.phase is RequestPhase.IN_CORE
 
-    async def next_output(self) -> RequestOutput:
+    async def next_output(self) -> Any:
         """The next output (merged with any the consumer has not taken yet); raises the request's error."""
         return await self.mailbox.get()
 
@@ -72,15 +110,13 @@ class RequestRecord:
 class RequestTable:
     """The requests an AsyncEngine is serving, by request id and by engine-core id."""
 
-    def __init__(self, output_processor: OutputProcessor, max_waiting_requests: int, stats: StatsTracker,
-                 stats_enabled: Callable[[], bool]) -> None:
-        self.output_processor = output_processor
+    def __init__(self, max_waiting_requests: int, stats: StatsTracker, stats_enabled: Callable[[], bool]) -> None:
         self.gate = AdmissionGate(max_waiting_requests)
         # The stat loggers' tracker, fed only while there is a logger (`stats_enabled()`).
         self._stats = stats
         self._stats_enabled = stats_enabled
         self._records: dict[str, RequestRecord] = {}
-        self._by_core_id: dict[str, tuple[RequestRecord, CompletionState]] = {}
+        self._by_core_id: dict[str, tuple[RequestRecord, Any]] = {}  # the record and its completion
         self._emptied = anyio.Event()
         self._emptied.set()
 
@@ -99,14 +135,15 @@ class RequestTable:
 
     # -- a request's life -------------------------------------------------------------------------------
 
-    def open(self, request: ProcessedRequest, kind: OutputKind) -> RequestRecord:
-        """Register a request (its id is taken from now on, so it can be aborted while it waits)."""
-        if request.request_id in self._records:
-            raise RequestError(f"request id {request.request_id!r} is already in use", field="request_id")
-        record = RequestRecord(request, self.output_processor.new_state(request, kind))
+    def open(self, request_id: str, core_requests: list[EngineCoreRequest], outputs: RequestOutputs) -> RequestRecord:
+        """Register a request of any kind: its engine-core requests (one per completion of `outputs`) and
+        what makes its outputs. Its id is taken from now on, so it can be aborted while it waits."""
+        if request_id in self._records:
+            raise RequestError(f"request id {request_id!r} is already in use", field="request_id")
+        record = RequestRecord(request_id, core_requests, outputs)
         if not self._records:
             self._emptied = anyio.Event()
-        self._records[request.request_id] = record
+        self._records[request_id] = record
         for completion in record.outputs.completions:
             self._by_core_id[completion.core_request_id] = (record, completion)
         return record
@@ -127,17 +164,17 @@ class RequestTable:
             self.gate.leave(places)  # aborted at the very moment it got in
             return False
         if admitted:  # from here on, ending the request gives the places back
-            record.holding_places.update(child.request_id for child in record.request.children)
+            record.holding_places.update(request.request_id for request in record.core_requests)
         return admitted
 
     def send(self, record: RequestRecord) -> list[EngineCoreRequest]:
         """The request goes to the engine core now: its engine-core requests, to send."""
-        children = record.request.children
+        core_requests = record.core_requests
         record.phase = RequestPhase.IN_CORE
-        record.in_core.update(child.request_id for child in children)
-        if self._stats_enabled():
-            self._stats.add_requests(children)
-        return children
+        record.in_core.update(request.request_id for request in core_requests)
+        if record.outputs.counted_in_stats and self._stats_enabled():
+            self._stats.add_requests(core_requests)
+        return core_requests
 
     def abort(self, record: RequestRecord, *, notify: bool) -> list[str]:
         """End an open request with finish_reason "abort" (its consumer gets that last output when
@@ -145,12 +182,14 @@ class RequestTable:
         if not record.is_open:
             return []
         unfinished = [c.core_request_id for c in record.outputs.completions if not c.finished]
-        final = self.output_processor.abort(record.outputs) if notify else None
+        final = record.outputs.abort() if notify else None
         sent = [core_id for core_id in unfinished if core_id in record.in_core]
         self._end(record, RequestPhase.ABORTED)
         if self._stats_enabled():
             self._stats.abort(unfinished, time.monotonic())
-        if final is not None:
+        if isinstance(final, BaseException):
+            record.mailbox.fail(final)
+        elif final is not None:
             record.mailbox.put(final)
         self.gate.wake()  # it may be waiting for admission: let it see it was aborted
         return sent
@@ -166,21 +205,22 @@ class RequestTable:
         released = self._release(message.admitted_request_ids)
         to_abort: list[str] = []
         touched: dict[str, RequestRecord] = {}
-        apply = self.output_processor.apply
         for output in message.outputs:
             entry = self._by_core_id.get(output.request_id)
             if entry is None:
                 continue  # aborted in the frontend while the step ran
             record, completion = entry
-            if output.finish_reason == FinishReason.ERROR:  # a worker refused it: the request alone fails
+            outputs = record.outputs
+            if output.finish_reason is not None and (error := outputs.failure(output)) is not None:
+                # A worker refused it (or it ended with nothing to show): the request alone fails.
                 record.in_core.discard(output.request_id)
                 to_abort.extend(record.in_core)
                 touched.pop(record.request_id, None)
                 self._end(record, RequestPhase.FAILED)
-                record.mailbox.fail(self.output_processor.error_of(output))
+                record.mailbox.fail(error)
                 continue
-            record.outputs.num_cached_tokens = output.num_cached_tokens
-            if apply(completion, output):
+            outputs.num_cached_tokens = output.num_cached_tokens
+            if outputs.apply(completion, output):
                 to_abort.append(completion.core_request_id)
             if completion.finished:
                 core_id = completion.core_request_id
@@ -190,9 +230,8 @@ class RequestTable:
                     record.holding_places.discard(core_id)
                     released += 1
             touched[record.request_id] = record
-        make_output = self.output_processor.make_output
         for record in touched.values():
-            request_output = make_output(record.outputs)
+            request_output = record.outputs.make_output()
             if request_output is not None:
                 record.mailbox.put(request_output)
             if record.outputs.finished:

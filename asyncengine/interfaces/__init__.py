@@ -14,7 +14,7 @@ One module per concern, each with its table where it has one:
 - io_processor, stat_logger, endpoint: IOProcessor, StatLoggerBase, EndpointPlugin (read in the frontend)
 - logits: LogitsProcessor, BatchUpdate (AddedRequest, MovedRequest, MoveDirectionality)
 - kv_connector: KVConnectorBase and its parts, KVConnectorFactory
-- executor, worker: Executor, WorkerBase
+- executor, worker, scheduler: Executor, WorkerBase, SchedulerInterface (read in the engine core)
 - quantization: QuantizationConfig, LinearMethod, QuantizationRegistry
 - model_loader, models: BaseModelLoader, LoadConfig, ModelLoaderRegistry; ModelRegistry
 - structured_output: StructuredOutputBackend, GrammarMatcher, StructuredOutputBackendRegistry
@@ -54,6 +54,7 @@ _WHERE = {
     "LinearMethod": "quantization", "QuantizationConfig": "quantization", "QuantizationRegistry": "quantization",
     "BUILT_IN": "registry", "Registry": "registry", "RegistrationError": "registry", "reads": "registry",
     "ENGINE_CORE": "roles", "FRONTEND": "roles", "ROLES": "roles", "WORKER": "roles",
+    "SchedulerInterface": "scheduler",
     "StatLoggerBase": "stat_logger",
     "GrammarMatcher": "structured_output", "StructuredOutputBackend": "structured_output",
     "StructuredOutputBackendRegistry": "structured_output",
@@ -80,7 +81,8 @@ __all__ = [
     "KVConnectorContext", "KVConnectorFactory", "KVConnectorMetadata", "KVConnectorRequest", "KVConnectorRole",
     "LinearMethod", "LoadConfig", "LogitsProcessor", "ModelLoaderRegistry", "ModelRegistry", "MoveDirectionality",
     "MovedRequest", "OpProviderRegistry", "Platform", "PlatformEnum", "QuantizationConfig", "QuantizationRegistry",
-    "ReasoningParser", "ReasoningParserManager", "RegistrationError", "Registry", "StatLoggerBase",
+    "ReasoningParser", "ReasoningParserManager", "RegistrationError", "Registry", "SchedulerInterface",
+    "StatLoggerBase",
     "StructuredOutputBackend", "StructuredOutputBackendRegistry", "TokenizerRegistry", "ToolCall", "ToolParser",
     "ToolParserManager", "WorkerBase", "all_registries", "import_by_path", "new_tool_call_id", "reads",
 ]

@@ -29,14 +29,9 @@ from asyncengine.interfaces.logits import LogitsProcessor
 from asyncengine.interfaces.models import ModelClass
 from asyncengine.interfaces.registry import contract_problem
 from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
+from asyncengine.interfaces.scheduler import scheduler_class_problem
 from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
 from asyncengine.plugin_runtime.records import StartupTrace
-
-
-# The built-in a scheduler_cls must subclass, named by its path as config names the built-in worker
-# (BUILTIN_WORKER): the plugin runtime sits below the roles that define them, and imports one only to check
-# a class that replaces it (the check needs the concrete class: a scheduler keeps the built-in's step loop).
-BUILTIN_SCHEDULER = "asyncengine.engine_core.scheduler:Scheduler"
 
 
 def _builtin(path: str) -> type:
@@ -46,16 +41,6 @@ def _builtin(path: str) -> type:
 def _is_model_class(value: Any) -> str | None:
     problem = contract_problem(value, ModelClass)
     return problem and f"{problem}: a class with load_weights (see asyncengine.models.llama for the model interface)"
-
-
-def _is_scheduler_class(value: Any) -> str | None:
-    if not isinstance(value, type):
-        return f"is {value!r}, not a class; name a subclass of asyncengine.plugins_api.Scheduler"
-    if not issubclass(value, _builtin(BUILTIN_SCHEDULER)):
-        return ("is not a subclass of asyncengine.engine_core.scheduler:Scheduler; subclass "
-                "asyncengine.plugins_api.Scheduler (the engine core builds it with Scheduler's keyword "
-                "arguments and keeps async scheduling, which belongs to its step loop)")
-    return None
 
 
 def _is_worker_class(value: Any) -> str | None:
@@ -152,7 +137,8 @@ class Hook:
 
 HOOKS: dict[str, Hook] = {
     "model_class_overrides": Hook((FRONTEND, WORKER), _is_model_class, "a model class with load_weights"),
-    "scheduler_cls": Hook((ENGINE_CORE,), _is_scheduler_class, "a Scheduler subclass"),
+    "scheduler_cls": Hook((ENGINE_CORE,), scheduler_class_problem,
+                          "a Scheduler subclass or a SchedulerInterface implementation"),
     "worker_cls": Hook((WORKER,), _is_worker_class, "a Worker subclass"),
     "worker_extension_cls": Hook((WORKER,), _is_worker_extension,
                                  "a class built as Class(worker), no public method clashing with the worker's",

@@ -30,6 +30,7 @@ import trio
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.frontend.async_engine import AsyncEngine, frontend_start
+from asyncengine.frontend.core_client import CoreClient
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.frontend.processor import ProcessedRequest
 from asyncengine.interfaces.endpoint import RENDER_TASKS
@@ -47,8 +48,13 @@ def _no_engine(what: str) -> NoEngineError:
                          "tokenizes only): start one with `asyncengine serve` or AsyncEngine.start")
 
 
-class _NoEngineCore:
+class _NoEngineCore(CoreClient):
     """The engine-core connection of a RenderClient: there is none."""
+
+    process_name = "no engine core (a render server)"
+
+    async def call(self, method: str, *args: Any) -> Any:
+        raise _no_engine(f"the engine-core call {method!r}")
 
     async def send(self, message: Any) -> None:
         raise _no_engine(f"sending {type(message).__name__} to the engine core")
@@ -82,7 +88,7 @@ class RenderClient(AsyncEngine):
         async with frontend_start(config, options, lambda _: {FRONTEND}, endpoint_tasks=RENDER_TASKS) as (
                 config, plugins, setup, trace):
             async with trace.phase("ready"):
-                client = cls(config, setup, _NoEngineCore(), plugins, trace.records)  # type: ignore[arg-type]
+                client = cls(config, setup, _NoEngineCore(), plugins, trace.records)
             try:
                 yield client
             finally:
@@ -91,9 +97,6 @@ class RenderClient(AsyncEngine):
     async def submit(self, processed: ProcessedRequest, kind: OutputKind, *, nowait: bool = False) -> Any:
         raise _no_engine(f"running request {processed.request_id!r}")
         yield  # an async generator, as AsyncEngine.submit is
-
-    async def _call_core(self, method: str, *args: Any) -> Any:
-        raise _no_engine(f"the engine-core call {method!r}")
 
 
 async def serve_render(engine_config: EngineConfig, server_config: ServerConfig, *,

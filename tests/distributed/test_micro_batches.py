@@ -97,7 +97,7 @@ def test_two_micro_batches_in_flight_take_turns_and_the_first_stage_gets_every_t
     outputs: dict[str, list[int]] = {request_id: [] for request_id in PROMPTS}
     both_busy = 0
     for _ in range(200):
-        if not scheduler.has_unfinished():
+        if not scheduler.has_unfinished_requests():
             break
         while len(in_flight) < 2:
             out = scheduler.schedule()
@@ -111,7 +111,7 @@ def test_two_micro_batches_in_flight_take_turns_and_the_first_stage_gets_every_t
         out, inputs = in_flight.popleft()
         for output in scheduler.update_from_output(out, last.run(out, inputs)).outputs:
             outputs[output.request_id].extend(output.new_token_ids)
-    assert not scheduler.has_unfinished()
+    assert not scheduler.has_unfinished_requests()
     assert outputs == {rid: [sampled(rid, i) for i in range(MAX_TOKENS)] for rid in PROMPTS}
     assert both_busy >= MAX_TOKENS, both_busy  # the six requests decode in two groups taking turns
 

@@ -246,7 +246,7 @@ class Harness:
     def abort(self, request_ids: Iterable[str]) -> list[str]:
         request_ids = list(request_ids)
         statuses = {rid: seq.status for rid, seq in self.scheduler.sequences.items()}
-        aborted = self.scheduler.abort_requests(request_ids)
+        aborted = self.scheduler.finish_requests(request_ids)
         for rid in aborted:
             self.finished[rid] = EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason="abort")
             self.aborted_while[rid] = statuses[rid]
@@ -255,7 +255,7 @@ class Harness:
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
-            if not self.scheduler.has_unfinished():
+            if not self.scheduler.has_unfinished_requests():
                 return
             self.step()
         raise AssertionError(f"requests still unfinished after {max_steps} steps: {self.scheduler.sequences}")
@@ -273,7 +273,7 @@ class Harness:
         assert self.manager.num_free_blocks == sum(1 for b in self.manager.blocks if b.ref_count == 0)
 
     def assert_no_leaks(self) -> None:
-        assert not self.scheduler.has_unfinished()
+        assert not self.scheduler.has_unfinished_requests()
         assert not self.scheduler.running and not self.scheduler.waiting
         assert self.manager.num_free_blocks == self.manager.num_blocks
         assert all(block.ref_count == 0 for block in self.manager.blocks)
@@ -290,7 +290,7 @@ def test_duplicate_request_id_is_rejected_while_the_first_is_unfinished() -> Non
     with pytest.raises(ValueError, match="already in the scheduler"):
         h.add("a", prompt(10, 3))
     h.run()
-    assert h.scheduler.num_unfinished == 0
+    assert h.scheduler.get_num_unfinished_requests() == 0
     out = h.scheduler.schedule()
     assert out.is_empty and out.finished_request_ids == ["a"]  # an empty step still tells the worker
 
@@ -395,7 +395,7 @@ def test_budgets_hold_under_a_heavy_mixed_load(chunked: bool) -> None:
     for i, (rid, n) in enumerate(max_tokens.items()):
         h.add(rid, prompt(1000 * i, rng.randint(1, 24)), max_tokens=n)
     batch_sizes = []
-    while h.scheduler.has_unfinished():  # Harness.schedule checks both budgets at every step
+    while h.scheduler.has_unfinished_requests():  # Harness.schedule checks both budgets at every step
         out, _ = h.step()
         batch_sizes.append((len(out.num_scheduled_tokens), out.total_num_scheduled_tokens))
     assert max(n for n, _ in batch_sizes) == 5  # the caps were reached, not just respected
@@ -432,7 +432,7 @@ def test_preemption_frees_the_most_recently_admitted_first_and_they_resume() -> 
         assert seq.output_token_ids == [default_sampler(rid, 0)]  # the token sampled before is kept
     assert [len(h.seq(r).block_ids) for r in "ab"] == [2, 2]
     assert h.scheduler.num_preemptions == 2
-    assert h.scheduler.stats().num_preemptions == 2
+    assert h.scheduler.make_stats().num_preemptions == 2
 
     third, _ = h.step()  # a and b finish (3 tokens); no room for c and d yet
     assert third.num_scheduled_tokens == {"a": 1, "b": 1}
@@ -499,7 +499,7 @@ def test_preempted_partial_prefill_resumes_and_finishes() -> None:
     assert h.seq("b").output_token_ids == []  # it had not sampled yet
 
     resumed = []
-    while h.scheduler.has_unfinished():
+    while h.scheduler.has_unfinished_requests():
         out, _ = h.step()
         resumed += [n for n in out.new_requests if n.request_id == "b"]
     # a's growth took b's freed tail blocks (least recently used first), evicting b's second full
@@ -752,7 +752,7 @@ def test_random_load_with_preemption_and_aborts_leaks_no_blocks(seed: int, chunk
                 h.add(rid, params[rid]["prompt"], **sampling)
         aborted.update(h.abort([rid for rid in h.scheduler.sequences if rng.random() < 0.004]))
         in_flight = [rid for rid in h.scheduler.sequences if rng.random() < 0.004]
-        if h.scheduler.has_unfinished():
+        if h.scheduler.has_unfinished_requests():
             h.step(abort_in_flight=in_flight)
             aborted.update(in_flight)
             num_in_flight_aborts += len(in_flight)

@@ -60,7 +60,7 @@ def test_a_request_at_max_n_gets_at_most_half_of_the_slots_and_budget_while_othe
     progress: dict[str, int] = {}
     contended_steps = 0
     for step in range(1000):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished_requests():
             break
         others_waiting = any(seq.request_id not in children for seq in sched.waiting)
         out, finished = run_step(sched, progress)
@@ -73,7 +73,7 @@ def test_a_request_at_max_n_gets_at_most_half_of_the_slots_and_budget_while_othe
             # The stated share: half of the budget, half of the slots.
             assert big_tokens <= BUDGET // 2, (step, big_tokens)
             assert big_running <= MAX_NUM_SEQS // 2, (step, big_running)
-    assert not sched.has_unfinished()
+    assert not sched.has_unfinished_requests()
     assert contended_steps > 0
     # The small requests (8 tokens each) share the other half of the slots: two rounds of about 8 steps,
     # long before the 128 completions of 10 tokens are done (over 150 steps on 8 slots).
@@ -93,7 +93,7 @@ def test_alone_a_request_with_many_completions_holds_half_the_slots_and_a_later_
     out, _ = run_step(sched, progress)
     assert "late" in out.num_scheduled_tokens
     finished: set[str] = set()
-    while sched.has_unfinished():
+    while sched.has_unfinished_requests():
         finished.update(run_step(sched, progress)[1])
         assert sum(1 for seq in sched.running if seq.request_id in children) <= MAX_NUM_SEQS // 2
     assert finished >= children  # every completion ran, its share at a time

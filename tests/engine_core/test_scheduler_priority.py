@@ -53,7 +53,7 @@ def test_the_lowest_value_is_admitted_first_and_ties_go_by_arrival() -> None:
         sched.add_request(request(rid, prompt(10 * len(sched.sequences)), priority=priority, max_tokens=2))
     order = []
     for _ in range(100):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished_requests():
             break
         order += step(sched)[0]
     assert order == ["minus", "zero", "first-1", "second-1", "late-5"]
@@ -65,7 +65,7 @@ def test_fcfs_ignores_priority() -> None:
         sched.add_request(request(f"r{index}", prompt(10 * index), priority=priority, max_tokens=2))
     order = []
     for _ in range(100):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished_requests():
             break
         order += step(sched)[0]
     assert order == ["r0", "r1", "r2"]
@@ -85,7 +85,7 @@ def test_under_memory_pressure_the_highest_value_latest_arrival_is_preempted_and
     assert preempted[:1] == ["lazy-late"]
     assert "urgent" not in preempted and sched.sequences["urgent"] in sched.running
     for _ in range(100):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished_requests():
             break
         assert "urgent" not in step(sched)[1]
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks

@@ -84,7 +84,7 @@ def test_the_connector_supplies_all_but_the_last_prompt_token_and_it_is_counted(
     # The SchedulerOutput, metadata included, crosses to a worker process as msgpack.
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(output), type=SchedulerOutput) == output
     finish_step(scheduler, output)
-    stats = scheduler.stats()
+    stats = scheduler.make_stats()
     assert (stats.num_prompt_tokens_computed, stats.num_kv_connector_loaded_tokens) == (1, 9)
     assert connector.calls[-1] == ("finished", "a")
 
@@ -93,13 +93,13 @@ def test_without_an_offer_every_prompt_token_is_computed_in_chunks():
     scheduler, connector = make(offer=0, budget=4)
     add(scheduler, "a", list(range(10)))
     computed = []
-    while scheduler.has_unfinished():
+    while scheduler.has_unfinished_requests():
         output = scheduler.schedule()
         computed.append(output.num_scheduled_tokens["a"])
         assert Offering.decode_metadata(output.kv_connector_metadata).steps == [("a", sum(computed[:-1]), computed[-1])]
         finish_step(scheduler, output)
     assert computed == [4, 4, 2]
-    assert (scheduler.stats().num_prompt_tokens_computed, scheduler.stats().num_kv_connector_loaded_tokens) == (10, 0)
+    assert (scheduler.make_stats().num_prompt_tokens_computed, scheduler.make_stats().num_kv_connector_loaded_tokens) == (10, 0)
 
 
 def test_the_connector_is_asked_after_the_local_prefix_cache():
@@ -111,7 +111,7 @@ def test_the_connector_is_asked_after_the_local_prefix_cache():
     output = scheduler.schedule()
     assert ("match", "b", 8, 2) in connector.calls and ("alloc", "b", 1, 3) in connector.calls
     assert output.num_scheduled_tokens == {"b": 1}
-    assert scheduler.stats().num_prompt_tokens_computed == 11 and scheduler.stats().num_kv_connector_loaded_tokens == 1
+    assert scheduler.make_stats().num_prompt_tokens_computed == 11 and scheduler.make_stats().num_kv_connector_loaded_tokens == 1
 
 
 @pytest.mark.parametrize("answer", [-1, 2.0, None])

@@ -145,7 +145,7 @@ def test_the_timeline_lists_each_hook_where_it_is_checked():
         return {process.role: phase.details for process in plan_start(EngineConfig(**hooks, **options))
                 for phase in process.phases if phase.name == "config hooks"}
 
-    scheduler = "scheduler_cls=pkg.mod:MyScheduler (import; a Scheduler subclass)"
+    scheduler = "scheduler_cls=pkg.mod:MyScheduler (import; a Scheduler subclass or a SchedulerInterface implementation)"
     extension = ("worker_extension_cls=pkg.mod:MyExtension (import; a class built as Class(worker), no public "
                  "method clashing with the worker's)")
     assert checked(in_process=False, tensor_parallel_size=2) == {

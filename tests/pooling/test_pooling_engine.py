@@ -61,12 +61,12 @@ def test_a_pooling_request_is_never_chunked_nor_served_from_the_prefix_cache():
     first = scheduler.schedule()
     assert first.num_scheduled_tokens == {"gen": 32}  # a generation prompt would be chunked; this one waits
     scheduler.update_from_output(first, ModelRunnerOutput(request_ids=["gen"], sampled_token_ids=[5]))
-    scheduler.abort_requests(["gen"])  # its two full blocks stay in the prefix cache
+    scheduler.finish_requests(["gen"])  # its two full blocks stay in the prefix cache
     scheduler = _scheduler(budget=64)
     scheduler.add_request(_request("gen", list(range(1, 33)), pooling=None))
     step = scheduler.schedule()
     scheduler.update_from_output(step, ModelRunnerOutput(request_ids=["gen"], sampled_token_ids=[5]))
-    scheduler.abort_requests(["gen"])
+    scheduler.finish_requests(["gen"])
     scheduler.add_request(_request("same-prefix", list(range(1, 41))))
     step = scheduler.schedule()
     assert step.num_scheduled_tokens == {"same-prefix": 40}  # every token computed: none from the cache
@@ -145,7 +145,7 @@ def test_async_engine_encode_on_both_backends_and_cancelling_aborts(qwen3, backe
             assert outputs[0].outputs.data.shape == (64,)
             with anyio.move_on_after(0):  # cancelled at once: nothing is left behind
                 await engine.pool([5, 6, 7, 8])
-            assert len(engine.pooling_requests) == 0
+            assert len(engine._requests) == 0
             stats = await engine.get_scheduler_stats()
             assert stats.num_running_reqs == stats.num_waiting_reqs == 0
 
@@ -245,7 +245,7 @@ def test_pooling_requests_take_places_under_max_waiting_requests_as_generations_
                     assert (await engine.get_scheduler_stats()).num_waiting_reqs == 1 and "patient" not in results
                     await engine.abort("long")
                 assert {"queued", "patient"} <= set(results)
-                assert engine._requests.gate.count == 0 and len(engine.pooling_requests) == 0
+                assert engine._requests.gate.count == 0 and len(engine._requests) == 0
                 response = await client.post("/v1/embeddings", json={"input": [[12, 13]]})
                 assert response.status_code == 200 and len((await response.get_json())["data"]) == 1
                 # More inputs than max_waiting_requests holds could never all get in: a 400 naming them.

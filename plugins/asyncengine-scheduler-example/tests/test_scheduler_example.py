@@ -35,7 +35,7 @@ def drive(cls: type[Scheduler]) -> tuple[Scheduler, list, list]:
         scheduler.add_request(EngineCoreRequest(request_id=f"r{index}", prompt_token_ids=prompt,
                                                 sampling=SamplingOptions(temperature=0.0, max_tokens=3 + index)))
     steps, finished = [], []
-    while scheduler.has_unfinished():
+    while scheduler.has_unfinished_requests():
         output = scheduler.schedule()
         steps.append(msgspec.to_builtins(output))
         sampling = [request_id for request_id in output.num_scheduled_tokens
