@@ -51,19 +51,19 @@ def check_draft_vocabulary(target: Vocabulary, draft: Vocabulary) -> int:
     """Refuse a draft whose token ids do not mean the target's tokens; return how many ids both score
     (min of the two vocab sizes)."""
     hint = "choose a draft from the target's model family, built over the same tokenizer"
-    if target.tokenizer_size is not None and draft.tokenizer_size is not None:
-        if target.tokenizer_size != draft.tokenizer_size:
-            raise ConfigError(f"{FIELD}: the draft {draft.name!r} has a tokenizer of {draft.tokenizer_size} tokens, "
-                              f"the target {target.name!r} one of {target.tokenizer_size}: the draft's token ids "
-                              f"would not mean the target's tokens; {hint}", field=FIELD)
+    target_size, draft_size = target.tokenizer_size, draft.tokenizer_size
+    if target_size is not None and draft_size is not None:
+        if target_size != draft_size:
+            raise ConfigError(f"{FIELD}: the draft {draft.name!r} has a tokenizer of {draft_size} tokens, the target "
+                              f"{target.name!r} one of {target_size}: the draft's token ids would not mean the "
+                              f"target's tokens; {hint}", field=FIELD)
         if target.digest is not None and draft.digest is not None and target.digest != draft.digest:
             raise ConfigError(f"{FIELD}: the draft {draft.name!r} and the target {target.name!r} have tokenizers of "
-                              f"{target.tokenizer_size} tokens each, but their tokens have different ids; {hint}",
-                              field=FIELD)
+                              f"{target_size} tokens each, but their tokens have different ids; {hint}", field=FIELD)
         for vocabulary in (target, draft):
-            if vocabulary.vocab_size < vocabulary.tokenizer_size:
+            if vocabulary.vocab_size < target_size:
                 raise ConfigError(f"{FIELD}: the model {vocabulary.name!r} scores {vocabulary.vocab_size} token ids, "
-                                  f"fewer than its tokenizer's {vocabulary.tokenizer_size}", field=FIELD)
+                                  f"fewer than its tokenizer's {target_size}", field=FIELD)
     elif target.vocab_size != draft.vocab_size:
         raise ConfigError(f"{FIELD}: the draft {draft.name!r} has a vocabulary of {draft.vocab_size} tokens, the "
                           f"target {target.name!r} one of {target.vocab_size}; {hint}", field=FIELD)
