@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncengine.config.speculative import FIELD, MODEL_METHODS, SpeculativeConfig
-from asyncengine.errors import ConfigError, ModelLoadError
-from asyncengine.interfaces.imports import import_by_path
+from asyncengine.errors import ConfigError
 from asyncengine.interfaces.registry import BUILT_IN, Registry, reads
 
 if TYPE_CHECKING:
@@ -113,16 +112,18 @@ BUILTIN_PROPOSERS = {
 }
 
 
-class _ProposerRegistry(Registry):
+class _ProposerRegistry(Registry[type[Proposer]]):
     def __init__(self) -> None:
-        super().__init__("proposers", "speculative proposer")
+        super().__init__("proposers", "speculative proposer", Proposer, field=FIELD)
         for name, path in BUILTIN_PROPOSERS.items():
             self.register(name, path, owner=BUILT_IN)
 
     def register_proposer(self, method: str, proposer: Any, *, override: bool = False) -> None:
         self.register(method, proposer, override=override)
 
-    def _unknown(self, method: str) -> ConfigError:
+    def _unknown(self, method: Any) -> ConfigError:
+        # Worded here rather than by the table's `unknown` template: which of vLLM's methods are still to
+        # come depends on what is registered when it is asked.
         coming = [name for name in MODEL_METHODS if name not in self]
         later = (f"; vLLM's {', '.join(coming)} are not built yet (docs/speculative_decoding.md)" if coming else "")
         return ConfigError(f"{FIELD}.method {method!r} is not a registered proposer; registered: "
@@ -132,16 +133,9 @@ class _ProposerRegistry(Registry):
     @reads("proposers", "worker")
     def proposer_class(self, method: str) -> type[Proposer]:
         """The class registered under `method`; an unknown name lists the registered ones."""
-        entry = self.get(method) if isinstance(method, str) else None
-        if entry is None:
+        if not isinstance(method, str) or method not in self:
             raise self._unknown(method)
-        proposer = entry.implementation
-        if isinstance(proposer, str):
-            proposer = import_by_path(proposer, what=f"speculative proposer {method!r}", error=ModelLoadError)
-        if not (isinstance(proposer, type) and issubclass(proposer, Proposer)):
-            raise ConfigError(f"speculative proposer {method!r} is {proposer!r} (registered by {entry.owner}), not "
-                              "a Proposer subclass", field=FIELD)
-        return proposer
+        return self.load(method)
 
     @reads("proposers", "frontend")
     def check_method(self, config: SpeculativeConfig) -> None:

@@ -169,8 +169,10 @@ def test_a_plugin_proposer_registers_and_is_checked():
             ProposerRegistry.check_method(config)
         ProposerRegistry.check_method(SpeculativeConfig(method="test_needs_model", num_speculative_tokens=2,
                                                         model="/m"))
-        ProposerRegistry.register_proposer("test_not_a_proposer", object)
-        with pytest.raises(ConfigError, match="not a Proposer subclass"):
+        with pytest.raises(RegistrationError, match="must be a subclass of Proposer"):
+            ProposerRegistry.register_proposer("test_not_a_proposer", object)
+        ProposerRegistry.register_proposer("test_not_a_proposer", "collections:OrderedDict")  # by path: checked when loaded
+        with pytest.raises(ConfigError, match="not a subclass of Proposer"):
             ProposerRegistry.proposer_class("test_not_a_proposer")
     finally:
         ProposerRegistry._entries.pop("test_needs_model", None)
