@@ -25,6 +25,7 @@ from asyncengine.interfaces.pooler import PoolerRegistry
 from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.interfaces.registry import Registry
 from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
+from asyncengine.interfaces.spec_decode import ProposerRegistry
 from asyncengine.interfaces.structured_output import StructuredOutputBackendRegistry
 from asyncengine.interfaces.tokenizer import TokenizerRegistry
 
@@ -55,6 +56,8 @@ _TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
     (PoolerRegistry, frozenset({WORKER})),
     # A request naming an unknown adapter asks the resolvers, in the frontend only (frontend/lora.py).
     (LoRAResolverRegistry, frozenset({FRONTEND})),
+    # speculative_config's method: the frontend checks the name, the worker builds the proposer (R13).
+    (ProposerRegistry, frozenset({FRONTEND, WORKER})),
 )
 
 
@@ -80,6 +83,7 @@ READER_MODULES = (
     "asyncengine.loader.model_loader",
     "asyncengine.interfaces.model_loader",
     "asyncengine.interfaces.pooler",
+    "asyncengine.interfaces.spec_decode",
     "asyncengine.interfaces.quantization",
     "asyncengine.interfaces.custom_op_registry",
     "asyncengine.models.layers.op_registry",

@@ -91,6 +91,28 @@ class _Batch:
         return torch.tensor([getattr(row.options, name) for row in self.rows], dtype=dtype, device=self.device)
 
 
+def row_generator_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's generator at output position `position` (module docstring): its
+    draws depend on neither the batch nor a recomputation after preemption."""
+    return (seed * _SEED_MIX + position) & _MASK64
+
+
+def apply_min_p_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """min_p, then top_k and top_p (vLLM's order), on `logits` already divided by each row's temperature
+    (row i of `logits` is `rows[i]`); tokens they drop get -inf. The sampler's random draw and the
+    speculative rejection sampler's target distributions both go through here."""
+    batch = _Batch(rows, logits.device)
+    if any(row.options.min_p > 0.0 for row in rows):
+        probs = torch.softmax(logits, dim=-1)
+        threshold = batch.column("min_p", torch.float32).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    use_top_k = any(row.options.top_k > 0 for row in rows)
+    use_top_p = any(row.options.top_p < 1.0 for row in rows)
+    if use_top_k or use_top_p:
+        logits = Sampler._apply_top_k_top_p(logits, batch, use_top_k, use_top_p)
+    return logits
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int) -> None:
         self.vocab_size = vocab_size
@@ -169,8 +191,7 @@ class Sampler:
         for index, row in enumerate(rows):
             seed = row.options.seed
             if seed is not None:
-                position = len(row.output_token_ids)
-                self._row_generator.manual_seed((seed * _SEED_MIX + position) & _MASK64)
+                self._row_generator.manual_seed(row_generator_seed(seed, len(row.output_token_ids)))
                 noise[index].exponential_(generator=self._row_generator)
         return noise
 
@@ -182,7 +203,7 @@ class Sampler:
             if options.is_greedy:
                 seeds.append(0)
             elif options.seed is not None:
-                seeds.append(_signed64(_splitmix64((options.seed * _SEED_MIX + len(row.output_token_ids)) & _MASK64)))
+                seeds.append(_signed64(_splitmix64(row_generator_seed(options.seed, len(row.output_token_ids)))))
             else:
                 self._draws += 1
                 seeds.append(_signed64(_splitmix64((self._stream + self._draws * _SEED_MIX) & _MASK64)))
@@ -232,15 +253,7 @@ class Sampler:
 
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """`logits` are already divided by each row's temperature."""
-        batch = _Batch(rows, logits.device)
-        if any(row.options.min_p > 0.0 for row in rows):
-            probs = torch.softmax(logits, dim=-1)
-            threshold = batch.column("min_p", torch.float32).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
-            logits = logits.masked_fill(probs < threshold, float("-inf"))
-        use_top_k = any(row.options.top_k > 0 for row in rows)
-        use_top_p = any(row.options.top_p < 1.0 for row in rows)
-        if use_top_k or use_top_p:
-            logits = self._apply_top_k_top_p(logits, batch, use_top_k, use_top_p)
+        logits = apply_min_p_top_k_top_p(logits, rows)
         noise = None if logits.device.type == "cuda" else self._host_noise(rows, logits.shape[1], logits.device)
         ones = torch.ones(len(rows), dtype=torch.float32, device=logits.device)  # already divided by T
         seeds = self._to_device(self._row_seeds(rows), torch.int64, logits.device)

@@ -1,0 +1,144 @@
+"""Speculative decoding on W6 (issue 37). Today: the n-gram proposer's acceptance, measured offline.
+
+    python bench/spec_decode.py                                   # k 4, prompt lookup 2..5, float32
+    python bench/spec_decode.py --k 2 4 8 --lookup 5 5 --lookup 2 5
+
+What it measures now is an acceptance figure, not a speed figure: the engine does not run proposers yet
+(docs/speculative_decoding.md). The default model decodes W6's prompts (bench/workloads/w6.json, each sent
+as one chat message, greedy, 256 tokens) with `LLM`, without speculation. Then speculative decoding is replayed
+over each continuation as the engine will run it: after the prefill's token, each step asks the proposer for k
+drafts from the request's history (prompt and output so far; all of a step's requests in one call), keeps the
+drafts that match the greedy continuation (under greedy verification, exactly the tokens the target would
+keep) and adds the target's own next token. Per prompt type it prints the drafts proposed and accepted, the
+acceptance rate (accepted / proposed), the steps that had a draft, and the tokens per target forward
+(output tokens after the first / decode steps): the most a step can gain, before verification's cost.
+Record the machine and the load average (printed) with the figures.
+
+Still to come with the engine integration: decode rates with and without each proposer at 1, 4 and 32
+requests, the Qwen2.5-Coder pair, and llama.cpp's draft and lookup modes in the same run (WORKLOADS.md W6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from asyncengine import LLM, SamplingParams
+from asyncengine.config.speculative import parse_speculative_config
+from asyncengine.interfaces.spec_decode import ProposalBatch, ProposerContext, ProposerRegistry
+
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "w6.json"
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return f"{model}, {os.cpu_count()} CPUs"
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def greedy_continuations(prompts: list[dict], max_tokens: int,
+                         dtype: str) -> tuple[list[list[int]], list[list[int]], float]:
+    """(prompt token ids, output token ids) of each prompt, decoded without speculation; and the seconds."""
+    # W6's 12 requests hold about 10,000 tokens: 640 MiB of KV cache covers them in float32 (the CPU
+    # default, 2 GiB, would be touched by the engine's profile run for nothing).
+    llm = LLM(dtype=dtype, kv_cache_memory_bytes=640 * 1024**2)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        start = time.perf_counter()
+        outputs = llm.chat([[{"role": "user", "content": p["prompt"]}] for p in prompts], params)
+        seconds = time.perf_counter() - start
+    finally:
+        llm.close()
+    return [list(o.prompt_token_ids) for o in outputs], [list(o.outputs[0].token_ids) for o in outputs], seconds
+
+
+def replay(method_config: dict, prompt_ids: list[list[int]], output_ids: list[list[int]]) -> list[dict]:
+    """Greedy speculative decoding replayed over fixed continuations: per request, its counters."""
+    config = parse_speculative_config(method_config)
+    k = config.num_speculative_tokens
+    width = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    proposer = ProposerRegistry.proposer_class(config.method)(
+        config, ProposerContext(vocab_size=0, max_model_len=width + k + 1, max_num_seqs=len(prompt_ids)))
+    full = np.zeros((len(prompt_ids), width), dtype=np.int64)
+    for row, (p, o) in enumerate(zip(prompt_ids, output_ids)):
+        full[row, :len(p) + len(o)] = p + o
+    emitted = [min(1, len(o)) for o in output_ids]  # the prefill's token comes without speculation
+    stats = [{"steps": 0, "drafted": 0, "accepted": 0, "steps_with_draft": 0, "tokens": len(o)} for o in output_ids]
+    while True:
+        active = [i for i, o in enumerate(output_ids) if emitted[i] < len(o)]
+        if not active:
+            return stats
+        lengths = np.array([len(prompt_ids[i]) + emitted[i] for i in active], dtype=np.int64)
+        drafts = proposer.propose(ProposalBatch(token_ids=full[active], num_tokens=lengths), k).as_lists()
+        for i, draft in zip(active, drafts):
+            remaining = output_ids[i][emitted[i]:]
+            accepted = 0
+            # Drafts past the continuation's end are never verified (the request stops there).
+            while accepted < min(len(draft), len(remaining) - 1) and draft[accepted] == remaining[accepted]:
+                accepted += 1
+            counted = min(len(draft), len(remaining) - 1)
+            s = stats[i]
+            s["steps"] += 1
+            s["drafted"] += counted
+            s["accepted"] += accepted
+            s["steps_with_draft"] += bool(counted)
+            emitted[i] += accepted + 1
+
+
+def summary(name: str, rows: list[dict]) -> str:
+    drafted = sum(r["drafted"] for r in rows)
+    accepted = sum(r["accepted"] for r in rows)
+    steps = sum(r["steps"] for r in rows)
+    decoded = sum(max(r["tokens"] - 1, 0) for r in rows)
+    rate = accepted / drafted if drafted else 0.0
+    return (f"{name:<10} prompts {len(rows):>2}  drafted {drafted:>5}  accepted {accepted:>5}  acceptance {rate:6.1%}  "
+            f"steps with a draft {sum(r['steps_with_draft'] for r in rows):>4}/{steps:<4}  "
+            f"tokens per target forward {decoded / steps if steps else 0.0:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", type=int, nargs="+", default=[4], help="num_speculative_tokens values")
+    parser.add_argument("--lookup", type=int, nargs=2, action="append", metavar=("MIN", "MAX"),
+                        help="prompt_lookup_min and max (repeatable; default 2 5)")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args(argv)
+    windows = args.lookup or [[2, 5]]
+    workload = json.loads(WORKLOAD.read_text())
+    prompts = workload["prompts"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    print(f"# W6 n-gram acceptance, offline (not a speed figure); {machine()}; load {load_average()}; commit {commit}; "
+          f"default model, {args.dtype}, greedy, {workload['max_tokens']} tokens; {len(prompts)} prompts")
+    prompt_ids, output_ids, seconds = greedy_continuations(prompts, workload["max_tokens"], args.dtype)
+    print(f"# continuations: {sum(map(len, output_ids))} tokens in {seconds:.1f} s without speculation "
+          f"(all prompts at once; not a rate to quote); load {load_average()}")
+    for low, high in windows:
+        for k in args.k:
+            config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": low,
+                      "prompt_lookup_max": high}
+            stats = replay(config, prompt_ids, output_ids)
+            by_type: dict[str, list[dict]] = defaultdict(list)
+            for prompt, row in zip(prompts, stats):
+                by_type[prompt["type"]].append(row)
+            print(f"ngram k={k} prompt_lookup {low}..{high}")
+            for name in ("edit", "summarise", "code"):
+                print("  " + summary(name, by_type[name]))
+            print("  " + summary("all", stats))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
