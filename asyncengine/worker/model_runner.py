@@ -41,6 +41,7 @@ from asyncengine.lora.peft import LoRAAdapterError
 from asyncengine.lora.pool import LoRAPool
 from asyncengine.lora.request import LoRARequest
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
+from asyncengine.models.layers.fused_moe import ExpertLoad
 from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
@@ -104,6 +105,7 @@ class ModelRunner:
         # The loaded model, from load_model on: an nn.Module with forward(input_ids, positions, metadata) and
         # compute_logits(hidden), ours or a plugin's, with no common base class that declares them.
         self.model: Any = None
+        self.expert_load = ExpertLoad(None)  # tokens per expert, for /metrics (MoE models): set with the model
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Which attention layers share block tables and memory (worker/kv_cache.py), from the engine core; one
@@ -146,6 +148,7 @@ class ModelRunner:
                     f"{time.time() - started:.1f} s"),
             start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        self.expert_load = ExpertLoad(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
             num_layers = int(self.model_config.hf_config["num_hidden_layers"])
@@ -279,6 +282,7 @@ class ModelRunner:
             self.kv_connector.register_kv_caches(self.kv_caches)
         if self._decode_graphs_allowed():
             self.enable_decode_graphs(capture=True)
+        self.expert_load.reset()  # the profile's, warm-up's and captures' dummy tokens are nobody's load
 
     def _warm_up(self) -> None:
         """One forward pass of a block's worth of tokens, so that what the first request would otherwise

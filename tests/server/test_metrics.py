@@ -256,3 +256,26 @@ def test_scheduler_totals_become_counters_in_both_names_and_the_cache_config_is_
     assert info == 1
     assert {key: labels[key] for key in ("num_gpu_blocks", "block_size", "enable_prefix_caching", "engine")} == \
         {"num_gpu_blocks": "99", "block_size": "32", "enable_prefix_caching": "True", "engine": "0"}
+
+
+def test_tokens_per_expert_become_one_counter_per_expert():
+    stat_logger = PrometheusStatLogger(model_name="m")
+    assert not [name for name, _ in samples(stat_logger) if "moe_expert" in name]  # no experts: no series
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[5, 0, 3, 0]))
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[5, 0, 3, 0]))  # a scrape after the step
+    table = samples(stat_logger)
+    assert [value(stat_logger, "asyncengine:moe_expert_tokens_total", table, expert=str(e)) for e in range(4)] == \
+        [5, 0, 3, 0]  # an expert no token chose shows as 0: the imbalance is what an operator looks for
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[6, 2, 3, 0]))
+    table = samples(stat_logger)
+    assert [value(stat_logger, "asyncengine:moe_expert_tokens_total", table, expert=str(e)) for e in range(4)] == \
+        [6, 2, 3, 0]
+
+
+def test_tokens_per_expert_carry_the_engine_label_with_data_parallelism():
+    stat_logger = PrometheusStatLogger(EngineConfig(served_model_name="m", data_parallel_size=2))
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[4, 4], engines=[
+        SchedulerStats(engine_index=0, expert_tokens=[1, 3]), SchedulerStats(engine_index=1, expert_tokens=[3, 1])]))
+    table = samples(stat_logger)
+    assert value(stat_logger, "asyncengine:moe_expert_tokens_total", table, engine="1", expert="0") == 3
+    assert value(stat_logger, "asyncengine:moe_expert_tokens_total", table, engine="0", expert="1") == 3
