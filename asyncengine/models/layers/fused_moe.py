@@ -52,6 +52,7 @@ class FusedMoE(CustomOp):
 
     shared_expert: nn.Module | None
     shared_expert_gate: nn.Module | None
+    expert_tokens: torch.Tensor
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  dtype: torch.dtype, renormalize: bool = False, routing: str = "softmax_topk",
@@ -289,7 +290,7 @@ class ExpertLoad:
         self.layers = [module for module in modules if isinstance(module, FusedMoE)]
         self.counter: torch.Tensor | None = None
         if self.layers:
-            first = self.layers[0].expert_tokens
+            first: torch.Tensor = self.layers[0].expert_tokens
             self.counter = torch.zeros(max(layer.num_experts for layer in self.layers), dtype=torch.int64,
                                        device=first.device)
             for layer in self.layers:
