@@ -5,8 +5,9 @@ sinks on the TORCH_PAGED backend's torch path; its MXFP4 loading: test_gpt_oss_m
 Each decodes prompts greedily: tokens identical to transformers decoding the prompt alone (a divergence only as
 a tie, tests/support/hf_reference.py) and top-5 logprobs within 1e-3. Qwen3-MoE, the representative, also runs
 the paths where a batch's tokens are routed differently from a lone prompt's: chunked prefill with prefix-cache
-hits, preemption under a small cache, and two tensor-parallel ranks (each holding half of every expert). The
-rest of the matrix (each architecture on each path) is bench/model_matrix.py.
+hits, preemption under a small cache, and two tensor-parallel ranks, each holding half of every expert or, with
+expert parallelism, half of the experts whole (the same tokens both ways). The rest of the matrix (each
+architecture on each path, `ep2` included) is bench/model_matrix.py.
 """
 
 from __future__ import annotations
