@@ -171,6 +171,28 @@ async def test_an_engine_run_shows_up_in_the_metrics(llama):
     assert (info_labels["block_size"], info_labels["kv_cache_memory_bytes"]) == ("16", str(8 * 2**20))
 
 
+@pytest.fixture
+def qwen3_moe(tiny_model):
+    return tiny_model("qwen3_moe")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)  # an engine start: one event loop is enough
+async def test_a_moe_engine_run_counts_its_tokens_per_expert(qwen3_moe):
+    """The workers' counts reach /metrics with each step (not only at a scrape): 4 prompt tokens and 5 fed back
+    (the 6th is sampled, never fed) through 2 sparse layers of top-2."""
+    options = dict(skip_tokenizer_init=True, max_model_len=128, kv_cache_memory_bytes=4 * 2**20, dtype="float32")
+    async with AsyncEngine.start(model=str(qwen3_moe.path), **options) as engine:
+        stat_logger = PrometheusStatLogger(engine.config, model_name="moe")
+        engine.add_stat_logger(stat_logger)
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        with anyio.fail_after(60):
+            [_ async for _ in engine.generate({"prompt_token_ids": [5, 6, 7, 8]}, params)]
+    got = samples(stat_logger)
+    counts = [value(stat_logger, "asyncengine:moe_expert_tokens_total", got, expert=str(e)) for e in range(8)]
+    assert sum(counts) == (4 + 5) * 2 * 2 and max(counts) < sum(counts)
+
+
 # vLLM's names for our metrics, as vLLM's PrometheusStatLogger (vllm/v1/metrics/loggers.py) exposes them.
 VLLM_GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                "vllm:gpu_cache_usage_perc"]
