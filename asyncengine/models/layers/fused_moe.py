@@ -278,7 +278,9 @@ class FusedMoE(CustomOp):
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, top_k={self.config.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size}, routing={self.config.routing}, "
-                f"renormalize={self.config.renormalize}, activation={self.config.activation}")
+                f"renormalize={self.config.renormalize}, activation={self.config.activation}"
+                + (f", expert_parallel: experts {self.first_expert}..{self.first_expert + self.num_local_experts - 1}"
+                   " here" if self.expert_parallel else ""))
 
 
 class ExpertLoad:
