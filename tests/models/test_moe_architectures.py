@@ -77,3 +77,5 @@ def test_qwen3_moe_on_two_tensor_parallel_ranks(tiny_model, references, make_llm
     forwarded = sum(len(p) for p in prompts) + (NUM_TOKENS - 1) * len(prompts)
     counts = llm.get_scheduler_stats().expert_tokens
     assert counts is not None and len(counts) == 8 and sum(counts) == forwarded * 2 * 2
+    # A lone one-token request: every step has fewer tokens than ranks (rank 1's share is empty).
+    run_and_compare(llm, "qwen3_moe", prompts_for(model.vocab_size, seed=16, lengths=(1,)), references, parity_record)
