@@ -49,8 +49,11 @@ chromium:
 		          "then run make test again" >&2; exit 1; }
 
 # mypy first (pyproject's [tool.mypy]: asyncengine/, zero errors): a type error fails in seconds, before the suite.
+# Beside it, on the other core, pylint's duplicate-code check (tests/duplicate_code.py: at most 6 places of 6+
+# shared lines in asyncengine/); both run to the end and either failing fails the target.
 test: install chromium
-	$(PY) -m mypy
+	$(PY) tests/duplicate_code.py & dup=$$!; $(PY) -m mypy; types=$$?; wait $$dup; copies=$$?; \
+		test $$types -eq 0 && test $$copies -eq 0
 	$(PY) -m pytest
 
 bench: install

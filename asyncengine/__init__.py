@@ -9,7 +9,7 @@ from asyncengine import _ops_path  # noqa: F401  (makes asyncengine.ops importab
 from asyncengine._version import __version__
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError, StartupError
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.outputs import CompletionOutput, RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.structured_output_spec import StructuredOutputsParams

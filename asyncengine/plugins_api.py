@@ -78,7 +78,7 @@ from asyncengine.platforms.cuda import CudaPlatform, CudaPlatformBase, NonNvmlCu
 from asyncengine.config.engine import EngineConfig  # what check_and_update_config receives
 from asyncengine.config.engine import EngineConfig as VllmConfig  # vLLM's name: sub-config views read through
 from asyncengine.compat import envs  # vLLM's environment flags, the few that mean something here
-from asyncengine.plugin_runtime.vllm_compat import (  # vLLM's helpers for plugin tests
+from asyncengine.compat.plugins import (  # vLLM's helpers for plugin tests
     load_endpoint_plugins,
     load_general_plugins,
     load_plugins_by_group,
@@ -87,8 +87,8 @@ from asyncengine.plugin_runtime.vllm_compat import (  # vLLM's helpers for plugi
 from asyncengine.interfaces.additional_config import (  # read in: frontend (checks every key is claimed)
     AdditionalConfigRegistry,
 )
-from asyncengine.platforms.resolution import current_platform  # every process, after its platform phase
-from asyncengine.platforms.resolution import requested_device  # every process: a platform detector reads it
+from asyncengine.plugin_runtime.platform_resolution import current_platform
+from asyncengine.plugin_runtime.platform_resolution import requested_device
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.interfaces.registry import Registry, RegistrationError  # the registry type itself
 from asyncengine.interfaces.parsers import (  # read in: frontend (the chat completions route)
@@ -104,7 +104,6 @@ from asyncengine.interfaces.parsers import (  # read in: frontend (the chat comp
     ToolParserManager,
     new_tool_call_id,
 )
-import asyncengine.server.parsers.loading  # installs the plugin loader that ToolParserManager.import_tool_parser uses
 from asyncengine.interfaces.structured_output import (  # read in: engine core (compiles, masks), frontend (validate)
     GrammarMatcher,
     StructuredOutputBackend,
@@ -118,7 +117,7 @@ from asyncengine.interfaces.lora_resolver import (  # read in: frontend (an adap
     LoRAResolver,
     LoRAResolverRegistry,
 )
-from asyncengine.lora.request import LoRARequest  # what a LoRA resolver returns
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.interfaces.logits import LogitsProcessor  # read in: worker (build), frontend (validate)
 from asyncengine.interfaces.logits import (  # read in: worker (what update_state receives)
     AddedRequest,
@@ -136,8 +135,7 @@ def __getattr__(name: str):
     # CustomOp (read in: worker; `CustomOp.register_oot` replaces an in-tree op by name) is an nn.Module:
     # imported when asked for, so that importing this module does not import torch.
     if name == "CustomOp":
-        from asyncengine.models.layers.custom_op import CustomOp  # the floor's (interfaces.torch_bases), with the
-        # platform lookup installed
+        from asyncengine.interfaces.torch_bases import CustomOp
 
         return CustomOp
     # The in-tree custom ops (read in: worker), to subclass and replace with `@RotaryEmbedding.register_oot`.

@@ -92,7 +92,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from asyncengine.loader.model_source import resolve_model_dir
-    from asyncengine.lora.request import LoRARequest
+    from asyncengine.interfaces.lora_resolver import LoRARequest
 
     num_seqs, lo, hi, out_lo, out_hi = WORKLOADS["w3"]
     prompts, max_tokens = draw_workload(args.num_seqs or num_seqs, lo, hi, out_lo, out_hi)

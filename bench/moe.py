@@ -159,7 +159,7 @@ def main() -> int:
     import torch
 
     from asyncengine.platforms.cpu import CpuPlatform
-    from asyncengine.platforms.resolution import set_current_platform
+    from asyncengine.plugin_runtime.platform_resolution import set_current_platform
     from roofline import copy_bandwidth, gemm_peak
 
     if args.threads:

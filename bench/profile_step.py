@@ -59,7 +59,7 @@ def main() -> int:
     from asyncengine.config.model import build_model_config
     from asyncengine.loader.model_source import resolve_model_dir
     from asyncengine.platforms.cpu import CpuPlatform
-    from asyncengine.platforms.resolution import set_current_platform
+    from asyncengine.plugin_runtime.platform_resolution import set_current_platform
     from asyncengine.plugin_runtime.records import StartupTrace
     from asyncengine.wire.engine_core import SamplingOptions
     from asyncengine.wire.worker import NewRequestData, SchedulerOutput

@@ -48,7 +48,7 @@ def build_runner(model: str | None, dtype: str, quantization: str | None):
     from asyncengine.config.model import build_model_config
     from asyncengine.loader.model_source import resolve_model_dir
     from asyncengine.platforms.cpu import CpuPlatform
-    from asyncengine.platforms.resolution import set_current_platform
+    from asyncengine.plugin_runtime.platform_resolution import set_current_platform
     from asyncengine.plugin_runtime.records import StartupTrace
     from asyncengine.worker.model_runner import ModelRunner
 

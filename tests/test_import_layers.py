@@ -17,7 +17,12 @@ The rules, one test each:
 - no cycle at import time through a package's `__init__` (a second graph: only the imports that run on import,
   each with the `__init__`s it runs first), which the module graph cannot see and Python meets as a partially
   initialised module, depending on which module is imported first;
-- every package and top-level module under asyncengine/ is placed in a layer, and every placed name exists.
+- every package and top-level module under asyncengine/ is placed in a layer, and every placed name exists;
+- folders, as modules: a folder (a package directly under asyncengine/, or a top-level module) sits on one layer
+  whole, imports no folder of a higher layer, and no two folders import each other, directly or round a loop (a
+  folder is the unit a reader opens; a loop between two means neither can be read first);
+- no module whose body is only imports (re-exports of names that live elsewhere), other than `plugins_api` (the
+  public face) and package `__init__`s: each name has one home, and code imports it from there.
 
 `asyncengine.ops` (the kernels, shipped from ops/ by a package-dir mapping) is below every layer: anything may use
 a kernel, and ops/ imports no engine code.
@@ -46,7 +51,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine._ops_path",
             "asyncengine.config",
             "asyncengine.interfaces",
-            "asyncengine.registries",
             "asyncengine.wire",
             "asyncengine.runtime",
             "asyncengine.parallel_state",
@@ -56,7 +60,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "asyncengine.json_nesting",
             # Pooling's params, runner and pooler choice, built-in poolers (torch only) and outputs.
             "asyncengine.pooling",
-            "asyncengine.lora.request",  # LoRARequest travels on the wire; the rest of lora/ sits with models
         ),
     ),
     # The platform phase is the plugin runtime's first: the built-in platforms (cpu, cuda) are chosen among the
@@ -270,6 +273,56 @@ def import_cycles(modules: dict[str, pathlib.Path], edges: list[Import]) -> list
     return sorted(components)
 
 
+def folder_of(module: str) -> str:
+    """The folder a module is in: its package directly under asyncengine/ (asyncengine.models.layers.norm ->
+    asyncengine.models), or the module itself when it is a top-level module (asyncengine.errors)."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_graph(edges: list[Import]) -> list[Import]:
+    """One edge per (importing folder, imported folder), naming the first module import that makes it."""
+    found: dict[tuple[str, str], Import] = {}
+    for imp in sorted(edges, key=lambda imp: (imp.importer, imp.line, imp.target)):
+        source, target = folder_of(imp.importer), folder_of(imp.target)
+        if source != target and (source, target) not in found:
+            found[(source, target)] = Import(source, imp.line, target)
+    return list(found.values())
+
+
+def folders_straddling_layers(modules: dict[str, pathlib.Path]) -> dict[str, list[str]]:
+    """Folder -> the layers its modules sit on, for every folder whose modules sit on more than one."""
+    layers: dict[str, set[str]] = {}
+    for module in modules:
+        placed = layer_of(module)
+        layers.setdefault(folder_of(module), set()).add(placed[1] if placed else "(unplaced)")
+    return {folder: sorted(names) for folder, names in sorted(layers.items()) if len(names) > 1}
+
+
+def only_reexports(path: pathlib.Path) -> bool:
+    """Whether a module's body, past its docstring, is only imports, `__all__` and aliases (`X = Y`): it
+    defines nothing, so every name it offers has its home elsewhere."""
+    body = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    imports = 0
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports += 1
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(target, ast.Name) for target in node.targets) and (
+                any(target.id == "__all__" for target in node.targets if isinstance(target, ast.Name))
+                or isinstance(node.value, (ast.Name, ast.Attribute))):
+            continue
+        return False
+    return imports > 0
+
+
+# The modules allowed to be only re-exports: the public face plugins import, and package __init__s.
+REEXPORTS_ALLOWED = ("asyncengine.plugins_api",)
+
+
 def _describe_upward(imp: Import, source_layer: str, target_layer: str, modules: dict[str, pathlib.Path]) -> str:
     path = modules[imp.importer].relative_to(PACKAGE_ROOT.parent)
     return (
@@ -345,6 +398,70 @@ def test_every_package_is_placed_in_a_layer() -> None:
             "; ".join(problems) + ". Place every package and top-level module under asyncengine/ in exactly one "
             "layer of LAYERS in tests/test_import_layers.py (and draw it in docs/architecture.md)."
         )
+
+
+def test_each_folder_sits_on_one_layer() -> None:
+    straddling = folders_straddling_layers(all_modules())
+    assert not straddling, (
+        "folders whose modules sit on different layers: " + "; ".join(
+            f"{folder} ({', '.join(layers)})" for folder, layers in straddling.items())
+        + ". Move the module that sits on another layer into a folder of that layer (what the floor needs from "
+        "a role's folder goes to asyncengine/interfaces/, asyncengine/config/ or asyncengine/wire/), and place "
+        "whole folders in LAYERS.")
+
+
+def test_no_folder_imports_a_folder_of_a_higher_layer() -> None:
+    modules, edges = module_graph()
+    found = upward_imports(folder_graph(edges))
+    report = "\n".join(f"{imp.importer} (layer {low!r}) imports {imp.target} (layer {high!r})"
+                       for imp, low, high in found)
+    assert not found, f"{len(found)} folder(s) import a folder of a higher layer:\n{report}"
+
+
+def test_no_import_cycle_between_folders() -> None:
+    modules, edges = module_graph()
+    folder_edges = folder_graph(edges)
+    folders = {folder_of(name): modules[name] for name in modules}
+    cycles = import_cycles(folders, folder_edges)
+    if cycles:
+        lines = []
+        for component in cycles:
+            members = set(component)
+            lines.append(f"cycle between folders {', '.join(component)}:")
+            lines += [f"    {imp.importer} -> {imp.target}: {first}"
+                      for imp in folder_edges if imp.importer in members and imp.target in members
+                      for first in [next(f"{e.importer}:{e.line} imports {e.target}" for e in edges
+                                         if folder_of(e.importer) == imp.importer and folder_of(e.target) == imp.target)]]
+        raise AssertionError(
+            f"{len(cycles)} import cycle(s) between folders:\n" + "\n".join(lines) + "\n"
+            "Move what both folders need into the one below (or a floor folder), or pass it in.")
+
+
+def test_no_module_is_only_reexports() -> None:
+    modules = all_modules()
+    found = sorted(name for name, path in modules.items()
+                   if path.name != "__init__.py" and name not in REEXPORTS_ALLOWED and only_reexports(path))
+    assert found == [], (
+        f"modules that only re-export names whose home is elsewhere: {', '.join(found)}. Import each name from "
+        "its home, and delete the module (asyncengine.plugins_api is the one public face that re-exports).")
+
+
+def test_the_folder_checks_see_a_cycle_a_straddling_folder_and_a_reexport_module(tmp_path: pathlib.Path) -> None:
+    edges = [Import("asyncengine.wire.messages", 3, "asyncengine.lora.request"),
+             Import("asyncengine.lora.pool", 5, "asyncengine.wire.messages")]
+    folder_edges = folder_graph(edges)
+    assert {(imp.importer, imp.target) for imp in folder_edges} == {
+        ("asyncengine.wire", "asyncengine.lora"), ("asyncengine.lora", "asyncengine.wire")}
+    folders = {"asyncengine.wire": tmp_path, "asyncengine.lora": tmp_path}
+    assert import_cycles(folders, folder_edges) == [["asyncengine.lora", "asyncengine.wire"]]
+    # A folder is placed by its top-level name; a module of it placed elsewhere makes it straddle.
+    assert layer_of("asyncengine.lora.pool") == layer_of("asyncengine.lora")
+    reexport = tmp_path / "reexport.py"
+    reexport.write_text('"""Doc."""\nfrom __future__ import annotations\nfrom asyncengine.interfaces.models import '
+                        'ModelRegistry\nRegistry = ModelRegistry\n__all__ = ["ModelRegistry", "Registry"]\n')
+    assert only_reexports(reexport)
+    reexport.write_text(reexport.read_text() + "def helper():\n    return ModelRegistry\n")
+    assert not only_reexports(reexport)
 
 
 def test_the_checker_sees_lazy_type_only_and_relative_imports(tmp_path: pathlib.Path) -> None:
@@ -424,5 +541,20 @@ if __name__ == "__main__":
     for component in init_cycles:
         print("at import time, through a package __init__: " + _describe_cycle(component, init_edges, init_mods))
     cycles += init_cycles
-    print(f"{len(upward)} upward imports, {len(cycles)} cycles, {len(all_mods)} modules, {len(all_edges)} imports")
-    sys.exit(1 if upward or cycles else 0)
+    folder_edges = folder_graph(all_edges)
+    folder_upward = upward_imports(folder_edges)
+    for imp, low, high in folder_upward:
+        print(f"folder {imp.importer} (layer {low!r}) imports folder {imp.target} (layer {high!r})")
+    folder_cycles = import_cycles({folder_of(name): path for name, path in all_mods.items()}, folder_edges)
+    for component in folder_cycles:
+        print(f"cycle between folders: {', '.join(component)}")
+    for folder, layers in folders_straddling_layers(all_mods).items():
+        print(f"folder {folder} straddles layers: {', '.join(layers)}")
+    reexports = sorted(name for name, path in all_mods.items()
+                       if path.name != "__init__.py" and name not in REEXPORTS_ALLOWED and only_reexports(path))
+    for name in reexports:
+        print(f"only re-exports: {name}")
+    print(f"{len(upward)} upward imports, {len(cycles)} cycles, {len(all_mods)} modules, {len(all_edges)} imports; "
+          f"folders: {len(folder_upward)} upward, {len(folder_cycles)} cycles, {len(folder_edges)} edges; "
+          f"{len(reexports)} re-export-only modules")
+    sys.exit(1 if upward or cycles or folder_upward or folder_cycles or reexports else 0)

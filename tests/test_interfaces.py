@@ -1,5 +1,5 @@
-"""The floor (asyncengine/interfaces/): what it may import, that it loads no torch, that the old import
-paths give the same objects, and that import_by_path raises the error its caller names."""
+"""The floor (asyncengine/interfaces/): what it may import, that it loads no torch, that the public faces
+(plugins_api, the parsers' package) give its objects, and that import_by_path raises the error its caller names."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ FLOOR = Path(__file__).resolve().parent.parent / "asyncengine" / "interfaces"
 # What the floor may import from asyncengine: itself, the config, the errors and the request data it types.
 ALLOWED = ("asyncengine.interfaces", "asyncengine.config", "asyncengine.errors", "asyncengine.structured_output_spec")
 TORCH_MODULE = "torch_bases.py"  # the one module of the floor that imports torch
+
+
+def python_output(code: str, *, timeout: int) -> str:
+    """What a fresh interpreter running `code` prints (it must succeed)."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def imports_of(path: Path) -> list[tuple[int, str, bool]]:
@@ -53,50 +60,21 @@ def test_importing_the_floor_and_reading_its_names_loads_no_torch():
     code = ("import sys, asyncengine.interfaces as floor\n"
             f"for name in {names!r}: getattr(floor, name)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    stdout = python_output(code, timeout=120)
+    assert stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(("old", "name"), [
-    ("asyncengine.platforms.interface", "Platform"),
-    ("asyncengine.frontend.io_processor", "IOProcessor"),
-    ("asyncengine.frontend.stat_loggers", "StatLoggerBase"),
-    ("asyncengine.frontend.endpoints", "EndpointPlugin"),
-    ("asyncengine.worker.logits_processors", "LogitsProcessor"),
-    ("asyncengine.worker.logits_processors", "BatchUpdate"),
-    ("asyncengine.kv_transfer.base", "KVConnectorBase"),
-    ("asyncengine.kv_transfer.factory", "KVConnectorFactory"),
-    ("asyncengine.engine_core.executor", "Executor"),
-    ("asyncengine.attention.backend", "AttentionBackend"),
-    ("asyncengine.attention.registry", "AttentionBackendRegistry"),
-    ("asyncengine.models.layers.quantization", "QuantizationConfig"),
-    ("asyncengine.models.layers.quantization", "QuantizationRegistry"),
-    ("asyncengine.loader.registry", "BaseModelLoader"),
-    ("asyncengine.loader.registry", "ModelLoaderRegistry"),
-    ("asyncengine.models.registry", "ModelRegistry"),
-    ("asyncengine.models.layers.op_registry", "CustomOpRegistry"),
-    ("asyncengine.models.layers.custom_op", "CustomOp"),
-    ("asyncengine.structured_output.backend", "StructuredOutputBackend"),
-    ("asyncengine.structured_output.registry", "StructuredOutputBackendRegistry"),
-    ("asyncengine.registries.base", "Registry"),
-    ("asyncengine.registries", "all_registries"),
     ("asyncengine.plugins_api", "LogitsProcessor"),
     ("asyncengine.plugins_api", "CustomOp"),
     ("asyncengine.server.parsers", "ToolParser"),
     ("asyncengine.server.parsers", "ToolParserManager"),
-    ("asyncengine.server.parsers.tool_parsers", "ToolParserManager"),
-    ("asyncengine.server.parsers.reasoning_parsers", "ReasoningParser"),
-    ("asyncengine.server.parsers.reasoning_parsers", "ReasoningParserManager"),
-    ("asyncengine.server.parsers.types", "DeltaMessage"),
     ("asyncengine.plugins_api", "ToolParserManager"),
-    ("asyncengine.frontend.tokenizer", "TokenizerRegistry"),
     ("asyncengine.plugins_api", "TokenizerRegistry"),
-    ("asyncengine.plugin_runtime.additional_config", "AdditionalConfigRegistry"),
     ("asyncengine.plugins_api", "AdditionalConfigRegistry"),
-    ("asyncengine.models.layers.op_registry", "OpProviderRegistry"),
 ])
-def test_the_old_path_gives_the_floors_object(old, name):
+def test_the_public_faces_give_the_floors_object(old, name):
+    # The floor is each name's one home; plugins_api and the parsers' package __init__ offer the same object.
     import asyncengine.interfaces as floor
 
     assert getattr(importlib.import_module(old), name) is getattr(floor, name)
@@ -109,9 +87,8 @@ def test_every_table_is_the_floors_and_asking_for_them_imports_nothing_above_it(
             "all_registries()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('asyncengine.server', 'asyncengine.frontend', "
             "'asyncengine.plugin_runtime', 'asyncengine.models', 'asyncengine.worker'))))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    stdout = python_output(code, timeout=120)
+    assert stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(("table", "key", "old", "name"), [
@@ -142,21 +119,44 @@ def test_the_built_in_op_providers_are_in_the_floors_table_and_get_their_options
         op_registry.set_op_priority(None)
 
 
-def test_a_parser_plugin_is_loaded_through_the_servers_loader_and_without_it_the_error_says_so():
-    # In a fresh process the floor alone has no loader: the error names the option and what to import.
-    code = ("from asyncengine.errors import StartupError\n"
+def test_a_parser_plugin_loads_through_the_floor_alone_whatever_was_imported_first():
+    # The loader is the floor's own (interfaces/parser_plugins.py): no server module has to be imported first.
+    code = ("import sys\n"
             "from asyncengine.interfaces.parsers import ToolParserManager\n"
+            "print(ToolParserManager.import_tool_parser('json').__name__)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('asyncengine.server')))")
+    stdout = python_output(code, timeout=120)
+    assert stdout.strip().splitlines() == ["json", "[]"]
+
+
+def test_importing_any_module_changes_no_process_wide_state():
+    """Hooks are installed by the start-up phase that owns them, never by an import: after importing every
+    module under asyncengine/ (those that used to install a hook included: the custom ops' platform lookup,
+    the parsers' plugin loader), the platform is still unresolved and nothing told the floor otherwise."""
+    code = ("import importlib, pathlib, sys\n"
+            "import asyncengine\n"
+            "root = pathlib.Path(asyncengine.__file__).parent\n"
+            "skipped = []\n"
+            "for path in sorted(root.rglob('*.py')):\n"
+            "    parts = list(path.relative_to(root.parent).with_suffix('').parts)\n"
+            "    if parts[-1] in ('__init__', '__main__'):\n"
+            "        parts.pop() if parts[-1] == '__init__' else None\n"
+            "        if path.name == '__main__.py': continue\n"
+            "    try:\n"
+            "        importlib.import_module('.'.join(parts))\n"
+            "    except ModuleNotFoundError as exc:\n"
+            "        if (exc.name or '').startswith('asyncengine'): raise\n"
+            "        skipped.append(exc.name)  # an optional package this machine lacks\n"
+            "from asyncengine.interfaces import custom_op_registry\n"
+            "from asyncengine.config import vllm_views\n"
+            "from asyncengine.plugin_runtime import platform_resolution\n"
+            "print(custom_op_registry._dispatch_platform, vllm_views._platform, platform_resolution._current)\n"
             "try:\n"
-            "    ToolParserManager.import_tool_parser('json')\n"
-            "except StartupError as exc:\n"
-            "    print(exc)\n"
-            "import asyncengine.server.parsers\n"
-            "print(ToolParserManager.import_tool_parser('json').__name__)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    refused, loaded = result.stdout.strip().splitlines()
-    assert refused.startswith("--tool-parser-plugin 'json': ") and "import asyncengine.server.parsers" in refused
-    assert loaded == "json"  # once the server's parsers are imported, the same call loads the module
+            "    custom_op_registry.dispatch_platform()\n"
+            "except Exception as exc:\n"
+            "    print(type(exc).__name__)\n")
+    stdout = python_output(code, timeout=240)
+    assert stdout.strip().splitlines() == ["None [None] None", "StartupError"]
 
 
 def test_the_built_in_worker_is_a_worker_base():

@@ -11,12 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 # The table lives in the floor (asyncengine.interfaces.attention), next to the class it holds.
-from asyncengine.interfaces.attention import (
-    TORCH_PAGED,
-    TRITON_PAGED,
-    AttentionBackendRegistry,
-    _AttentionBackendRegistry,
-)
+from asyncengine.interfaces.attention import AttentionBackendRegistry
 
 
 def register_attention_backend(name: str, backend: Any = None, *, override: bool = False) -> Any:
@@ -33,4 +28,4 @@ def register_attention_backend(name: str, backend: Any = None, *, override: bool
     return register
 
 
-__all__ = ["TORCH_PAGED", "TRITON_PAGED", "AttentionBackendRegistry", "register_attention_backend"]
+__all__ = ["register_attention_backend"]

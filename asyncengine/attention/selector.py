@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncengine.attention.backend import AttentionBackend
-from asyncengine.attention.registry import AttentionBackendRegistry
+from asyncengine.interfaces.attention import AttentionBackend
+from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.attention import TORCH_PAGED, build_backend, missing_features
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
 from asyncengine.plugin_runtime.contracts import check_backend_class
-from asyncengine.registries.base import reads
+from asyncengine.interfaces.registry import reads
 
 
 @dataclass

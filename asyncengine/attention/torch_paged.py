@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncengine.attention.backend import AttentionBackend
+from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.ops import cpu_attention
 from asyncengine.ops.paged_attention import AttentionPlan, paged_attention, store_kv
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncengine.attention.backend import AttentionBackend
+from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.ops.triton_kv_store import store_kv_triton as store_kv
 from asyncengine.ops.triton_attention import paged_decode_attention, paged_prefill_attention
 

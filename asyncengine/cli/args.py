@@ -25,7 +25,6 @@ from typing import Any
 import msgspec
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
-from asyncengine.errors import ConfigError
 
 # Fields given as the positional MODEL argument rather than a flag.
 _POSITIONAL = {"model"}
@@ -171,5 +170,5 @@ def struct_values(args: argparse.Namespace, struct: type) -> dict[str, Any]:
     return {name: value for name, value in vars(args).items() if name in known}
 
 
-__all__ = ["ConfigError", "add_engine_arguments", "add_struct_arguments", "engine_config_from_args",
-           "field_descriptions", "flag_name", "human_readable_int", "human_readable_int_or_auto", "struct_values"]
+__all__ = ["add_engine_arguments", "add_struct_arguments", "engine_config_from_args", "field_descriptions",
+           "flag_name", "human_readable_int", "human_readable_int_or_auto", "struct_values"]

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.attention.registry import AttentionBackendRegistry
+from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.config.class_paths import is_class_path
 from asyncengine.errors import StartupError
 from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import reads
 from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
-from asyncengine.platforms.resolution import current_platform
+from asyncengine.plugin_runtime.platform_resolution import current_platform
 
 
 @reads("attention_backends", "worker")  # vLLM asks it in the worker; here only a plugin's test calls it

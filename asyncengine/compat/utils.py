@@ -49,7 +49,7 @@ def get_open_port() -> int:
 
 def is_pin_memory_available() -> bool:
     """vLLM's utility, asked of this process's platform."""
-    from asyncengine.platforms.resolution import current_platform
+    from asyncengine.plugin_runtime.platform_resolution import current_platform
 
     return bool(current_platform().is_pin_memory_available())
 

@@ -27,7 +27,7 @@ from asyncengine.config.structured_outputs import (
     configured_backend_name,
 )
 from asyncengine.config.lora import check_lora_options
-from asyncengine.pooling.config import check_pooler_config, check_runner
+from asyncengine.config.pooling import check_pooler_config, check_runner
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it.
 BUILTIN_WORKER = "asyncengine.worker.worker:Worker"

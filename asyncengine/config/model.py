@@ -17,7 +17,7 @@ import msgspec
 from asyncengine.config.context_length import derived_context_length
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
-from asyncengine.pooling.config import PoolerConfig, apply_pooling
+from asyncengine.config.pooling import PoolerConfig, apply_pooling
 from asyncengine.sampling_params import GENERATION_CONFIG_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     generation_defaults: dict[str, Any]
     hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
     # "generate" or "pooling" (EngineConfig.runner resolved against the architecture), and a pooling
-    # model's pooler (asyncengine/pooling/config.py).
+    # model's pooler (asyncengine/config/pooling.py).
     runner: str = "generate"
     pooler: PoolerConfig | None = None
     # "native" (a registered class) or "transformers" (EngineConfig.model_impl resolved against the

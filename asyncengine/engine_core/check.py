@@ -12,7 +12,7 @@ from typing import Any
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.engine_core.worker_processes import WorkerProcesses
-from asyncengine.platforms.resolution import current_platform_key
+from asyncengine.plugin_runtime.platform_resolution import current_platform_key
 from asyncengine.plugin_runtime.placement import worker_in_engine_core
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.wire.messages import CheckParams

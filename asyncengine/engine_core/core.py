@@ -21,14 +21,16 @@ from anyio.abc import TaskStatus
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.engine_core.block_manager import BlockManager
-from asyncengine.engine_core.executor import Executor, build_executor
+from asyncengine.interfaces.executor import Executor
+from asyncengine.engine_core.executor import build_executor
 from asyncengine.engine_core.micro_batches import micro_batches_for
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.kv_transfer.base import KVConnectorRole
+from asyncengine.interfaces.kv_connector import KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
-from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
-from asyncengine.registries.base import reads
+from asyncengine.wire.startup import StartupRecord
+from asyncengine.plugin_runtime.records import StartupTrace
+from asyncengine.interfaces.registry import reads
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.structured_output.manager import StructuredOutputManager
 from asyncengine.wire.kv_cache import KVCacheLayout, build_layout

@@ -30,10 +30,10 @@ from asyncengine.errors import (
     rebuild_error,
 )
 from asyncengine.interfaces.executor import Executor
-from asyncengine.platforms.resolution import current_platform_key
+from asyncengine.plugin_runtime.platform_resolution import current_platform_key
 from asyncengine.engine_core.worker_processes import WorkerProcesses
 from asyncengine.plugin_runtime.records import StartupTrace
-from asyncengine.registries.base import reads
+from asyncengine.interfaces.registry import reads
 from asyncengine.runtime.dedicated_thread import DedicatedThread
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.runtime.reply import Reply

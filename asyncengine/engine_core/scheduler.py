@@ -30,7 +30,7 @@ A request a worker could not take (ModelRunnerOutput.failed_requests) finishes w
 With a KV connector (`kv_connector`, its scheduler side; set by the engine core from kv_transfer_config),
 a request being admitted asks it for the prompt tokens it can supply after the local prefix cache's;
 those count as computed, the connector's worker side fills their blocks before the step's forward pass,
-and every step carries the connector's metadata to the workers (kv_transfer/base.py).
+and every step carries the connector's metadata to the workers (interfaces/kv_connector.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
-from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRequest
+from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRequest
 from asyncengine.structured_output.backend import GrammarBroken
 from asyncengine.wire.engine_core import (
     EngineCoreOutput,
@@ -85,7 +85,7 @@ class Scheduler:
         self._unsent: set[str] = set()
         # Sequences the worker must forget at the next step.
         self._forget: list[str] = []
-        # The scheduler side of the KV connector (kv_transfer/base.py), or None. Set by the engine core
+        # The scheduler side of the KV connector (interfaces/kv_connector.py), or None. Set by the engine core
         # after construction, so a `scheduler_cls` subclass keeps Scheduler's constructor arguments.
         self.kv_connector: KVConnectorBase | None = None
         self.num_prompt_tokens_computed = 0

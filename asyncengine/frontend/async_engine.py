@@ -50,16 +50,17 @@ from asyncengine.frontend.pooling import PoolingEngine
 from asyncengine.frontend.processor import InputProcessor, ProcessedRequest
 from asyncengine.frontend.request_state import RequestTable
 from asyncengine.frontend.startup import FrontendSetup, prepare_async
-from asyncengine.frontend.stat_loggers import StatLoggerBase
+from asyncengine.interfaces.stat_logger import StatLoggerBase
 from asyncengine.frontend.stat_logging import StatLogging, logger_initialized
 from asyncengine.frontend.stat_logging import plugin_stat_loggers as _plugin_stat_loggers  # (tests build plugins)
 from asyncengine.frontend.tokenizer import decode_ids, encode_text, render_chat
 from asyncengine.frontend.tokenizer_pool import TokenizerPool
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.outputs import RequestOutput
 from asyncengine.plugin_runtime.phases import PluginState, run_plugin_phases
 from asyncengine.plugin_runtime.placement import frontend_roles
-from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace, write_trace
+from asyncengine.wire.startup import StartupRecord
+from asyncengine.plugin_runtime.records import StartupTrace, write_trace
 from asyncengine.runtime.groups import single_exceptions
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import EngineCoreOutputs, SchedulerStats

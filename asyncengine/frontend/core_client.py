@@ -24,7 +24,7 @@ from asyncengine.engine_core.core import EngineCore, run_engine_core
 from asyncengine.engine_core.loop import EngineCoreLoop
 from asyncengine.errors import StartupError, rebuild_error
 from asyncengine.frontend.startup import FrontendSetup
-from asyncengine.platforms.resolution import current_platform_key
+from asyncengine.plugin_runtime.platform_resolution import current_platform_key
 from asyncengine.plugin_runtime.records import StartupTrace, reported_by_child
 from asyncengine.runtime.connection import accept_child, open_listener
 from asyncengine.runtime.groups import single_exceptions

@@ -21,7 +21,7 @@ from asyncengine.errors import RequestError
 from asyncengine.frontend.async_engine import AsyncEngine
 from asyncengine.frontend.output_processor import OutputKind
 from asyncengine.frontend.llm_pooling import LLMPooling
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.outputs import RequestOutput
 from asyncengine.sampling_params import SamplingParams
 from asyncengine.wire.engine_core import SchedulerStats

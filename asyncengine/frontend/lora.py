@@ -36,7 +36,7 @@ from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import reads
 from asyncengine.lora.filesystem_resolver import FilesystemResolver, configured_resolver_dir
 from asyncengine.lora.peft import LoRAAdapterError, read_adapter_config
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.wire.startup import StartupRecord
 
 # Ids the frontend hands out start here, far from the small ids callers of LLM.generate pick by hand.

@@ -24,11 +24,12 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
 from asyncengine.frontend.lora import LoRAAdapters
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 from asyncengine.structured_output.backend import GrammarError
 from asyncengine.structured_output.limits import SourceLimits
-from asyncengine.structured_output.registry import backend_class_for_request, configured_backend_name
+from asyncengine.structured_output.registry import backend_class_for_request
+from asyncengine.config.structured_outputs import configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
 from asyncengine.interfaces.logits import LogitsProcessor

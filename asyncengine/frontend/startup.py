@@ -18,11 +18,11 @@ from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, t
 from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.loader.model_source import resolve_files_dir, resolve_model_dir
-from asyncengine.loader.registry import ModelLoaderRegistry
+from asyncengine.interfaces.model_loader import ModelLoaderRegistry
 from asyncengine.interfaces.quantization import resolve_quantization_name
-from asyncengine.models.layers.quantization import QuantizationRegistry
+from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.pooling.default_model import default_pooling_model_dir, wants_default_pooling_model
-from asyncengine.registries.base import describe, reads
+from asyncengine.interfaces.registry import describe, reads
 
 
 @dataclass
@@ -41,7 +41,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     # before a possibly long GGUF conversion; the worker builds the model with it.
     ModelLoaderRegistry.loader_class(config.load_format)
     if config.quantization is not None:  # an unknown name fails here, listing the known ones
-        QuantizationRegistry.config_class(config.quantization)
+        QuantizationRegistry.load(config.quantization)
     _check_attention_backend_name(config.attention_backend)
     if not config.skip_tokenizer_init:  # so is the tokenizer mode: an unknown one lists the known ones
         tokenizer_class(config.tokenizer_mode)
@@ -66,7 +66,7 @@ def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> Fr
     # it checks the model and the options before a worker builds it.
     chosen = resolve_quantization_name(config.quantization, model_config.load_hf_config())
     if chosen is not None:
-        _verify_quantization(QuantizationRegistry.config_class(chosen), chosen, config, model_config, platform)
+        _verify_quantization(QuantizationRegistry.load(chosen), chosen, config, model_config, platform)
     remember_resolved_model(config.model, model_config)  # what vLLM's config views show a plugin from now on
     return FrontendSetup(model_config, tokenizer, chat_template)
 

@@ -1,7 +1,7 @@
 """Calling stat-logger plugins with the signatures they declare (ours, or vLLM's).
 
 The interface, StatLoggerBase, is in the floor (asyncengine.interfaces.stat_logger, whose docstring
-says when the engine calls what); imported here too, for the name code and plugins have used.
+says when the engine calls what).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 
 from asyncengine.interfaces.stat_logger import INIT_EXTRAS as _INIT_EXTRAS
 from asyncengine.interfaces.stat_logger import RECORD_EXTRAS as _RECORD_EXTRAS
-from asyncengine.interfaces.stat_logger import StatLoggerBase
 from asyncengine.interfaces.stat_logger import declared_extras as _declared
 
 
@@ -42,4 +41,4 @@ async def engine_initialized(stat_logger: Any) -> None:
         await result
 
 
-__all__ = ["StatLoggerBase", "build_stat_logger", "call_record", "engine_initialized", "record_extras"]
+__all__ = ["build_stat_logger", "call_record", "engine_initialized", "record_extras"]

@@ -36,7 +36,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import EngineDeadError, StartupError
 from asyncengine.frontend.iteration_stats import IterationStats, StatsTracker
-from asyncengine.frontend.stat_loggers import StatLoggerBase, build_stat_logger, call_record, engine_initialized
+from asyncengine.interfaces.stat_logger import StatLoggerBase
+from asyncengine.frontend.stat_loggers import build_stat_logger, call_record, engine_initialized
 from asyncengine.wire.engine_core import EngineCoreOutputs, SchedulerStats
 
 logger = logging.getLogger(__name__)

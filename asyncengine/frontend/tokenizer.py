@@ -18,7 +18,7 @@ from asyncengine.frontend.chat_messages import conversation_for_template
 from asyncengine.interfaces.registry import describe, reads
 
 # The table is in the floor (a plugin fills it in every process), with "auto" naming HFAutoTokenizer
-# below by path; imported here for the names code and plugins have used.
+# below by path.
 from asyncengine.interfaces.tokenizer import AUTO, TokenizerRegistry
 
 # What the engine calls on every tokenizer; the rest (apply_chat_template, chat_template, eos_token_id) is optional.
@@ -39,21 +39,7 @@ class HFAutoTokenizer:
 @reads("tokenizers", "frontend")
 def tokenizer_class(mode: str) -> Any:
     """The class registered for `mode`; an unknown mode lists the known ones."""
-    from asyncengine.interfaces.imports import import_by_path
-
-    entry = TokenizerRegistry.get(mode)
-    if entry is None:
-        raise ConfigError(f"tokenizer_mode {mode!r} names no tokenizer; known: {', '.join(TokenizerRegistry.keys())} "
-                          "(a plugin adds one with TokenizerRegistry.register(\"mode\", \"pkg.mod:Class\"))",
-                          field="tokenizer_mode")
-    implementation = entry.implementation
-    if isinstance(implementation, str):
-        implementation = import_by_path(implementation, what=f"tokenizer mode {mode!r}",
-                                        error=lambda message: ConfigError(message, field="tokenizer_mode"))
-    if not callable(getattr(implementation, "from_pretrained", None)):
-        raise ConfigError(f"tokenizer mode {mode!r}: {describe(implementation)} has no from_pretrained(path) "
-                          "class method", field="tokenizer_mode")
-    return implementation
+    return TokenizerRegistry.load(mode)
 
 
 def load_tokenizer(path: str | Path, mode: str = AUTO, *, trust_remote_code: bool = False) -> Any:

@@ -11,21 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from asyncengine.interfaces.registry import Registry, RegistrationError
+from asyncengine.interfaces.registry import Registry
 
 
 def _accept_any(value: Any) -> None:
     """The default validator: any value."""
 
 
-class _AdditionalConfigRegistry(Registry):
+class _AdditionalConfigRegistry(Registry[Callable[[Any], Any]]):
     def __init__(self) -> None:
-        super().__init__("additional_config", "additional_config key")
+        # Validators are objects, checked when claimed: a callable (Callable, as a runtime check).
+        super().__init__("additional_config", "additional_config key", Callable, instances=True,
+                         expected="callable: validator(value), raising to refuse a value")
 
     def claim(self, key: str, validator: Callable[[Any], Any] | None = None, *, override: bool = False) -> None:
         """Claim `additional_config[key]`; `validator(value)` raises to refuse a value (None: any value)."""
-        if validator is not None and not callable(validator):
-            raise RegistrationError(f"additional_config key {key!r}: the validator must be callable, got {validator!r}")
         self.register(key, validator or _accept_any, override=override)
 
 

@@ -74,13 +74,17 @@ TORCH_PAGED = "TORCH_PAGED"
 TRITON_PAGED = "TRITON_PAGED"
 
 
-class _AttentionBackendRegistry(Registry):
+class _AttentionBackendRegistry(Registry[type[AttentionBackend]]):
     def __init__(self) -> None:
-        super().__init__("attention_backends", "attention backend")
+        super().__init__("attention_backends", "attention backend", AttentionBackend, field="attention_backend")
         # A lazy path: the registry (imported in every process, for the manifest) stays free of torch.
         self.register(TORCH_PAGED, "asyncengine.attention.torch_paged:TorchPagedBackend", owner=BUILT_IN)
         # The Triton kernels (ops/triton_attention.py); only the CUDA platform chooses it.
         self.register(TRITON_PAGED, "asyncengine.attention.triton_paged:TritonPagedBackend", owner=BUILT_IN)
+
+    def problem(self, implementation: Any) -> str | None:
+        # vLLM's descriptor form is a backend too: the selector adapts it (descriptor_implementation).
+        return None if is_descriptor(implementation) else super().problem(implementation)
 
     def register_backend(self, name: str, backend: Any, *, override: bool = False) -> None:
         self.register(name, backend, override=override)

@@ -15,14 +15,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.errors import ModelLoadError
+from asyncengine.errors import ModelLoadError, StartupError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, reads
 
-CustomOpRegistry = Registry("custom_ops", "custom op")
-OpProviderRegistry = Registry("op_providers", "op provider")
+CustomOpRegistry: Registry[Any] = Registry("custom_ops", "custom op")
+OpProviderRegistry: Registry[Any] = Registry("op_providers", "op provider")
 
 OOT_PREFIX = "oot:"
+
+# The platform CustomOp dispatches for, and whether it is out of tree (not a built-in, so `forward_oot` is
+# a candidate): published by the platform phase (plugin_runtime/platform_resolution.py, set_current_platform)
+# when it resolves the process's platform; None before that.
+_dispatch_platform: tuple[Any, bool] | None = None
+
+
+def publish_dispatch_platform(platform: Any, out_of_tree: bool) -> None:
+    """The platform phase's answer, for CustomOp's dispatch (None: not resolved)."""
+    global _dispatch_platform
+    _dispatch_platform = None if platform is None else (platform, out_of_tree)
+
+
+def dispatch_platform() -> tuple[Any, bool]:
+    """(the current platform, whether it is out of tree); StartupError before the platform phase ran."""
+    if _dispatch_platform is None:
+        raise StartupError("a CustomOp cannot choose its forward: the platform is not resolved yet (it is chosen "
+                           "in the first start-up phase of a process: AsyncEngine.start, LLM(...), the CLI); "
+                           "code that builds and runs ops must run after that")
+    return _dispatch_platform
 
 # The built-in op providers ("<op>/<provider>"), by path: their code needs torch (and triton), and how
 # each is chosen per call (priority, `supported`, whether it runs here) is models/layers/op_registry.py's.
@@ -94,4 +114,5 @@ for _key, _path in BUILT_IN_PROVIDERS.items():
 
 
 __all__ = ["BUILT_IN_PROVIDERS", "IN_TREE_OPS", "OOT_PREFIX", "CustomOpRegistry", "OpProviderRegistry",
-           "in_tree_op_names", "oot_replacement", "register_custom_op", "register_oot_op"]
+           "dispatch_platform", "in_tree_op_names", "oot_replacement", "publish_dispatch_platform",
+           "register_custom_op", "register_oot_op"]

@@ -22,7 +22,7 @@ so it travels to the engine core and the workers as it is.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -65,14 +65,21 @@ class LoRAResolver:
         raise NotImplementedError
 
 
-class _LoRAResolverRegistry(Registry):
+@runtime_checkable
+class ResolvesLoRA(Protocol):
+    """What a LoRA resolver registry entry is: an object with vLLM's async `resolve_lora` (a LoRAResolver
+    subclass's instance, or any object that has the method)."""
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None: ...
+
+
+class _LoRAResolverRegistry(Registry[ResolvesLoRA]):
+    def __init__(self) -> None:
+        super().__init__("lora_resolvers", "LoRA resolver", ResolvesLoRA, instances=True,
+                         expected="an object with an async resolve_lora(base_model_name, lora_name)")
+
     def register_resolver(self, resolver_name: str, resolver: Any, *, override: bool = False) -> None:
         """vLLM's name: register `resolver` (an object with an async `resolve_lora`) as `resolver_name`."""
-        if not callable(getattr(resolver, "resolve_lora", None)):
-            from asyncengine.interfaces.registry import RegistrationError
-
-            raise RegistrationError(f"LoRA resolver {resolver_name!r} must have an async resolve_lora(base_model_name, "
-                                    f"lora_name) method; got {resolver!r}")
         self.register(resolver_name, resolver, override=override)
 
     def get_supported_resolvers(self) -> list[str]:
@@ -86,7 +93,7 @@ class _LoRAResolverRegistry(Registry):
         return entry.implementation
 
 
-LoRAResolverRegistry = _LoRAResolverRegistry("lora_resolvers", "LoRA resolver")
+LoRAResolverRegistry = _LoRAResolverRegistry()
 
 
 __all__ = ["LoRARequest", "LoRAResolver", "LoRAResolverRegistry"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncengine.config.model import TRANSFORMERS, ModelConfig
-from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.interfaces.plugin_code import plugin_hook
@@ -126,7 +126,7 @@ def _quantization_config(user_quant: str | None, hf_config: Any, model_config: M
     name = resolve_quantization_name(user_quant, hf_config)
     if name is None:
         return None
-    cls = QuantizationRegistry.config_class(name)
+    cls = QuantizationRegistry.load(name)
     quant_config = quantization_config_for(cls, hf_config, model_config.model_dir)
     with plugin_hook(quant_config, "get_supported_act_dtypes"):
         supported = [str(dtype).removeprefix("torch.") for dtype in quant_config.get_supported_act_dtypes()]
@@ -161,28 +161,19 @@ def _device(load_config: LoadConfig) -> Any:
 # -- the table of loaders ---------------------------------------------------------------------------------
 
 
-class _ModelLoaderRegistry(Registry):
+class _ModelLoaderRegistry(Registry[type[BaseModelLoader]]):
     def __init__(self) -> None:
-        super().__init__("model_loaders", "model loader")
+        super().__init__("model_loaders", "model loader", BaseModelLoader, field="load_format",
+                         unknown=f"load_format {{key!r}} names no model loader; known: {AUTO}, {{known}} (a plugin adds "
+                                 "one with register_model_loader)")
 
     def register_loader(self, load_format: str, loader: Any, *, override: bool = False) -> None:
+        """The name plugins call (asyncengine's own; vLLM registers with the register_model_loader decorator)."""
         self.register(load_format, loader, override=override)
 
     def loader_class(self, load_format: str) -> type[BaseModelLoader]:
         """The loader for `load_format` ("auto": safetensors); unknown names list the known ones."""
-        name = "safetensors" if load_format == AUTO else load_format
-        entry = self.get(name)
-        if entry is None:
-            raise ConfigError(f"load_format {load_format!r} names no model loader; known: {AUTO}, "
-                              f"{', '.join(self.keys())} (a plugin adds one with register_model_loader)",
-                              field="load_format")
-        loader = entry.implementation
-        if isinstance(loader, str):
-            loader = import_by_path(loader, what=f"model loader {name!r}", error=ModelLoadError)
-        if not (isinstance(loader, type) and issubclass(loader, BaseModelLoader)):
-            raise ConfigError(f"model loader {name!r} is {loader!r} (registered by {entry.owner}), not a "
-                              "BaseModelLoader subclass", field="load_format")
-        return loader
+        return self.load("safetensors" if load_format == AUTO else load_format)
 
 
 ModelLoaderRegistry = _ModelLoaderRegistry()

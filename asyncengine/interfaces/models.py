@@ -7,16 +7,25 @@ and an import error is raised with its traceback (never remembered as "unsupport
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from asyncengine.errors import ModelLoadError, UnsupportedArchitectureError
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import BUILT_IN, Registry
 
 
-class _ModelRegistry(Registry):
+@runtime_checkable
+class ModelClass(Protocol):
+    """What a model registry entry (and a `model_class_overrides` class) is: a class built as
+    `Class(hf_config)` that loads its weights (asyncengine/models/llama.py is the model interface)."""
+
+    def load_weights(self, weights: Any) -> Any: ...
+
+
+class _ModelRegistry(Registry[type[ModelClass]]):
     def __init__(self) -> None:
-        super().__init__("models", "model architecture")
+        super().__init__("models", "model architecture", ModelClass,
+                         expected="a model class with load_weights(weights) (asyncengine.models.llama's interface)")
         for architecture, path in {
             "LlamaForCausalLM": "asyncengine.models.llama:LlamaForCausalLM",
             "Qwen2ForCausalLM": "asyncengine.models.qwen2:Qwen2ForCausalLM",
@@ -59,15 +68,12 @@ class _ModelRegistry(Registry):
         """The first of `architectures` that has a class (config-given overrides win), and that class."""
         overrides = overrides or {}
         for architecture in architectures:
-            entry = overrides.get(architecture)
-            if entry is None:
-                registered = self.get(architecture)
-                entry = registered.implementation if registered else None
-            if entry is None:
-                continue
-            if isinstance(entry, str):
-                entry = import_by_path(entry, what=f"model class for {architecture}", error=ModelLoadError)
-            return architecture, entry
+            override = overrides.get(architecture)
+            if override is not None:  # a config hook, checked in the config-hooks phase
+                return architecture, import_by_path(override, what=f"model class for {architecture}",
+                                                    error=ModelLoadError)
+            if architecture in self:
+                return architecture, self.load(architecture)
         raise UnsupportedArchitectureError(
             f"model architecture(s) {', '.join(architectures) or '(none given)'} are not supported for now; "
             f"supported: {', '.join(self.get_supported_archs())}"
@@ -77,4 +83,4 @@ class _ModelRegistry(Registry):
 ModelRegistry = _ModelRegistry()
 
 
-__all__ = ["ModelRegistry"]
+__all__ = ["ModelClass", "ModelRegistry"]

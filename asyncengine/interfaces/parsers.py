@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import msgspec
 
-from asyncengine.errors import ConfigError, StartupError
-from asyncengine.interfaces.imports import import_by_path
+from asyncengine.errors import ConfigError
+from asyncengine.interfaces.parser_plugins import import_plugin
 from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError
 
 # -- what parsers hand back -------------------------------------------------------------------------------
@@ -139,18 +138,6 @@ class ReasoningParser:
 
 # -- the tables -------------------------------------------------------------------------------------------
 
-# Loads a parser plugin given to an option: (value, option) -> the imported module. The server's
-# (asyncengine.server.parsers.loading.import_plugin), set when that module is imported.
-PluginLoader = Callable[..., ModuleType]
-_plugin_loader: PluginLoader | None = None
-
-
-def set_plugin_loader(loader: PluginLoader) -> None:
-    """Install the function that imports a parser plugin (the server does, when its parsers load)."""
-    global _plugin_loader
-    _plugin_loader = loader
-
-
 class ParserRegistry(Registry):
     """A registry of parser classes, all subclasses of `base`, with vLLM's `register_module` shape.
 
@@ -159,9 +146,11 @@ class ParserRegistry(Registry):
     """
 
     def __init__(self, name: str, what: str, *, base: type, field: str, option: str, plugin_option: str) -> None:
-        super().__init__(name, what)
-        self.base = base
-        self.field = field
+        super().__init__(
+            name, what, base, field=field,
+            unknown=(f"unknown {what} {{key!r}}; known: {{known_repr}}. Pass one of these to {option}, or load a "
+                     f"plugin that registers it with {plugin_option}"),
+            import_error=lambda message, field: ConfigError(message, field=field))
         self.option = option
         self.plugin_option = plugin_option
 
@@ -189,40 +178,9 @@ class ParserRegistry(Registry):
 
         return decorator
 
-    def resolve(self, name: str) -> type:
-        """The parser class registered under `name`; ConfigError (naming the known ones) if none is."""
-        entry = self.get(name) if isinstance(name, str) else None
-        if entry is None:
-            known = ", ".join(repr(key) for key in self.keys()) or "(none registered)"
-            raise ConfigError(
-                f"unknown {self.what} {name!r}; known: {known}. Pass one of these to {self.option}, or load "
-                f"a plugin that registers it with {self.plugin_option}",
-                field=self.field,
-            )
-        implementation = entry.implementation
-        if isinstance(implementation, str):
-            owner = entry.owner
-
-            def refused(message: str) -> ConfigError:  # a configuration problem, naming who registered it
-                return ConfigError(f"{message} (registered by {owner})", field=self.field)
-
-            implementation = import_by_path(implementation, what=f"{self.what} {name!r}", error=refused)
-        if not (isinstance(implementation, type) and issubclass(implementation, self.base)):
-            raise ConfigError(
-                f"{self.what} {name!r} (registered by {entry.owner}) is {implementation!r}, not a subclass of "
-                f"{self.base.__name__}; register a {self.base.__name__} subclass under that name",
-                field=self.field,
-            )
-        return implementation
-
     def import_plugin(self, plugin: str) -> ModuleType:
         """Load a parser plugin (a .py path or a module name); its decorators register its parsers."""
-        if _plugin_loader is None:
-            raise StartupError(
-                f"{self.plugin_option} {plugin!r}: parser plugins are loaded by the server's parsers, which are "
-                "not imported in this process; import asyncengine.server.parsers first"
-            )
-        return _plugin_loader(plugin, option=self.plugin_option)
+        return import_plugin(plugin, option=self.plugin_option)
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -271,7 +229,7 @@ class _ToolParserRegistry(ParserRegistry):
         )
 
     def get_tool_parser(self, name: str) -> type[ToolParser]:
-        return self.resolve(name)
+        return self.load(name)
 
     def import_tool_parser(self, plugin: str) -> Any:
         return self.import_plugin(plugin)
@@ -285,7 +243,7 @@ class _ReasoningParserRegistry(ParserRegistry):
         )
 
     def get_reasoning_parser(self, name: str) -> type[ReasoningParser]:
-        return self.resolve(name)
+        return self.load(name)
 
     def import_reasoning_parser(self, plugin: str) -> Any:
         return self.import_plugin(plugin)
@@ -324,5 +282,4 @@ for _name, _class in BUILT_IN_REASONING_PARSERS.items():
 __all__ = [
     "DeltaFunctionCall", "DeltaMessage", "DeltaToolCall", "ExtractedToolCalls", "FunctionCall", "ParserRegistry",
     "ReasoningParser", "ReasoningParserManager", "ToolCall", "ToolParser", "ToolParserManager", "new_tool_call_id",
-    "set_plugin_loader",
 ]

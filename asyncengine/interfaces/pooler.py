@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.errors import ConfigError, ModelLoadError
-from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.registry import BUILT_IN, Registry, reads
 
 
@@ -45,30 +43,19 @@ BUILTIN_POOLERS = {
 }
 
 
-class _PoolerRegistry(Registry):
+class _PoolerRegistry(Registry[type[Pooler]]):
     def __init__(self) -> None:
-        super().__init__("poolers", "pooler")
+        super().__init__(
+            "poolers", "pooler", Pooler, field="pooler_config",
+            unknown="pooler {key!r} (pooler_config's pooling_type) is not registered; registered: {known} (a plugin "
+                    "adds one with register_pooler, from a general plugin so that the worker processes have it too)")
         for name, path in BUILTIN_POOLERS.items():  # by path: the table imports no torch
             self.register(name, path, owner=BUILT_IN)
-
-    def register_pooler(self, name: str, pooler: Any, *, override: bool = False) -> None:
-        self.register(name, pooler, override=override)
 
     @reads("poolers", "worker")
     def pooler_class(self, name: str) -> type[Pooler]:
         """The class registered under `name`; an unknown name lists the registered ones."""
-        entry = self.get(name) if isinstance(name, str) else None
-        if entry is None:
-            raise ConfigError(f"pooler {name!r} (pooler_config's pooling_type) is not registered; registered: "
-                              f"{', '.join(self.keys())} (a plugin adds one with register_pooler, from a general "
-                              "plugin so that the worker processes have it too)", field="pooler_config")
-        pooler = entry.implementation
-        if isinstance(pooler, str):
-            pooler = import_by_path(pooler, what=f"pooler {name!r}", error=ModelLoadError)
-        if not (isinstance(pooler, type) and issubclass(pooler, Pooler)):
-            raise ConfigError(f"pooler {name!r} is {pooler!r} (registered by {entry.owner}), not a Pooler subclass",
-                              field="pooler_config")
-        return pooler
+        return self.load(name)
 
 
 PoolerRegistry = _PoolerRegistry()
@@ -76,7 +63,7 @@ PoolerRegistry = _PoolerRegistry()
 
 def register_pooler(name: str, pooler: Any, *, override: bool = False) -> None:
     """`register_pooler("NAME", "pkg.mod:Pooler")` (or the class): a pooler `--pooler-config` can name."""
-    PoolerRegistry.register_pooler(name, pooler, override=override)
+    PoolerRegistry.register(name, pooler, override=override)
 
 
 __all__ = ["BUILTIN_POOLERS", "Pooler", "PoolerRegistry", "register_pooler"]

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncengine.errors import ConfigError, ModelLoadError
-from asyncengine.interfaces.imports import import_by_path
+from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.interfaces.registry import BUILT_IN, Registry, reads
 
@@ -240,7 +239,7 @@ def resolve_quantization_name(user_quant: str | None, hf_config: Any) -> str | N
     for name in QuantizationRegistry.keys():
         if QuantizationRegistry.get(name).owner == BUILT_IN:  # type: ignore[union-attr]
             continue
-        cls = QuantizationRegistry.config_class(name)
+        cls = QuantizationRegistry.load(name)
         with plugin_hook(cls, "override_quantization_method"):
             claimed = cls.override_quantization_method(found, user_quant)
         if claimed is not None:
@@ -256,26 +255,10 @@ def resolve_quantization_name(user_quant: str | None, hf_config: Any) -> str | N
 # -- the table of methods -------------------------------------------------------------------------------
 
 
-class _QuantizationRegistry(Registry):
-    def __init__(self) -> None:
-        super().__init__("quantization", "quantization method")
-
-    def config_class(self, name: str) -> type[QuantizationConfig]:
-        """The QuantizationConfig registered as `name`; unknown names list the known ones."""
-        entry = self.get(name)
-        if entry is None:
-            raise ConfigError(f"quantization {name!r} names no quantization method; known: {', '.join(self.keys())} "
-                              "(a plugin adds one with register_quantization_config)", field="quantization")
-        cls = entry.implementation
-        if isinstance(cls, str):
-            cls = import_by_path(cls, what=f"quantization method {name!r}", error=ModelLoadError)
-        if not (isinstance(cls, type) and issubclass(cls, QuantizationConfig)):
-            raise ConfigError(f"quantization method {name!r} is {cls!r} (registered by {entry.owner}), not a "
-                              "QuantizationConfig subclass", field="quantization")
-        return cls
-
-
-QuantizationRegistry = _QuantizationRegistry()
+QuantizationRegistry: Registry[type[QuantizationConfig]] = Registry(
+    "quantization", "quantization method", QuantizationConfig, field="quantization",
+    unknown="quantization {key!r} names no quantization method; known: {known} (a plugin adds one with "
+            "register_quantization_config)")
 # By path, so that the table imports no torch; the same class the worker builds.
 QuantizationRegistry.register("int8", "asyncengine.models.layers.quantization:Int8Config", owner=BUILT_IN)
 QuantizationRegistry.register("int8_dynamic", "asyncengine.models.layers.quantization:Int8DynamicConfig",

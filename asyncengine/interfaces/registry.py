@@ -4,23 +4,35 @@ Registration is idempotent: the same implementation under the same key twice is 
 implementation under a taken key is an error naming both owners, unless `override=True`. Every entry
 remembers its owner (the plugin whose code registered it, "built-in", or "the calling script"), so a
 process that lacks a key another process has can say who registered it there. No assert anywhere.
+
+`Registry[T](name, what, base)` names the base its implementations must be (a class, or a
+runtime-checkable Protocol; `instances=True` for a table of objects rather than classes). An
+implementation given as an object is checked when it is registered; one given as a "pkg.mod:Class" path
+is imported and checked when first loaded (`load`, the one way an entry is resolved). Each failure names
+the key, who registered it, what was given and the base expected (`contract_problem` words it, and the
+config hooks use it too).
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
-from asyncengine.errors import ConfigError
+from asyncengine.errors import ConfigError, ModelLoadError, StartupError
+from asyncengine.interfaces.imports import import_by_path
 
 # Who is registering right now: the plugin loader sets it while a plugin's code runs.
 current_registrant: contextvars.ContextVar[str] = contextvars.ContextVar("registrant", default="the calling script")
 BUILT_IN = "built-in"
 
+T = TypeVar("T")
+
 
 class RegistrationError(ConfigError):
-    """A key is taken by another implementation (pass override=True to replace it)."""
+    """A key is taken by another implementation (pass override=True to replace it), or what was registered
+    is not what the registry holds."""
 
 
 @dataclass(frozen=True)
@@ -37,16 +49,81 @@ def describe(implementation: Any) -> str:
     return f"{module}:{name}" if module else name
 
 
-class Registry:
-    def __init__(self, name: str, what: str) -> None:
-        self.name = name  # "models", as the manifest and errors call it
-        self.what = what  # "model architecture", for messages
+def _is_protocol(base: Any) -> bool:
+    return bool(getattr(base, "_is_protocol", False))
+
+
+def contract_problem(value: Any, base: Any, name: str | None = None, *, instances: bool = False) -> str | None:
+    """What is wrong with `value` as an implementation of `base`, or None. A class must derive from `base`
+    (for a runtime-checkable Protocol: have its methods); with `instances`, an object must be one. `name`
+    is how the message calls the base (default: its name)."""
+    name = name or getattr(base, "__name__", repr(base))
+    if instances:
+        if isinstance(value, base):
+            return None
+        return f"is {value!r}, which does not implement {name}" if _is_protocol(base) else \
+            f"is {value!r}, not an instance of {name}"
+    if isinstance(value, type) and issubclass(value, base):
+        return None
+    return f"is {value!r}, which does not implement {name}" if _is_protocol(base) else \
+        f"is {value!r}, not a subclass of {name}"
+
+
+def _model_load_error(message: str, field: str | None) -> StartupError:
+    return ModelLoadError(message)
+
+
+class Registry(Generic[T]):
+    """`Registry[T](name, what, base)`: keys -> implementations of `base` (None: any object).
+
+    `name` is how the manifest and errors call the table ("models"), `what` how messages call an entry
+    ("model architecture"). `field` is the configuration field that chooses an entry (named by errors);
+    `unknown` words a key nobody registered (`{key}`, `{known}` and `{known_repr}` filled in);
+    `import_error(message, field)` is the error a lazy entry that fails to import becomes; `expected` words
+    what an entry must be, where the base's name does not say it.
+    """
+
+    def __init__(self, name: str, what: str, base: Any = None, *, instances: bool = False,
+                 field: str | None = None, unknown: str | None = None, expected: str | None = None,
+                 import_error: Callable[[str, str | None], StartupError] = _model_load_error) -> None:
+        self.name = name
+        self.what = what
+        self.base = base
+        self.instances = instances
+        self.field = field
+        self.unknown = unknown or f"{what} {{key!r}} is not registered; registered: {{known}}"
+        self.import_error = import_error
+        self._expected = expected
         self._entries: dict[str, Entry] = {}
+
+    def problem(self, implementation: Any) -> str | None:
+        """What is wrong with an (imported) implementation for this table, or None."""
+        if self.base is None:
+            return None
+        return contract_problem(implementation, self.base, instances=self.instances)
+
+    def expected(self) -> str:
+        """What `problem` asks for, in words."""
+        if self._expected:
+            return self._expected
+        name = getattr(self.base, "__name__", repr(self.base))
+        if _is_protocol(self.base):
+            return f"{'an object' if self.instances else 'a class'} implementing {name}"
+        return f"an instance of {name}" if self.instances else f"a subclass of {name}"
+
+    # -- filling it ----------------------------------------------------------------------------------------
 
     def register(self, key: str, implementation: Any, *, override: bool = False, owner: str | None = None) -> None:
         if not isinstance(key, str) or not key:
             raise RegistrationError(f"a {self.what} needs a non-empty string key, got {key!r}")
         owner = owner or current_registrant.get()
+        lazy = isinstance(implementation, str) and not self.instances  # a path: checked when loaded
+        problem = None if lazy else self.problem(implementation)
+        if problem:
+            raise RegistrationError(f"{self.what} {key!r}: {owner} registered {implementation!r}, which must be "
+                                    f"{self.expected()}" + ("" if self.instances else
+                                                            " (or its 'package.module:Class' path)"),
+                                    field=self.field)
         current = self._entries.get(key)
         if current is not None and not override:
             if describe(current.implementation) == describe(implementation):
@@ -58,15 +135,42 @@ class Registry:
             )
         self._entries[key] = Entry(implementation, owner)
 
+    # -- reading it ----------------------------------------------------------------------------------------
+
     def get(self, key: str) -> Entry | None:
-        return self._entries.get(key)
+        return self._entries.get(key) if isinstance(key, str) else None
 
     def registered(self, key: str) -> Entry:
         """The entry of a key the caller found registered (through `keys()` or `in`)."""
-        entry = self._entries.get(key)
+        entry = self.get(key)
         if entry is None:
             raise KeyError(f"no {self.what} {key!r} is registered in the {self.name!r} registry")
         return entry
+
+    def load(self, key: str) -> T:
+        """The implementation registered under `key`, imported when it was given by path and checked against
+        the base: the one way an entry is resolved. An unknown key is a ConfigError listing the known ones
+        (`unknown`), a failed import `import_error`, a wrong implementation a ConfigError; each names the key
+        and, once registered, who registered it."""
+        entry = self.get(key)
+        if entry is None:
+            known = self.keys()
+            raise ConfigError(self.unknown.format(key=key, known=", ".join(known),
+                                                  known_repr=", ".join(map(repr, known)) or "(none registered)"),
+                              field=self.field)
+        implementation = entry.implementation
+        if isinstance(implementation, str) and not self.instances:
+            owner = entry.owner
+
+            def failed(message: str) -> StartupError:
+                return self.import_error(f"{message} (registered by {owner})", self.field)
+
+            implementation = import_by_path(implementation, what=f"{self.what} {key!r}", error=failed)
+        problem = self.problem(implementation)
+        if problem:
+            raise ConfigError(f"{self.what} {key!r} (registered by {entry.owner}) {problem}; register "
+                              f"{self.expected()} under that name", field=self.field)
+        return cast(T, implementation)
 
     def __contains__(self, key: str) -> bool:
         return key in self._entries

@@ -105,7 +105,11 @@ def estimate_size(root: Any, *, max_objects: int = 1_000_000) -> int:
 
 # -- the table of backends (read in the frontend, which checks grammars, and the engine core) ------------
 
-StructuredOutputBackendRegistry = Registry("structured_output_backends", "structured-output backend")
+StructuredOutputBackendRegistry: Registry[type[StructuredOutputBackend]] = Registry(
+    "structured_output_backends", "structured-output backend", StructuredOutputBackend,
+    field="structured_outputs_config",
+    unknown="unknown structured-output backend {key!r} (registered: {known}); register one with "
+            "register_structured_output_backend")
 StructuredOutputBackendRegistry.register(
     "xgrammar", "asyncengine.structured_output.xgrammar_backend:XgrammarBackend", owner=BUILT_IN)
 StructuredOutputBackendRegistry.register(

@@ -16,30 +16,26 @@ vLLM's names and semantics (docs/reference.md, custom ops):
 
 The tables are in interfaces/custom_op_registry.py (torch-free, for the frontend's manifest); the
 in-tree ops' torch code runs through op providers (asyncengine/models/layers/op_registry.py, `call_op`), of which
-`native` is the reference. Which platform this process runs is the platform phase's answer, above the
-floor: asyncengine/models/layers/custom_op.py installs the lookup (`install_platform_lookup`).
+`native` is the reference. Which platform this process runs is the platform phase's answer: it publishes
+it in the torch-free table module (`dispatch_platform`) when it resolves one; importing a module installs
+nothing.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from asyncengine.interfaces.custom_op_registry import oot_replacement, register_custom_op, register_oot_op
+from asyncengine.interfaces.custom_op_registry import (
+    dispatch_platform,
+    oot_replacement,
+    register_custom_op,
+    register_oot_op,
+)
 from asyncengine.interfaces.registry import RegistrationError
-
-# () -> (the current platform, whether it is out of tree): installed by the layer that resolves platforms.
-_platform_lookup: Callable[[], tuple[Any, bool]] | None = None
-
-
-def install_platform_lookup(lookup: Callable[[], tuple[Any, bool]]) -> None:
-    """How CustomOp learns the current platform (and whether it is a built-in one) at an op's first call."""
-    global _platform_lookup
-    _platform_lookup = lookup
 
 
 def _defined_below(cls: type, method: str, other: str) -> bool:
@@ -76,10 +72,7 @@ class CustomOp(nn.Module):
 
     def dispatch_forward(self) -> str:
         """The name of the method `forward` runs on the current platform."""
-        if _platform_lookup is None:
-            raise RuntimeError("CustomOp cannot dispatch: no platform lookup is installed; importing "
-                               "asyncengine.models.layers.custom_op installs the platform phase's answer")
-        platform, out_of_tree = _platform_lookup()
+        platform, out_of_tree = dispatch_platform()
         device_method = f"forward_{platform.device_type}"
         candidates = [device_method]
         if out_of_tree:
@@ -173,4 +166,4 @@ def float_dtypes() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16, torch.float32]
 
 
-__all__ = ["CustomOp", "build_on_device", "float_dtypes", "inference_mode", "install_platform_lookup", "seed_everything"]
+__all__ = ["CustomOp", "build_on_device", "float_dtypes", "inference_mode", "seed_everything"]

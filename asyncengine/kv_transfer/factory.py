@@ -18,14 +18,12 @@ from typing import Any
 from asyncengine.config.kv_transfer import FIELD, KVTransferConfig
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.kv_connector import (
-    LOCAL_DISK,
     KVConnectorBase,
     KVConnectorContext,
     KVConnectorFactory,
     KVConnectorRole,
-    _KVConnectorFactory,
 )
-from asyncengine.interfaces.registry import describe, reads
+from asyncengine.interfaces.registry import contract_problem, describe, reads
 
 
 class ConnectorChoice:
@@ -68,9 +66,9 @@ def connector_class(config: KVTransferConfig) -> ConnectorChoice:
     except Exception as exc:  # an import error (the message names the path) or the module raising: named
         raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) could not be imported: {exc}",
                           field=FIELD) from exc
-    if not (isinstance(cls, type) and issubclass(cls, KVConnectorBase)):
-        raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) is {cls!r}, not a subclass of "
-                          "asyncengine.plugins_api.KVConnectorBase", field=FIELD)
+    problem = contract_problem(cls, KVConnectorBase, "asyncengine.plugins_api.KVConnectorBase")
+    if problem:
+        raise ConfigError(f"{FIELD}: kv_connector {name!r} ({origin}) {problem}", field=FIELD)
     return ConnectorChoice(cls, origin)
 
 
@@ -82,7 +80,8 @@ def create_connector(config: KVTransferConfig, role: KVConnectorRole,
 
 def connector_record(connector: KVConnectorBase, choice: ConnectorChoice, *, phase: str, started: float):
     """The start-up record that names the connector, its side, its class and where that came from."""
-    from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+    from asyncengine.wire.startup import StartupRecord
+    from asyncengine.plugin_runtime.records import current_process_role
 
     side = "scheduler side" if connector.role is KVConnectorRole.SCHEDULER else f"worker side, rank {connector.context.rank}"
     detail = connector.describe()
@@ -100,5 +99,4 @@ def context_for(engine_config: Any, model_config: Any, *, rank: int = 0) -> KVCo
     )
 
 
-__all__ = ["KVConnectorFactory", "LOCAL_DISK", "ConnectorChoice", "connector_class", "connector_record",
-           "context_for", "create_connector"]
+__all__ = ["ConnectorChoice", "connector_class", "connector_record", "context_for", "create_connector"]

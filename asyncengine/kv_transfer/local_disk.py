@@ -28,14 +28,14 @@ from typing import Any
 import msgspec
 
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.kv_transfer.base import (
+from asyncengine.interfaces.kv_connector import (
     KVConnectorBase,
     KVConnectorContext,
     KVConnectorMetadata,
     KVConnectorRequest,
     KVConnectorRole,
 )
-from asyncengine.kv_transfer.config import FIELD, KVTransferConfig
+from asyncengine.config.kv_transfer import FIELD, KVTransferConfig
 
 
 class BlockIO(msgspec.Struct, array_like=True):

@@ -15,9 +15,9 @@ from torch import nn
 
 from asyncengine.config.model import ModelConfig
 from asyncengine.interfaces.model_loader import loading_device
-from asyncengine.loader.registry import BaseModelLoader, LoadConfig, ModelLoaderRegistry
+from asyncengine.interfaces.model_loader import BaseModelLoader, LoadConfig, ModelLoaderRegistry
 from asyncengine.interfaces.plugin_code import plugin_hook
-from asyncengine.registries.base import reads
+from asyncengine.interfaces.registry import reads
 
 
 @reads("model_loaders", "worker")

@@ -15,16 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncengine.config.model import ModelConfig
-
-# The interface and the table are in the floor (asyncengine.interfaces.model_loader); imported here for
-# the names code and plugins have used.
-from asyncengine.interfaces.model_loader import (
-    AUTO,
-    BaseModelLoader,
-    LoadConfig,
-    ModelLoaderRegistry,
-    _ModelLoaderRegistry,
-)
+from asyncengine.interfaces.model_loader import BaseModelLoader, ModelLoaderRegistry
 
 if TYPE_CHECKING:
     import torch
@@ -92,5 +83,4 @@ class DummyLoader(BaseModelLoader):
 
 
 
-__all__ = ["AUTO", "BaseModelLoader", "DummyLoader", "GgufLoader", "LoadConfig", "ModelLoaderRegistry",
-           "SafetensorsLoader", "register_model_loader"]
+__all__ = ["DummyLoader", "GgufLoader", "SafetensorsLoader", "register_model_loader"]

@@ -10,7 +10,7 @@ import anyio
 
 from asyncengine.interfaces.lora_resolver import LoRAResolver
 from asyncengine.lora.peft import CONFIG_FILE
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 
 RESOLVER_DIR_ENV = "ASYNCENGINE_LORA_RESOLVER_CACHE_DIR"
 

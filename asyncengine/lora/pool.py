@@ -31,7 +31,7 @@ from torch import nn
 from asyncengine.lora.layers import ColumnParallelLoRA, LoRAContext, LoRAStep, RowParallelLoRA, _LoRALinear
 from asyncengine.lora.peft import (AdapterConfig, AdapterShapes, AdapterWeights, LoRAAdapterError, read_adapter_config,
                                    read_adapter_shapes, read_adapter_weights)
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 # Our fused layer -> the checkpoint projections it holds, in output order (models/llama.py fuses them).

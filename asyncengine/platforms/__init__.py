@@ -1,10 +1,6 @@
-"""Platforms: what a device kind needs from the engine, as one interface for built-ins and plugins.
+"""The built-in platforms (cpu, cuda) and the helpers that ask a platform questions on the engine's behalf.
 
-The platform is resolved in the first start-up phase of every process (never at import time);
-`current_platform()` raises until then.
+The Platform interface is the floor's (asyncengine.interfaces.platform). The platform is resolved in the
+first start-up phase of every process, never at import time (asyncengine.plugin_runtime.platform_resolution),
+and `current_platform()` there raises until then.
 """
-
-from asyncengine.platforms.interface import Platform
-from asyncengine.platforms.resolution import current_platform
-
-__all__ = ["Platform", "current_platform"]

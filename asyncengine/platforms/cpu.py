@@ -6,7 +6,7 @@ import functools
 import os
 from typing import Any
 
-from asyncengine.platforms.interface import Platform, PlatformEnum
+from asyncengine.interfaces.platform import Platform, PlatformEnum
 
 # CPU flags under which bfloat16 matmuls run natively (AMX tiles, AVX-512 BF16), several times
 # float32's rate; elsewhere bfloat16 is emulated and slower than float32.

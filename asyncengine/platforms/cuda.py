@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from asyncengine.interfaces.platform import DeviceCapability
-from asyncengine.platforms.interface import Platform, PlatformEnum
+from asyncengine.interfaces.platform import Platform, PlatformEnum
 
 
 class CudaPlatform(Platform):

@@ -1,7 +1,7 @@
 """Asking a platform for its attention backend as vLLM does (`ask_attn_backend`).
 
 The Platform interface itself is in the floor, asyncengine.interfaces.platform (docs/reference.md,
-"The Platform interface"); it is imported here too, for the names code and plugins have used.
+"The Platform interface").
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import inspect
 from typing import Any
 
 from asyncengine.interfaces.attention import AttentionBackend
-from asyncengine.interfaces.platform import AttentionSelectorConfig, Platform, PlatformEnum
+from asyncengine.interfaces.platform import AttentionSelectorConfig, Platform
 from asyncengine.interfaces.registry import describe
 from asyncengine.interfaces.plugin_code import plugin_hook
 
@@ -69,4 +69,4 @@ def attn_backend_name(answer: Any) -> str | None:
     return answer if isinstance(answer, str) and answer else None
 
 
-__all__ = ["Platform", "PlatformEnum", "ask_attn_backend", "attn_backend_name"]
+__all__ = ["ask_attn_backend", "attn_backend_name"]

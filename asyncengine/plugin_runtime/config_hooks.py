@@ -26,7 +26,10 @@ from asyncengine.interfaces.executor import Executor
 from asyncengine.interfaces.imports import import_by_path
 from asyncengine.interfaces.kv_connector import KVConnectorBase
 from asyncengine.interfaces.logits import LogitsProcessor
-from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, PHASE_CONFIG_HOOKS, WORKER
+from asyncengine.interfaces.models import ModelClass
+from asyncengine.interfaces.registry import contract_problem
+from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
+from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
 from asyncengine.plugin_runtime.records import StartupTrace
 
 
@@ -41,11 +44,8 @@ def _builtin(path: str) -> type:
 
 
 def _is_model_class(value: Any) -> str | None:
-    if not isinstance(value, type):
-        return "is not a class"
-    if not callable(getattr(value, "load_weights", None)):
-        return "has no load_weights method (see asyncengine.models.llama for the model interface)"
-    return None
+    problem = contract_problem(value, ModelClass)
+    return problem and f"{problem}: a class with load_weights (see asyncengine.models.llama for the model interface)"
 
 
 def _is_scheduler_class(value: Any) -> str | None:
@@ -81,12 +81,6 @@ def _is_worker_extension(value: Any, config: EngineConfig | None = None) -> str 
     return extension_problem(value, _configured_worker_class(config))
 
 
-def _is_logits_processor(value: Any) -> str | None:
-    if not isinstance(value, type) or not issubclass(value, LogitsProcessor):
-        return f"is {value!r}, not a subclass of asyncengine.plugins_api.LogitsProcessor"
-    return None
-
-
 def _is_executor_class(value: Any) -> str | None:
     if not isinstance(value, type) or not issubclass(value, Executor):
         return (f"is {value!r}, not an Executor: subclass asyncengine.plugins_api.Executor (or UniExecutor / "
@@ -94,10 +88,13 @@ def _is_executor_class(value: Any) -> str | None:
     return None
 
 
-def _is_kv_connector(value: Any) -> str | None:
-    if not isinstance(value, type) or not issubclass(value, KVConnectorBase):
-        return f"is {value!r}, not a subclass of asyncengine.plugins_api.KVConnectorBase"
-    return None
+def _subclass_of(base: type) -> Callable[[Any], str | None]:
+    """The check of a hook that names a subclass of `base`: the registries' (contract_problem), the base
+    named as plugins import it."""
+    def check(value: Any) -> str | None:
+        return contract_problem(value, base, f"asyncengine.plugins_api.{base.__name__}")
+
+    return check
 
 
 # -- worker_extension_cls: composed with the worker (asyncengine/worker/extension.py), checked from the classes
@@ -160,10 +157,11 @@ HOOKS: dict[str, Hook] = {
     "worker_extension_cls": Hook((WORKER,), _is_worker_extension,
                                  "a class built as Class(worker), no public method clashing with the worker's",
                                  with_config=True),
-    "logits_processors": Hook((FRONTEND, WORKER), _is_logits_processor, "a LogitsProcessor subclass"),
+    "logits_processors": Hook((FRONTEND, WORKER), _subclass_of(LogitsProcessor), "a LogitsProcessor subclass"),
     "distributed_executor_backend": Hook((ENGINE_CORE,), _is_executor_class, "an Executor subclass"),
     # kv_transfer_config's kv_connector_module_path: the class kv_connector in that module.
-    "kv_connector_module_path": Hook((ENGINE_CORE, WORKER), _is_kv_connector, "a KVConnectorBase subclass"),
+    "kv_connector_module_path": Hook((ENGINE_CORE, WORKER), _subclass_of(KVConnectorBase),
+                                     "a KVConnectorBase subclass"),
 }
 
 # Which roles read each hook (docs/reference.md's "reads it" column).

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import ConfigError, ModelLoadError, StartupError
-from asyncengine.registries.base import BUILT_IN, describe, reads
+from asyncengine.interfaces.registry import BUILT_IN, contract_problem, describe, reads
 
 if TYPE_CHECKING:
     from asyncengine.interfaces.attention import AttentionBackend
@@ -134,11 +134,11 @@ def _check_custom_ops(platform: Any) -> None:
     if not replaced:
         return  # no out-of-tree op: nothing to check, and no reason to import torch here
     from asyncengine.interfaces.torch_bases import CustomOp
-    from asyncengine.platforms.resolution import BUILT_IN as BUILT_IN_PLATFORMS
+    from asyncengine.plugin_runtime.platform_resolution import BUILT_IN as BUILT_IN_PLATFORMS
 
     for name in replaced:
         op_class = oot_replacement(name)
-        if not (isinstance(op_class, type) and issubclass(op_class, CustomOp)):
+        if contract_problem(op_class, CustomOp):
             continue  # a class that is no CustomOp is built whole and called as it is
         method = _dispatched(op_class, platform, platform not in BUILT_IN_PLATFORMS.values())
         if method is CustomOp.forward_native:

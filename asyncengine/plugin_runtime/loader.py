@@ -18,7 +18,7 @@ import anyio
 
 from asyncengine.plugin_runtime.discovery import InstalledPlugin
 from asyncengine.plugin_runtime.records import FAILED, OK, SKIPPED, PhaseFailure, StartupTrace, format_failure
-from asyncengine.registries.base import current_registrant
+from asyncengine.interfaces.registry import current_registrant
 
 
 # What `load` returns for a plugin that failed while the engine runs with plugins_lenient.

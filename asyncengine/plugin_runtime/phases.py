@@ -25,11 +25,12 @@ from asyncengine.plugin_runtime import groups as g
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.discovery import InstalledPlugin, installed_plugins
 from asyncengine.plugin_runtime.loader import NOT_LOADED, PluginLoader
-from asyncengine.plugin_runtime.manifest import Manifest, PluginInfo, build_manifest, check_manifest
+from asyncengine.wire.startup import Manifest, PluginInfo
+from asyncengine.plugin_runtime.manifest import build_manifest, check_manifest
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.interfaces.platform import Platform
-from asyncengine.platforms.resolution import resolve_platform
-from asyncengine.registries.base import describe, reads
+from asyncengine.plugin_runtime.platform_resolution import resolve_platform
+from asyncengine.interfaces.registry import describe, reads
 
 # (group, name) -> what loading returned, for plugins already loaded in this process.
 _loaded_in_process: dict[tuple[str, str], Any] = {}

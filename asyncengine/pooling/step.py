@@ -17,7 +17,7 @@ import torch
 
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.pooler import Pooler, PoolerRegistry
-from asyncengine.pooling.config import PoolerConfig
+from asyncengine.config.pooling import PoolerConfig
 from asyncengine.pooling.params import TOKEN_TASKS
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 from asyncengine.wire.startup import StartupRecord

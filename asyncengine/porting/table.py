@@ -150,8 +150,8 @@ CLASS_PATHS = {
 # Attributes named by a dotted string, as `monkeypatch.setattr("vllm.plugins.load_plugins_by_group", fake)`
 # names them: the attribute our code looks up when it is called, so that the same stub takes effect.
 ATTRIBUTE_PATHS = {
-    "vllm.plugins.load_plugins_by_group": "asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group",
-    "vllm.v1.metrics.loggers.load_plugins_by_group": "asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group",
+    "vllm.plugins.load_plugins_by_group": "asyncengine.compat.plugins.load_plugins_by_group",
+    "vllm.v1.metrics.loggers.load_plugins_by_group": "asyncengine.compat.plugins.load_plugins_by_group",
 }
 
 # What cannot be mapped, by vLLM module prefix (longest first wins): the docs/porting.md section.

@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from asyncengine.frontend.iteration_stats import FinishedRequestStats, IterationStats
-from asyncengine.frontend.stat_loggers import StatLoggerBase
-from asyncengine.loader.model_source import DEFAULT_MODEL_NAME
+from asyncengine.interfaces.stat_logger import StatLoggerBase
+from asyncengine.config.model import DEFAULT_MODEL_NAME
 from asyncengine.server.metric_families import (
     ITERATION_TOKENS_BUCKETS, PARAMS_N_BUCKETS, VLLM_INTER_TOKEN_BUCKETS, VLLM_REQUEST_LATENCY_BUCKETS,
     VLLM_TTFT_BUCKETS, Families, TwinChild, one_two_five_buckets,

@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from asyncengine.plugin_runtime.records import StartupRecord
+from asyncengine.wire.startup import StartupRecord
 from asyncengine.server import protocol, protocol_pooling, protocol_responses
 from asyncengine.server.request_bounds import RequestBounds, bounded
 from asyncengine.server.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest

@@ -26,7 +26,7 @@ import msgspec
 from asyncengine.sampling_params import _FLOAT32_TINY as FLOAT32_TINY  # the smallest normal float32
 from asyncengine.sampling_params import FLOAT32_MAX, INT64_MAX, INT64_MIN
 from asyncengine.json_nesting import json_tokens
-from asyncengine.server.parsers.types import DeltaMessage, ToolCall
+from asyncengine.interfaces.parsers import DeltaMessage, ToolCall
 from asyncengine.server.request_bounds import limit
 
 # -- requests ------------------------------------------------------------------------------------------

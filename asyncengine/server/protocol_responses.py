@@ -18,9 +18,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from asyncengine.server.protocol import (
-    FLOAT32_MAX, FLOAT32_TINY, INT64_MAX, Int64, NumLogprobs, NumTokens, Penalty, Probability, XargValue,
-)
+from asyncengine.sampling_params import _FLOAT32_TINY as FLOAT32_TINY  # the smallest normal float32
+from asyncengine.sampling_params import FLOAT32_MAX, INT64_MAX
+from asyncengine.server.protocol import Int64, NumLogprobs, NumTokens, Penalty, Probability, XargValue
 
 # The most items `input` may hold. The body's byte limit bounds it too, but a body of empty items within
 # that limit would still be a list of hundreds of thousands of messages for the chat template to render.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from asyncengine.server.parsers.types import DeltaMessage
+from asyncengine.interfaces.parsers import DeltaMessage
 from asyncengine.server.protocol import ChatLogprobs
 from asyncengine.server.protocol_responses import (
     ContentPartAddedEvent, ContentPartDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent,

@@ -34,7 +34,7 @@ from asyncengine.server.response_scope import ResponseScope
 from asyncengine.server.serving_lora import resolve_model
 from asyncengine.server.tool_choice import ForcedTools, forced_tools
 from asyncengine.server.errors import ApiError, bad_request
-from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
+from asyncengine.interfaces.parsers import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall
 from asyncengine.server.protocol import (
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
     ChatMessage, ResponseMessage, TokenLogprob, TopLogprob,

@@ -24,7 +24,7 @@ from quart import Response
 
 from asyncengine.errors import RequestError
 from asyncengine.frontend.lora import LoRAResolverFailed, fits_on_workers
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.server.common import ServingContext
 from asyncengine.server.errors import ApiError, from_engine_error
 from asyncengine.server.protocol import ModelCard

@@ -29,7 +29,7 @@ from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestEr
 from asyncengine.outputs import RequestOutput
 from asyncengine.server.common import ServingContext, TokenText, final_outputs, first_then_rest, start_stream
 from asyncengine.server.errors import ApiError, bad_request, from_engine_error
-from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall
+from asyncengine.interfaces.parsers import DeltaFunctionCall, DeltaMessage, DeltaToolCall
 from asyncengine.server.protocol_responses import (
     ErrorEvent, IncompleteDetails, InputTokensDetails, ResponseCompletedEvent, ResponseCreatedEvent, ResponseError,
     ResponseFailedEvent, ResponseIncompleteEvent, ResponseInProgressEvent, ResponsesRequest, ResponsesResponse,

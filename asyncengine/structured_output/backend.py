@@ -1,6 +1,6 @@
 """The structured-output backend interface (docs/reference.md, structured-output backends): GrammarMatcher and
-StructuredOutputBackend are in the floor (asyncengine.interfaces.structured_output), imported here;
-GrammarError and the bitmask width are here.
+StructuredOutputBackend are in the floor (asyncengine.interfaces.structured_output); GrammarError and the
+bitmask width are here.
 
 A backend turns a GrammarSpec into a compiled grammar (once per (backend, grammar), off the engine core's
 event loop: compiling.py says where) and gives each request a matcher over it. The engine core asks each
@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from asyncengine.errors import RequestError
-from asyncengine.interfaces.structured_output import GrammarMatcher, StructuredOutputBackend
 from asyncengine.structured_output_spec import GrammarSpec
 
 
@@ -52,5 +51,4 @@ def load_tokenizer(tokenizer_dir: str | None, *, trust_remote_code: bool = False
     return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
-__all__ = ["GrammarBroken", "GrammarError", "GrammarMatcher", "StructuredOutputBackend", "bitmask_words",
-           "load_tokenizer"]
+__all__ = ["GrammarBroken", "GrammarError", "bitmask_words", "load_tokenizer"]

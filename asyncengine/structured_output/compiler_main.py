@@ -23,7 +23,8 @@ from asyncengine.runtime.connection import connect_to_parent
 from asyncengine.runtime.memory import rss_bytes, trim_heap
 from asyncengine.runtime.signals import ignore_interrupts
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_SECRET, die_with_parent
-from asyncengine.structured_output.backend import StructuredOutputBackend, load_tokenizer
+from asyncengine.interfaces.structured_output import StructuredOutputBackend
+from asyncengine.structured_output.backend import load_tokenizer
 from asyncengine.wire.grammar import CompileGrammar, CompilerInbox, CompilerSetup, CompileStarted, GrammarCompiled
 
 ROLE = "grammar compiler"

@@ -27,7 +27,8 @@ import anyio
 import anyio.abc
 
 from asyncengine.runtime.memory import trim_heap
-from asyncengine.structured_output.backend import GrammarError, StructuredOutputBackend
+from asyncengine.structured_output.backend import GrammarError
+from asyncengine.interfaces.structured_output import StructuredOutputBackend
 from asyncengine.structured_output.cache import LRUCache
 from asyncengine.structured_output.compiler_process import CompilerFailed, CompilerProcess
 from asyncengine.structured_output_spec import GrammarSpec

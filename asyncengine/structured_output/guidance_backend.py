@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncengine.structured_output.backend import GrammarMatcher, StructuredOutputBackend
+from asyncengine.interfaces.structured_output import GrammarMatcher, StructuredOutputBackend
 from asyncengine.structured_output_spec import GrammarSpec
 
 

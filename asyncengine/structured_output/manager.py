@@ -39,17 +39,12 @@ import numpy as np
 
 from asyncengine.config.structured_outputs import DEFAULT_CACHE_BYTES, DEFAULT_COMPILE_TIMEOUT, reasoning_settings
 from asyncengine.interfaces.parsers import ReasoningParser
-from asyncengine.structured_output.backend import (
-    GrammarBroken,
-    GrammarError,
-    GrammarMatcher,
-    StructuredOutputBackend,
-    bitmask_words,
-    load_tokenizer,
-)
+from asyncengine.structured_output.backend import GrammarBroken, GrammarError, bitmask_words, load_tokenizer
+from asyncengine.interfaces.structured_output import GrammarMatcher, StructuredOutputBackend
 from asyncengine.structured_output.compiling import Compilations
 from asyncengine.structured_output.reasoning import ReasoningGate, reasoning_parser_class
-from asyncengine.structured_output.registry import backend_class, configured_backend_name
+from asyncengine.structured_output.registry import backend_class
+from asyncengine.config.structured_outputs import configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 
 logger = logging.getLogger(__name__)

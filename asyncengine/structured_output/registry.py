@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.config.structured_outputs import DEFAULT_BACKEND, configured_backend_name
-from asyncengine.errors import ConfigError, ModelLoadError, RequestError
-from asyncengine.interfaces.imports import import_by_path
+from asyncengine.errors import ConfigError, RequestError
 from asyncengine.interfaces.registry import reads
 from asyncengine.interfaces.structured_output import StructuredOutputBackend, StructuredOutputBackendRegistry
 
@@ -20,19 +18,12 @@ def register_structured_output_backend(name: str, backend: Any, *, override: boo
 
 
 def _load(name: str, *, field: str, error: type[RequestError] | type[ConfigError]) -> type:
-    entry = StructuredOutputBackendRegistry.get(name)
-    if entry is None:
-        raise error(f"unknown structured-output backend {name!r} (registered: "
-                    f"{', '.join(StructuredOutputBackendRegistry.keys())}); register one with "
-                    "register_structured_output_backend", field=field)
-    implementation = entry.implementation
-    if isinstance(implementation, str):
-        implementation = import_by_path(implementation, what=f"structured-output backend {name!r}",
-                                        error=ModelLoadError)
-    if not (isinstance(implementation, type) and issubclass(implementation, StructuredOutputBackend)):
-        raise error(f"structured-output backend {name!r} (registered by {entry.owner}) is "
-                    f"{implementation!r}, not a StructuredOutputBackend subclass", field=field)
-    return implementation
+    """The backend class, through the registry's one lookup; a request naming a backend gets its refusal as
+    a RequestError (a 400) naming the request's field, the configuration a ConfigError naming the option."""
+    try:
+        return StructuredOutputBackendRegistry.load(name)
+    except ConfigError as refused:
+        raise error(str(refused), field=field) from refused
 
 
 @reads("structured_output_backends", "frontend")

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 

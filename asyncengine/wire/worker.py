@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 

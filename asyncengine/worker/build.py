@@ -11,7 +11,7 @@ from asyncengine.config.model import ModelConfig
 from asyncengine.config.vllm_views import remember_resolved_model
 from asyncengine.interfaces.platform import Platform
 from asyncengine.interfaces.plugin_code import plugin_hook
-from asyncengine.registries.base import reads
+from asyncengine.interfaces.registry import reads
 from asyncengine.worker.cpu_worker import building, is_vllm_shaped
 from asyncengine.worker.worker import Worker
 

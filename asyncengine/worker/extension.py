@@ -19,7 +19,7 @@ from asyncengine.errors import ConfigError, WorkerError
 # The clash check is the config-hook check of worker_extension_cls (the frontend runs it before any worker exists).
 from asyncengine.plugin_runtime.config_hooks import class_path, extension_problem
 from asyncengine.interfaces.plugin_code import is_plugin_code, plugin_hook
-from asyncengine.registries.base import reads
+from asyncengine.interfaces.registry import reads
 
 OPTION = "worker_extension_cls"
 _MISSING = object()

@@ -34,15 +34,16 @@ from asyncengine.config.engine import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.config.lora import parse_lora_modules
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorRole
+from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRole
 from asyncengine.kv_transfer.factory import connector_record, context_for, create_connector
 from asyncengine.loader.model_loader import load_model
 from asyncengine.lora.peft import LoRAAdapterError
 from asyncengine.lora.pool import LoRAPool
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.models.layers.fused_moe import ExpertLoad
-from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+from asyncengine.wire.startup import StartupRecord
+from asyncengine.plugin_runtime.records import current_process_role
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.pooling.step import PoolingStep, build_pooling_step, encoder_num_blocks, set_token_type_ids
 from asyncengine.wire.pooling import PoolingOptions
@@ -51,7 +52,8 @@ from asyncengine.worker.cuda_graphs import DecodeGraphs
 from asyncengine.worker import kv_cache
 from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
-from asyncengine.worker.logits_processors import BatchUpdate, LogitsProcessorRequestError, LogitsProcessors
+from asyncengine.interfaces.logits import BatchUpdate
+from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import RequestSamplingError, Sampler, SamplingRow, check_sampling_options
 from asyncengine.wire.engine_core import SamplingOptions

@@ -24,7 +24,7 @@ from asyncengine.errors import (
     qualified_type_name,
     raising_code,
 )
-from asyncengine.plugin_runtime.groups import WORKER
+from asyncengine.interfaces.roles import WORKER
 from asyncengine.plugin_runtime.phases import run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupTrace
 from asyncengine.runtime.child import child_main

@@ -10,17 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncengine.attention.backend import AttentionBackend
-from asyncengine.attention.registry import (TORCH_PAGED, TRITON_PAGED, AttentionBackendRegistry,
-                                             register_attention_backend)
+from asyncengine.interfaces.attention import AttentionBackend
+from asyncengine.interfaces.attention import TORCH_PAGED, TRITON_PAGED, AttentionBackendRegistry
+from asyncengine.attention.registry import register_attention_backend
 from asyncengine.attention.selector import select_attention_backends
 from asyncengine.attention.torch_paged import TorchPagedBackend
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.platforms.cuda import CudaPlatform
-from asyncengine.platforms.interface import Platform
+from asyncengine.interfaces.platform import Platform
 from asyncengine.plugin_runtime.records import current_process_role
-from asyncengine.registries.base import BUILT_IN, RegistrationError
+from asyncengine.interfaces.registry import BUILT_IN, RegistrationError
 
 OPTIONS = dict(skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20)
 COUNTING = "support.attention_backends:CountingBackend"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncengine.attention.backend import AttentionBackend
+from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.attention.registry import register_attention_backend
 from asyncengine.attention.selector import select_attention_backends
 from asyncengine.attention.torch_paged import TorchPagedBackend

@@ -14,9 +14,9 @@ import pytest
 from asyncengine import AsyncEngine, EngineDeadError, SamplingParams
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import StartupError
-from asyncengine.frontend.async_engine import _plugin_stat_loggers
+from asyncengine.frontend.stat_logging import plugin_stat_loggers as _plugin_stat_loggers
 from asyncengine.frontend.iteration_stats import FinishedRequestStats, IterationStats, StatsTracker
-from asyncengine.frontend.stat_loggers import StatLoggerBase
+from asyncengine.interfaces.stat_logger import StatLoggerBase
 from asyncengine.wire.engine_core import EngineCoreOutput, EngineCoreRequest, SamplingOptions, SchedulerStats
 
 LONG = 480  # max_tokens of a request that is stopped long before it could finish (max_model_len 512)

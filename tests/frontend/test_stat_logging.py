@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from asyncengine import AsyncEngine, EngineDeadError, SamplingParams
-from asyncengine.frontend.stat_loggers import StatLoggerBase
+from asyncengine.interfaces.stat_logger import StatLoggerBase
 from asyncengine.frontend.stat_logging import RECORD_BUFFER
 
 ENGINE_OPTIONS = dict(skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20)

@@ -9,13 +9,15 @@ import pytest
 
 from asyncengine import EngineConfig
 from asyncengine.errors import ConfigError
-from asyncengine.kv_transfer.base import KVConnectorBase
-from asyncengine.kv_transfer.config import parse_kv_transfer_config
-from asyncengine.kv_transfer.factory import KVConnectorFactory, _KVConnectorFactory, connector_class
+from asyncengine.interfaces.kv_connector import KVConnectorBase
+from asyncengine.config.kv_transfer import parse_kv_transfer_config
+from asyncengine.interfaces.kv_connector import KVConnectorFactory, _KVConnectorFactory
+from asyncengine.kv_transfer.factory import connector_class
 from asyncengine.kv_transfer.local_disk import LocalDiskConnector
 from asyncengine.plugin_runtime.config_hooks import hooks_checked, load_hook
-from asyncengine.registries import ENGINE_CORE, WORKER, all_registries
-from asyncengine.registries.base import RegistrationError, current_registrant
+from asyncengine.interfaces.roles import ENGINE_CORE, WORKER
+from asyncengine.interfaces.tables import all_registries
+from asyncengine.interfaces.registry import RegistrationError, current_registrant
 
 
 class MineConnector(KVConnectorBase):
@@ -152,7 +154,8 @@ def test_a_module_path_that_does_not_import_is_named():
 
 def test_a_connector_the_frontend_registered_and_a_child_lacks_is_named_by_the_manifest_check(monkeypatch):
     from asyncengine.errors import MissingRegistration
-    from asyncengine.plugin_runtime.manifest import Manifest, check_manifest
+    from asyncengine.wire.startup import Manifest
+    from asyncengine.plugin_runtime.manifest import check_manifest
     from asyncengine.plugin_runtime import records
     from asyncengine.plugin_runtime.records import StartupTrace
 

@@ -9,8 +9,8 @@ import torch
 
 from asyncengine.engine_core.sequence import hash_block
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.kv_transfer.base import KVConnectorContext, KVConnectorRequest, KVConnectorRole
-from asyncengine.kv_transfer.config import parse_kv_transfer_config
+from asyncengine.interfaces.kv_connector import KVConnectorContext, KVConnectorRequest, KVConnectorRole
+from asyncengine.config.kv_transfer import parse_kv_transfer_config
 from asyncengine.kv_transfer.local_disk import BlockIO, LocalDiskConnector, LocalDiskMetadata
 
 BLOCK = 4

@@ -7,8 +7,13 @@ import pytest
 
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.scheduler import Scheduler
-from asyncengine.kv_transfer.base import KVConnectorBase, KVConnectorContext, KVConnectorMetadata, KVConnectorRole
-from asyncengine.kv_transfer.config import parse_kv_transfer_config
+from asyncengine.interfaces.kv_connector import (
+    KVConnectorBase,
+    KVConnectorContext,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from asyncengine.config.kv_transfer import parse_kv_transfer_config
 from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions, SchedulerStats
 from asyncengine.wire.worker import ModelRunnerOutput, SchedulerOutput

@@ -11,10 +11,9 @@ import sys
 import pytest
 
 from asyncengine.errors import ConfigError
-from asyncengine.loader.registry import (
-    BaseModelLoader, DummyLoader, GgufLoader, ModelLoaderRegistry, SafetensorsLoader, register_model_loader,
-)
-from asyncengine.registries.base import BUILT_IN, RegistrationError
+from asyncengine.interfaces.model_loader import BaseModelLoader, ModelLoaderRegistry
+from asyncengine.loader.registry import DummyLoader, GgufLoader, SafetensorsLoader, register_model_loader
+from asyncengine.interfaces.registry import BUILT_IN, RegistrationError
 
 OPTIONS = dict(skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20)
 

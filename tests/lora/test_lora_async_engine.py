@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from asyncengine import AsyncEngine, SamplingParams
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from support.lora_adapters import write_adapter
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]

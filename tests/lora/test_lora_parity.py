@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from asyncengine import SamplingParams
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from support.hf_reference import compare_greedy, hf_greedy
 from support.lora_adapters import TINY_LLAMA_SHAPES, make_adapter, write_adapter
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from asyncengine import RequestError, SamplingParams
 from asyncengine.errors import ConfigError
-from asyncengine.lora.request import LoRARequest
+from asyncengine.interfaces.lora_resolver import LoRARequest
 from support.lora_adapters import TINY_LLAMA_SHAPES as SHAPES
 from support.lora_adapters import write_adapter
 

@@ -14,23 +14,19 @@ from support.op_tables import private_op_tables
 from asyncengine.errors import ConfigError
 from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.activation import SiluAndMul, silu_and_mul_native
-from asyncengine.models.layers.custom_op import CustomOp
+from asyncengine.interfaces.torch_bases import CustomOp
 from asyncengine.models.layers.norm import RMSNorm, rms_norm_native
-from asyncengine.models.layers.op_registry import (
-    CustomOpRegistry,
-    OpProviderRegistry,
-    call_op,
-    provider_order,
-    register_op_impl,
-    set_op_priority,
-)
+from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
+from asyncengine.models.layers.op_registry import call_op, provider_order, register_op_impl, set_op_priority
 from asyncengine.models.layers.rotary import RotaryEmbedding, rotary_native
-from asyncengine.platforms import resolution
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.platforms.cuda import CudaPlatform
-from asyncengine.platforms.interface import Platform
-from asyncengine.registries import WORKER, all_registries
-from asyncengine.registries.base import RegistrationError
+from asyncengine.interfaces.platform import Platform
+from asyncengine.interfaces.roles import WORKER
+from asyncengine.interfaces.tables import all_registries
+from asyncengine.interfaces.registry import RegistrationError
+from support.platforms import use_platform
 
 
 class NpuPlatform(Platform):
@@ -48,7 +44,7 @@ def tables(monkeypatch):
 
 
 def on(monkeypatch, platform) -> None:
-    monkeypatch.setattr(resolution, "_current", platform)
+    use_platform(monkeypatch, platform)
     op_registry._chains.clear()  # the provider order depends on the platform
 
 

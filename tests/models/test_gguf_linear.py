@@ -17,8 +17,9 @@ from asyncengine.loader.gguf_blocks import CONFIG_KEY, BlockQuantizedRows
 from asyncengine.models.layers import gguf_linear
 from asyncengine.models.layers.gguf_linear import GgufConfig, quantize_q8_0
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
-from asyncengine.models.layers.quantization import building_with, process_weights_after_loading
+from asyncengine.interfaces.quantization import building_with, process_weights_after_loading
 from asyncengine.ops import cpu_block_int8
+from support.platforms import use_platform
 
 
 def file_blocks(rows: int, cols: int, seed: int) -> BlockQuantizedRows:
@@ -138,10 +139,10 @@ TEXT = ("A transformer is a deep learning architecture that was developed by res
 def cpu_platform(monkeypatch):
     """The CPU platform as if resolved at start-up (as tests/worker/conftest.py sets it for a bare model runner)."""
     from asyncengine.models.layers import op_registry
-    from asyncengine.platforms import resolution
+    from asyncengine.plugin_runtime import platform_resolution as resolution
     from asyncengine.platforms.cpu import CpuPlatform
 
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
     return CpuPlatform
 

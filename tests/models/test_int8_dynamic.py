@@ -13,10 +13,10 @@ from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLi
 from asyncengine.models.layers.quantization import (
     Int8Config,
     Int8DynamicConfig,
-    building_with,
     dequantize_int8,
     int8_dynamic_reference,
 )
+from asyncengine.interfaces.quantization import building_with
 
 
 def linear(cls, config, weight):

@@ -16,15 +16,16 @@ from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.activation import GeluAndMul, SiluAndMul, gated_activation
 from asyncengine.models.layers.norm import GemmaRMSNorm
 from asyncengine.ops import cpu_fused
-from asyncengine.platforms import resolution
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
+from support.platforms import use_platform
 
 WIDTH = 96
 
 
 @pytest.fixture(autouse=True)
 def cpu_platform(monkeypatch):
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
 
 

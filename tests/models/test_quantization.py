@@ -20,15 +20,13 @@ from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLi
 from asyncengine.models.layers.quantization import (
     Int8Config,
     Int8LinearMethod,
-    QuantizationConfig,
-    QuantizationRegistry,
     UnquantizedLinearMethod,
-    building_with,
     dequantize_int8,
     quantize_int8,
     register_quantization_config,
 )
-from asyncengine.registries.base import RegistrationError
+from asyncengine.interfaces.quantization import QuantizationConfig, QuantizationRegistry, building_with
+from asyncengine.interfaces.registry import RegistrationError
 
 OPTIONS = dict(skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20)
 NUM_TOKENS = 12
@@ -112,9 +110,9 @@ def test_a_wrong_checkpoint_shape_still_fails_clearly():
 
 def test_int8_is_built_in_and_unknown_names_list_the_known_methods():
     assert QuantizationRegistry.owners()["int8"] == "built-in"
-    assert QuantizationRegistry.config_class("int8") is Int8Config
+    assert QuantizationRegistry.load("int8") is Int8Config
     with pytest.raises(ConfigError, match=r"quantization 'awq' names no quantization method; known: .*int8"):
-        QuantizationRegistry.config_class("awq")
+        QuantizationRegistry.load("awq")
 
 
 def test_replacing_a_registered_method_needs_override():
@@ -267,7 +265,8 @@ def test_the_dummy_loader_quantizes_its_random_weights(tiny_model, make_llm):
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     assert len(llm.generate({"prompt_token_ids": [5, 6, 7]}, params)[0].outputs[0].token_ids) == 4
 
-    from asyncengine.loader.registry import DummyLoader, LoadConfig
+    from asyncengine.loader.registry import DummyLoader
+    from asyncengine.interfaces.model_loader import LoadConfig
 
     layers = {q: torch.nn.Sequential(build(ColumnParallelLinear, 16, [(0, 8)], [8], bias=True, dtype=torch.float32,
                                            quantized=q)) for q in (False, True)}

@@ -19,8 +19,9 @@ from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_
 
 from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.rotary import RotaryEmbedding, rope_parameters
-from asyncengine.platforms import resolution
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
+from support.platforms import use_platform
 
 HEAD_DIM, MAX_POSITION = 32, 160
 SHORT = [1.0 + 0.1 * i for i in range(HEAD_DIM // 2)]
@@ -38,7 +39,7 @@ KINDS = {
 
 @pytest.fixture(autouse=True)
 def cpu_platform(monkeypatch):
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
 
 

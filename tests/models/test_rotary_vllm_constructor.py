@@ -13,10 +13,11 @@ import torch
 
 from asyncengine.interfaces.custom_op_registry import OOT_PREFIX
 from asyncengine.models.layers import op_registry
-from asyncengine.models.layers.op_registry import CustomOpRegistry, OpProviderRegistry
+from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
 from asyncengine.models.layers.rotary import RotaryEmbedding
-from asyncengine.platforms import resolution
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
+from support.platforms import use_platform
 
 LLAMA3 = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -27,7 +28,7 @@ def tables(monkeypatch):
     for registry in (CustomOpRegistry, OpProviderRegistry):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
     monkeypatch.setattr(op_registry, "_chains", {})
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
 
 
 def test_vllms_positional_constructor_builds_the_replacement_as_vllms_test_expects():

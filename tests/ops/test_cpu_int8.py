@@ -9,7 +9,8 @@ import torch
 
 from asyncengine.models.layers import quantization
 from asyncengine.models.layers.linear import ColumnParallelLinear
-from asyncengine.models.layers.quantization import Int8DynamicConfig, building_with, quantize_rows_int8
+from asyncengine.models.layers.quantization import Int8DynamicConfig, quantize_rows_int8
+from asyncengine.interfaces.quantization import building_with
 from asyncengine.ops import cpu_int8
 
 pytestmark = pytest.mark.skipif(not cpu_int8.available(torch.float32),

@@ -23,9 +23,11 @@ from kernel_device import device, run_checks
 
 from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.activation import silu_and_mul_native
-from asyncengine.models.layers.op_registry import OpProviderRegistry, call_op, provider_order, providers_of
-from asyncengine.platforms import resolution
+from asyncengine.interfaces.custom_op_registry import OpProviderRegistry
+from asyncengine.models.layers.op_registry import call_op, provider_order, providers_of
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
+from support.platforms import use_platform
 
 CHECKS = Path(__file__).with_name("triton_interpreter_checks.py")
 OPS = ("rms_norm", "rotary", "silu_and_mul")
@@ -63,7 +65,7 @@ def test_the_checks_refuse_to_run_without_the_interpreter():
 
 @pytest.fixture
 def cpu(monkeypatch):
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
 
 

@@ -18,8 +18,9 @@ import torch
 from kernel_device import device, run_checks
 
 from asyncengine.models.layers import op_registry
-from asyncengine.models.layers.op_registry import OpProviderRegistry, call_op, provider_order, register_op_impl
-from asyncengine.platforms import resolution
+from asyncengine.interfaces.custom_op_registry import OpProviderRegistry
+from asyncengine.models.layers.op_registry import call_op, provider_order, register_op_impl
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.worker.sample_op import sample_native
@@ -58,6 +59,7 @@ COMPILE_FOR_H200 = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from asyncengine.ops.triton_sampling import _sample_kernel
+from support.platforms import use_platform
 for has_noise, logits in [(False, "*bf16"), (True, "*fp32"), (False, "*fp16")]:
     signature = dict(logits_ptr=logits, temperature_ptr="*fp32", seeds_ptr="*i64",
                      noise_ptr="*fp32" if has_noise else logits,
@@ -116,7 +118,7 @@ def test_native_provider_without_noise_draws_from_the_seeds():
 
 @pytest.fixture
 def cpu(monkeypatch):
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
     monkeypatch.setattr(OpProviderRegistry, "_entries", dict(OpProviderRegistry._entries))
     monkeypatch.setattr(op_registry, "_options", dict(op_registry._options))

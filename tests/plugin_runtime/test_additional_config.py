@@ -13,7 +13,7 @@ from asyncengine.errors import ConfigError
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.plugin_runtime.additional_config import check_additional_config
 from asyncengine.plugins_api import AdditionalConfigRegistry, RegistrationError
-from asyncengine.registries import all_registries
+from asyncengine.interfaces.tables import all_registries
 
 _keys = (f"ae_test_key_{n}" for n in itertools.count())
 

@@ -88,7 +88,7 @@ def test_the_cli_prints_the_map_and_its_markdown():
 def test_every_module_with_a_reads_mark_is_a_reader_module():
     # The map imports READER_MODULES to collect the marks; a marked module left out of it shows in the
     # map only when something else happened to import it first (the suite's order, not the code).
-    from asyncengine.registries import READER_MODULES
+    from asyncengine.interfaces.tables import READER_MODULES
 
     marked = set()
     for path in PACKAGE.rglob("*.py"):
@@ -96,7 +96,7 @@ def test_every_module_with_a_reads_mark_is_a_reader_module():
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
                     isinstance(d, ast.Call) and getattr(d.func, "id", None) == "reads" for d in function.decorator_list):
                 marked.add(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
-    assert marked - set(READER_MODULES) == set(), "add these to READER_MODULES in asyncengine/registries/__init__.py"
+    assert marked - set(READER_MODULES) == set(), "add these to READER_MODULES in asyncengine/interfaces/tables.py"
 
 
 def test_the_docs_page_is_the_generated_map():

@@ -142,7 +142,7 @@ def test_an_async_general_plugin_runs_in_every_process(cli, plugin_env):
 OWNER_SCRIPT = """
 import sys, anyio
 from asyncengine.config.engine import EngineConfig
-from asyncengine.models.registry import ModelRegistry
+from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.plugin_runtime.phases import run_plugin_phases
 from asyncengine.plugin_runtime.records import StartupTrace
 

@@ -9,8 +9,8 @@ import pytest
 
 from asyncengine.errors import StartupError
 from asyncengine.platforms.cpu import CpuPlatform
-from asyncengine.platforms.resolution import check_platform
-from asyncengine.registries.base import BUILT_IN, Registry, RegistrationError, current_registrant
+from asyncengine.plugin_runtime.platform_resolution import check_platform
+from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, current_registrant
 
 
 class Kernel:
@@ -71,7 +71,7 @@ def test_a_key_must_be_a_non_empty_string(key):
 
 
 def test_the_model_registry_names_the_built_ins_as_owned_by_built_in():
-    from asyncengine.models.registry import ModelRegistry
+    from asyncengine.interfaces.models import ModelRegistry
 
     owners = ModelRegistry.owners()
     assert owners["LlamaForCausalLM"] == BUILT_IN and owners["Qwen3ForCausalLM"] == BUILT_IN

@@ -14,7 +14,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import HFAutoTokenizer, load_tokenizer, tokenizer_class
 from asyncengine.plugins_api import TokenizerRegistry
-from asyncengine.registries import all_registries
+from asyncengine.interfaces.tables import all_registries
 
 _modes = (f"ae-test-bytes-{n}" for n in itertools.count())
 OFFSET = 3  # ids 0..2 are special, as in many byte-level tokenizers

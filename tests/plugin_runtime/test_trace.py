@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from asyncengine.plugin_runtime.records import OK, SKIPPED, StartupRecord, read_trace
+from asyncengine.plugin_runtime.records import OK, SKIPPED, read_trace
+from asyncengine.wire.startup import StartupRecord
 
 START = r"""
 import sys

@@ -93,7 +93,7 @@ def test_current_platform_as_an_object_raises_before_resolution_like_the_call():
 
 
 def test_current_platform_as_an_object_reads_the_resolved_platform(monkeypatch):
-    from asyncengine.platforms import resolution
+    from asyncengine.plugin_runtime import platform_resolution as resolution
     from asyncengine.plugins_api import current_platform
 
     monkeypatch.setattr(resolution, "_current", KeywordPlatform)

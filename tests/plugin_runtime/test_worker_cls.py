@@ -12,9 +12,10 @@ import pytest
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError
 from asyncengine.platforms.cpu import CpuPlatform
-from asyncengine.platforms.interface import Platform
-from asyncengine.plugin_runtime.config_hooks import BUILTIN_WORKER, HOOKS, hooks_checked, load_hook
-from asyncengine.plugin_runtime.groups import ENGINE_CORE, FRONTEND, WORKER
+from asyncengine.interfaces.platform import Platform
+from asyncengine.config.engine import BUILTIN_WORKER
+from asyncengine.plugin_runtime.config_hooks import HOOKS, hooks_checked, load_hook
+from asyncengine.interfaces.roles import ENGINE_CORE, FRONTEND, WORKER
 from asyncengine.cli.reports.extension_map import CONFIG_HOOK, build_map
 from asyncengine.worker.build import build_worker
 from asyncengine.worker.worker import Worker

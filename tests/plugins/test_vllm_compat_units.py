@@ -14,7 +14,7 @@ from asyncengine.compat.llm_engine import EngineArgs, _accumulate, _as_vllm_rais
 from asyncengine.errors import EngineDeadError, StartupError
 from asyncengine.interfaces.attention import build_backend, descriptor_implementation
 from asyncengine.outputs import CompletionOutput, RequestOutput
-from asyncengine.platforms import resolution
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.plugins_api import CpuPlatform
 
 

@@ -95,7 +95,7 @@ def outcomes(ported):
 def test_the_port_tool_maps_every_use(ported):
     _, _, _, platform_report, tests_report = ported
     assert '"vllm.v1.metrics.loggers.load_plugins_by_group"  ->  ' \
-           '"asyncengine.plugin_runtime.vllm_compat.load_plugins_by_group"' in tests_report
+           '"asyncengine.compat.plugins.load_plugins_by_group"' in tests_report
     assert "from vllm.v1.engine.llm_engine import LLMEngine  ->  from asyncengine.compat.llm_engine import " \
            "LLMEngine" in tests_report
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in tests_report  # read under vLLM's name: left, and not listed

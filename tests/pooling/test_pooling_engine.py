@@ -14,10 +14,11 @@ import torch
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.scheduler import Scheduler
 from asyncengine.errors import ModelLoadError
-from asyncengine.pooling.config import resolve_pooler_config
+from asyncengine.config.pooling import resolve_pooler_config
 from asyncengine.wire.engine_core import EngineCoreRequest, FinishReason, SamplingOptions
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 from asyncengine.wire.worker import ModelRunnerOutput
+from support.platforms import use_platform
 
 POOLING = PoolingOptions(task="embed")
 VECTOR = PooledTensor(data=b"\0" * 16, shape=[4])
@@ -157,12 +158,12 @@ def _runner(qwen3, monkeypatch, **options):
     from asyncengine.config.engine import EngineConfig
     from asyncengine.config.model import build_model_config
     from asyncengine.models.layers import op_registry
-    from asyncengine.platforms import resolution
+    from asyncengine.plugin_runtime import platform_resolution as resolution
     from asyncengine.platforms.cpu import CpuPlatform
     from asyncengine.plugin_runtime.records import StartupTrace
     from asyncengine.worker.model_runner import ModelRunner
 
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)
     monkeypatch.setattr(op_registry, "_chains", {})
     config = EngineConfig(model=str(qwen3.path), skip_tokenizer_init=True, max_model_len=64, plugins="", **options)
     model_config = build_model_config(config, model_dir=Path(qwen3.path), default_dtype="float32", tokenizer=None)

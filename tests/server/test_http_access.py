@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from asyncengine import AsyncEngine
-from asyncengine.frontend.endpoints import EndpointPlugin
+from asyncengine.interfaces.endpoint import EndpointPlugin
 from asyncengine.server.app import create_app
 from asyncengine.errors import ConfigError
 from asyncengine.server.config import ServerConfig, server_config_from_dict

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from asyncengine.errors import ConfigError
-from asyncengine.registries.base import BUILT_IN
+from asyncengine.interfaces.registry import BUILT_IN
 from asyncengine.server.parsers import DeltaMessage, ReasoningParserManager, ToolParserManager
 from asyncengine.server.parsers.incremental import IncrementalToolParser
 from asyncengine.server.parsers.qwen3_coder_tool_parser import convert_parameter

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from asyncengine.errors import ConfigError, StartupError
-from asyncengine.registries.base import BUILT_IN, RegistrationError, current_registrant
+from asyncengine.interfaces.registry import BUILT_IN, RegistrationError, current_registrant
 from asyncengine.server.parsers import (
     DeltaFunctionCall,
     DeltaMessage,

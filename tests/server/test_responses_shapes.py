@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from asyncengine.server.errors import ApiError
-from asyncengine.server.parsers.types import DeltaFunctionCall, DeltaMessage, DeltaToolCall
+from asyncengine.interfaces.parsers import DeltaFunctionCall, DeltaMessage, DeltaToolCall
 from asyncengine.server.protocol_responses import (
     FunctionCallItem, OutputMessage, ReasoningItem, ReasoningText, ResponsesRequest, ResponsesResponse,
 )

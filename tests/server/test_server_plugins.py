@@ -82,7 +82,7 @@ def test_an_endpoint_plugin_route_that_clashes_with_a_built_in_fails_start_up(ti
 TOOL_PARSER_PLUGIN = '''
 import json
 from asyncengine.plugins_api import ExtractedToolCalls, ToolCall, ToolParser, ToolParserManager
-from asyncengine.server.parsers.types import FunctionCall, new_tool_call_id
+from asyncengine.plugins_api import FunctionCall, new_tool_call_id
 
 
 @ToolParserManager.register_module("always_weather")

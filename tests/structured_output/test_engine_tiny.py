@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from asyncengine import AsyncEngine, EngineConfig, RequestError, SamplingParams, StructuredOutputsParams
-from asyncengine.structured_output.registry import StructuredOutputBackendRegistry
+from asyncengine.interfaces.structured_output import StructuredOutputBackendRegistry
 from asyncengine.structured_output.xgrammar_backend import XgrammarBackend
 from support.tiny_tokenizer import save_tiny_tokenizer
 

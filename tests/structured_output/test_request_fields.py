@@ -6,7 +6,7 @@ import pytest
 
 from asyncengine import RequestError, SamplingParams, StructuredOutputsParams
 from asyncengine.structured_output.openai_fields import from_request
-from asyncengine.structured_output.registry import configured_backend_name
+from asyncengine.config.structured_outputs import configured_backend_name
 from asyncengine.errors import ConfigError
 
 

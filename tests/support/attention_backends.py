@@ -3,7 +3,7 @@ built-in and counts its calls, and a class that is no backend."""
 
 from __future__ import annotations
 
-from asyncengine.attention.backend import AttentionBackend
+from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.attention.torch_paged import TorchPagedBackend
 
 

@@ -5,9 +5,10 @@ process-wide)."""
 from __future__ import annotations
 
 from asyncengine.models.layers import op_registry
-from asyncengine.models.layers.op_registry import CustomOpRegistry, OpProviderRegistry
-from asyncengine.platforms import resolution
+from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
+from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
+from support.platforms import use_platform
 
 
 def private_op_tables(monkeypatch) -> None:
@@ -16,4 +17,4 @@ def private_op_tables(monkeypatch) -> None:
     monkeypatch.setattr(op_registry, "_options", dict(op_registry._options))
     monkeypatch.setattr(op_registry, "_config_priority", {})
     monkeypatch.setattr(op_registry, "_chains", {})
-    monkeypatch.setattr(resolution, "_current", CpuPlatform)
+    use_platform(monkeypatch, CpuPlatform)

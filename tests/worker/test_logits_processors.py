@@ -15,14 +15,10 @@ import torch
 
 from asyncengine.errors import StartupError
 from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.interfaces.logits import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirectionality, MovedRequest
 from asyncengine.worker.logits_processors import (
-    AddedRequest,
-    BatchUpdate,
-    LogitsProcessor,
     LogitsProcessorError,
     LogitsProcessors,
-    MoveDirectionality,
-    MovedRequest,
     PersistentBatch,
     merge_processor_classes,
 )

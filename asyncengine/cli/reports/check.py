@@ -11,7 +11,8 @@ from asyncengine.errors import ConfigError, StartupError
 from asyncengine.frontend.core_client import check_engine_core
 from asyncengine.plugin_runtime.phases import run_plugin_phases
 from asyncengine.plugin_runtime.placement import frontend_roles
-from asyncengine.plugin_runtime.records import StartupRecord, StartupTrace
+from asyncengine.wire.startup import StartupRecord
+from asyncengine.plugin_runtime.records import StartupTrace
 
 
 async def check_start(config: EngineConfig) -> tuple[list[StartupRecord], StartupError | None]:

@@ -22,7 +22,8 @@ import msgspec
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.errors import ConfigError
-from asyncengine.plugin_runtime.records import FAILED, StartupRecord, StartupTrace, read_trace
+from asyncengine.plugin_runtime.records import FAILED, StartupTrace, read_trace
+from asyncengine.wire.startup import StartupRecord
 
 # The smallest Llama our loader builds: two layers (so a pipeline or a rank split has something to split),
 # 4 query and 2 KV heads (divisible at TP=2), 256 tokens. Random weights: load_format "dummy".

@@ -46,7 +46,7 @@ def location_of(function: Any) -> str:
 def _group_loader(group: g.Group) -> Any:
     """The function that loads `group` in a process."""
     if group is g.PLATFORM:
-        from asyncengine.platforms.resolution import resolve_platform
+        from asyncengine.plugin_runtime.platform_resolution import resolve_platform
 
         return resolve_platform
     from asyncengine.plugin_runtime.phases import run_plugin_phases
@@ -56,8 +56,8 @@ def _group_loader(group: g.Group) -> Any:
 
 def build_map() -> list[MapEntry]:
     from asyncengine.plugin_runtime.config_hooks import HOOK_READERS, load_hook
-    from asyncengine.registries import READER_MODULES, all_registries
-    from asyncengine.registries.base import recorded_read_sites
+    from asyncengine.interfaces.tables import READER_MODULES, all_registries
+    from asyncengine.interfaces.registry import recorded_read_sites
 
     entries = []
     for group in g.GROUPS:

@@ -133,7 +133,7 @@ PLUGIN_PHASE_TEXTS = {
 def timeline_rules() -> dict[str, Any]:
     """The rules, as plain data (what --export-rules writes)."""
     from asyncengine.plugin_runtime.config_hooks import HOOKS
-    from asyncengine.registries import all_registries
+    from asyncengine.interfaces.tables import all_registries
 
     def ordered(roles) -> list[str]:
         return [role for role in ROLES if role in roles]

@@ -1,6 +1,6 @@
 """SiLU-and-multiply, the gated activation of Llama-family MLPs, and GELU-and-multiply (GeGLU, Gemma's).
 
-A custom op (custom_op.py): replaceable by name ("SiluAndMul"), with providers of op "silu_and_mul";
+A custom op (interfaces/torch_bases.py): replaceable by name ("SiluAndMul"), with providers of op "silu_and_mul";
 `silu_and_mul_native` is the reference. On CPU, while `native` is the provider that would run, one fused
 kernel (ops/cpu_fused.py) computes it.
 """
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from asyncengine.errors import ModelLoadError
-from asyncengine.models.layers.custom_op import CustomOp
+from asyncengine.interfaces.torch_bases import CustomOp
 from asyncengine.models.layers.op_registry import call_op, native_first
 from asyncengine.ops import cpu_fused
 

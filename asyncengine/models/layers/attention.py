@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asyncengine.attention.backend import AttentionBackend
+from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.ops.paged_attention import AttentionPlan, plan_attention
 
 

@@ -27,8 +27,8 @@ from torch import nn
 
 from asyncengine import parallel_state as parallel
 from asyncengine.errors import ModelLoadError
+from asyncengine.interfaces.torch_bases import CustomOp
 from asyncengine.models.layers import expert_parallel
-from asyncengine.models.layers.custom_op import CustomOp
 from asyncengine.models.layers.linear import check_shape
 from asyncengine.models.layers.op_registry import call_op, native_first
 from asyncengine.ops import cpu_moe

@@ -1,7 +1,7 @@
 """RMSNorm, with the residual addition fused in (as the decoder layers use it), and GemmaRMSNorm (its weight
 applied in float32, before the rounding: Gemma's `1 + w`, OLMo 2).
 
-A custom op (custom_op.py): a plugin may replace the class (`CustomOp.register_oot(name="RMSNorm")`)
+A custom op (interfaces/torch_bases.py): a plugin may replace the class (`CustomOp.register_oot(name="RMSNorm")`)
 or add a provider of op "rms_norm" (`register_op_impl`); `rms_norm_native` is the reference. On CPU, while
 `native` is the provider that would run, the add and the norm run as one fused kernel (ops/cpu_fused.py).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asyncengine.models.layers.custom_op import CustomOp
+from asyncengine.interfaces.torch_bases import CustomOp
 from asyncengine.models.layers.op_registry import call_op, native_first
 from asyncengine.ops import cpu_fused
 

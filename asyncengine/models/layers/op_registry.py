@@ -24,20 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncengine.errors import AsyncEngineError, ConfigError
-from asyncengine.models.registry import import_by_path
+from asyncengine.errors import AsyncEngineError, ConfigError, ModelLoadError
+from asyncengine.interfaces.imports import import_by_path
 
-# The tables and the custom-op (class) half are in the floor, asyncengine.interfaces.custom_op_registry;
-# imported here for the names code and plugins have used.
+# The tables and the custom-op (class) half are in the floor, asyncengine.interfaces.custom_op_registry.
 from asyncengine.interfaces.custom_op_registry import (
     BUILT_IN_PROVIDERS,
     OOT_PREFIX,
     CustomOpRegistry,
     OpProviderRegistry,
     in_tree_op_names,
-    oot_replacement,
-    register_custom_op,
-    register_oot_op,
 )
 from asyncengine.interfaces.registry import RegistrationError, describe, reads
 
@@ -184,7 +180,7 @@ def set_op_priority(priority: dict[str, list[str]] | None) -> None:
 @reads("op_providers", "worker")
 def provider_order(op: str) -> tuple[list[str], str]:
     """The providers of `op` in the order they are tried, and where the preferred order came from."""
-    from asyncengine.platforms.resolution import current_platform
+    from asyncengine.plugin_runtime.platform_resolution import current_platform
 
     providers = [name for name in providers_of(op) if _available(f"{op}/{name}")]
     if op in _config_priority:
@@ -217,7 +213,7 @@ def _build_chain(op: str) -> tuple[tuple[str, Callable[..., Any], Callable[..., 
         entry = OpProviderRegistry.registered(f"{op}/{name}")
         fn = entry.implementation
         if isinstance(fn, str):
-            fn = import_by_path(fn, what=f"op provider {name!r} of {op!r}")
+            fn = import_by_path(fn, what=f"op provider {name!r} of {op!r}", error=ModelLoadError)
         chain.append((name, fn, _options[f"{op}/{name}"].supported))
     _chains[op] = tuple(chain)
     return _chains[op]
@@ -247,7 +243,8 @@ def startup_records(phase: str) -> list[Any]:
     import os
     import time
 
-    from asyncengine.plugin_runtime.records import StartupRecord, current_process_role
+    from asyncengine.wire.startup import StartupRecord
+    from asyncengine.plugin_runtime.records import current_process_role
 
     now, pid, role = time.time(), os.getpid(), current_process_role()
     return [StartupRecord(pid=pid, role=role, phase=phase, plugin=subject, reason=detail, start=now)

@@ -14,17 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-# The interface and the table are in the floor (asyncengine.interfaces.quantization); imported here for
-# the names code and plugins have used.
 from asyncengine.interfaces.quantization import (
     LinearMethod,
     QuantizationConfig,
     QuantizationRegistry,
     _building_with,
-    _QuantizationRegistry,
-    building_with,
-    process_weights_after_loading,
 )
 
 if TYPE_CHECKING:
@@ -222,7 +216,6 @@ def linear_method_for(layer: Any, prefix: str = "") -> LinearMethod:
     return chosen if chosen is not None else UnquantizedLinearMethod()
 
 
-__all__ = ["Int8Config", "Int8DynamicConfig", "Int8DynamicLinearMethod", "Int8LinearMethod", "LinearMethod",
-           "QuantizationConfig", "QuantizationRegistry", "UnquantizedLinearMethod", "building_with", "dequantize_int8", "linear_method_for",
-           "int8_dynamic_reference", "process_weights_after_loading", "quantize_int8", "quantize_rows_int8",
-           "register_quantization_config"]
+__all__ = ["Int8Config", "Int8DynamicConfig", "Int8DynamicLinearMethod", "Int8LinearMethod",
+           "UnquantizedLinearMethod", "dequantize_int8", "linear_method_for", "int8_dynamic_reference",
+           "quantize_int8", "quantize_rows_int8", "register_quantization_config"]

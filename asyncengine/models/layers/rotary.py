@@ -1,6 +1,6 @@
 """Rotary position embedding (RoPE), with the scaling variants Llama-family checkpoints use.
 
-`RotaryEmbedding` is a custom op (custom_op.py): replaceable by name ("RotaryEmbedding"), and its
+`RotaryEmbedding` is a custom op (interfaces/torch_bases.py): replaceable by name ("RotaryEmbedding"), and its
 rotation runs through the providers of op "rotary" (`rotary_native` is the reference). Unlike vLLM's
 `forward(positions, query, key)`, it takes the step's cos/sin, looked up once per step (`lookup`)
 and shared by every layer. Its constructor takes ours or vLLM's arguments (RotaryEmbedding's docstring).
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from asyncengine.errors import ModelLoadError
-from asyncengine.models.layers.custom_op import CustomOp
+from asyncengine.interfaces.torch_bases import CustomOp
 from asyncengine.models.layers.op_registry import call_op, native_first
 from asyncengine.ops import cpu_fused
 

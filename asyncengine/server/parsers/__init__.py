@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from asyncengine.server.parsers.reasoning_parsers import (
-    ReasoningParser,
-    ReasoningParserManager,
-    ThinkReasoningParser,
-)
-from asyncengine.server.parsers.tool_parsers import JsonTagsToolParser, ToolParser, ToolParserManager
-from asyncengine.server.parsers.types import (
+from asyncengine.interfaces.parsers import ReasoningParser, ReasoningParserManager
+from asyncengine.server.parsers.reasoning_parsers import ThinkReasoningParser
+from asyncengine.server.parsers.tool_parsers import JsonTagsToolParser
+from asyncengine.interfaces.parsers import ToolParser, ToolParserManager
+from asyncengine.interfaces.parsers import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,

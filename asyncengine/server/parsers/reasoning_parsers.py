@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-# The base class and the table are in the floor (a plugin subclasses and fills them); imported here
-# for the names code and plugins have used.
-from asyncengine.interfaces.parsers import DeltaMessage, ReasoningParser, ReasoningParserManager
+# The base class and the table are in the floor (a plugin subclasses and fills them).
+from asyncengine.interfaces.parsers import DeltaMessage, ReasoningParser
 from asyncengine.server.parsers.incremental import NOTHING, Split, SplitReasoningParser
 from asyncengine.server.parsers.text_scan import find_marker, partial_marker_length, skip_space
 from asyncengine.server.parsers.tool_parsers import partial_tag_length

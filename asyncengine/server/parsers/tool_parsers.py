@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# The base class, the table and the shapes are in the floor (a plugin subclasses and fills them);
-# imported here for the names code and plugins have used. Importing loading installs the plugin loader.
+# The base class, the table and the shapes are in the floor (a plugin subclasses and fills them).
 from asyncengine.interfaces.parsers import (
     DeltaFunctionCall,
     DeltaMessage,
@@ -24,10 +23,8 @@ from asyncengine.interfaces.parsers import (
     FunctionCall,
     ToolCall,
     ToolParser,
-    ToolParserManager,
     new_tool_call_id,
 )
-import asyncengine.server.parsers.loading  # installs the floor's parser plugin loader
 
 
 # -- json_tags ------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ from ae_custom_ops_example import ExampleRMSNorm, register
 from asyncengine.models.layers import op_registry
 from asyncengine.models.layers.norm import RMSNorm
 from asyncengine.platforms.cpu import CpuPlatform
-from asyncengine.platforms.resolution import set_current_platform
+from asyncengine.plugin_runtime.platform_resolution import set_current_platform
 
 register()
 register()  # a second call (a second engine in the process) is a no-op

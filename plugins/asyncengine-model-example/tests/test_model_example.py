@@ -19,9 +19,9 @@ import torch
 import transformers
 from ae_model_example import register
 from asyncengine.models.llama import LlamaForCausalLM
-from asyncengine.models.registry import ModelRegistry
+from asyncengine.interfaces.models import ModelRegistry
 from asyncengine.platforms.cpu import CpuPlatform
-from asyncengine.platforms.resolution import set_current_platform
+from asyncengine.plugin_runtime.platform_resolution import set_current_platform
 from asyncengine.plugin_runtime.records import StartupTrace
 
 assert not ModelRegistry.is_supported("ExampleLlamaForCausalLM")

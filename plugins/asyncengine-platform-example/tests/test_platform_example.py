@@ -17,7 +17,7 @@ from asyncengine.config.engine import BUILTIN_WORKER, EngineConfig
 from asyncengine.errors import ConfigError
 from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine.ops.paged_attention import plan_attention
-from asyncengine.platforms import resolution
+from asyncengine.plugin_runtime import platform_resolution as resolution
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from ae_quant_example.int4 import (
 )
 from asyncengine.errors import ConfigError
 from asyncengine.models.layers.linear import ColumnParallelLinear, RowParallelLinear
-from asyncengine.models.layers.quantization import building_with
+from asyncengine.interfaces.quantization import building_with
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 

@@ -1,8 +1,9 @@
 """Loading a parser plugin given on the command line (`--tool-parser-plugin`, `--reasoning-parser-plugin`).
 
-The parser tables (registration by decorator, lookup by name) are in the floor,
-asyncengine.interfaces.parsers; their `import_tool_parser` / `import_reasoning_parser` call the loader
-this module installs there when it is imported (the server's parsers import it).
+The parser tables (registration by decorator, lookup by name) are beside it, in
+asyncengine.interfaces.parsers; their `import_tool_parser` / `import_reasoning_parser` (vLLM's names, which
+plugins call too) call `import_plugin` here. It needs only the standard library and the floor, so it sits in
+the floor with the tables, and nothing has to install it.
 
 A plugin value is either the path of a .py file or an importable module name; importing it runs its
 `register_module` decorators. Every way that can fail is a StartupError naming the option and the
@@ -24,7 +25,6 @@ from types import ModuleType
 from typing import Any
 
 from asyncengine.errors import StartupError
-from asyncengine.interfaces.parsers import ParserRegistry, set_plugin_loader
 from asyncengine.interfaces.registry import current_registrant
 
 
@@ -107,6 +107,4 @@ def _run_import(
         current_registrant.reset(token)
 
 
-set_plugin_loader(import_plugin)
-
-__all__ = ["ParserRegistry", "import_plugin"]  # ParserRegistry: the floor's, for the name code has used
+__all__ = ["import_plugin"]

@@ -13,13 +13,14 @@ import time
 
 from asyncengine.config.vllm_views import remember_platform
 from asyncengine.errors import ConfigError, StartupError
+from asyncengine.interfaces.custom_op_registry import publish_dispatch_platform
 from asyncengine.plugin_runtime.discovery import InstalledPlugin
 from asyncengine.plugin_runtime.groups import PHASE_PLATFORM
 from asyncengine.plugin_runtime.loader import NOT_LOADED, PluginLoader
 from asyncengine.plugin_runtime.records import FAILED, OK, SKIPPED, StartupTrace, format_failure
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.platforms.cuda import CudaPlatform
-from asyncengine.platforms.interface import Platform
+from asyncengine.interfaces.platform import Platform
 
 BUILT_IN: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
 
@@ -86,7 +87,10 @@ def requested_device() -> str | None:
 def set_current_platform(platform: type[Platform] | None, key: str | None = None) -> None:
     global _current, _current_key
     _current, _current_key = platform, key
-    remember_platform(platform)  # what dtype "auto" reads as in vLLM's config views
+    # The floor's readers of the platform learn it here, from the phase that owns it (importing a module
+    # installs nothing): dtype "auto" in vLLM's config views, and CustomOp's forward dispatch.
+    remember_platform(platform)
+    publish_dispatch_platform(platform, platform not in BUILT_IN.values())
 
 
 async def resolve_platform(

@@ -18,7 +18,6 @@ from typing import Any
 import msgspec
 
 from asyncengine.errors import ConfigError, ModelLoadError
-from asyncengine.interfaces.imports import import_by_path
 
 RUNNERS = ("auto", "generate", "pooling")
 POOLER_CONFIG_KEYS = ("pooling_type", "normalize")
@@ -169,7 +168,8 @@ DEFAULT_POOLING_MODEL_NAME = "all-MiniLM-L6-v2"
 def apply_pooling(config: Any, model_config: Any, architectures: Any = None) -> Any:
     """`model_config` (a ModelConfig) with its runner and, for a pooling model, its pooler: the max_model_len
     is capped at sentence-transformers' max_seq_length unless the option set one, and the default pooling
-    model is served under its own name."""
+    model is served under its own name. `architectures`: the model registry (its `get` and `resolve`), which
+    the frontend hands in; the config sits below it."""
     names = list(model_config.architectures)
     registered = None
     lookup = getattr(architectures, "get", None)
@@ -182,8 +182,9 @@ def apply_pooling(config: Any, model_config: Any, architectures: Any = None) -> 
             if isinstance(registered, str):
                 if registered.startswith("asyncengine."):  # ours: the name says which runner
                     registered = None
-                else:  # a plugin's class, by path: only it knows whether it pools (`is_pooling_model`)
-                    registered = import_by_path(registered, what=f"model class for {name}", error=ModelLoadError)
+                else:  # a plugin's class, by path: only it knows whether it pools (`is_pooling_model`);
+                    # the table imports it (ModelLoadError naming the architecture), the config stays below it
+                    registered = architectures.resolve([name])[1]
             break
     runner = resolve_runner(config.runner, names, registered)
     if runner != "pooling":
