@@ -29,6 +29,9 @@ class ParallelState:
     pipeline_rank: int = 0  # this rank's stage
     pipeline_size: int = 1
     tensor_group: Any = None  # the stage's tensor-parallel group (None: the whole world, or no group at all)
+    # enable_expert_parallel: the MoE layers split their experts over the tensor-parallel ranks instead of
+    # each expert's matrices (asyncengine/models/layers/expert_parallel.py).
+    expert_parallel: bool = False
 
     @property
     def global_rank(self) -> int:
@@ -46,12 +49,13 @@ _pipeline_wait = [0.0]
 
 
 def initialize(rank: int, world_size: int, init_method: str | None, backend: str, *,
-               pipeline_parallel_size: int = 1) -> None:
+               pipeline_parallel_size: int = 1, expert_parallel: bool = False) -> None:
     """Join the process group (`backend` is the platform's dist_backend: gloo on CPU, NCCL on CUDA).
     `rank` and `world_size` are global: tensor_parallel_size x pipeline_parallel_size ranks."""
     global _state
     tensor_size = world_size // pipeline_parallel_size
-    _state = ParallelState(rank % tensor_size, tensor_size, rank // tensor_size, pipeline_parallel_size)
+    _state = ParallelState(rank % tensor_size, tensor_size, rank // tensor_size, pipeline_parallel_size,
+                           expert_parallel=expert_parallel and tensor_size > 1)
     if world_size == 1:
         return
     dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
@@ -81,6 +85,12 @@ def world_size() -> int:
 def global_rank() -> int:
     """This rank among all of the engine's (tensor_parallel_size x pipeline_parallel_size)."""
     return _state.global_rank
+
+
+def expert_parallel() -> bool:
+    """Whether the MoE layers split their experts over the tensor-parallel ranks (enable_expert_parallel, with
+    more than one rank) instead of each expert's matrices."""
+    return _state.expert_parallel
 
 
 def tensor_group() -> Any:
@@ -135,6 +145,43 @@ def all_gather_last_dim(tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     gathered = [torch.empty_like(tensor) for _ in range(_state.world_size)]
     dist.all_gather(gathered, tensor.contiguous(), group=_state.tensor_group)
     return torch.cat([part[..., :size] for part, size in zip(gathered, sizes)], dim=-1)
+
+
+def all_gather_rows(tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Concatenate each tensor-parallel rank's `tensor` along the first dimension; rank r contributes
+    `sizes[r]` rows (padded to the largest for the collective, trimmed after)."""
+    if _state.world_size == 1:
+        return tensor
+    tallest = max(sizes)
+    padded = tensor
+    if tensor.shape[0] < tallest:
+        padded = torch.cat([tensor, tensor.new_zeros((tallest - tensor.shape[0],) + tuple(tensor.shape[1:]))])
+    gathered = [torch.empty_like(padded) for _ in range(_state.world_size)]
+    dist.all_gather(gathered, padded.contiguous(), group=_state.tensor_group)
+    return torch.cat([part[:size] for part, size in zip(gathered, sizes)])
+
+
+def exchange_counts(send_counts: list[int], device: torch.device) -> list[int]:
+    """Each tensor-parallel rank tells every other how many rows it will send it: `send_counts[r]` rows go
+    from here to rank r; returns, per rank r, the rows rank r sends here."""
+    if _state.world_size == 1:
+        return list(send_counts)
+    sent = torch.tensor(send_counts, dtype=torch.int64, device=device)
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=_state.tensor_group)
+    return [int(count) for count in received.tolist()]
+
+
+def all_to_all_rows(tensor: torch.Tensor, send_counts: list[int], receive_counts: list[int]) -> torch.Tensor:
+    """Rows to the tensor-parallel ranks: the first `send_counts[0]` rows of `tensor` to rank 0, the next
+    `send_counts[1]` to rank 1, ...; returns the rows received, rank 0's first (`receive_counts[r]` from rank
+    r, as `exchange_counts` told)."""
+    out = tensor.new_empty((sum(receive_counts),) + tuple(tensor.shape[1:]))
+    if _state.world_size == 1:
+        return out.copy_(tensor)
+    dist.all_to_all_single(out, tensor.contiguous(), output_split_sizes=receive_counts,
+                           input_split_sizes=send_counts, group=_state.tensor_group)
+    return out
 
 
 def send_to_next_stage(tensors: list[torch.Tensor]) -> None:

@@ -58,6 +58,9 @@ def _tile_kernels() -> str:
         lines += [f"    for (int64_t k = 0; k < K; k += {step}) {{",
                   f"        const {mask_type} m = K - k >= {step} ? ({mask_type}){full} : "
                   f"({mask_type})((1u << (K - k)) - 1u);"]
+        # The weight rows two output tiles ahead, fetched now (a prefetch never faults past the matrix): the rows
+        # are short (K elements), so the hardware's stream detection alone leaves the first lines of each waiting.
+        lines += [f"        _mm_prefetch((const char *)(w{j} + 8 * ws + k), _MM_HINT_T0);" for j in range(4)]
         lines += [f"        const {vec} v{j} = {load.format(p=f'w{j}')};" for j in range(4)]
         for i in range(rows):
             lines.append(f"        {{ const {vec} u = {load.format(p=f'x{i}')};")

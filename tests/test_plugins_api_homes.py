@@ -20,6 +20,7 @@ HOMES = {
     "MultiprocExecutor": "asyncengine.engine_core.executor:MultiprocExecutor",
     "UniExecutor": "asyncengine.engine_core.executor:UniExecutor",
     "Scheduler": "asyncengine.engine_core.scheduler:Scheduler",
+    "SchedulerInterface": "asyncengine.interfaces.scheduler:SchedulerInterface",
     "ConfigError": "asyncengine.errors:ConfigError",
     "RequestError": "asyncengine.errors:RequestError",
     "AdditionalConfigRegistry": "asyncengine.interfaces.additional_config:AdditionalConfigRegistry",

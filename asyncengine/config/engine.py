@@ -170,6 +170,12 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     cpu_threads: Annotated[int | None, doc(
         "CPU: threads of the model's ops per worker; none: the process's CPUs less those other processes keep busy, "
         "shared among the workers, and followed as the load changes.")] = None
+    # vLLM's --enable-expert-parallel (docs/distributed.md, "Expert parallelism"). Read in the worker; checked
+    # against the model's expert count in the frontend (config/model.py).
+    enable_expert_parallel: Annotated[bool, doc(
+        "Mixture-of-experts models: split the experts over the tensor-parallel ranks (each rank holds whole "
+        "experts) instead of every expert's matrices; each token goes to the ranks holding its experts and "
+        "back. Needs tensor_parallel_size > 1.")] = False
     # One process per stage and tensor-parallel rank (docs/distributed.md).
     pipeline_parallel_size: Annotated[int, doc("Pipeline stages the model's layers are split over.")] = 1
     # Each with its own workers and KV cache (frontend/dp_router.py).
@@ -385,6 +391,11 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
                 "(the default with more than one rank)",
                 field="distributed_executor_backend",
             )
+        if self.enable_expert_parallel and self.tensor_parallel_size < 2:
+            raise ConfigError(
+                "enable_expert_parallel splits a mixture of experts over the tensor-parallel ranks, and "
+                f"tensor_parallel_size is {self.tensor_parallel_size}: set tensor_parallel_size to 2 or more, or "
+                "drop enable_expert_parallel", field="enable_expert_parallel")
         if self.worker_cls != "auto" and not is_class_path(self.worker_cls):
             raise ConfigError(
                 f"worker_cls must be 'auto' (the platform chooses) or 'pkg.mod:Class' (a subclass of "

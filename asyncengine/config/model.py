@@ -86,6 +86,7 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
     if not isinstance(names, list) or not names:
         raise ModelLoadError(f"{model_dir / 'config.json'} names no model architecture (`architectures`)")
     model_impl = resolve_model_impl(config, names, hf_config, model_dir, architectures)
+    check_expert_parallel(config, names, hf_config)
 
     max_model_len = _max_model_len(config, hf_config)
     generation_config = _load_generation_config(model_dir) if config.generation_config == "auto" else {}
@@ -165,6 +166,23 @@ def resolve_model_impl(config: EngineConfig, names: list[str], hf_config: dict[s
         logger.info("model architecture(s) %s run through transformers' modelling code (model_impl transformers)",
                     ", ".join(names))
     return TRANSFORMERS
+
+
+def check_expert_parallel(config: EngineConfig, names: list[str], hf_config: dict[str, Any]) -> None:
+    """`enable_expert_parallel` needs a mixture of experts with at least one expert per tensor-parallel rank
+    (a count the ranks do not divide is split as vLLM splits it: the earlier ranks hold one more)."""
+    if not config.enable_expert_parallel:
+        return
+    experts = int(hf_config.get("num_experts") or hf_config.get("num_local_experts") or 0)
+    if experts == 0:
+        raise ConfigError(f"enable_expert_parallel splits a mixture of experts over the ranks, and {', '.join(names)} "
+                          "has no experts (config.json sets neither num_experts nor num_local_experts): drop "
+                          "enable_expert_parallel", field="enable_expert_parallel")
+    if experts < config.tensor_parallel_size:
+        raise ConfigError(f"enable_expert_parallel gives each of the tensor_parallel_size="
+                          f"{config.tensor_parallel_size} ranks whole experts, and {', '.join(names)} has {experts}: each rank needs at least one; "
+                          f"lower tensor_parallel_size to {experts} or less, or drop enable_expert_parallel",
+                          field="enable_expert_parallel")
 
 
 def transformers_cannot_run(names: list[str], hf_config: dict[str, Any], *, trust_remote_code: bool) -> str | None:

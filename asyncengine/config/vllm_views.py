@@ -41,7 +41,7 @@ FIELD_MAPS: dict[str, dict[str, str]] = {
     "parallel_config": {
         "tensor_parallel_size": "tensor_parallel_size",
         "pipeline_parallel_size": "pipeline_parallel_size", "data_parallel_size": "data_parallel_size",
-        "data_parallel_rank": "data_parallel_rank",
+        "data_parallel_rank": "data_parallel_rank", "enable_expert_parallel": "enable_expert_parallel",
         "distributed_executor_backend": "distributed_executor_backend",
         "worker_cls": "worker_cls", "worker_extension_cls": "worker_extension_cls",
         "scheduler_cls": "scheduler_cls",  # older vLLM platforms set it here

@@ -89,6 +89,7 @@ class EngineCoreLoop:
         self.structured_output = core.structured_output
         self._wakeup = anyio.Event()
         self._num_steps = 0
+        self._expert_tokens: list[int] | None = None  # the workers' tokens per expert (MoE models), last reported
         self._trace: list[StepRecord] | None = None
         self._phase = "step loop"  # what the step loop is doing, for the culprit of an exception
         self.death: EngineDeadError | None = None
@@ -183,7 +184,9 @@ class EngineCoreLoop:
         if method == "get_structured_output_stats":
             return self.structured_output.stats_dict()
         if method == "get_scheduler_stats":
-            return round_trip(self.scheduler.make_stats())
+            stats = self.scheduler.make_stats()
+            stats.expert_tokens = self._expert_tokens
+            return round_trip(stats)
         if method == "reset_prefix_cache":
             return self.scheduler.reset_prefix_cache()
         if method == "kv_cache_info":
@@ -244,6 +247,10 @@ class EngineCoreLoop:
             update_start = time.monotonic()
             self._phase = "step loop: scheduler.update_from_output()"
             outputs = self.scheduler.update_from_output(step.scheduler_output, runner_output)
+            if runner_output.expert_tokens is not None:  # the workers' totals, which the scheduler does not keep
+                self._expert_tokens = runner_output.expert_tokens
+            if outputs.scheduler_stats is not None:
+                outputs.scheduler_stats.expert_tokens = self._expert_tokens
             following = in_flight[0] if in_flight else None
             if following is not None and following.deferred_mask is not None and not following.deferred_mask.is_set:
                 # The next step's constrained requests have their previous token now: its masks, at once

@@ -148,6 +148,8 @@ def _convert_into(gguf_path: Path, out_dir: Path, *, progress: bool) -> None:
         if hf_name is None:  # a tensor the config reads (one of arch.config_tensors)
             config_tensors[t.name] = w
             continue
+        if hf_name.rsplit(".layers.", 1)[-1].split(".", 1)[-1] in gguf_arch.VECTORS_AS_ROWS:
+            w = w.reshape(expected[hf_name]) if w.size == int(np.prod(expected[hf_name])) else w
         if w.shape != expected[hf_name]:
             raise ModelLoadError(
                 f"{gguf_path}: tensor {t.name} dequantized to shape {w.shape}, expected {expected[hf_name]}"

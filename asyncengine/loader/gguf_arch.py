@@ -10,6 +10,16 @@ builds) and which HF tensor each GGUF tensor is, with the two changes llama.cpp'
 - Gemma 2 and 3: every RMSNorm weight stored as `1 + w` (Gemma's norm multiplies by `1 + w`); written back as
   `w` (the file's value less 1 in float32, as transformers' GGUF loader does).
 
+Mixtures of experts (`qwen3moe`, `qwen2moe`, and `llama` files with `llama.expert_count`, which is how llama.cpp
+writes Mixtral): the router `ffn_gate_inp` becomes `mlp.gate.weight`; the experts' stacked `ffn_gate_exps`,
+`ffn_up_exps` (`[E, I, H]` each) and `ffn_down_exps` (`[E, H, I]`) become `mlp.experts.gate_proj`, `up_proj`,
+`down_proj` (FusedMoE loads the first two into its gate and up halves); Qwen2-MoE's shared expert
+(`ffn_{gate,up,down}_shexp`) and its gate (`ffn_gate_inp_shexp`, a vector in the file, `[1, H]` in HF form) keep
+HF's names. The files do not say which layers are dense or whether the router's top-k weights are renormalised:
+a layer without `ffn_gate_inp` is dense (`mlp_only_layers`), and the renormalisation is
+`<arch>.expert_weights_norm` where the file states it, else what llama.cpp does for the architecture (Qwen3-MoE
+and Mixtral yes, Qwen2-MoE no).
+
 Where llama.cpp derives a value from the architecture instead of storing it, this module does the same: Gemma's
 attention scale (`query_pre_attn_scalar`: the head size, or hidden / heads for the 27B models), Gemma 3's rotary
 base on sliding layers (10000 unless `rope.freq_base_swa` says otherwise) and its sliding pattern (five sliding
@@ -55,6 +65,8 @@ class Architecture:
     norms_stored_plus_one: bool = False
     # GGUF global tensors the config consumes instead of the checkpoint (Phi-3's long-rope factors)
     config_tensors: frozenset[str] = field(default_factory=frozenset)
+    # Mixtures of experts: the per-layer tensors of a sparse layer in place of the dense MLP's (`_MLP`)
+    moe_tensors: dict[str, str] = field(default_factory=dict)
 
 
 GLOBAL_TENSORS = {
@@ -72,6 +84,14 @@ _MLP = {"ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj
         "ffn_down.weight": "mlp.down_proj.weight"}
 _PRE_NORMS = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight"}
 _QK_NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+_MOE = {"ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj",
+        "ffn_up_exps.weight": "mlp.experts.up_proj", "ffn_down_exps.weight": "mlp.experts.down_proj"}
+_SHARED_EXPERT = {"ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+                  "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+                  "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+                  "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight"}
+# HF tensors a GGUF file stores as a vector: reshaped to HF's shape on conversion.
+VECTORS_AS_ROWS = frozenset({"mlp.shared_expert_gate.weight"})
 _QKV_BIASES = {"attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
                "attn_v.bias": "self_attn.v_proj.bias"}
 # Gemma's four norms around each block: llama.cpp's ffn_norm is the one before the MLP.
@@ -144,12 +164,34 @@ def _with_rope(config: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _experts(meta: Metadata, arch: str, names: set[str], layers: int, *, renormalize: bool) -> dict[str, Any]:
+    """The mixture-of-experts fields: counts, renormalisation (`renormalize`: llama.cpp's rule for `arch`
+    where the file states none) and the dense layers (those without a router)."""
+    norm = meta.get(f"{arch}.expert_weights_norm")
+    return {"num_experts": int(meta.require(f"{arch}.expert_count")),
+            "num_experts_per_tok": int(meta.require(f"{arch}.expert_used_count")),
+            "norm_topk_prob": renormalize if norm is None else bool(norm),
+            "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names],
+            "decoder_sparse_step": 1}
+
+
 def _llama_config(meta: Metadata, names: set[str]) -> dict[str, Any]:
     if "rope_freqs.weight" in names:
         raise ModelLoadError(f"{meta.path}: llama 3's scaled RoPE (the rope_freqs tensor) is not supported: "
                              "convert the model from its HF checkpoint instead")
     config = _with_rope(_common(meta, "llama", names), _rope(meta, "llama"))
     config.update(hidden_act="silu", attention_bias=False, mlp_bias=False)
+    if meta.get("llama.expert_count"):  # how llama.cpp writes Mixtral: every layer sparse, always renormalised
+        moe = _experts(meta, "llama", names, config["num_hidden_layers"], renormalize=True)
+        if moe["mlp_only_layers"] or not moe["norm_topk_prob"]:
+            raise ModelLoadError(f"{meta.path}: a llama file with experts is read as Mixtral, whose layers are all "
+                                 "sparse with renormalised router weights; this one has dense layers "
+                                 f"{moe['mlp_only_layers']} or expert_weights_norm false")
+        window = meta.get("llama.attention.sliding_window")
+        config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                      num_local_experts=moe["num_experts"], num_experts_per_tok=moe["num_experts_per_tok"],
+                      sliding_window=None if window is None else int(window))
+        return config
     # llama.cpp writes Mistral's models as llama files, without their sliding window (Mistral 7B v0.2 and later
     # have none): as llama they compute what MistralForCausalLM would, which is what transformers' and vLLM's GGUF
     # loaders make of them too. A file that does state a window is a Mistral with one.
@@ -171,6 +213,20 @@ def _qwen2_config(meta: Metadata, names: set[str]) -> dict[str, Any]:
 def _qwen3_config(meta: Metadata, names: set[str]) -> dict[str, Any]:
     config = _with_rope(_common(meta, "qwen3", names), _rope(meta, "qwen3"))
     config.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", attention_bias=False)
+    return config
+
+
+def _qwen_moe_config(meta: Metadata, names: set[str], arch: str) -> dict[str, Any]:
+    config = _with_rope(_common(meta, arch, names), _rope(meta, arch))
+    config.update(_experts(meta, arch, names, config["num_hidden_layers"], renormalize=arch == "qwen3moe"))
+    config["moe_intermediate_size"] = int(meta.require(f"{arch}.expert_feed_forward_length"))
+    if arch == "qwen3moe":
+        config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu",
+                      attention_bias=False)
+    else:
+        config.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_act="silu",
+                      qkv_bias=True, use_sliding_window=False, shared_expert_intermediate_size=int(
+                          meta.get("qwen2moe.expert_shared_feed_forward_length", 0) or 0))
     return config
 
 
@@ -256,7 +312,13 @@ def phi3_long_rope(config: dict[str, Any], factors: dict[str, np.ndarray]) -> No
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture("llama", _llama_config, {**_PRE_NORMS, **_ATTENTION, **_MLP}, rotary_rows_permuted=True),
+    "llama": Architecture("llama", _llama_config, {**_PRE_NORMS, **_ATTENTION, **_MLP}, rotary_rows_permuted=True,
+                          moe_tensors=_MOE),
+    "qwen3moe": Architecture("qwen3moe", lambda meta, names: _qwen_moe_config(meta, names, "qwen3moe"),
+                             {**_PRE_NORMS, **_ATTENTION, **_QK_NORMS, **_MLP}, moe_tensors=_MOE),
+    "qwen2moe": Architecture("qwen2moe", lambda meta, names: _qwen_moe_config(meta, names, "qwen2moe"),
+                             {**_PRE_NORMS, **_ATTENTION, **_QKV_BIASES, **_MLP},
+                             moe_tensors={**_MOE, **_SHARED_EXPERT}),
     "qwen2": Architecture("qwen2", _qwen2_config, {**_PRE_NORMS, **_ATTENTION, **_QKV_BIASES, **_MLP}),
     "qwen3": Architecture("qwen3", _qwen3_config, {**_PRE_NORMS, **_ATTENTION, **_QK_NORMS, **_MLP}),
     "gemma2": Architecture("gemma2", _gemma2_config, {**_GEMMA_NORMS, **_ATTENTION, **_MLP},
@@ -284,7 +346,7 @@ def hf_tensor_name(arch: Architecture, gguf_name: str, n_layers: int) -> str | N
         return GLOBAL_TENSORS[gguf_name]
     parts = gguf_name.split(".", 2)  # blk.N.<kind>.<weight|bias>
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < n_layers:
-        suffix = arch.layer_tensors.get(parts[2])
+        suffix = arch.layer_tensors.get(parts[2]) or arch.moe_tensors.get(parts[2])
         if suffix is not None:
             return f"model.layers.{parts[1]}.{suffix}"
     return None
@@ -303,12 +365,29 @@ def expected_shapes(arch: Architecture, config: dict[str, Any]) -> dict[str, tup
         "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter),
         "mlp.gate_up_proj.weight": (2 * inter, h),
     }
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if experts:
+        # Mixtral's experts are intermediate_size wide; the Qwen MoEs' moe_intermediate_size.
+        expert_inter = int(config.get("moe_intermediate_size") or inter)
+        shared = int(config.get("shared_expert_intermediate_size") or 0)
+        per_suffix.update({
+            "mlp.gate.weight": (experts, h), "mlp.experts.gate_proj": (experts, expert_inter, h),
+            "mlp.experts.up_proj": (experts, expert_inter, h), "mlp.experts.down_proj": (experts, h, expert_inter),
+            "mlp.shared_expert.gate_proj.weight": (shared, h), "mlp.shared_expert.up_proj.weight": (shared, h),
+            "mlp.shared_expert.down_proj.weight": (h, shared), "mlp.shared_expert_gate.weight": (1, h)})
+    dense_layers = set(config.get("mlp_only_layers") or ())
+    dense_mlp = set(_MLP.values())
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], h),
                                           "model.norm.weight": (h,)}
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (config["vocab_size"], h)
     for i in range(config["num_hidden_layers"]):
-        for suffix in arch.layer_tensors.values():
+        sparse = bool(experts) and i not in dense_layers
+        suffixes = [suffix for suffix in arch.layer_tensors.values() if not (sparse and suffix in dense_mlp)]
+        if sparse:
+            suffixes += [suffix for suffix in arch.moe_tensors.values()
+                         if config.get("shared_expert_intermediate_size") or suffix not in _SHARED_EXPERT.values()]
+        for suffix in suffixes:
             shapes[f"model.layers.{i}.{suffix}"] = per_suffix.get(suffix, (h,))  # the rest are norms of hidden
     return shapes
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncengine.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from asyncengine.models.llama import LlamaForCausalLM, LlamaModel
 from asyncengine.models.qwen2 import Qwen2Attention
-from asyncengine.models.qwen3_moe import qwen_moe_mlp
+from asyncengine.models.qwen3_moe import Qwen3MoeDecoderLayer
 
 
 class Qwen2MoeAttention(Qwen2Attention):
@@ -18,9 +18,10 @@ class Qwen2MoeAttention(Qwen2Attention):
         return bool(getattr(config, "qkv_bias", True))
 
 
-class Qwen2MoeDecoderLayer(LlamaDecoderLayer):
+class Qwen2MoeDecoderLayer(Qwen3MoeDecoderLayer):
+    """Qwen3-MoE's layer (its experts block, `qwen_moe_mlp`, sizes the shared expert) with Qwen2's attention."""
+
     attention_cls = Qwen2MoeAttention
-    make_mlp = staticmethod(qwen_moe_mlp)
 
 
 class Qwen2MoeModel(LlamaModel):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from asyncengine.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from asyncengine.models.mistral import MistralAttention
 from asyncengine.models.moe import SparseMoeBlock, is_sparse_layer, num_experts
 from asyncengine.models.qwen3 import Qwen3Attention
@@ -34,7 +34,7 @@ def qwen_moe_mlp(config: Any, dtype: torch.dtype, layer_index: int) -> nn.Module
 
 
 class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
-    attention_cls = Qwen3MoeAttention
+    attention_cls: type[LlamaAttention] = Qwen3MoeAttention
     make_mlp = staticmethod(qwen_moe_mlp)
 
 

@@ -112,6 +112,12 @@ class PrometheusStatLogger(StatLoggerBase):
         # The scheduler keeps totals; these counters follow them (see update_scheduler_stats).
         self._scheduler_totals = {field_name: families.counter(ours, doc, scheduler_labels, vllm)
                                   for field_name, ours, vllm, doc in SCHEDULER_TOTALS}
+        # Mixture-of-experts models: the load per expert, summed over the MoE layers, one series per expert
+        # (as many as the model has: bounded by the model, not by traffic); vLLM exports none, so ours only.
+        self._expert_tokens = families.counter(
+            "asyncengine:moe_expert_tokens_total", "Tokens routed to each expert of a mixture-of-experts model, "
+            "summed over its MoE layers (a token counts once per expert it chose).", scheduler_labels,
+            extra=["expert"])
         self._engine_up = Gauge("asyncengine:engine_up",
                                 "1 while the engine core (by data-parallel index) is alive, 0 once it has died.",
                                 labels + ["engine"], registry=self.registry)
@@ -261,10 +267,26 @@ class PrometheusStatLogger(StatLoggerBase):
             if total > series.totals.get(name, 0):
                 counter.inc(total - series.totals.get(name, 0))
                 series.totals[name] = total
+        if stats.expert_tokens is not None:
+            self._record_expert_tokens(series, index, stats.expert_tokens)
         if stats.num_blocks and index not in self._cache_config_set:
             self._cache_config_set.add(index)
             self._cache_config_info.labels(model_name=self.model_name, engine=str(index),
                                            **cache_config_labels(self.engine_config, stats.num_blocks)).set(1)
+
+    def _record_expert_tokens(self, series: _SchedulerSeries, index: int, totals: list[int]) -> None:
+        """The experts' counters from the workers' totals: what grew since the last stats (each may be seen
+        twice, a step's then a scrape's)."""
+        while len(series.expert_children) < len(totals):  # every expert's series, a zero one included
+            labels = {"model_name": self.model_name, "expert": str(len(series.expert_children))}
+            if self._per_engine:
+                labels["engine"] = str(index)
+            series.expert_children.append(self._expert_tokens.labels(**labels))
+            series.expert_totals.append(0)
+        for expert, total in enumerate(totals):
+            if total > series.expert_totals[expert]:
+                series.expert_children[expert].inc(total - series.expert_totals[expert])
+                series.expert_totals[expert] = total
 
     def mark_engine_dead(self, engine_index: int) -> None:
         """Engine core `engine_index` has died: engine_up 0, its gauges 0 (it holds no request and no block)."""
@@ -306,6 +328,8 @@ class _SchedulerSeries:
     grammar_entries: Any
     counters: dict[str, Any]
     totals: dict[str, int] = field(default_factory=dict)  # the scheduler's last totals, by SchedulerStats field
+    expert_totals: list[int] = field(default_factory=list)  # the workers' last tokens per expert (MoE models)
+    expert_children: list[Any] = field(default_factory=list)  # each expert's counter
 
 
 def _served_model_name(engine_config: Any) -> str:

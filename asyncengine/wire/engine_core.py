@@ -124,6 +124,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # The compiled-grammar cache (structured_output/compiling.py): what its grammars hold, and how many.
     structured_outputs_cache_bytes: int = 0
     structured_outputs_cache_entries: int = 0
+    # Mixture-of-experts models: tokens routed to each expert since the engine started, summed over the MoE
+    # layers (of the stage that samples, with pipeline parallelism); None for a model without experts.
+    expert_tokens: list[int] | None = None
     # With data parallelism (frontend/dp_router.py): the engine core these stats are of, and in the
     # frontend's sum over engine cores (get_scheduler_stats) each one's own, for /metrics' engine label.
     engine_index: int = 0

@@ -117,3 +117,6 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     # Pooling requests whose prompt this step finished, in batch order, and their outputs.
     pooled_request_ids: list[str] = msgspec.field(default_factory=list)
     pooled: list[PooledTensor] = msgspec.field(default_factory=list)
+    # Mixture-of-experts models: tokens routed to each expert since the worker started, summed over its MoE
+    # layers (the engine core puts them in its SchedulerStats); None for a model without experts.
+    expert_tokens: list[int] | None = None

@@ -41,6 +41,7 @@ from asyncengine.lora.peft import LoRAAdapterError
 from asyncengine.lora.pool import LoRAPool
 from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
+from asyncengine.models.layers.fused_moe import ExpertLoad
 from asyncengine.wire.startup import StartupRecord
 from asyncengine.plugin_runtime.records import current_process_role
 from asyncengine.interfaces.plugin_code import plugin_hook
@@ -107,6 +108,7 @@ class ModelRunner:
         # The loaded model, from load_model on: an nn.Module with forward(input_ids, positions, metadata) and
         # compute_logits(hidden), ours or a plugin's, with no common base class that declares them.
         self.model: Any = None
+        self.expert_load = ExpertLoad(None)  # tokens per expert, for /metrics (MoE models): set with the model
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Which attention layers share block tables and memory (worker/kv_cache.py), from the engine core; one
@@ -150,6 +152,7 @@ class ModelRunner:
                     f"{time.time() - started:.1f} s"),
             start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        self.expert_load = ExpertLoad(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
             num_layers = int(self.model_config.hf_config["num_hidden_layers"])
@@ -292,6 +295,7 @@ class ModelRunner:
                 pid=os.getpid(), role=current_process_role(), phase="kv cache", plugin="CPU decode step",
                 outcome="ok" if self.cpu_decode else "skipped", reason=detail, start=started,
                 duration=time.time() - started))
+        self.expert_load.reset()  # the profile's, warm-up's and captures' dummy tokens are nobody's load
 
     def _warm_up(self) -> None:
         """One forward pass of a block's worth of tokens, so that what the first request would otherwise

@@ -98,7 +98,8 @@ class Worker(WorkerBase):
             if config.cpu_threads is None and len(cpus) > 1:  # the default follows the load as it changes
                 self._load_follower = cpu_threads.LoadFollower(cpus, sharing, torch_default)
         parallel.initialize(self.rank, self.world_size, self.distributed_init_method, self.platform.dist_backend,
-                            pipeline_parallel_size=self.engine_config.pipeline_parallel_size)
+                            pipeline_parallel_size=self.engine_config.pipeline_parallel_size,
+                            expert_parallel=self.engine_config.enable_expert_parallel)
         with plugin_hook(self.platform, "seed_everything"):
             self.platform.seed_everything(self.engine_config.seed)
         self.model_runner = ModelRunner(self.engine_config, self.resolved_model_config, self.device, self.platform,
@@ -139,8 +140,10 @@ class Worker(WorkerBase):
         started = time.monotonic()
         if self._load_follower is not None:
             self._load_follower.poll()
-        output = self._runner().execute_model(scheduler_output, grammar)
+        runner = self._runner()
+        output = runner.execute_model(scheduler_output, grammar)
         output.started_at, output.finished_at = started, time.monotonic()
+        output.expert_tokens = runner.expert_load.totals()
         return output
 
     def _runner(self) -> ModelRunner:
@@ -168,6 +171,11 @@ class Worker(WorkerBase):
             "architecture": self.resolved_model_config.architectures[0],
             "model_class": f"{type(model).__module__}:{type(model).__qualname__}" if model else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) if model else 0,
+            # MoE models: [first, end) of the experts this rank holds, per distinct range over the MoE layers
+            # (all of them, unless expert parallelism splits them).
+            "local_experts": [list(span) for span in sorted(
+                {(layer.first_expert, layer.first_expert + layer.num_local_experts)
+                 for layer in self.model_runner.expert_load.layers})] if self.model_runner else [],
             "cpu_threads": cpu_threads.report(self._cpu_threads),  # on CPU: threads and CPUs of this thread
         }
 

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from asyncengine import LLM, RequestError, SamplingParams, StartupError
+from asyncengine.config.engine import EngineConfig
+from asyncengine.config.model import check_expert_parallel
 from asyncengine.errors import ConfigError, ModelLoadError
+from asyncengine.models.layers.expert_parallel import expert_ranges
 
 
 @pytest.fixture
@@ -118,6 +121,24 @@ def test_unusable_configuration(tiny_model, tiny_llm):
     with pytest.raises(ConfigError) as info:
         tiny_llm(path, tensor_parallel_size=2, distributed_executor_backend="uni")
     assert info.value.field == "distributed_executor_backend"
+    # Expert parallelism: over more than one rank, of a model with experts (refused before any worker starts).
+    with pytest.raises(ConfigError, match="tensor_parallel_size is 1") as info:
+        tiny_llm(path, enable_expert_parallel=True)
+    assert info.value.field == "enable_expert_parallel"
+    with pytest.raises(ConfigError, match="has no experts") as info:
+        tiny_llm(path, enable_expert_parallel=True, tensor_parallel_size=2)
+    assert info.value.field == "enable_expert_parallel"
+
+
+def test_expert_parallelism_needs_an_expert_per_rank_and_splits_uneven_counts_as_vllm():
+    config = EngineConfig(enable_expert_parallel=True, tensor_parallel_size=8)
+    with pytest.raises(ConfigError, match="has 4: each rank needs at least one") as info:
+        check_expert_parallel(config, ["MixtralForCausalLM"], {"num_local_experts": 4})
+    assert info.value.field == "enable_expert_parallel"
+    check_expert_parallel(config, ["Qwen2MoeForCausalLM"], {"num_experts": 60})  # 8 ranks of 8 or 7 experts
+    assert expert_ranges(60, 8) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 39), (39, 46), (46, 53), (53, 60)]
+    with pytest.raises(ModelLoadError, match="each rank needs at least one"):
+        expert_ranges(4, 8)
 
 
 def test_kv_cache_too_small_for_one_sequence(tiny_model, tiny_llm):

@@ -5,8 +5,9 @@ sinks on the TORCH_PAGED backend's torch path; its MXFP4 loading: test_gpt_oss_m
 Each decodes prompts greedily: tokens identical to transformers decoding the prompt alone (a divergence only as
 a tie, tests/support/hf_reference.py) and top-5 logprobs within 1e-3. Qwen3-MoE, the representative, also runs
 the paths where a batch's tokens are routed differently from a lone prompt's: chunked prefill with prefix-cache
-hits, preemption under a small cache, and two tensor-parallel ranks (each holding half of every expert). The
-rest of the matrix (each architecture on each path) is bench/model_matrix.py.
+hits, preemption under a small cache, and two tensor-parallel ranks, each holding half of every expert or, with
+expert parallelism, half of the experts whole (the same tokens both ways). The rest of the matrix (each
+architecture on each path, `ep2` included) is bench/model_matrix.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from support.moe_models import MOE_SPECS
-from support.parity_runs import prompts_for, run_and_compare
+from support.parity_runs import NUM_TOKENS, prompts_for, run_and_compare
 
 
 @pytest.mark.parametrize("name", list(MOE_SPECS))
@@ -50,10 +51,31 @@ def test_qwen3_moe_preemption_under_a_small_cache(tiny_model, references, make_l
     assert llm.get_scheduler_stats().num_preemptions > 0
 
 
-def test_qwen3_moe_on_two_tensor_parallel_ranks(tiny_model, references, make_llm, parity_record):
+_two_rank_tokens: dict[bool, list] = {}
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tensor-parallel", "expert-parallel"])
+def test_qwen3_moe_on_two_tensor_parallel_ranks(tiny_model, references, make_llm, parity_record, expert_parallel):
+    """Tensor parallelism (each rank half of every expert) and expert parallelism (each rank half of the experts,
+    whole; tokens sent to them and back): transformers' tokens, the same in both, and every routed token
+    counted once per expert it chose."""
     model = tiny_model("qwen3_moe")
     llm = make_llm(str(model.path), skip_tokenizer_init=True, max_model_len=256, dtype="float32",
-                   tensor_parallel_size=2, kv_cache_memory_bytes=4 * 2**20)
-    assert [d["rank"] for d in llm.collective_rpc("describe")] == [0, 1]
-    run_and_compare(llm, "qwen3_moe", prompts_for(model.vocab_size, seed=15, lengths=(5, 50, 70)), references,
-                    parity_record)
+                   tensor_parallel_size=2, kv_cache_memory_bytes=4 * 2**20, enable_expert_parallel=expert_parallel)
+    described = llm.collective_rpc("describe")
+    assert [d["rank"] for d in described] == [0, 1]
+    # The experts each rank loaded and holds (8 of them): whole halves with expert parallelism.
+    assert [d["local_experts"] for d in described] == (
+        [[[0, 4]], [[4, 8]]] if expert_parallel else [[[0, 8]], [[0, 8]]])
+    prompts = prompts_for(model.vocab_size, seed=15, lengths=(5, 50, 70))
+    outputs = run_and_compare(llm, "qwen3_moe", prompts, references, parity_record)
+    _two_rank_tokens[expert_parallel] = [list(o.outputs[0].token_ids) for o in outputs]
+    if len(_two_rank_tokens) == 2:
+        assert _two_rank_tokens[True] == _two_rank_tokens[False]
+    # Tokens through the model: the prompts, then each generated token but the last; 2 sparse layers (layer 0
+    # is dense) of top-2.
+    forwarded = sum(len(p) for p in prompts) + (NUM_TOKENS - 1) * len(prompts)
+    counts = llm.get_scheduler_stats().expert_tokens
+    assert counts is not None and len(counts) == 8 and sum(counts) == forwarded * 2 * 2
+    # A lone one-token request: every step has fewer tokens than ranks (rank 1's share is empty).
+    run_and_compare(llm, "qwen3_moe", prompts_for(model.vocab_size, seed=16, lengths=(1,)), references, parity_record)

@@ -66,6 +66,20 @@ def make_case(seed: int, dtype: torch.dtype, *, tokens: int | None = None, devic
         w2_bias=randn(held, size, scale=0.1) if bias else None, config=config)
 
 
+def as_rows_of_their_experts(case: Case, seed: int) -> Case:
+    """What one rank runs under expert parallelism (asyncengine/models/layers/expert_parallel.py): each of the
+    case's rows sent to it for one of its experts, drawn at random, named by router logits that choose that expert
+    alone with weight 1 (top-1)."""
+    from asyncengine.models.layers.expert_parallel import chosen_expert_logits, single_expert_config
+
+    generator = torch.Generator().manual_seed(seed)
+    first, held = case.config.first_expert, case.w13.shape[0]
+    ids = first + torch.randint(0, held, (case.hidden.shape[0],), generator=generator)
+    logits = chosen_expert_logits(ids.to(case.hidden.device), case.router_logits.shape[1], case.hidden.dtype)
+    return Case(f"{case.name}, as rows of their experts", case.hidden, logits, case.w13, case.w2, case.w13_bias,
+                case.w2_bias, single_expert_config(case.config))
+
+
 def coverage(cases: list[Case]) -> set[str]:
     """What the cases reached: "expert without tokens", "token without held experts", "M=1", "top1", "top8"."""
     reached = set()

@@ -6,6 +6,7 @@ tokens that pick no expert held here), in float32 and bfloat16, within moe_cases
   kernel and with the torch sums it falls back to; on GGUF-style int8 block experts against the reference
   on the dequantized experts;
 - the Triton kernel (ops/triton_moe.py) under the Triton interpreter, in a subprocess (triton_moe_checks.py);
+- both on the rows a rank runs under expert parallelism (each for one of its experts, chosen alone);
 - the routing that every implementation shares.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from kernel_device import device, run_checks
-from moe_cases import coverage, make_case, max_error
+from moe_cases import as_rows_of_their_experts, coverage, make_case, max_error
 from support.torch_threads import one_torch_thread
 
 from asyncengine.ops import cpu_block_int8, cpu_moe
@@ -129,7 +130,8 @@ def triton_results():
 
 
 def test_the_triton_kernel_matches_the_reference_under_the_interpreter(triton_results):
-    assert len(triton_results) == 6, [r["name"] for r in triton_results]
+    assert len(triton_results) == 7, [r["name"] for r in triton_results]
+    assert any("as rows of their experts" in r["name"] for r in triton_results)  # expert parallelism's input
     failed = [f"{r['name']}: {r['detail']}" for r in triton_results if not r["ok"]]
     assert not failed, "the Triton kernel differs from the reference:\n" + "\n".join(failed)
     reached = set().union(*(r["reached"] for r in triton_results))
@@ -138,6 +140,33 @@ def test_the_triton_kernel_matches_the_reference_under_the_interpreter(triton_re
 
 
 # --- routing and arguments -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_sent_by_expert_parallelism_get_their_experts_output_from_every_implementation(cases, dtype):
+    """Under expert parallelism a rank runs the rows it received, each for one of its experts (routing that chooses
+    it alone, weight 1): the reference gives that expert's output alone, and the CPU kernel matches it, within
+    the tolerance (the GEMMs over a batch of rows sum in another order than over one)."""
+    import torch.nn.functional as F
+
+    from asyncengine.ops.fused_moe import activate
+
+    for seed, full in enumerate(cases[dtype][:12]):
+        case = as_rows_of_their_experts(full, seed)
+        want = fused_moe_reference(*case.args)
+        local = case.router_logits.argmax(dim=1) - case.config.first_expert
+        for row, expert in enumerate(local.tolist()):
+            bias13 = None if case.w13_bias is None else case.w13_bias[expert]
+            bias2 = None if case.w2_bias is None else case.w2_bias[expert]
+            alone = F.linear(activate(F.linear(case.hidden[row], case.w13[expert], bias13), case.config),
+                             case.w2[expert], bias2)
+            error, allowed = max_error(want[row:row + 1], alone[None])  # weight 1: the expert's output as is
+            assert error <= allowed, f"{case.name}: row {row}: {error:.3g} > {allowed:.3g}"
+        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits,
+                                    cpu_moe.DenseExperts.pack(case.w13, case.w2, case.w13_bias, case.w2_bias),
+                                    case.config)
+        error, allowed = max_error(got, want)
+        assert error <= allowed, f"{case.name}: max error {error:.3g} > {allowed:.3g}"
 
 
 def test_both_routings_choose_the_same_experts_and_renormalized_weights_agree():

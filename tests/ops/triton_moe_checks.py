@@ -15,7 +15,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
              "or with ASYNCENGINE_KERNEL_DEVICE=cuda on a GPU machine")
 
 import torch  # noqa: E402
-from moe_cases import coverage, make_case, max_error  # noqa: E402
+from moe_cases import as_rows_of_their_experts, coverage, make_case, max_error  # noqa: E402
 
 from asyncengine.ops.fused_moe import fused_moe_reference  # noqa: E402
 from asyncengine.ops.triton_moe import fused_moe_triton  # noqa: E402
@@ -28,8 +28,12 @@ if DEVICE == "cpu":
 # with tokens that pick none of them, M = 1 with top-8, experts that get no token (moe_cases.py draws them).
 SEEDS = (44, 11, 3)
 for dtype in (torch.float32, torch.bfloat16):
-    for seed in SEEDS:
-        case = make_case(seed, dtype, device=DEVICE, sizes=(32,), inners=(32,))
+    # and, in float32, seed 44's rows as a rank receives them under expert parallelism (each for one of its
+    # experts, chosen alone by -inf logits elsewhere, top-1)
+    problems = [make_case(seed, dtype, device=DEVICE, sizes=(32,), inners=(32,)) for seed in SEEDS]
+    if dtype == torch.float32:
+        problems.append(as_rows_of_their_experts(problems[0], 0))
+    for case in problems:
         want = fused_moe_reference(*case.args)
         got = fused_moe_triton(*case.args)
         error, allowed = max_error(got, want)

@@ -171,6 +171,28 @@ async def test_an_engine_run_shows_up_in_the_metrics(llama):
     assert (info_labels["block_size"], info_labels["kv_cache_memory_bytes"]) == ("16", str(8 * 2**20))
 
 
+@pytest.fixture
+def qwen3_moe(tiny_model):
+    return tiny_model("qwen3_moe")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)  # an engine start: one event loop is enough
+async def test_a_moe_engine_run_counts_its_tokens_per_expert(qwen3_moe):
+    """The workers' counts reach /metrics with each step (not only at a scrape): 4 prompt tokens and 5 fed back
+    (the 6th is sampled, never fed) through 2 sparse layers of top-2."""
+    options = dict(skip_tokenizer_init=True, max_model_len=128, kv_cache_memory_bytes=4 * 2**20, dtype="float32")
+    async with AsyncEngine.start(model=str(qwen3_moe.path), **options) as engine:
+        stat_logger = PrometheusStatLogger(engine.config, model_name="moe")
+        engine.add_stat_logger(stat_logger)
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        with anyio.fail_after(60):
+            [_ async for _ in engine.generate({"prompt_token_ids": [5, 6, 7, 8]}, params)]
+    got = samples(stat_logger)
+    counts = [value(stat_logger, "asyncengine:moe_expert_tokens_total", got, expert=str(e)) for e in range(8)]
+    assert sum(counts) == (4 + 5) * 2 * 2 and max(counts) < sum(counts)
+
+
 # vLLM's names for our metrics, as vLLM's PrometheusStatLogger (vllm/v1/metrics/loggers.py) exposes them.
 VLLM_GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                "vllm:gpu_cache_usage_perc"]
@@ -256,3 +278,26 @@ def test_scheduler_totals_become_counters_in_both_names_and_the_cache_config_is_
     assert info == 1
     assert {key: labels[key] for key in ("num_gpu_blocks", "block_size", "enable_prefix_caching", "engine")} == \
         {"num_gpu_blocks": "99", "block_size": "32", "enable_prefix_caching": "True", "engine": "0"}
+
+
+def test_tokens_per_expert_become_one_counter_per_expert():
+    stat_logger = PrometheusStatLogger(model_name="m")
+    assert not [name for name, _ in samples(stat_logger) if "moe_expert" in name]  # no experts: no series
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[5, 0, 3, 0]))
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[5, 0, 3, 0]))  # a scrape after the step
+    table = samples(stat_logger)
+    assert [value(stat_logger, "asyncengine:moe_expert_tokens_total", table, expert=str(e)) for e in range(4)] == \
+        [5, 0, 3, 0]  # an expert no token chose shows as 0: the imbalance is what an operator looks for
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[6, 2, 3, 0]))
+    table = samples(stat_logger)
+    assert [value(stat_logger, "asyncengine:moe_expert_tokens_total", table, expert=str(e)) for e in range(4)] == \
+        [6, 2, 3, 0]
+
+
+def test_tokens_per_expert_carry_the_engine_label_with_data_parallelism():
+    stat_logger = PrometheusStatLogger(EngineConfig(served_model_name="m", data_parallel_size=2))
+    stat_logger.update_scheduler_stats(SchedulerStats(expert_tokens=[4, 4], engines=[
+        SchedulerStats(engine_index=0, expert_tokens=[1, 3]), SchedulerStats(engine_index=1, expert_tokens=[3, 1])]))
+    table = samples(stat_logger)
+    assert value(stat_logger, "asyncengine:moe_expert_tokens_total", table, engine="1", expert="0") == 3
+    assert value(stat_logger, "asyncengine:moe_expert_tokens_total", table, engine="0", expert="1") == 3

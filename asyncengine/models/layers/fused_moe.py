@@ -13,7 +13,9 @@ grouped CPU kernel (ops/cpu_moe.py) runs instead, on each expert's matrices reor
 Parameters, as vLLM names them: `w13_weight` `[E, 2I, H]` (each expert's gate rows above its up rows),
 `w2_weight` `[E, H, I]`, and with `has_bias` `w13_bias` `[E, 2I]`, `w2_bias` `[E, H]`. With tensor
 parallelism each rank holds the same slice of every expert's intermediate size I (ColumnParallel for gate and
-up, RowParallel for down) and the ranks' outputs are summed.
+up, RowParallel for down) and the ranks' outputs are summed. With expert parallelism (`enable_expert_parallel`)
+each rank holds whole experts instead, a run of them (`E` above is then this rank's count), and the tokens
+travel to the ranks that hold their experts (expert_parallel.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 from asyncengine import parallel_state as parallel
 from asyncengine.errors import ModelLoadError
 from asyncengine.interfaces.torch_bases import CustomOp
+from asyncengine.models.layers import expert_parallel
 from asyncengine.models.layers.linear import check_shape
 from asyncengine.models.layers.op_registry import call_op, native_first
 from asyncengine.ops import cpu_moe
@@ -49,6 +52,7 @@ class FusedMoE(CustomOp):
 
     shared_expert: nn.Module | None
     shared_expert_gate: nn.Module | None
+    expert_tokens: torch.Tensor
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  dtype: torch.dtype, renormalize: bool = False, routing: str = "softmax_topk",
@@ -60,11 +64,20 @@ class FusedMoE(CustomOp):
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        # The experts this rank holds: all of them (expert parallelism, which would split them, is not built).
-        self.first_expert, self.num_local_experts = 0, num_experts
+        # The experts this rank holds, and its rows of each one's intermediate size: every expert's slice with
+        # tensor parallelism, whole experts (a run of them) with expert parallelism.
+        self.expert_parallel = parallel.expert_parallel()
+        if self.expert_parallel:
+            self.expert_ranges = expert_parallel.expert_ranges(num_experts, parallel.world_size())
+            first, end = self.expert_ranges[parallel.rank()]
+            self.first_expert, self.num_local_experts = first, end - first
+            self.inner_rows = (0, intermediate_size)
+        else:
+            self.expert_ranges = [(0, num_experts)]
+            self.first_expert, self.num_local_experts = 0, num_experts
+            self.inner_rows = parallel.split_evenly(intermediate_size, parallel.world_size())[parallel.rank()]
         self.config = MoeConfig(top_k=top_k, renormalize=renormalize, routing=routing, activation=activation,
                                 swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit, first_expert=self.first_expert)
-        self.inner_rows = parallel.split_evenly(intermediate_size, parallel.world_size())[parallel.rank()]
         inner = self.inner_rows[1] - self.inner_rows[0]
         experts = self.num_local_experts
 
@@ -82,14 +95,14 @@ class FusedMoE(CustomOp):
         self.routed_scaling_factor = routed_scaling_factor
         self.reduce_results = reduce_results
         self._cpu_experts: tuple[tuple[Any, ...], cpu_moe.DenseExperts] | None = None
+        # Tokens routed to each of the model's experts by this layer (a token counts once per expert it chose),
+        # for /metrics; `ExpertLoad` points every layer of a model at one counter.
+        self.register_buffer("expert_tokens", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
 
     # -- forward -----------------------------------------------------------------------------------------
 
     def forward_native(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        w2_bias = self.w2_bias if parallel.rank() == 0 else None  # the ranks' sum adds it once
-        routed = call_op("fused_moe", hidden, router_logits, self.w13_weight, self.w2_weight, self.w13_bias,
-                         w2_bias, self.config)
-        return self._finish(hidden, routed)
+        return self._finish(hidden, self._route_and_run(hidden, router_logits, self._run_op))
 
     def forward_cpu(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """`forward_native` through the grouped CPU kernel where nothing else was chosen: not in a subclass
@@ -97,14 +110,42 @@ class FusedMoE(CustomOp):
         dtype the kernel lacks."""
         if (type(self).forward_native is FusedMoE.forward_native and native_first("fused_moe")
                 and hidden.dtype == self.w13_weight.dtype and cpu_moe.supported(hidden, self._dense_experts())):
-            return self._finish(hidden, cpu_moe.fused_moe_cpu(hidden, router_logits, self._dense_experts(),
-                                                               self.config))
+            return self._finish(hidden, self._route_and_run(hidden, router_logits, self._run_cpu_kernel))
         return self.forward_native(hidden, router_logits)
+
+    def _route_and_run(self, hidden: torch.Tensor, router_logits: torch.Tensor,
+                       run: expert_parallel.RunExperts) -> torch.Tensor:
+        """The routed experts' weighted sum: this rank's experts run by `run`, where the tokens are (tensor
+        parallelism: every rank's part of every expert, summed in `_finish`), or after the tokens travelled to
+        the ranks holding their experts and back (expert parallelism)."""
+        if self.expert_parallel:
+            routed, ids = expert_parallel.dispatch_and_combine(hidden, router_logits, self.config,
+                                                               self.expert_ranges, run)
+        else:
+            routed = run(hidden, router_logits, self.config)
+            # The experts the op chose: its top-k of the softmax is the top-k of the logits (the softmax keeps
+            # their order), so the cheaper top-k counts the same experts but where rounding ties two.
+            ids = torch.topk(router_logits, self.config.top_k, dim=-1).indices
+        flat = ids.reshape(-1)
+        self.expert_tokens.scatter_add_(0, flat, torch.ones_like(flat))
+        return routed
+
+    def _run_op(self, hidden: torch.Tensor, router_logits: torch.Tensor, config: MoeConfig) -> torch.Tensor:
+        return call_op("fused_moe", hidden, router_logits, self.w13_weight, self.w2_weight, self.w13_bias,
+                       self._w2_bias_here(), config)
+
+    def _run_cpu_kernel(self, hidden: torch.Tensor, router_logits: torch.Tensor, config: MoeConfig) -> torch.Tensor:
+        return cpu_moe.fused_moe_cpu(hidden, router_logits, self._dense_experts(), config)
+
+    def _w2_bias_here(self) -> torch.Tensor | None:
+        """The down projection's bias where this rank adds it: with tensor parallelism on rank 0 only (the
+        ranks' sum adds it once), with expert parallelism on the rank holding the expert."""
+        return self.w2_bias if self.expert_parallel or parallel.rank() == 0 else None
 
     def _finish(self, hidden: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         if self.routed_scaling_factor != 1.0:
             routed = routed * self.routed_scaling_factor
-        if self.reduce_results:
+        if self.reduce_results and not self.expert_parallel:  # expert parallelism gathered every token's sum
             routed = parallel.all_reduce(routed)
         if self.shared_expert is not None:
             shared = self.shared_expert(hidden)
@@ -118,7 +159,7 @@ class FusedMoE(CustomOp):
         weights are loaded, and again when a weight is replaced by another tensor. Like the dense layers'
         reordered weights (cpu_gemm.py), they do not follow a weight written in place after that: call
         `forget_reordered_experts()` then."""
-        w2_bias = self.w2_bias if parallel.rank() == 0 else None
+        w2_bias = self._w2_bias_here()
         key = tuple(t.data_ptr() for t in (self.w13_weight, self.w2_weight, self.w13_bias, w2_bias) if t is not None)
         if self._cpu_experts is None or self._cpu_experts[0] != key:
             self._cpu_experts = (key, cpu_moe.DenseExperts.pack(self.w13_weight.data, self.w2_weight.data,
@@ -167,8 +208,8 @@ class FusedMoE(CustomOp):
     def load_checkpoint(self, key: str, loaded: torch.Tensor, name: str) -> list[tuple[str, int]]:
         """A checkpoint tensor named `<layer>.experts.<key>`: one expert's projection (`3.gate_proj.weight`,
         Mixtral's `3.w1.weight`, `3.down_proj.bias`) or every expert's stacked (`gate_up_proj`, `down_proj`,
-        `gate_up_proj_bias`, `down_proj_bias`). Returns the (parameter, piece) pairs it set
-        (`checkpoint_pieces`); none for an expert another rank holds."""
+        `gate_up_proj_bias`, `down_proj_bias`; a GGUF file's `gate_proj` and `up_proj` apart). Returns the
+        (parameter, piece) pairs it set (`checkpoint_pieces`); none for an expert another rank holds."""
         parts = key.split(".")
         if len(parts) == 3 and parts[0].isdigit() and parts[2] in ("weight", "bias"):
             expert, shard, kind = int(parts[0]), parts[1], parts[2]
@@ -180,6 +221,10 @@ class FusedMoE(CustomOp):
             if part == "down":
                 return [(f"w2_{kind}", local)]
             return [(f"w13_{kind}", 2 * local + (part == "up"))]
+        half = {"gate_proj": 0, "up_proj": 1}.get(key.removesuffix(".weight"))
+        if half is not None:  # llama.cpp's layout (GGUF ffn_gate_exps, ffn_up_exps): gate and up stacked apart
+            self.load_stacked_half(loaded, half=half, name=name)
+            return [("w13_weight", 2 * local + half) for local in range(self.num_local_experts)]
         stacked = {"gate_up_proj": "w13_weight", "down_proj": "w2_weight", "gate_up_proj_bias": "w13_bias",
                    "down_proj_bias": "w2_bias"}
         param = stacked.get(key.removesuffix(".weight"))
@@ -211,6 +256,14 @@ class FusedMoE(CustomOp):
             raise ModelLoadError(f"{name!r}: FusedMoE has no parameter {param!r} (w13_weight, w2_weight, w13_bias, "
                                  "w2_bias)")
 
+    def load_stacked_half(self, loaded: torch.Tensor, *, half: int, name: str) -> None:
+        """Every expert's gate (`half` 0) or up (1) projection stacked, `[E, I, H]`: this rank's experts and
+        slice of I, into its half of `w13_weight`."""
+        check_shape(loaded, (self.num_experts, self.intermediate_size, self.hidden_size), name)
+        (start, end), inner = self.inner_rows, self.inner_rows[1] - self.inner_rows[0]
+        mine = loaded[self.first_expert:self.first_expert + self.num_local_experts, start:end]
+        self.w13_weight.data[:, half * inner:(half + 1) * inner].copy_(mine)
+
     def _required(self, param: nn.Parameter | None, name: str) -> nn.Parameter:
         if param is None:
             raise ModelLoadError(f"checkpoint tensor {name!r} is an expert bias, but the layer was built without "
@@ -225,4 +278,31 @@ class FusedMoE(CustomOp):
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, top_k={self.config.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size}, routing={self.config.routing}, "
-                f"renormalize={self.config.renormalize}, activation={self.config.activation}")
+                f"renormalize={self.config.renormalize}, activation={self.config.activation}"
+                + (f", expert_parallel: experts {self.first_expert}..{self.first_expert + self.num_local_experts - 1}"
+                   " here" if self.expert_parallel else ""))
+
+
+class ExpertLoad:
+    """Tokens routed per expert, summed over a model's MoE layers: every FusedMoE layer of `model` adds to one
+    counter (its first `num_experts` entries), so reading the model's load is one read, not one per layer."""
+
+    def __init__(self, model: nn.Module | None) -> None:
+        modules = model.modules() if model is not None else ()
+        self.layers = [module for module in modules if isinstance(module, FusedMoE)]
+        self.counter: torch.Tensor | None = None
+        if self.layers:
+            first: torch.Tensor = self.layers[0].expert_tokens
+            self.counter = torch.zeros(max(layer.num_experts for layer in self.layers), dtype=torch.int64,
+                                       device=first.device)
+            for layer in self.layers:
+                layer.expert_tokens = self.counter[:layer.num_experts]
+
+    def reset(self) -> None:
+        """Back to zero, in place (a captured CUDA graph keeps adding to the same memory)."""
+        if self.counter is not None:
+            self.counter.zero_()
+
+    def totals(self) -> list[int] | None:
+        """Tokens routed to each expert since the model was built (None: the model has no experts)."""
+        return None if self.counter is None else [int(count) for count in self.counter.tolist()]
