@@ -8,11 +8,11 @@ import sys
 import anyio
 
 from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
-from asyncengine.cli.parser import CONFIG_FLAG, CONFIG_HELP, MODEL_HELP
+from asyncengine.cli.parser import CONFIG_FLAG, CONFIG_HELP, MODEL_HELP, CliParser
 from asyncengine.sampling_params import SamplingParams
 
 
-def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[CliParser], platform=None) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="stream a completion of PROMPT (chat template applied unless --raw)",

@@ -16,12 +16,13 @@ import argparse
 import trio
 
 from asyncengine.cli import serve
+from asyncengine.cli.parser import CliParser
 
 DESCRIPTION = "Launch one component of a deployment (vLLM's `vllm launch`)."
 RENDER_HELP = "serve the render server: tokenizing and chat rendering over HTTP, without an engine (CPU only)"
 
 
-def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[CliParser], platform=None) -> None:
     parser = subparsers.add_parser("launch", help=DESCRIPTION.lower().rstrip("."), description=DESCRIPTION)
     components = parser.add_subparsers(title="components", dest="component", required=True)
     render = components.add_parser(

@@ -7,10 +7,11 @@ import sys
 
 import anyio
 
+from asyncengine.cli.parser import CliParser
 from asyncengine.config.engine import config_from_dict
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[CliParser]) -> None:
     parser = subparsers.add_parser("plugins", help="installed plugins, the start-up timeline, a start-up check")
     commands = parser.add_subparsers(dest="plugins_command", required=True)
 

@@ -7,8 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from asyncengine.cli.parser import CliParser
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+
+def add_parser(commands: argparse._SubParsersAction[CliParser]) -> None:
     port = commands.add_parser(
         "port", help="rewrite a vLLM plugin's names to asyncengine's (a dry run unless --write)",
         description="Rewrite a vLLM plugin's imports (vllm.* -> asyncengine.plugins_api), entry-point groups "

@@ -13,7 +13,7 @@ import msgspec
 import trio
 
 from asyncengine.cli.args import add_engine_arguments, add_struct_arguments, engine_config_from_args, struct_values
-from asyncengine.cli.parser import CONFIG_FLAG, CONFIG_HELP, MODEL_HELP
+from asyncengine.cli.parser import CONFIG_FLAG, CONFIG_HELP, MODEL_HELP, CliParser
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.structured_outputs import with_reasoning_parser
 from asyncengine.errors import ConfigError
@@ -27,7 +27,7 @@ SERVER_USAGE = "%(prog)s [MODEL] [--config FILE.yaml] [options]"
 SERVE_ENGINE_DEFAULTS = {"in_process": False}
 
 
-def add_parser(subparsers: argparse._SubParsersAction, platform=None) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[CliParser], platform=None) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve the OpenAI-compatible API over HTTP", usage=SERVER_USAGE,
         description="Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI API at http://HOST:PORT/v1.",

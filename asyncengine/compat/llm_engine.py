@@ -177,7 +177,7 @@ class LLMEngine:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = (),
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
         return self._portal.call(self.engine.collective_rpc, method, timeout, args, kwargs)
 

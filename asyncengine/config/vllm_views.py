@@ -237,7 +237,7 @@ def _resolved(config: Any, section: str, name: str, value: Any) -> Any:
     return value
 
 
-class AttrDict(dict):
+class AttrDict(dict[str, Any]):
     """A config as a dict (ours reads it so) whose keys are attributes too (vLLM's code reads
     `hf_config.hidden_size`); nested dicts are AttrDicts as well."""
 

@@ -87,7 +87,7 @@ class RankActor:
     """Runs in a Ray worker on the rank's node (made a Ray actor class by `_actor_class`)."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     def node(self) -> str:
         import ray

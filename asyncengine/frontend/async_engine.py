@@ -471,7 +471,7 @@ class AsyncEngine:
 
     # -- calls into the engine core and the workers (the core client's: core_client.py) --------------------
 
-    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] | list[Any] = (),
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Run public worker method `method(*args, **kwargs)` on every rank; each rank's result. vLLM's
         signature (CoreClient.collective_rpc says what travels)."""

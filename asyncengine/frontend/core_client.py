@@ -116,7 +116,7 @@ class CoreClient(ABC):
         for reply in self._pending_calls.values():
             reply.fail(error)
 
-    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] | list[Any] = (),
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Run public worker method `method(*args, **kwargs)` on every rank; each rank's result
         (msgspec-encodable). vLLM's signature: `timeout` in seconds (then TimeoutError). The arguments must

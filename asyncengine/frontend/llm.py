@@ -66,7 +66,7 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
     def get_scheduler_stats(self) -> SchedulerStats:
         return self._portal.call(self.engine.get_scheduler_stats)
 
-    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple | list = (),
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] | list[Any] = (),
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
         """vLLM's signature (AsyncEngine.collective_rpc); `collective_rpc(method, args)` still works."""
         return self._portal.call(self.engine.collective_rpc, method, timeout, args, kwargs)
@@ -165,7 +165,7 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
         return [await self.engine.process_request_async(p, params, lora_request=lora)
                 for p, params, lora in zip(prompts, params_list, loras)]
 
-    async def _collect(self, processed: list, bar: Any) -> list[RequestOutput]:
+    async def _collect(self, processed: list[Any], bar: Any) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(processed)
         failures: list[Exception] = []
 

@@ -145,7 +145,7 @@ class KVConnectorBase:
 LOCAL_DISK = "LocalDiskConnector"
 
 
-class _KVConnectorFactory(Registry):
+class _KVConnectorFactory(Registry[Any]):
     def __init__(self) -> None:
         super().__init__("kv_connectors", "KV connector")
         self.register(LOCAL_DISK, "asyncengine.kv_transfer.local_disk:LocalDiskConnector", owner=BUILT_IN)

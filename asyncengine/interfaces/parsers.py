@@ -138,7 +138,7 @@ class ReasoningParser:
 
 # -- the tables -------------------------------------------------------------------------------------------
 
-class ParserRegistry(Registry):
+class ParserRegistry(Registry[Any]):
     """A registry of parser classes, all subclasses of `base`, with vLLM's `register_module` shape.
 
     `field` is the configuration field that selects a parser (named by lookup errors) and

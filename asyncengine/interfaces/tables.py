@@ -13,6 +13,8 @@ tokenizer loading, the additional_config check) stays in that layer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from asyncengine.interfaces.additional_config import AdditionalConfigRegistry
 from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.custom_op_registry import CustomOpRegistry, OpProviderRegistry
@@ -30,7 +32,7 @@ from asyncengine.interfaces.structured_output import StructuredOutputBackendRegi
 from asyncengine.interfaces.tokenizer import TokenizerRegistry
 
 # Registry -> the roles that read it, in the order the manifest and the map list them.
-_TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
+_TABLES: tuple[tuple[Registry[Any], frozenset[str]], ...] = (
     (ModelRegistry, frozenset({FRONTEND, WORKER})),
     # The worker builds with it; the frontend checks the --load-format name before anything starts.
     (ModelLoaderRegistry, frozenset({FRONTEND, WORKER})),
@@ -61,7 +63,7 @@ _TABLES: tuple[tuple[Registry, frozenset[str]], ...] = (
 )
 
 
-def all_registries() -> dict[str, tuple[Registry, frozenset[str]]]:
+def all_registries() -> dict[str, tuple[Registry[Any], frozenset[str]]]:
     """Registry name -> (registry, the roles that read it)."""
     return {registry.name: (registry, roles) for registry, roles in _TABLES}
 

@@ -34,7 +34,7 @@ class WorkerBase:
     def init_device(self) -> None:
         raise NotImplementedError
 
-    def load_model(self) -> list[dict]:
+    def load_model(self) -> list[dict[str, Any]]:
         """Load the model; this worker's start-up records (plain data) for the report."""
         raise NotImplementedError
 
@@ -48,7 +48,7 @@ class WorkerBase:
         """How many KV blocks this rank can hold under `layout` (a KVCacheLayout or its dict form)."""
         raise NotImplementedError
 
-    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict] | None:
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict[str, Any]] | None:
         """Allocate `num_blocks` KV blocks; may return start-up records (as dicts), as load_model does."""
         raise NotImplementedError
 

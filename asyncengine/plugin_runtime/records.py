@@ -121,11 +121,11 @@ def format_failure(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
 
 
-def write_trace(path: str | os.PathLike, records: list[StartupRecord]) -> None:
+def write_trace(path: str | os.PathLike[str], records: list[StartupRecord]) -> None:
     Path(path).write_bytes(msgspec.json.encode(records))
 
 
-def read_trace(path: str | os.PathLike) -> list[StartupRecord]:
+def read_trace(path: str | os.PathLike[str]) -> list[StartupRecord]:
     return msgspec.json.decode(Path(path).read_bytes(), type=list[StartupRecord])
 
 

@@ -24,7 +24,7 @@ from asyncengine.runtime.reply import Reply
 class DedicatedThread:
     def __init__(self, name: str) -> None:
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Callable[..., Any], tuple, Reply] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Reply] | None] = queue.SimpleQueue()
         self._closed = False
 
     async def serve(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from math import inf
+from typing import Any
 
 import trio
 from hypercorn.typing import (
@@ -58,7 +59,7 @@ class BodyDeadline:
         self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable,
-                       sync_spawn: Callable, call_soon: Callable) -> None:
+                       sync_spawn: Callable[..., Any], call_soon: Callable[..., Any]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send, sync_spawn, call_soon)
             return

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -142,7 +142,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return UVICORN_LOG_LEVELS[self.uvicorn_log_level.lower()] if self.uvicorn_log_level else None
 
 
-def server_config_from_dict(values: dict) -> ServerConfig:
+def server_config_from_dict(values: dict[str, Any]) -> ServerConfig:
     try:
         return msgspec.convert(values, ServerConfig)
     except msgspec.ValidationError as exc:

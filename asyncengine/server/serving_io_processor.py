@@ -43,7 +43,7 @@ class IOProcessorSetup:
     the message that says how to choose one."""
 
     name: str | None = None
-    processor: IOProcessor | None = None
+    processor: IOProcessor[Any, Any] | None = None
     installed: list[str] = field(default_factory=list)
 
 

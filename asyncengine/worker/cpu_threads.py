@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 from dataclasses import dataclass, field
 
 import torch
@@ -215,7 +216,7 @@ def restore(applied: AppliedThreads) -> None:
     applied.previous_masks.clear()
 
 
-def report(applied: AppliedThreads | None) -> dict | None:
+def report(applied: AppliedThreads | None) -> dict[str, Any] | None:
     """What the calling thread (the worker's) runs with now: torch's thread count and its CPU mask."""
     if applied is None:
         return None

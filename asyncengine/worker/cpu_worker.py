@@ -135,7 +135,7 @@ class CPUWorker(Worker):
                                f"the KV cache on rank {self.rank}, less than one block ({per_block} bytes)")
         return available // per_block
 
-    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict]:
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict[str, Any]]:
         self._set_layout(layout)
         config = KVCacheConfig(num_blocks=num_blocks, block_size=self.engine_config.block_size)
         with plugin_hook(self, "initialize_from_config"):

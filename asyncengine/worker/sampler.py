@@ -29,6 +29,7 @@ device, before the op; the op then gets the masked logits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -210,7 +211,7 @@ class Sampler:
         return seeds
 
     @staticmethod
-    def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def _to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A per-row list as a tensor on `device`: on CUDA through pinned memory, copied without
         waiting (the caching host allocator keeps the buffer until the copy has run)."""
         if device.type != "cuda":

@@ -110,7 +110,7 @@ class Worker(WorkerBase):
             # the worker's state when its methods are called, not in its constructor.
             self.extension = build_extension(self, self.engine_config.worker_extension_cls)
 
-    def load_model(self) -> list[dict]:
+    def load_model(self) -> list[dict[str, Any]]:
         """Load the model; returns this worker's start-up records of what it chose (as plain data, the
         same whether it crosses a process boundary or not), which the engine core adds to the report."""
         # Before the model exists: its custom ops choose their op provider per call, in this order.
@@ -128,7 +128,7 @@ class Worker(WorkerBase):
         worker process decodes it into; None: one group of every layer)."""
         return self._runner().determine_num_blocks(as_kv_cache_layout(layout))
 
-    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict]:
+    def initialize_kv_cache(self, num_blocks: int, layout: Any = None) -> list[dict[str, Any]]:
         """Allocate the KV cache (on CPU after a warm-up pass that builds the C kernels); returns this
         worker's start-up records of its size and of the kernels, as load_model does."""
         runner = self._runner()
@@ -159,7 +159,7 @@ class Worker(WorkerBase):
 
     # -- for collective_rpc ----------------------------------------------------------------------------
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Who this worker is: rank, process, device, the model's parameter bytes on this rank."""
         model = self.model_runner.model if self.model_runner else None
         return {
@@ -179,7 +179,7 @@ class Worker(WorkerBase):
             "cpu_threads": cpu_threads.report(self._cpu_threads),  # on CPU: threads and CPUs of this thread
         }
 
-    def check_lora_adapter(self, lora_name: str, lora_path: str) -> dict | None:
+    def check_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any] | None:
         """Whether the adapter at `lora_path` fits this rank's model (lora/pool.py `check`: its config and
         every matrix's shape, from the safetensors header; no slot taken): None, or {"message", "field"}
         naming the adapter, the layer and both shapes. The frontend asks before it registers a name."""
@@ -193,7 +193,7 @@ class Worker(WorkerBase):
             return {"message": str(exc), "field": exc.field}
         return None
 
-    def lora_info(self) -> dict | None:
+    def lora_info(self) -> dict[str, Any] | None:
         """The LoRA pool of this rank (slots, CPU cache, pool bytes: lora/pool.py), None without enable_lora."""
         lora = self.model_runner.lora if self.model_runner else None
         return lora.info() if lora is not None else None

@@ -184,7 +184,7 @@ _VLLMS = inspect.Signature([_P(name, _P.POSITIONAL_OR_KEYWORD) for name in
 _building_with: ContextVar[dict[str, Any] | None] = ContextVar("asyncengine_rotary_params", default=None)
 
 
-def rotary_arguments(args: tuple, kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
+def rotary_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     """(head_dim, max_position, rope params) from ours, `(head_dim, max_position, params)`, or vLLM's,
     `(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype)`."""
     try:
