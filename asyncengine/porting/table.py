@@ -59,6 +59,7 @@ _API_NAMES = {
     "vllm.transformers_utils.tokenizer_base": ["TokenizerRegistry"],
     "vllm.v1.core.sched.scheduler": ["Scheduler"],
     "vllm.core.scheduler": ["Scheduler"],
+    "vllm.v1.core.sched.interface": ["SchedulerInterface"],
     "vllm.v1.worker.gpu_worker": ["Worker"],
     "vllm.v1.worker.cpu_worker": ["CPUWorker"],
     "vllm.worker.worker": ["Worker"],
