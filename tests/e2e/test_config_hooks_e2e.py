@@ -26,6 +26,7 @@ import pytest
 from asyncengine.config.engine import EngineConfig
 from asyncengine.plugin_runtime.records import read_trace
 from asyncengine.cli.reports.timeline import plan_start
+from asyncengine.interfaces.scheduler import SCHEDULER_METHODS
 
 SCHEDULER = "ae_scheduler_example:RecordingScheduler"
 EXTENSION = "ae_worker_extension_example:RankInfoExtension"
@@ -176,9 +177,9 @@ def test_both_hooks_run_where_promised_and_keep_async_scheduling(llama, tmp_path
 
 @pytest.mark.parametrize("option, path, problem", [
     ("scheduler_cls", "ae_bad_hooks:NotAScheduler",
-     "is not a subclass of asyncengine.engine_core.scheduler:Scheduler; subclass asyncengine.plugins_api.Scheduler "
-     "(the engine core builds it with Scheduler's keyword arguments and keeps async scheduling, which belongs to "
-     "its step loop)"),
+     "is not a subclass of asyncengine.engine_core.scheduler:Scheduler; subclass asyncengine.plugins_api.Scheduler, "
+     "or implement every method of asyncengine.plugins_api.SchedulerInterface: NotAScheduler lacks "
+     + ", ".join(SCHEDULER_METHODS)),
     ("worker_extension_cls", "ae_bad_hooks:ClashingExtension",
      "defines public method 'load_model', which the worker class asyncengine.worker.worker:Worker already has: "
      "collective_rpc('load_model') finds the worker's first, so ae_bad_hooks:ClashingExtension.load_model would "
