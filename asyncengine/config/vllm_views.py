@@ -175,7 +175,7 @@ def resolved_model(config: Any) -> Any:
     return _resolved_models.get(config.model)
 
 
-def remember_platform(platform: Any) -> None:
+def remember_platform(platform: Any) -> None:  # a type[Platform]; Any: interfaces.platform imports config
     """This process's platform (its `default_dtype` is what dtype "auto" means before a model is resolved)."""
     _platform[0] = platform
 
