@@ -40,6 +40,7 @@ from asyncengine.wire.startup import NODE_ENV
 
 if TYPE_CHECKING:
     from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.engine import EngineConfig
 
 PLACEMENT_TIMEOUT_ENV = "ASYNCENGINE_RAY_PLACEMENT_TIMEOUT"
 STRATEGY_ENV = "ASYNCENGINE_RAY_PLACEMENT_STRATEGY"
@@ -166,7 +167,7 @@ class RayRank:
 class RayWorkers(WorkerProcesses):
     """The ranks placed by Ray: one actor per rank in a placement group, each starting our worker process."""
 
-    def __init__(self, engine_config: Any, platform: type[Platform]) -> None:
+    def __init__(self, engine_config: EngineConfig, platform: type[Platform]) -> None:
         super().__init__()
         self.engine_config = engine_config
         self.platform = platform
