@@ -26,10 +26,11 @@ from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
 
 if TYPE_CHECKING:
     from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.engine import EngineConfig
 
 
 @reads("additional_config", "frontend")
-def check_additional_config(config: Any, platform: type[Platform], trace: Any = None) -> None:
+def check_additional_config(config: EngineConfig, platform: type[Platform], trace: Any = None) -> None:
     """Every key of `config.additional_config` must be claimed, and its claimant's validator accept it."""
     values = config.additional_config or {}
     if not isinstance(values, dict):

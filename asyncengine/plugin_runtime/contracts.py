@@ -24,13 +24,14 @@ if TYPE_CHECKING:
     from asyncengine.interfaces.stat_logger import StatLoggerBase
     from asyncengine.interfaces.torch_bases import CustomOp
     from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.engine import EngineConfig
 
 
 def _owner(cls: type, owners: dict[type, str]) -> str:
     return owners.get(cls) or describe(cls)
 
 
-def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: Any,
+def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: EngineConfig,
                              owners: dict[type, str] | None = None,
                              endpoint_tasks: tuple[str, ...] | None = None) -> None:
     """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each;
@@ -59,7 +60,7 @@ def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpo
         check_endpoint_plugin(endpoint, config, owners, endpoint_tasks)
 
 
-def check_endpoint_plugin(endpoint: Any, config: Any, owners: dict[type, str] | None = None,
+def check_endpoint_plugin(endpoint: Any, config: EngineConfig, owners: dict[type, str] | None = None,
                           tasks: tuple[str, ...] | None = None) -> None:
     """An endpoint plugin adds routes (ours: attach(app); vLLM's: attach_router(app), which needs
     fastapi), and its required_tasks are served here."""
@@ -96,7 +97,7 @@ def check_backend_class(name: str, backend: type[AttentionBackend], origin: str)
 
 @reads("attention_backends", "worker")
 @reads("custom_ops", "worker")
-def check_worker_contracts(platform: type[Platform], config: Any) -> None:
+def check_worker_contracts(platform: type[Platform], config: EngineConfig) -> None:
     """Every attention backend a plugin registered, the one the platform (or the attention_backend
     option) chooses for a probe shape (head_dim 64, the platform's default dtype, the configured block
     size: the model's own shapes are asked again when it is built), and every out-of-tree custom op,
