@@ -86,7 +86,8 @@ class PoolingStep:
         return PooledTensor(array.astype("<f4").tobytes(), list(array.shape))
 
 
-def build_pooling_step(model: Any, model_config: ModelConfig, records: list[StartupRecord], role: str) -> PoolingStep | None:
+def build_pooling_step(model: Any, model_config: ModelConfig, records: list[StartupRecord],
+                       role: str) -> PoolingStep | None:
     """The worker's PoolingStep for a model with a pooler config (None: this model pools nothing), its choice
     recorded for the start-up report (`records`, the model runner's, as this process's `role`)."""
     if model_config.pooler is None:

@@ -67,7 +67,8 @@ _building: contextvars.ContextVar[_Build | None] = contextvars.ContextVar("async
 
 
 @contextmanager
-def building(model_config: ModelConfig, platform: type[Platform], *, world_size: int, logits_processors: Any) -> Iterator[None]:
+def building(model_config: ModelConfig, platform: type[Platform], *, world_size: int,
+             logits_processors: Any) -> Iterator[None]:
     """While build_worker builds a CPUWorker subclass with vLLM's arguments: the rest of what it needs."""
     token = _building.set(_Build(model_config, platform, world_size, tuple(logits_processors)))
     try:

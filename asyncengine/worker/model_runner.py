@@ -96,8 +96,8 @@ class RequestState:
 
 
 class ModelRunner:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, platform: type[Platform],
-                 logits_processors: Sequence[type] = ()) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device,
+                 platform: type[Platform], logits_processors: Sequence[type] = ()) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.device = device
