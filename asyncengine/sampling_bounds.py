@@ -54,7 +54,8 @@ class RequestBounds:
 
     @classmethod
     def of(cls, engine_config: Any, model_config: Any) -> RequestBounds:
-        """The limits of an engine's EngineConfig and ModelConfig."""
+        """The limits of an engine's EngineConfig and ModelConfig (Any here: config.model imports
+        sampling_params, which imports this module, so naming them would be an import cycle)."""
         vocab = int(getattr(model_config, "vocab_size", 0) or 0)
         max_logprobs = engine_config.max_logprobs
         return cls(max_n=engine_config.max_n, max_logprobs=min(max_logprobs, vocab) if vocab else max_logprobs,

@@ -10,7 +10,7 @@ vLLM's descriptor form (get_impl_cls, no forward) resolves to its implementation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.interfaces.attention import AttentionBackend
 from asyncengine.interfaces.attention import AttentionBackendRegistry
@@ -19,6 +19,9 @@ from asyncengine.errors import ConfigError, StartupError
 from asyncengine.platforms.interface import ask_attn_backend, attn_backend_name
 from asyncengine.plugin_runtime.contracts import check_backend_class
 from asyncengine.interfaces.registry import reads
+
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
 
 
 @dataclass
@@ -59,7 +62,7 @@ def _registered_backend(name: str, chosen_by: str, option: str | None) -> tuple[
 
 
 @reads("attention_backends", "worker")
-def select_attention_backends(platform: Any, layers: list[Any], dtype: Any, block_size: int,
+def select_attention_backends(platform: type[Platform], layers: list[Any], dtype: Any, block_size: int,
                               option: str | None = None) -> BackendChoice:
     """A backend instance per layer (`layers` carry num_heads, num_kv_heads, head_dim, scale, and may carry
     sliding_window, logits_soft_cap and sinks). A layer needing a feature the chosen backend lacks: with the

@@ -161,6 +161,7 @@ class SubConfigView:
 
 # What this process resolved: the model (our ModelConfig) per `model` option, and the platform (for what
 # dtype "auto" means before the model is resolved). Set by the frontend's start-up and by each worker.
+# Held as Any: ModelConfig and Platform import config.engine, which imports this module (a cycle to name).
 _resolved_models: dict[str | None, Any] = {}
 _platform: list[Any] = [None]
 
@@ -175,7 +176,7 @@ def resolved_model(config: Any) -> Any:
     return _resolved_models.get(config.model)
 
 
-def remember_platform(platform: Any) -> None:
+def remember_platform(platform: Any) -> None:  # a type[Platform]
     """This process's platform (its `default_dtype` is what dtype "auto" means before a model is resolved)."""
     _platform[0] = platform
 

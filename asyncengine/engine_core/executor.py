@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -51,6 +51,9 @@ from asyncengine.wire.messages import (
 from asyncengine.wire.worker import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from asyncengine.worker.extension import rpc_method
 
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
+
 _ROUND_TRIP = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 RAY_EXECUTOR = "asyncengine.engine_core.ray_executor:RayExecutor"
 
@@ -63,7 +66,7 @@ class UniExecutor(Executor):
 
     worker_placement = "uni"  # this process plays the worker role too (its plugin phases)
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any, *, owner: str,
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: type[Platform], *, owner: str,
                  logits_processors: tuple[type, ...] | list[type] = ()) -> None:
         super().__init__(engine_config, model_config, platform)
         # This process ran the worker role's plugin phases: its logits-processor classes are the worker's.
@@ -156,7 +159,7 @@ class _StepReply(Reply):
 class MultiprocExecutor(Executor):
     """One worker process per tensor-parallel rank, connected over framed sockets."""
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: type[Platform]) -> None:
         super().__init__(engine_config, model_config, platform)
         self._workers = self._new_workers()
         # Per rank, the replies still owed, in the order the work was sent.

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 MICRO_BATCHES_ENV = "ASYNCENGINE_PIPELINE_MICRO_BATCHES"
 
 
-def micro_batches_for(engine_config: EngineConfig, device_type: str) -> MicroBatches | None:
+def micro_batches_for(engine_config: EngineConfig, device_type: str | None) -> MicroBatches | None:
     """The scheduler's micro-batch rules when the pipeline has stages to overlap, else None.
 
     On by default, on CPU too: on a quiet 2-core host, whose stages share its cores and memory, PP=2 with

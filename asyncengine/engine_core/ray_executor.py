@@ -27,7 +27,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,6 +37,10 @@ from asyncengine.errors import ConfigError, StartupError
 from asyncengine.runtime.connection import Listener, open_listener
 from asyncengine.runtime.spawn import ENV_ADDRESS, ENV_RANK, ENV_SECRET, describe_exit
 from asyncengine.wire.startup import NODE_ENV
+
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.engine import EngineConfig
 
 PLACEMENT_TIMEOUT_ENV = "ASYNCENGINE_RAY_PLACEMENT_TIMEOUT"
 STRATEGY_ENV = "ASYNCENGINE_RAY_PLACEMENT_STRATEGY"
@@ -163,7 +167,7 @@ class RayRank:
 class RayWorkers(WorkerProcesses):
     """The ranks placed by Ray: one actor per rank in a placement group, each starting our worker process."""
 
-    def __init__(self, engine_config: Any, platform: Any) -> None:
+    def __init__(self, engine_config: EngineConfig, platform: type[Platform]) -> None:
         super().__init__()
         self.engine_config = engine_config
         self.platform = platform

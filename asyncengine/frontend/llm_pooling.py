@@ -8,7 +8,7 @@ tokenizes every one before any runs (a bad one leaves nothing half-started), sub
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -22,6 +22,9 @@ from asyncengine.pooling.outputs import (
     ScoringRequestOutput,
 )
 from asyncengine.pooling.params import PoolingParams
+
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
 
 
 def _prompt_list(prompts: Any) -> list[Any]:
@@ -89,7 +92,7 @@ class LLMPooling:
         return await pool_many(self.engine, pairs, params_list, task)
 
 
-async def pool_many(engine: AsyncEngine, pairs: list[tuple[Any, Any]], params_list: list[PoolingParams | None],
+async def pool_many(engine: EngineClient, pairs: list[tuple[Any, Any]], params_list: list[PoolingParams | None],
                     task: str, field: str = "prompt", nowait: bool = False) -> list[PoolingRequestOutput]:
     """Pool every (prompt, pair) with its params: all checked first, submitted shortest first, in input order.
     Each waits for its place under max_waiting_requests, or with `nowait` (the server) raises EngineOverloadedError
@@ -120,7 +123,7 @@ async def pool_many(engine: AsyncEngine, pairs: list[tuple[Any, Any]], params_li
     return [result for result in results if result is not None]
 
 
-async def score_pairs(engine: AsyncEngine, data_1: Any, data_2: Any, pooling_params: PoolingParams | None,
+async def score_pairs(engine: EngineClient, data_1: Any, data_2: Any, pooling_params: PoolingParams | None,
                       truncate_prompt_tokens: int | None, field_1: str = "text_1",
                       field_2: str = "text_2", nowait: bool = False) -> list[ScoringRequestOutput]:
     first = [data_1] if isinstance(data_1, str) else list(data_1)

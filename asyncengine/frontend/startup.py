@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -24,6 +24,9 @@ from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.pooling.default_model import default_pooling_model_dir, wants_default_pooling_model
 from asyncengine.interfaces.registry import describe, reads
 
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
+
 
 @dataclass
 class FrontendSetup:
@@ -36,7 +39,7 @@ class FrontendSetup:
 @reads("quantization", "frontend")  # the quantization method's name, likewise
 @reads("models", "frontend")  # the architecture must be one the worker can build
 @reads("hook:model_class_overrides", "frontend")
-def prepare(config: EngineConfig, platform: Any, *, progress: bool = True) -> FrontendSetup:
+def prepare(config: EngineConfig, platform: type[Platform], *, progress: bool = True) -> FrontendSetup:
     # The loader name is checked here, once the general plugins (which may register loaders) have run,
     # before a possibly long GGUF conversion; the worker builds the model with it.
     ModelLoaderRegistry.loader_class(config.load_format)
@@ -80,7 +83,7 @@ def _check_attention_backend_name(name: str | None) -> None:
 
 
 def _verify_quantization(method: Any, name: str, config: EngineConfig, model_config: ModelConfig,
-                         platform: Any) -> None:
+                         platform: type[Platform]) -> None:
     hook = "verify_config"
     try:
         method.verify_config(config, model_config.load_hf_config())
@@ -99,5 +102,5 @@ def _verify_quantization(method: Any, name: str, config: EngineConfig, model_con
                           f"{capability.to_int() % 10}", field="quantization")
 
 
-async def prepare_async(config: EngineConfig, platform: Any) -> FrontendSetup:
+async def prepare_async(config: EngineConfig, platform: type[Platform]) -> FrontendSetup:
     return await anyio.to_thread.run_sync(prepare, config, platform)

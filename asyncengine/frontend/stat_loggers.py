@@ -7,11 +7,14 @@ says when the engine calls what).
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.interfaces.stat_logger import INIT_EXTRAS as _INIT_EXTRAS
 from asyncengine.interfaces.stat_logger import RECORD_EXTRAS as _RECORD_EXTRAS
 from asyncengine.interfaces.stat_logger import declared_extras as _declared
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
 
 
 def record_extras(stat_logger: Any) -> dict[str, Any]:
@@ -25,7 +28,7 @@ def call_record(stat_logger: Any, scheduler_stats: Any, iteration_stats: Any) ->
     return stat_logger.record(scheduler_stats, iteration_stats, **record_extras(stat_logger))
 
 
-def build_stat_logger(cls: type[Any], config: Any) -> Any:
+def build_stat_logger(cls: type[Any], config: EngineConfig) -> Any:
     """`cls(config)`, giving `engine_index` / `engine_idx` (vLLM's) by keyword when `__init__` names one."""
     names = _declared(cls.__init__, tuple(_INIT_EXTRAS))
     return cls(config, **{name: _INIT_EXTRAS[name] for name in names[:1]})

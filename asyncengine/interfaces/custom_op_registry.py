@@ -30,6 +30,7 @@ OOT_PREFIX = "oot:"
 _dispatch_platform: tuple[Any, bool] | None = None
 
 
+# Any, not type[Platform]: interfaces.platform reaches this module (through torch_bases), so naming it is a cycle.
 def publish_dispatch_platform(platform: Any, out_of_tree: bool) -> None:
     """The platform phase's answer, for CustomOp's dispatch (None: not resolved)."""
     global _dispatch_platform

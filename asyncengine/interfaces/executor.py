@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from asyncengine.config.engine import EngineConfig
     from asyncengine.config.model import ModelConfig
+    from asyncengine.interfaces.platform import Platform
 
 
 class Executor(ABC):
@@ -38,7 +39,7 @@ class Executor(ABC):
     # `trace` a StartupTrace (asyncengine.plugin_runtime.records), `scheduler_output` a SchedulerOutput
     # (asyncengine.wire.worker), the step's reply a Reply (asyncengine.runtime.reply).
 
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: Any) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, platform: type[Platform]) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.platform = platform

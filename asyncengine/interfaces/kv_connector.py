@@ -30,13 +30,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from asyncengine.config.kv_transfer import KVTransferConfig
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.registry import BUILT_IN, Registry
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
+    from asyncengine.config.model import ModelConfig
 
 
 class KVConnectorRole(enum.Enum):
@@ -58,8 +62,8 @@ class KVConnectorContext:
     architecture: str
     dtype: str  # "float32", "bfloat16", ...
     model: str  # the served model name
-    engine_config: Any = None  # the EngineConfig
-    model_config: Any = None  # the ModelConfig
+    engine_config: EngineConfig | None = None
+    model_config: ModelConfig | None = None
 
 
 @dataclass(frozen=True)

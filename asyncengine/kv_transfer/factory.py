@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.config.kv_transfer import FIELD, KVTransferConfig
 from asyncengine.errors import ConfigError
@@ -24,6 +24,10 @@ from asyncengine.interfaces.kv_connector import (
     KVConnectorRole,
 )
 from asyncengine.interfaces.registry import contract_problem, describe, reads
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
+    from asyncengine.config.model import ModelConfig
 
 
 class ConnectorChoice:
@@ -91,7 +95,7 @@ def connector_record(connector: KVConnectorBase, choice: ConnectorChoice, *, pha
                          reason=reason, start=started, duration=time.time() - started)
 
 
-def context_for(engine_config: Any, model_config: Any, *, rank: int = 0) -> KVConnectorContext:
+def context_for(engine_config: EngineConfig, model_config: ModelConfig, *, rank: int = 0) -> KVConnectorContext:
     return KVConnectorContext(
         block_size=engine_config.block_size, tensor_parallel_size=engine_config.tensor_parallel_size, rank=rank,
         architecture=model_config.architectures[0], dtype=model_config.dtype, model=model_config.served_model_name,

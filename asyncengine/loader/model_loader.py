@@ -8,7 +8,7 @@ method and the process (plugin_runtime/plugin_code.py)."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from asyncengine.interfaces.model_loader import loading_device
 from asyncengine.interfaces.model_loader import BaseModelLoader, LoadConfig, ModelLoaderRegistry
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.interfaces.registry import reads
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
 
 
 @reads("model_loaders", "worker")
@@ -29,7 +32,7 @@ def load_model(
     model_class_overrides: dict[str, str] | None = None,
     seed: int = 0,
     quantization: str | None = None,
-    engine_config: Any = None,
+    engine_config: EngineConfig | None = None,
 ) -> nn.Module:
     """`engine_config` (the worker's) gives vLLM's LoadConfig fields, and is the `vllm_config` a loader in
     vLLM's form is given."""

@@ -9,12 +9,15 @@ and says what to do, rather than torch's words from deep inside the first tensor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import StartupError
 
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
 
-def check_torch_device(platform: Any, device: Any) -> None:
+
+def check_torch_device(platform: type[Platform], device: Any) -> None:
     """Raise StartupError when torch cannot allocate on `device` (a torch.device of `platform`'s type)."""
     if device.type == "cpu":
         return

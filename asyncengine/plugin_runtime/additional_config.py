@@ -14,7 +14,7 @@ dict in the config, so a plugin reads its own key from `config.additional_config
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import ConfigError
 
@@ -24,9 +24,13 @@ from asyncengine.interfaces.additional_config import AdditionalConfigRegistry
 from asyncengine.interfaces.registry import describe, reads
 from asyncengine.plugin_runtime.groups import PHASE_CONFIG_HOOKS
 
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.engine import EngineConfig
+
 
 @reads("additional_config", "frontend")
-def check_additional_config(config: Any, platform: Any, trace: Any = None) -> None:
+def check_additional_config(config: EngineConfig, platform: type[Platform], trace: Any = None) -> None:
     """Every key of `config.additional_config` must be claimed, and its claimant's validator accept it."""
     values = config.additional_config or {}
     if not isinstance(values, dict):

@@ -23,13 +23,15 @@ if TYPE_CHECKING:
     from asyncengine.interfaces.attention import AttentionBackend
     from asyncengine.interfaces.stat_logger import StatLoggerBase
     from asyncengine.interfaces.torch_bases import CustomOp
+    from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.engine import EngineConfig
 
 
 def _owner(cls: type, owners: dict[type, str]) -> str:
     return owners.get(cls) or describe(cls)
 
 
-def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: Any,
+def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpoints: list[Any], config: EngineConfig,
                              owners: dict[type, str] | None = None,
                              endpoint_tasks: tuple[str, ...] | None = None) -> None:
     """The stat-logger classes and endpoint plugins the frontend keeps; `owners` names the plugin of each;
@@ -58,7 +60,7 @@ def check_frontend_contracts(stat_loggers: Sequence[type[StatLoggerBase]], endpo
         check_endpoint_plugin(endpoint, config, owners, endpoint_tasks)
 
 
-def check_endpoint_plugin(endpoint: Any, config: Any, owners: dict[type, str] | None = None,
+def check_endpoint_plugin(endpoint: Any, config: EngineConfig, owners: dict[type, str] | None = None,
                           tasks: tuple[str, ...] | None = None) -> None:
     """An endpoint plugin adds routes (ours: attach(app); vLLM's: attach_router(app), which needs
     fastapi), and its required_tasks are served here."""
@@ -95,7 +97,7 @@ def check_backend_class(name: str, backend: type[AttentionBackend], origin: str)
 
 @reads("attention_backends", "worker")
 @reads("custom_ops", "worker")
-def check_worker_contracts(platform: Any, config: Any) -> None:
+def check_worker_contracts(platform: type[Platform], config: EngineConfig) -> None:
     """Every attention backend a plugin registered, the one the platform (or the attention_backend
     option) chooses for a probe shape (head_dim 64, the platform's default dtype, the configured block
     size: the model's own shapes are asked again when it is built), and every out-of-tree custom op,
@@ -120,14 +122,14 @@ def check_worker_contracts(platform: Any, config: Any) -> None:
     _check_custom_ops(platform)
 
 
-def _probe_dtype(platform: Any) -> Any:
+def _probe_dtype(platform: type[Platform]) -> Any:
     import torch
 
     return getattr(torch, platform.default_dtype, torch.float32)
 
 
 @reads("custom_ops", "worker")
-def _check_custom_ops(platform: Any) -> None:
+def _check_custom_ops(platform: type[Platform]) -> None:
     from asyncengine.interfaces.custom_op_registry import OOT_PREFIX, CustomOpRegistry, oot_replacement
 
     replaced = [key[len(OOT_PREFIX):] for key in CustomOpRegistry.keys() if key.startswith(OOT_PREFIX)]
@@ -151,7 +153,7 @@ def _check_custom_ops(platform: Any) -> None:
 
 
 @reads("custom_ops", "worker")
-def _dispatched(op_class: type[CustomOp], platform: Any, out_of_tree: bool) -> Any:
+def _dispatched(op_class: type[CustomOp], platform: type[Platform], out_of_tree: bool) -> Any:
     """The function CustomOp.forward would run for `op_class` (through the base's forward_oot, which runs
     forward_native)."""
     from asyncengine.interfaces.torch_bases import CustomOp

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,10 @@ from asyncengine.config.pooling import PoolerConfig
 from asyncengine.pooling.params import TOKEN_TASKS
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 from asyncengine.wire.startup import StartupRecord
+
+if TYPE_CHECKING:
+    from asyncengine.config.model import ModelConfig
+    from asyncengine.config.engine import EngineConfig
 
 
 class PoolingStep:
@@ -82,7 +86,8 @@ class PoolingStep:
         return PooledTensor(array.astype("<f4").tobytes(), list(array.shape))
 
 
-def build_pooling_step(model: Any, model_config: Any, records: list[StartupRecord], role: str) -> PoolingStep | None:
+def build_pooling_step(model: Any, model_config: ModelConfig, records: list[StartupRecord],
+                       role: str) -> PoolingStep | None:
     """The worker's PoolingStep for a model with a pooler config (None: this model pools nothing), its choice
     recorded for the start-up report (`records`, the model runner's, as this process's `role`)."""
     if model_config.pooler is None:
@@ -94,7 +99,7 @@ def build_pooling_step(model: Any, model_config: Any, records: list[StartupRecor
     return step
 
 
-def encoder_num_blocks(engine_config: Any, model_config: Any) -> int:
+def encoder_num_blocks(engine_config: EngineConfig, model_config: ModelConfig) -> int:
     """KV "blocks" for a model without attention caches (an encoder): block ids the scheduler hands out and
     frees, with no memory behind them. Enough for the steps in flight (two with async scheduling) at the full
     token budget, and for one sequence of max_model_len."""

@@ -13,7 +13,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response, g, request
@@ -32,6 +32,9 @@ from asyncengine.interfaces.io_processor import Renderer
 from asyncengine.server.serving_io_processor import select_io_processor
 from asyncengine.server.transport import ResponseCounter, end_of_response_shielded
 from asyncengine.server.parsers.selection import configured_reasoning_parser, configured_tool_parser
+
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
 
 logger = logging.getLogger("asyncengine.server")
 # One line per request (--disable-log-requests: none; --enable-log-requests: and its body), at INFO;
@@ -73,7 +76,7 @@ def _bind(middleware: Callable[..., Awaitable[Any]], call_next: Callable[..., Aw
     return run
 
 
-def create_app(engine_client: Any, config: ServerConfig | None = None) -> ApiApp:
+def create_app(engine_client: EngineClient, config: ServerConfig | None = None) -> ApiApp:
     """The API over `engine_client` (a started AsyncEngine, or the render server's RenderClient, whose
     `has_engine` is False: server/render_server.py). Raises StartupError when a parser, a
     middleware, an endpoint plugin or the IO processor cannot be used, naming it (ConfigError when

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -22,6 +22,9 @@ from asyncengine.server.errors import ApiError, bad_request, from_engine_error
 from asyncengine.server.protocol import PromptTokensDetails, SamplingFields, Usage
 from asyncengine.structured_output.openai_fields import GUIDED_KEYS
 
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
+
 # Request fields passed to SamplingParams only when the client set them, so that the model's
 # generation_config.json supplies the defaults of the others (as vLLM does).
 _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
@@ -32,7 +35,7 @@ _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_
 class ServingContext:
     """What a route needs from the server: the engine and the names it answers to."""
 
-    engine: Any  # AsyncEngine (or anything with its request methods)
+    engine: EngineClient
     model_name: str  # the name responses report: the first --served-model-name
     max_model_len: int
     chat_template: str | None = None
@@ -135,14 +138,14 @@ def request_chat_template(context: ServingContext, chat_template: str | None) ->
     return chat_template
 
 
-def check_tokenizer(engine: Any) -> None:
+def check_tokenizer(engine: EngineClient) -> None:
     """Text prompts need the tokenizer: without one (skip_tokenizer_init) a 400 saying to send token ids."""
     if engine.tokenizer is None:
         raise bad_request("text prompts need a tokenizer, but the server runs with skip_tokenizer_init: send "
                           "token ids", param="prompt", code="no_tokenizer")
 
 
-async def tokenize_prompt(engine: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+async def tokenize_prompt(engine: EngineClient, text: str, *, add_special_tokens: bool) -> list[int]:
     """The token ids of a text prompt, tokenized off the event loop (the engine's tokenizer pool)."""
     check_tokenizer(engine)
     try:
@@ -151,7 +154,7 @@ async def tokenize_prompt(engine: Any, text: str, *, add_special_tokens: bool) -
         raise from_engine_error(error) from error
 
 
-async def chat_prompt_text(engine: Any, messages: list[dict[str, Any]], **render_options: Any) -> str:
+async def chat_prompt_text(engine: EngineClient, messages: list[dict[str, Any]], **render_options: Any) -> str:
     """A conversation through the chat template, off the event loop; what is wrong with it is a 400."""
     try:
         return await engine.render_chat(messages, **render_options)
@@ -245,7 +248,7 @@ def engine_errors_as_http() -> Iterator[None]:
         raise from_engine_error(error) from error
 
 
-async def open_stream(engine: Any, *args: Any, request: SamplingFields | None = None,
+async def open_stream(engine: EngineClient, *args: Any, request: SamplingFields | None = None,
                       **options: Any) -> AsyncGenerator[RequestOutput, None]:
     """`engine.open_stream(...)` (render, tokenize, validate; the stream not started yet), with what the
     engine refuses as an HTTP error, naming the field as `request` sent it (a guided_* field: the engine

@@ -28,7 +28,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -40,6 +40,9 @@ from asyncengine.interfaces.endpoint import EndpointPlugin, is_router_form, requ
 from asyncengine.interfaces.registry import describe
 from asyncengine.server.response_scope import current_response_scope
 
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
+
 logger = logging.getLogger("asyncengine.server")
 
 ALL_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -49,7 +52,7 @@ _CONVERTERS = {None: "", "str": "", "path": "path:", "int": "int:", "float": "fl
 _MOUNTED_REST = "asyncengine_mounted_path"
 
 
-def served_endpoint_plugins(plugins: list[Any], engine_client: Any, server_config: Any) -> list[Any]:
+def served_endpoint_plugins(plugins: list[Any], engine_client: EngineClient, server_config: Any) -> list[Any]:
     """The endpoint plugins as the app attaches them: ours as they are, vLLM's wrapped in RouterEndpoint.
     A plugin whose required_tasks the model (its runner resolved now) does not serve is a StartupError;
     a client that says what it serves (`served_tasks`: the render server's "render") is checked by that."""
@@ -65,7 +68,7 @@ def served_endpoint_plugins(plugins: list[Any], engine_client: Any, server_confi
     return [RouterEndpoint(plugin, args) if is_router_form(plugin) else plugin for plugin in plugins]
 
 
-def options_namespace(engine_client: Any, server_config: Any) -> argparse.Namespace:
+def options_namespace(engine_client: EngineClient, server_config: Any) -> argparse.Namespace:
     """The engine's and the server's options in one Namespace: the `args` vLLM gives init_state."""
     values: dict[str, Any] = {}
     for config in (getattr(engine_client, "config", None), server_config):
@@ -101,7 +104,7 @@ class RouterEndpoint(EndpointPlugin):
             app.add_url_rule(rule, f"endpoint_plugin.{self.name}.{index}", self._forward, methods=list(methods))
         app.after_serving(self._stop_lifespan)
 
-    async def serve(self, engine_client: Any, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, engine_client: EngineClient, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         init_state = getattr(self.plugin, "init_state", None)
         if init_state is not None:
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -45,6 +45,9 @@ from asyncengine.server.serving_pooling import POOLING_ROUTES, pooling_views
 from asyncengine.server.serving_render import render_chat_request, render_completion_request
 from asyncengine.server.serving_responses import RESPONSES_ROUTES, responses_views
 from asyncengine.server.responses_store import ResponseStore
+
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
 
 # (rule, method) of every built-in route: an endpoint plugin that adds one of these must say override.
 _BUILTIN: list[tuple[str, str, str]] = [
@@ -261,7 +264,7 @@ def served_routes(app: Any) -> list[tuple[str, str, str]]:
             for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})]
 
 
-def publish_openapi(app: Any, engine_client: Any, plugin_routes: Collection[tuple[str, str]]) -> None:
+def publish_openapi(app: Any, engine_client: EngineClient, plugin_routes: Collection[tuple[str, str]]) -> None:
     """Make /openapi.json the document of every route in the app's URL map, once they are all added: the
     routes endpoint plugins added (`plugin_routes`: (rule, method)) without schemas, every other route by its
     view's Contract (a route without one is a RuntimeError here, at start-up), request bounds this server's.
@@ -300,7 +303,7 @@ def _token_strs(tokenizer: Any, tokens: list[int]) -> list[str]:
     return list(pieces(tokens)) if pieces is not None else [tokenizer.decode([token]) for token in tokens]
 
 
-def _tokenizer(engine: Any) -> Any:
+def _tokenizer(engine: EngineClient) -> Any:
     if engine.tokenizer is None:
         raise bad_request("this server runs with skip_tokenizer_init: there is no tokenizer", code="no_tokenizer")
     return engine.tokenizer

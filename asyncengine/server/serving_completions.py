@@ -20,7 +20,7 @@ import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -34,6 +34,9 @@ from asyncengine.server.serving_lora import resolve_model
 from asyncengine.server.errors import bad_request, from_engine_error
 from asyncengine.server.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from asyncengine.errors import EngineDeadError, EngineOverloadedError, RequestError
+
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
 
 
 def prompts_of(request: CompletionRequest) -> list[str | list[int]]:
@@ -53,7 +56,7 @@ def prompts_of(request: CompletionRequest) -> list[str | list[int]]:
                       param="prompt", code="invalid_value")
 
 
-def _check_room(engine: Any, num_prompts: int, n: int) -> None:
+def _check_room(engine: EngineClient, num_prompts: int, n: int) -> None:
     """A request whose sequences (prompts x n) outnumber the places of the waiting queue could never be
     admitted: a 400 saying so, not a 503 that no retry can fix. (`n` alone over it is the processor's
     400 naming `n`; an n out of its range is refused there too.)"""
@@ -66,7 +69,7 @@ def _check_room(engine: Any, num_prompts: int, n: int) -> None:
                           param="prompt", code="too_many_prompts")
 
 
-async def _prompt_text(engine: Any, prompt: str | list[int], request: CompletionRequest) -> str:
+async def _prompt_text(engine: EngineClient, prompt: str | list[int], request: CompletionRequest) -> str:
     """The text of a prompt as the engine runs it, for echo: token ids decoded (in the tokenizer pool)."""
     if engine.tokenizer is None:
         return ""

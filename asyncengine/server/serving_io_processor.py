@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import ConfigError, StartupError
 from asyncengine.interfaces.io_processor import IOProcessor
@@ -33,6 +33,9 @@ from asyncengine.server.common import (
 from asyncengine.server.errors import ApiError, bad_request
 from asyncengine.server.io_processor_calls import RequestCalls
 from asyncengine.server.protocol import IOProcessRequest, IOProcessResponse
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
 
 FLAG = "--io-processor-plugin"
 
@@ -78,7 +81,7 @@ def check_io_processor_name(name: str | None, allow_list_option: str | None) -> 
                           "--plugins (or ASYNCENGINE_PLUGINS) too", field="io_processor_plugin")
 
 
-def select_io_processor(engine_config: Any, loaded: dict[str, type], renderer: Any = None) -> IOProcessorSetup:
+def select_io_processor(engine_config: EngineConfig, loaded: dict[str, type], renderer: Any = None) -> IOProcessorSetup:
     """The IO processor `engine_config.io_processor_plugin` names, built from the classes the frontend's
     plugin phase loaded (`loaded`: entry-point name -> IOProcessor subclass), with `renderer` (vLLM's: the
     tokenizer and the model's config)."""
@@ -100,7 +103,7 @@ def select_io_processor(engine_config: Any, loaded: dict[str, type], renderer: A
     return IOProcessorSetup(name=name, processor=processor, installed=[p.name for p in installed])
 
 
-def _build(cls: type, engine_config: Any, renderer: Any) -> Any:
+def _build(cls: type, engine_config: EngineConfig, renderer: Any) -> Any:
     """vLLM's `cls(vllm_config, renderer)`; `cls(vllm_config)` for a constructor that takes one argument."""
     parameters = list(inspect.signature(cls).parameters.values())
     takes_two = any(p.kind is p.VAR_POSITIONAL for p in parameters) or len(

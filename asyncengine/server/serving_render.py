@@ -11,7 +11,7 @@ engine: the render server (render_server.py) answers them as the full server doe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import RequestError
 from asyncengine.sampling_params import SamplingParams
@@ -22,6 +22,9 @@ from asyncengine.server.protocol import ChatCompletionRequest, CompletionRequest
 from asyncengine.server.serving_chat import chat_parts
 from asyncengine.server.serving_completions import prompts_of
 from asyncengine.server.serving_lora import resolve_model
+
+if TYPE_CHECKING:
+    from asyncengine.frontend.engine_client import EngineClient
 
 # SamplingParams' fields, as vLLM's render answer lists them.
 _SAMPLING_FIELDS = SamplingParams.__struct_fields__
@@ -59,7 +62,7 @@ async def render_completion_request(context: ServingContext, request: Completion
     return rendered
 
 
-def _validated(engine: Any, prompt: dict[str, Any], params: Any, request_id: str, lora_request: Any,
+def _validated(engine: EngineClient, prompt: dict[str, Any], params: Any, request_id: str, lora_request: Any,
                request: ChatCompletionRequest | CompletionRequest) -> Any:
     """The engine's checks of the request (the ProcessedRequest), without queueing it."""
     priority = request.priority

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import RequestError
 from asyncengine.structured_output_spec import GrammarSpec
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
 
 # Objects and arrays nested in a JSON schema document. OpenAI allows 10 levels of nested objects (each two
 # levels here: the object and its "properties"); xgrammar parses 64 nested arrays in about 0.1 s.
@@ -29,7 +32,7 @@ class SourceLimits:
     grammar_bytes: int
 
     @classmethod
-    def of(cls, engine_config: Any) -> SourceLimits:
+    def of(cls, engine_config: EngineConfig) -> SourceLimits:
         return cls(schema_bytes=engine_config.structured_outputs_max_schema_bytes,
                    regex_bytes=engine_config.structured_outputs_max_regex_bytes,
                    grammar_bytes=engine_config.structured_outputs_max_grammar_bytes)

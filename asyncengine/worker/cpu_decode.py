@@ -19,12 +19,15 @@ modules, with the reason logged once at start-up. `enforce_eager=True` turns it 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine.ops import cpu_decode_step
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class CpuDecodeStep:
 
     @classmethod
     def build(cls, model: Any, attention_layers: list[Any], dtype: torch.dtype,
-              engine_config: Any) -> tuple[CpuDecodeStep | None, str]:
+              engine_config: EngineConfig) -> tuple[CpuDecodeStep | None, str]:
         """(the step, what it covers) or (None, why it does not apply)."""
         reason = why_not(model, attention_layers, dtype, engine_config)
         if reason is not None:
@@ -84,7 +87,7 @@ class CpuDecodeStep:
         return self._weights
 
 
-def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_config: Any) -> str | None:
+def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_config: EngineConfig) -> str | None:
     """None when the captured step computes what `model`'s modules compute; else the first reason it does not."""
     from asyncengine.attention.torch_paged import TorchPagedBackend
     from asyncengine.models.layers.activation import SiluAndMul

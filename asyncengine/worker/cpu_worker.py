@@ -29,13 +29,17 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from asyncengine.errors import StartupError
 from asyncengine.interfaces.plugin_code import plugin_hook
 from asyncengine.worker.worker import Worker, as_kv_cache_layout
+
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
+    from asyncengine.config.model import ModelConfig
 
 
 @dataclass
@@ -53,8 +57,8 @@ class KVCacheConfig:
 class _Build:
     """What build_worker knows that vLLM's constructor does not carry."""
 
-    model_config: Any
-    platform: Any
+    model_config: ModelConfig
+    platform: type[Platform]
     world_size: int
     logits_processors: tuple[type, ...]
 
@@ -63,7 +67,8 @@ _building: contextvars.ContextVar[_Build | None] = contextvars.ContextVar("async
 
 
 @contextmanager
-def building(model_config: Any, platform: Any, *, world_size: int, logits_processors: Any) -> Iterator[None]:
+def building(model_config: ModelConfig, platform: type[Platform], *, world_size: int,
+             logits_processors: Any) -> Iterator[None]:
     """While build_worker builds a CPUWorker subclass with vLLM's arguments: the rest of what it needs."""
     token = _building.set(_Build(model_config, platform, world_size, tuple(logits_processors)))
     try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from asyncengine.interfaces.logits import (
     AddedRequest,
@@ -30,6 +30,9 @@ from asyncengine.interfaces.logits import (
     MoveDirectionality,
     MovedRequest,
 )
+
+if TYPE_CHECKING:
+    from asyncengine.config.engine import EngineConfig
 
 
 _Key = TypeVar("_Key", bound=Hashable)
@@ -118,7 +121,7 @@ class LogitsProcessors:
         self.batch: PersistentBatch[Any] = PersistentBatch()  # keyed by the model runner's request states
 
     @classmethod
-    def build(cls, classes: Sequence[type], engine_config: Any, device: Any,
+    def build(cls, classes: Sequence[type], engine_config: EngineConfig, device: Any,
               is_pin_memory: bool) -> "LogitsProcessors | None":
         """One instance per class; None when there are none (the runner then keeps no layout at all)."""
         from asyncengine.errors import StartupError

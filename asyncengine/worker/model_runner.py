@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -69,6 +69,9 @@ from asyncengine.wire.worker import (
     StepTimings,
 )
 
+if TYPE_CHECKING:
+    from asyncengine.interfaces.platform import Platform
+
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +96,8 @@ class RequestState:
 
 
 class ModelRunner:
-    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, platform: Any,
-                 logits_processors: Sequence[type] = ()) -> None:
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: torch.device,
+                 platform: type[Platform], logits_processors: Sequence[type] = ()) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.device = device

@@ -11,7 +11,7 @@ app's lookup, after the engine has started.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.parsers import ReasoningParser, ReasoningParserManager, ToolParser, ToolParserManager
@@ -20,9 +20,12 @@ from asyncengine.plugin_runtime import groups
 from asyncengine.plugin_runtime.allow_list import AllowList
 from asyncengine.plugin_runtime.discovery import installed_plugins
 
+if TYPE_CHECKING:
+    from asyncengine.server.config import ServerConfig
+
 
 @reads("tool_parsers", "frontend")
-def configured_tool_parser(config: Any) -> type[ToolParser] | None:
+def configured_tool_parser(config: ServerConfig) -> type[ToolParser] | None:
     """The tool parser class `config.tool_call_parser` names (after loading `config.tool_parser_plugin`);
     None when none is named. ConfigError listing the known names for an unknown one."""
     if config.tool_parser_plugin:
@@ -31,14 +34,14 @@ def configured_tool_parser(config: Any) -> type[ToolParser] | None:
 
 
 @reads("reasoning_parsers", "frontend")
-def configured_reasoning_parser(config: Any) -> type[ReasoningParser] | None:
+def configured_reasoning_parser(config: ServerConfig) -> type[ReasoningParser] | None:
     """The reasoning parser class `config.reasoning_parser` names, as configured_tool_parser."""
     if config.reasoning_parser_plugin:
         ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)
     return ReasoningParserManager.get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None
 
 
-def check_configured_parsers(config: Any, allow_list_option: str | None = None) -> None:
+def check_configured_parsers(config: ServerConfig, allow_list_option: str | None = None) -> None:
     """Fail (StartupError, ConfigError) unless every parser and parser plugin `config` names loads, or
     a name is unknown while general plugins that may register it are installed and allowed
     (`allow_list_option`: the engine's `--plugins`)."""
