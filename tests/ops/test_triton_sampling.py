@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kernel_device import device, run_checks
+from support.platforms import use_platform
 
 from asyncengine.models.layers import op_registry
 from asyncengine.interfaces.custom_op_registry import OpProviderRegistry
@@ -59,7 +60,6 @@ COMPILE_FOR_H200 = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from asyncengine.ops.triton_sampling import _sample_kernel
-from support.platforms import use_platform
 for has_noise, logits in [(False, "*bf16"), (True, "*fp32"), (False, "*fp16")]:
     signature = dict(logits_ptr=logits, temperature_ptr="*fp32", seeds_ptr="*i64",
                      noise_ptr="*fp32" if has_noise else logits,
