@@ -29,6 +29,13 @@ def llama(tiny_model):
     return tiny_model("llama")  # built here, in a sync fixture: building blocks the event loop
 
 
+# The admission tests hold the queue full with a LONG request while they act at the gate (0.2 s and more): on
+# the modules' path its 450 steps take seconds; the one-call CPU decode step (worker/cpu_decode.py) runs the
+# tiny model's 450 steps in a fraction of that, so the request would end before the test looks. Eager mode keeps
+# the modules' path; the decode step has its own tests (tests/worker/test_cpu_decode.py).
+HELD_LONG = dict(enforce_eager=True)
+
+
 def start_engine(model, **overrides) -> AsyncEngine:
     options = dict(
         model=str(model.path), skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_bytes=8 * 2**20
@@ -311,7 +318,7 @@ async def test_abort_of_an_unknown_or_finished_request_is_harmless(llama):
 
 async def test_nowait_raises_when_the_waiting_queue_is_full(llama):
     short = greedy(5)
-    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=2) as engine:
+    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=2, **HELD_LONG) as engine:
         results: dict[str, list] = {}
         first_token = anyio.Event()
 
@@ -358,7 +365,7 @@ async def test_nowait_raises_when_the_waiting_queue_is_full(llama):
 async def test_every_way_out_gives_the_admission_place_back(llama):
     """Requests cancelled at the gate, aborted while queued in the engine core, rejected or finished all
     give their place under max_waiting_requests back: afterwards the queue takes exactly 2 again."""
-    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=2) as engine:
+    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=2, **HELD_LONG) as engine:
         results: dict[str, list] = {}
 
         async def run(name: str, params: SamplingParams, *, nowait: bool = False) -> None:
@@ -396,7 +403,7 @@ async def test_every_way_out_gives_the_admission_place_back(llama):
 
 
 async def test_abort_of_a_request_waiting_for_admission(llama):
-    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=1) as engine:
+    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=1, **HELD_LONG) as engine:
         results: dict[str, list] = {}
 
         async def run(name: str, params: SamplingParams) -> None:
@@ -536,7 +543,7 @@ async def test_request_ids(llama):
 
 
 async def test_duplicate_ids_waiting_for_admission(llama):
-    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=1) as engine:
+    async with start_engine(llama, max_num_seqs=1, max_waiting_requests=1, **HELD_LONG) as engine:
         outcome: dict[str, list] = {"ok": [], "rejected": [], "dead": []}
 
         async def run(name: str, params: SamplingParams) -> None:
