@@ -169,12 +169,7 @@ def run_llama(args, num_requests: int, run: int, kv_type: str | None, threads: i
             streams = list(pool.map(one, w5_prompts(num_requests, run)))
         return {**summarize(streams), "threads": threads}
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        llama_server.stop_server(process)
 
 
 def _healthy(port: int) -> bool:

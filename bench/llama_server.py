@@ -181,12 +181,17 @@ def run_w3(prompts: list[list[int]], max_tokens: list[int], gguf_type: str, thre
                 generated = sum(pool.map(one, range(slots)))
             return time.perf_counter() - start, generated
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_server(process)
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """Terminate a server process, killing it if it has not exited within 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def main() -> int:
