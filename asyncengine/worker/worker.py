@@ -71,7 +71,9 @@ class Worker(WorkerBase):
         device_type = platform.device_type
         if device_type is None:  # platform resolution checks it; a Worker built by hand may not
             raise StartupError(f"platform {platform.__qualname__} has no device_type (cpu, cuda, ...): set it")
-        self.device = torch.device(device_type if device_type == "cpu" or world_size == 1 else f"{device_type}:{rank}")
+        # An accelerator's device carries its index even alone (cuda:0, as vLLM passes it): torch.cuda.set_device
+        # and the platforms modelled on it refuse a device without one.
+        self.device = torch.device(device_type if device_type == "cpu" else f"{device_type}:{rank}")
         self.model_runner: ModelRunner | None = None  # built by init_device
         self._cpu_threads: cpu_threads.AppliedThreads | None = None  # set by init_device on CPU
         self._load_follower: cpu_threads.LoadFollower | None = None  # with the default cpu_threads on CPU
