@@ -27,6 +27,7 @@ from asyncengine.interfaces.custom_op_registry import OpProviderRegistry
 from asyncengine.models.layers.op_registry import call_op, provider_order, providers_of
 from asyncengine.plugin_runtime import platform_resolution as resolution
 from asyncengine.platforms.cpu import CpuPlatform
+from asyncengine.platforms.cuda import CudaPlatform
 from support.platforms import use_platform
 
 CHECKS = Path(__file__).with_name("triton_interpreter_checks.py")
@@ -101,6 +102,9 @@ def test_on_a_machine_without_cuda_the_triton_providers_are_left_out(cpu, monkey
 
 def test_where_triton_runs_it_comes_first_yet_cpu_tensors_still_run_native(cpu, monkeypatch):
     monkeypatch.setattr(op_registry, "_triton_runs_here", True)
+    assert provider_order("silu_and_mul") == (["native"], "registered priorities")  # the CPU platform: no triton
+    use_platform(monkeypatch, CudaPlatform)
+    monkeypatch.setattr(op_registry, "_chains", {})
     assert provider_order("silu_and_mul") == (["triton", "native"], "registered priorities")
     x = torch.randn(3, 8)
     # supported() declines CPU tensors: the call falls through to native (a kernel given CPU tensors

@@ -64,6 +64,15 @@ def triton_runs_here() -> bool:
     return _triton_runs_here
 
 
+def triton_for_this_platform() -> bool:
+    """The triton providers' availability: they run where triton and a CUDA device are present and the
+    platform is CUDA's. A CPU platform on a machine that also has a GPU keeps `native` first, so its fused
+    C kernels (norm.py's `forward_cpu`) still run (the first H100 run showed them passed over)."""
+    from asyncengine.plugin_runtime.platform_resolution import current_platform
+
+    return current_platform().device_type == "cuda" and triton_runs_here()
+
+
 def on_cuda(*args: Any) -> bool:
     """The triton providers' `supported`: every tensor argument on a CUDA device, in a dtype the kernels
     take (float32/16, bfloat16); non-tensor arguments (eps) pass. Torch-free: it reads attributes."""
@@ -274,6 +283,6 @@ def _choices() -> list[tuple[str, str]]:
 for _key in BUILT_IN_PROVIDERS:
     _op, _, _provider = _key.partition("/")
     if _provider == TRITON:
-        _options[_key] = _Options(_TRITON_SUPPORTED.get(_op, on_cuda), 10, triton_runs_here)
+        _options[_key] = _Options(_TRITON_SUPPORTED.get(_op, on_cuda), 10, triton_for_this_platform)
     else:
         _options[_key] = _Options(None, 0)
