@@ -11,6 +11,7 @@ from asyncengine.sampling_bounds import (
     Count, Int64, LogitBias, Penalty, PositiveCount, Probability, RepetitionPenalty, Temperature, TokenId, TopP,
 )
 from asyncengine.structured_output_spec import GrammarSpec
+from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
 
@@ -78,6 +79,8 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     # vLLM's: roots the chain of prefix-cache block hashes, so requests with different salts never share blocks.
     cache_salt: str | None = None
+    # The prompt's images (docs/multimodal.md), in prompt order; None for a text-only prompt.
+    mm_features: list[MultiModalFeature] | None = None
 
 
 class FinishReason:
