@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from asyncengine.errors import RequestError
 
@@ -140,7 +141,8 @@ async def fetch_url(url: str, limits: MediaLimits, where: str) -> bytes:
     body = bytearray()
     try:
         with anyio.fail_after(limits.fetch_timeout):
-            stream = await anyio.connect_tcp(host, port, tls=https, tls_hostname=host if https else None)
+            stream: anyio.abc.ByteStream = await (anyio.connect_tcp(host, port, tls=True, tls_hostname=host) if https
+                                                  else anyio.connect_tcp(host, port))
             async with stream:
                 request = h11.Request(method="GET", target=target, headers=[
                     ("Host", parts.netloc.rsplit("@", 1)[-1]), ("User-Agent", "asyncengine"), ("Accept", "image/*"),

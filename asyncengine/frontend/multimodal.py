@@ -111,6 +111,12 @@ class MultiModalInputs:
     def placeholder(self) -> str:
         return self.processor.placeholder(IMAGE)
 
+    @property
+    def chat_template(self) -> str | None:
+        """The HF processor's chat template (a multimodal checkpoint ships it beside the processor), if any."""
+        template = getattr(self.processor.info.get_hf_processor(), "chat_template", None)
+        return template if isinstance(template, str) else None
+
     # -- the items ---------------------------------------------------------------------------------------------
 
     def images_of(self, multi_modal_data: Any, field: str = "multi_modal_data") -> list[Any]:
