@@ -230,12 +230,12 @@ async def test_chat_image_parts_are_loaded_in_order_and_counted_first(anyio_back
 
     messages = [{"role": "user", "content": [
         {"type": "text", "text": "compare"}, {"type": "image_url", "image_url": {"url": data_url(encoded(first))}},
-        {"type": "image_url", "image_url": data_url(encoded(second))}]}]
-    rewritten, images = await load_chat_images(messages, MediaLimits(), 2, run_in_thread)
-    assert [image.tobytes() for image in images] == [first.tobytes(), second.tobytes()]
-    assert rewritten[0]["content"][1:] == [{"type": "image"}, {"type": "image"}]
+        {"type": "image_url", "image_url": data_url(encoded(second))}, {"type": "image_pil", "image_pil": first}]}]
+    rewritten, images = await load_chat_images(messages, MediaLimits(), 3, run_in_thread)
+    assert [image.tobytes() for image in images] == [first.tobytes(), second.tobytes(), first.tobytes()]
+    assert rewritten[0]["content"][1:] == [{"type": "image"}] * 3
     assert messages[0]["content"][1]["type"] == "image_url"  # the caller's messages are left alone
-    with pytest.raises(RequestError, match="over the limit of 1") as info:
+    with pytest.raises(RequestError, match="3 images, over the limit of 1") as info:
         await load_chat_images(messages, MediaLimits(), 1, run_in_thread)
     assert info.value.field == "messages[0].content[2]"
     broken = [{"role": "user", "content": [{"type": "text", "text": "x"},
