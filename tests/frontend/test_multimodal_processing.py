@@ -163,3 +163,21 @@ def test_the_cache_evicts_the_least_recently_used_by_bytes():
     assert cache.get("c") is None and cache.get("b") is not None and cache.get("d") is not None
     cache.put("huge", CachedItem("r", {}, 101))  # larger than the whole cache: not kept
     assert cache.get("huge") is None and len(cache) == 2
+
+
+def test_a_processor_that_cannot_work_fails_start_up_naming_it(tiny):
+    from asyncengine.errors import ConfigError
+    from asyncengine.interfaces.multimodal_registry import BaseMultiModalProcessor
+
+    _, _, inputs = tiny
+
+    class Broken(BaseMultiModalProcessor):
+        def process_item(self, modality, item, options):
+            raise ValueError("size must have longest_edge")
+
+    broken = Broken(inputs.processor.info)
+    checked = MultiModalInputs(broken, inputs.tokenizer, MediaLimits(), {"image": 1}, {"size": 3}, 0)
+    with pytest.raises(ConfigError, match="Broken cannot process an image.*longest_edge") as info:
+        checked.check_at_startup()
+    assert info.value.field == "mm_processor_kwargs"
+    inputs.check_at_startup()  # a working one passes
