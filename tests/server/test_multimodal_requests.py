@@ -95,6 +95,10 @@ def test_data_url_images_reach_the_engine_as_the_expanded_prompt(server):
     assert body["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"] == 2 * 4
     status, body = send(server, chat(image_part(f"file://{server.media_dir}/cat.png")))  # under the allowed folder
     assert status == 200, body
+    status, _, raw = server.request("POST", "/v1/chat/completions",
+                                    chat(image_part(data_url(png(30, 20, 1))), stream=True, max_tokens=2), HEADERS)
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and len(events) >= 2, raw
 
 
 BAD = {
