@@ -246,3 +246,20 @@ async def test_chat_image_parts_are_loaded_in_order_and_counted_first(anyio_back
     with pytest.raises(RequestError, match="embeddings"):
         await load_chat_images([{"role": "user", "content": [{"type": "image_embeds", "image_embeds": "x"}]}],
                                MediaLimits(), 2, run_in_thread)
+
+
+def test_image_parts_reach_templates_in_their_content_format():
+    from asyncengine.frontend.chat_messages import conversation_for_template
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is"}, {"type": "image"},
+                                             {"type": "text", "text": "?"}]}]
+    string_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    parts_template = "{% for m in messages %}{% for p in m['content'] %}{{ p['type'] }}{% endfor %}{% endfor %}"
+    assert conversation_for_template(messages, string_template, image_placeholder="<image>")[0]["content"] == \
+        "what is\n<image>\n?"
+    assert conversation_for_template(messages, parts_template, image_placeholder="<image>")[0]["content"] == [
+        {"type": "text", "text": "what is"}, {"type": "image"}, {"type": "text", "text": "?"}]
+    raw = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
+    with pytest.raises(RequestError, match="takes no images") as info:  # a model that is not multimodal
+        conversation_for_template(raw, parts_template)
+    assert info.value.field == "messages[0].content[0].type"
