@@ -171,8 +171,8 @@ def http_response(status: str, body: bytes, headers: str = "") -> bytes:
     return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{headers}Connection: close\r\n\r\n".encode() + body
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_fetches_from_allowed_hosts_bounded_in_bytes_and_time(anyio_backend):
+@pytest.mark.anyio
+async def test_fetches_from_allowed_hosts_bounded_in_bytes_and_time():
     png = encoded(noise())
     limits = MediaLimits(allowed_media_domains=("127.0.0.1",), fetch_timeout=0.5, max_image_bytes=len(png) + 10)
     cases = [(http_response("200 OK", png), None), (http_response("404 Not Found", b""), "HTTP 404"),
@@ -195,6 +195,20 @@ async def test_fetches_from_allowed_hosts_bounded_in_bytes_and_time(anyio_backen
     assert info.value.field == WHERE
     with pytest.raises(RequestError, match="not allowed"):  # an allowed domain's look-alike
         await image_bytes_from_url("http://127.0.0.1.evil.example/cat.png", limits, WHERE)
+
+
+@pytest.mark.anyio
+async def test_a_fetch_is_cancelled_with_its_request():
+    limits = MediaLimits(allowed_media_domains=("127.0.0.1",), fetch_timeout=30)
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, answering(None))  # a server that never answers
+            started = anyio.current_time()
+            with anyio.move_on_after(0.2) as scope:  # the request goes away (a client disconnect)
+                await image_bytes_from_url(f"http://127.0.0.1:{port}/slow.png", limits, WHERE)
+            assert scope.cancelled_caught and anyio.current_time() - started < 5
+            tg.cancel_scope.cancel()
 
 
 def test_python_objects_become_rgb_images():
@@ -221,8 +235,8 @@ def test_the_identifier_is_the_pixels_and_the_options():
     assert image_identifier(image, {}, "p") != image_identifier(image, {"do_image_splitting": False}, "p")
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_chat_image_parts_are_loaded_in_order_and_counted_first(anyio_backend):
+@pytest.mark.anyio
+async def test_chat_image_parts_are_loaded_in_order_and_counted_first():
     first, second = noise(seed=1), noise(seed=2)
 
     async def run_in_thread(function, *args):
