@@ -17,7 +17,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncengine.errors import RequestError
-from asyncengine.frontend.media import MediaLimits, decode_image, image_bytes_from_url, image_from_object
+from asyncengine.frontend.media import (
+    MediaLimits,
+    decode_data_url,
+    decode_image,
+    image_bytes_from_url,
+    image_from_object,
+)
 
 IMAGE_PARTS = ("image_url", "image_pil")
 REFUSED_PARTS = {"image_embeds": "image embeddings are not taken: send the image itself (image_url)",
@@ -64,6 +70,9 @@ async def load_chat_images(messages: list[dict[str, Any]], limits: MediaLimits, 
         url = value.get("url") if isinstance(value, dict) else value
         if not isinstance(url, str):
             raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,...\"}}", field=where)
+        if url[:5].lower() == "data:":
+            images.append(await run_in_pool(decode_data_url, url, limits, where))
+            continue
         data = await image_bytes_from_url(url, limits, where)
         images.append(await run_in_pool(decode_image, data, limits, where))
     replaced = {(index, part_index) for index, part_index, _ in parts}
