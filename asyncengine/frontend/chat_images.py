@@ -75,15 +75,15 @@ async def load_chat_images(messages: list[dict[str, Any]], limits: MediaLimits, 
             continue
         data = await image_bytes_from_url(url, limits, where)
         images.append(await run_in_pool(decode_image, data, limits, where))
-    replaced = {(index, part_index) for index, part_index, _ in parts}
-    rewritten = []
-    for index, message in enumerate(messages):
-        content = message.get("content")
-        if isinstance(content, list) and any((index, j) in replaced for j in range(len(content))):
-            message = {**message, "content": [{"type": "image"} if (index, j) in replaced else part
-                                              for j, part in enumerate(content)]}
-        rewritten.append(message)
-    return rewritten, images
+    return image_placeholders(messages), images
 
 
-__all__ = ["IMAGE_PARTS", "image_parts", "load_chat_images"]
+def image_placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with each image part made `{"type": "image"}` (new dicts where one changes; nothing loaded)."""
+    return [{**message, "content": [{"type": "image"} if isinstance(part, dict) and part.get("type") in IMAGE_PARTS
+                                    else part for part in message["content"]]}
+            if isinstance(message, dict) and isinstance(message.get("content"), list) else message
+            for message in messages]
+
+
+__all__ = ["IMAGE_PARTS", "image_parts", "image_placeholders", "load_chat_images"]
