@@ -106,6 +106,9 @@ class MultiModalInputs:
         self.options = dict(options or {})
         self.cache = ProcessedItemCache(cache_bytes)
         self._name = describe(type(processor))
+        # The tokenizer pool's threads share this tokenizer: transformers' __call__ may reset the Rust
+        # tokenizer's truncation and padding state, which fails ("Already borrowed") under a concurrent call.
+        self._tokenizer_lock = threading.Lock()
 
     @property
     def placeholder(self) -> str:
@@ -207,7 +210,8 @@ class MultiModalInputs:
         for replacement, piece in zip(replacements, pieces[1:]):
             char_spans.append((len(expanded), len(expanded) + len(replacement)))
             expanded += replacement + piece
-        encoding = self.tokenizer(expanded, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        with self._tokenizer_lock:
+            encoding = self.tokenizer(expanded, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         ids, offsets = list(encoding["input_ids"]), list(encoding["offset_mapping"])
         spans = []
         for char_start, char_end in char_spans:
@@ -227,7 +231,8 @@ class MultiModalInputs:
             if token != placeholder_id:
                 ids.append(token)
                 continue
-            replacement = list(self.tokenizer.encode(next(replacements_left), add_special_tokens=False))
+            with self._tokenizer_lock:
+                replacement = list(self.tokenizer.encode(next(replacements_left), add_special_tokens=False))
             spans.append((len(ids), len(ids) + len(replacement)))
             ids.extend(replacement)
         return ids, spans
