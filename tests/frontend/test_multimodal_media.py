@@ -277,3 +277,32 @@ def test_image_parts_reach_templates_in_their_content_format():
     with pytest.raises(RequestError, match="takes no images") as info:  # a model that is not multimodal
         conversation_for_template(raw, parts_template)
     assert info.value.field == "messages[0].content[0].type"
+
+
+def test_the_multimodal_flags_parse_and_bad_values_name_their_field():
+    import argparse
+
+    from asyncengine import EngineConfig
+    from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
+    from asyncengine.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    config = engine_config_from_args(parser.parse_args([
+        "--limit-mm-per-prompt", '{"image": 2}', "--allowed-media-domains", "a.example", "b.example",
+        "--allowed-local-media-path", "/srv/media", "--max-image-pixels", "1000", "--mm-processor-kwargs",
+        '{"do_image_splitting": false}']), model=None)
+    limits = MediaLimits.of(config)
+    assert config.limit_mm_per_prompt == {"image": 2} and config.mm_processor_kwargs == {"do_image_splitting": False}
+    assert limits.allowed_media_domains == ("a.example", "b.example") and limits.max_image_pixels == 1000
+    assert limits.allowed_local_media_path == "/srv/media"
+    for options, field in [({"limit_mm_per_prompt": {"video": 1}}, "limit_mm_per_prompt"),
+                           ({"limit_mm_per_prompt": {"image": -1}}, "limit_mm_per_prompt"),
+                           ({"max_image_pixels": 0}, "max_image_pixels"),
+                           ({"media_fetch_timeout": 0.0}, "media_fetch_timeout"),
+                           ({"mm_processor_cache_gb": float("nan")}, "mm_processor_cache_gb"),
+                           ({"allowed_media_domains": [""]}, "allowed_media_domains")]:
+        with pytest.raises(ConfigError) as info:
+            EngineConfig(**options)
+        assert info.value.field == field, options
+    assert EngineConfig(limit_mm_per_prompt={"image": {"count": 3}}).limit_mm_per_prompt == {"image": {"count": 3}}
