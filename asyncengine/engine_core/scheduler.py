@@ -37,13 +37,14 @@ and every step carries the connector's metadata to the workers (interfaces/kv_co
 from __future__ import annotations
 
 import bisect
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
+from asyncengine.engine_core.shares import Shares
 from asyncengine.engine_core.spec_decode import SpecDecodeCounters, drafts_to_verify
 from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRequest
 from asyncengine.interfaces.scheduler import SchedulerInterface
@@ -188,7 +189,7 @@ class Scheduler(SchedulerInterface):
         spec_token_ids: dict[str, list[int]] = {}
         preempted_this_step = False
 
-        shares = _Shares(self) if self._parent_of else None
+        shares = Shares(self) if self._parent_of else None
         micro_batches = self.micro_batches
         if micro_batches is not None:
             micro_batches.begin_step(len(self.running))
@@ -596,50 +597,3 @@ class Scheduler(SchedulerInterface):
 
 def _priority_order(seq: Sequence) -> tuple[int, int]:
     return seq.priority, seq.arrival_index
-
-
-class _Shares:
-    """One step's accounting of what each parent request's sequences hold and take.
-
-    The slots are a hard share: a parent never runs more than `max_seqs` sequences at once, so a slot
-    is always left for a request that arrives later. The token budget is held to its share only while
-    some sequence that is not the parent's own is waiting (counted as the step goes: those admitted no
-    longer wait), so a request alone in the engine prefills at the step's full budget.
-    """
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._parent_of = scheduler._parent_of
-        self.max_seqs = max(1, scheduler.max_num_seqs // 2)
-        self.max_tokens = max(1, scheduler.max_num_batched_tokens // 2)
-        self.step_budget = scheduler.max_num_batched_tokens
-        self.running = Counter(self._parent_of.get(seq.request_id) for seq in scheduler.running)
-        self.waiting = Counter(self._parent_of.get(seq.request_id) for seq in scheduler.waiting)
-        self.num_waiting = len(scheduler.waiting)
-        self.tokens: Counter[str | None] = Counter()
-
-    def _contended(self, parent: str | None) -> bool:
-        return parent is not None and self.num_waiting > self.waiting[parent]
-
-    def tokens_left(self, seq: Sequence) -> int:
-        """How many tokens `seq` may still be scheduled this step under its parent's share."""
-        parent = self._parent_of.get(seq.request_id)
-        if not self._contended(parent):
-            return self.step_budget  # no share applies: the step's budget is the bound
-        return self.max_tokens - self.tokens[parent]
-
-    def admission_tokens_left(self, seq: Sequence) -> int:
-        """As `tokens_left`, and 0 once its parent holds its share of the slots (contended or not)."""
-        parent = self._parent_of.get(seq.request_id)
-        if parent is not None and self.running[parent] >= self.max_seqs:
-            return 0
-        return self.tokens_left(seq)
-
-    def spend(self, seq: Sequence, num_tokens: int) -> None:
-        self.tokens[self._parent_of.get(seq.request_id)] += num_tokens
-
-    def admit(self, seq: Sequence, num_tokens: int) -> None:
-        parent = self._parent_of.get(seq.request_id)
-        self.running[parent] += 1
-        self.waiting[parent] -= 1
-        self.num_waiting -= 1
-        self.spend(seq, num_tokens)

@@ -519,9 +519,8 @@ class ModelRunner:
                 logits = self._apply_grammar_bitmask(
                     logits, [rid for rid, own in zip(inputs.sampling_request_ids, inputs.drafts)
                              for _ in range(len(own) + 1)], bitmask)
-            return self._verified(hidden, logits, inputs, scheduler_output,
-                                  ModelRunnerOutput(timings=None, failed_requests=failed),
-                                  (started, prepared, forwarded, events, use_graph))
+            return self._verified(hidden, logits, inputs, ModelRunnerOutput(
+                timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
         if bitmask is not None:
             logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, bitmask)
         rows = []
@@ -545,34 +544,18 @@ class ModelRunner:
             request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs,
             timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed,
         )
-        if self.spec_decoder is not None:
-            output.accepted_token_ids = [[] for _ in inputs.sampling_request_ids]
-            output.draft_token_ids = self.spec_decoder.propose(inputs.sampling_request_ids, self.requests, hidden)
+        if self.spec_decoder is not None:  # drafts for the next step (worker/spec_decode/verifier.py)
+            self.spec_decoder.propose_into(output, self.requests, hidden)
         return self._with_pooled(hidden, inputs, output)
 
     def _verified(self, hidden: torch.Tensor, logits: torch.Tensor, inputs: "_StepInputs",
-                  scheduler_output: SchedulerOutput, output: ModelRunnerOutput, times: tuple[Any, ...]
-                  ) -> ModelRunnerOutput:
-        """A step with drafts (worker/spec_decode/verifier.py): the rejection test over every verified
-        position, the emitted tokens appended, and the next drafts proposed."""
-        spec = self.spec_decoder
-        if spec is None or inputs.drafts is None:
+                  output: ModelRunnerOutput) -> ModelRunnerOutput:
+        """A step with drafts: the rejection test over every verified position, the emitted tokens
+        appended, and the next drafts proposed (worker/spec_decode/verifier.py)."""
+        if self.spec_decoder is None or inputs.drafts is None:
             raise RuntimeError("a step with drafts (spec_token_ids) reached a worker built without speculative_config")
-        verified = spec.verify(logits, inputs.sampling_request_ids, inputs.drafts, self.requests, self.sampler)
-        last_tokens = []
-        for request_id, tokens in zip(inputs.sampling_request_ids, verified.token_ids):
-            state = self.requests[request_id]
-            state.token_ids.extend(tokens)
-            state.output_token_ids.extend(tokens)
-            last_tokens.append(tokens[-1])
-        output.request_ids = inputs.sampling_request_ids
-        output.sampled_token_ids = last_tokens
-        output.accepted_token_ids = [tokens[:-1] for tokens in verified.token_ids]
-        if verified.logprobs is not None:
-            output.logprobs = [entries[-1] for entries in verified.logprobs]
-            output.accepted_logprobs = [entries[:-1] for entries in verified.logprobs]
-        output.draft_token_ids = spec.propose(inputs.sampling_request_ids, self.requests, hidden)
-        output.timings = self._timings(*times)
+        self.spec_decoder.verify_step(logits, inputs.sampling_request_ids, inputs.drafts, self.requests, self.sampler,
+                                      hidden, output)
         return self._with_pooled(hidden, inputs, output)
 
     def _with_pooled(self, hidden: torch.Tensor, inputs: "_StepInputs", output: ModelRunnerOutput) -> ModelRunnerOutput:

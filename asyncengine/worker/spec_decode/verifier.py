@@ -31,6 +31,7 @@ from asyncengine.interfaces.spec_decode import ProposalBatch, Proposer, Proposer
 from asyncengine.plugin_runtime.records import current_process_role
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.startup import StartupRecord
+from asyncengine.wire.worker import ModelRunnerOutput
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.worker.spec_decode.rejection_sampler import (
     rejection_sample,
@@ -117,6 +118,31 @@ class SpecDecoder:
                                generator=sampler.generator)
         emitted = [row[:n] for row, n in zip(out.token_ids.tolist(), out.num_emitted)]
         return Verified(emitted, self._logprobs(raw_logprobs, emitted, counts, positions))
+
+    def verify_step(self, logits: torch.Tensor, request_ids: list[str], drafts: Sequence[list[int]],
+                    states: Mapping[str, RequestHistory], sampler: Sampler, hidden_states: torch.Tensor,
+                    output: ModelRunnerOutput) -> None:
+        """A step with drafts, in the worker: verified (`verify`), each request's emitted tokens appended to its
+        history, and `output` filled: its last token as the sampled one, the accepted drafts before it, their
+        logprobs, and the drafts proposed for the next step."""
+        verified = self.verify(logits, request_ids, drafts, states, sampler)
+        for request_id, tokens in zip(request_ids, verified.token_ids):
+            state = states[request_id]
+            state.token_ids.extend(tokens)
+            state.output_token_ids.extend(tokens)
+        output.request_ids = request_ids
+        output.sampled_token_ids = [tokens[-1] for tokens in verified.token_ids]
+        if verified.logprobs is not None:
+            output.logprobs = [entries[-1] for entries in verified.logprobs]
+            output.accepted_logprobs = [entries[:-1] for entries in verified.logprobs]
+        self.propose_into(output, states, hidden_states, [tokens[:-1] for tokens in verified.token_ids])
+
+    def propose_into(self, output: ModelRunnerOutput, states: Mapping[str, RequestHistory],
+                     hidden_states: torch.Tensor, accepted: list[list[int]] | None = None) -> None:
+        """`output`'s speculative fields after a step that sampled `output.request_ids`: the drafts each
+        accepted (none: a step without drafts), and the drafts proposed for its next step."""
+        output.accepted_token_ids = accepted if accepted is not None else [[] for _ in output.request_ids]
+        output.draft_token_ids = self.propose(output.request_ids, states, hidden_states)
 
     @staticmethod
     def _logprobs(raw_logprobs: torch.Tensor | None, emitted: list[list[int]], counts: list[int],
