@@ -243,6 +243,8 @@ class Scheduler(SchedulerInterface):
                         num_computed_tokens=seq.num_computed_tokens,
                         extra_group_block_ids=[table[before:] for table, before in
                                                zip(seq.block_tables[1:], num_blocks_before[1:])] or None,
+                        # (with speculation, the tables may have been trimmed since the last step)
+                        block_table_lengths=num_blocks_before if self.num_speculative_tokens else None,
                     )
                 )
             index += 1

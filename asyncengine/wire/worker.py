@@ -31,6 +31,9 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
     new_block_ids: list[int]
     num_computed_tokens: int
     extra_group_block_ids: list[list[int]] | None = None  # the other KV cache groups' new blocks
+    # Speculative decoding: per KV cache group, how many of its blocks the request keeps before new_block_ids
+    # are appended (the scheduler released those only rejected drafts needed); None: all of them.
+    block_table_lengths: list[int] | None = None
 
 
 class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True):

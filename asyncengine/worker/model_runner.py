@@ -418,6 +418,9 @@ class ModelRunner:
             if cached.request_id in self.failed_request_ids:
                 continue  # scheduled again before the scheduler learnt it failed
             state = self.requests[cached.request_id]
+            for group, length in enumerate(cached.block_table_lengths or ()):  # (speculative decoding's trims)
+                del (state.block_ids if group == 0 else state.extra_block_ids[group - 1])[length:]
+                self.block_rows.truncate(state.row, length, group)
             state.block_ids.extend(cached.new_block_ids)
             self.block_rows.append(state.row, cached.new_block_ids)
             for group, ids in enumerate(cached.extra_group_block_ids or (), start=1):
