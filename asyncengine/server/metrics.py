@@ -298,10 +298,8 @@ class PrometheusStatLogger(StatLoggerBase):
         children = series.indexed_children.setdefault(field_name, [])
         last = series.indexed_totals.setdefault(field_name, [])
         while len(children) < len(totals):  # every index's series, a zero one included
-            labels = {"model_name": self.model_name, label: str(len(children))}
-            if self._per_engine:
-                labels["engine"] = str(index)
-            children.append(family.labels(**labels))
+            # (each family takes the labels it has: ours carries `engine` only with data parallelism, vLLM's always)
+            children.append(family.labels(model_name=self.model_name, engine=str(index), **{label: str(len(children))}))
             last.append(0)
         for position, total in enumerate(totals):
             if total > last[position]:
