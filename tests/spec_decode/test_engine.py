@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from asyncengine import LLM, SamplingParams
+from asyncengine.interfaces.stat_logger import StatLoggerBase
 from asyncengine.interfaces.spec_decode import DraftTokens, ProposalBatch, Proposer, ProposerRegistry, register_proposer
 from support.engine_checks import assert_all_blocks_free
 
@@ -128,13 +129,31 @@ def test_oracle_drafts_accepted_in_part_give_the_same_tokens(model, prompts, par
     assert_all_blocks_free(stats)
 
 
-def test_ngram_gives_the_same_tokens(model, prompts, params, reference):
+class RecordingStatLogger(StatLoggerBase):
+    """A stat logger as a plugin would have one: it keeps the scheduler stats `record` receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list = []
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        if scheduler_stats is not None:
+            self.received.append(scheduler_stats)
+
+
+def test_ngram_gives_the_same_tokens_and_stat_loggers_get_the_counters(model, prompts, params, reference):
+    stat_logger = RecordingStatLogger()
     with LLM(str(model.path), skip_tokenizer_init=True, speculative_config=NGRAM, **TIGHT) as llm:
+        llm.engine.add_stat_logger(stat_logger)
         assert_same(generate(llm, prompts, params), reference)
         stats = llm.get_scheduler_stats()
     assert stats.spec_decode_num_drafts > 0
     assert_counters_add_up(stats, 4)
     assert_all_blocks_free(stats)
+    # Stat loggers receive vLLM's speculative counters with every step's scheduler stats.
+    last = stat_logger.received[-1]
+    assert (last.spec_decode_num_drafts, last.spec_decode_num_draft_tokens, last.spec_decode_num_accepted_tokens) == \
+        (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens)
 
 
 def test_an_unknown_method_fails_start_up_listing_the_registered_ones(model):
