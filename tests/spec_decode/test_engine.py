@@ -70,6 +70,11 @@ def params() -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=3)
 
 
+# Greedy with the sampler's steps before the temperature, which verification applies per drafted position.
+STEERED = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, repetition_penalty=1.3,
+                         frequency_penalty=0.4, presence_penalty=0.2, logit_bias={7: 3.0, 8: -2.0}, logprobs=2)
+
+
 def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams):
     return llm.generate([{"prompt_token_ids": p} for p in prompts], params)
 
@@ -79,8 +84,9 @@ def reference(model, prompts, params):
     """The same engine's outputs without speculation (and the oracle's sequences from them)."""
     with LLM(str(model.path), skip_tokenizer_init=True, **TIGHT) as llm:
         outputs = generate(llm, prompts, params)
+        steered = generate(llm, prompts[-2:], STEERED)
     OracleProposer.SEQUENCES = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outputs)]
-    return outputs
+    return outputs, steered
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +123,8 @@ def test_oracle_drafts_accepted_in_part_give_the_same_tokens(model, prompts, par
     calls = OracleProposer.calls
     with LLM(str(model.path), skip_tokenizer_init=True, speculative_config=ORACLE, async_scheduling=async_scheduling,
              **TIGHT) as llm:
-        assert_same(generate(llm, prompts, params), reference)
-        assert_same(generate(llm, prompts[:2], params), reference[:2])  # again: prefix hits, drafts from the start
+        assert_same(generate(llm, prompts, params), reference[0])
+        assert_same(generate(llm, prompts[:2], params), reference[0][:2])  # again: prefix hits, drafts from the start
         stats = llm.get_scheduler_stats()
     assert OracleProposer.calls > calls
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
@@ -145,7 +151,13 @@ def test_ngram_gives_the_same_tokens_and_stat_loggers_get_the_counters(model, pr
     stat_logger = RecordingStatLogger()
     with LLM(str(model.path), skip_tokenizer_init=True, speculative_config=NGRAM, **TIGHT) as llm:
         llm.engine.add_stat_logger(stat_logger)
-        assert_same(generate(llm, prompts, params), reference)
+        assert_same(generate(llm, prompts, params), reference[0])
+        # Penalties and logit bias apply at each drafted position with the drafts before it in the history.
+        assert_same(generate(llm, prompts[-2:], STEERED), reference[1])
+        # Random sampling goes through the rejection test; a seeded request draws from its own generator.
+        seeded = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=NUM_TOKENS, ignore_eos=True)
+        first, again = (generate(llm, prompts[-2:], seeded) for _ in range(2))
+        assert [o.outputs[0].token_ids for o in first] == [o.outputs[0].token_ids for o in again]
         stats = llm.get_scheduler_stats()
     assert stats.spec_decode_num_drafts > 0
     assert_counters_add_up(stats, 4)
