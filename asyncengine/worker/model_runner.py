@@ -522,8 +522,9 @@ class ModelRunner:
                 logits = self._apply_grammar_bitmask(
                     logits, [rid for rid, own in zip(inputs.sampling_request_ids, inputs.drafts)
                              for _ in range(len(own) + 1)], bitmask)
-            return self._verified(hidden, logits, inputs, ModelRunnerOutput(
-                timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
+            output = self._verified(hidden, logits, inputs, ModelRunnerOutput(failed_requests=failed))
+            output.timings = self._timings(started, prepared, forwarded, events, use_graph)  # (verification in `sample`)
+            return output
         if bitmask is not None:
             logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, bitmask)
         rows = []
