@@ -219,6 +219,10 @@ class Scheduler(SchedulerInterface):
                 num_new += len(drafts)
             num_blocks_before = [len(table) for table in seq.block_tables]
             while not self.block_manager.allocate(seq, num_new):
+                if drafts:  # no request is preempted for drafts: this step verifies none
+                    num_new -= len(drafts)
+                    drafts = []
+                    continue
                 victim = self.running.pop()  # the last: latest admitted (fcfs), least urgent (priority)
                 self._preempt(victim)
                 preempted_this_step = True
