@@ -39,7 +39,6 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
 
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.micro_batches import MicroBatches
@@ -448,17 +447,8 @@ class Scheduler(SchedulerInterface):
             num_kv_connector_loaded_tokens=self.num_kv_connector_loaded_tokens,
             structured_outputs_cache_bytes=self.structured_output.cache_bytes if self.structured_output else 0,
             structured_outputs_cache_entries=self.structured_output.cache_entries if self.structured_output else 0,
-            **self._spec_decode_stats(),
+            **(self.spec_counters.stats() if self.spec_counters is not None else {}),
         )
-
-    def _spec_decode_stats(self) -> dict[str, Any]:
-        counters = self.spec_counters
-        if counters is None:
-            return {}
-        return {"spec_decode_num_drafts": counters.num_drafts,
-                "spec_decode_num_draft_tokens": counters.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": counters.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": list(counters.num_accepted_tokens_per_pos)}
 
     # -- helpers -----------------------------------------------------------------------------------------
 

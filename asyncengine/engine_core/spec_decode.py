@@ -16,7 +16,7 @@ engine core's work for the other requests.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from asyncengine.engine_core.sequence import Sequence
@@ -52,3 +52,9 @@ class SpecDecodeCounters:
         self.num_accepted_tokens += num_accepted
         for position in range(num_accepted):
             self.num_accepted_tokens_per_pos[position] += 1
+
+    def stats(self) -> dict[str, Any]:
+        """The SchedulerStats fields these counters fill."""
+        return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": self.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+                "spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos)}
