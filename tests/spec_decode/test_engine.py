@@ -22,8 +22,8 @@ NUM_TOKENS = 24
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 ORACLE = {"method": "test_oracle", "num_speculative_tokens": 3}
 # Small enough for chunked prefill (the longest prompt takes 4 steps) and for preemption (8 prompts of up to 60
-# tokens, 24 more each, in 12 blocks of 16 tokens).
-TIGHT = dict(max_num_batched_tokens=20, num_gpu_blocks_override=12, max_model_len=128)
+# tokens, 24 more each, in 9 blocks of 16 tokens, one more than max_model_len needs).
+TIGHT = dict(max_num_batched_tokens=20, num_gpu_blocks_override=9, max_model_len=128)
 
 
 class OracleProposer(Proposer):
