@@ -162,3 +162,53 @@ def test_store_kv_matches_the_reference_on_strided_views(dtype):
     with pytest.raises(IndexError, match="outside the cache"):
         cpu_attention.store_kv(key + 1, value, *ours, outside)
     assert torch.equal(ours[0], before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[2]], ids=["gqa3-d64", "gqa3-d64-prefills", "mha-d40"])
+@pytest.mark.parametrize("window", [None, 24])
+def test_sinks_match_the_reference(dtype, case, window):
+    """GPT-OSS's attention sinks: each query head's logit joins its softmax and attends to nothing. Sinks from
+    -3 to 6 (some larger than every score, so they take most of the probability), with and without a sliding
+    window; vector (d64) and generic (d40) paths."""
+    num_heads, num_kv_heads, head_dim, query_lens, seq_lens = case
+    query, key_cache, value_cache, tables = make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens,
+                                                       seed=5)
+    sinks = torch.linspace(-3.0, 6.0, num_heads)
+    plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
+    scale = head_dim**-0.5
+    reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, scale,
+                                sliding_window=window, sinks=sinks)
+    without = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, scale,
+                              sliding_window=window)
+    assert (reference - without).abs().max() > 0.1  # the sinks change the result: the comparison below can fail
+    ours = paged_attention(query, key_cache, value_cache, plan, scale, in_place=attend_in_place,
+                           sliding_window=window, sinks=sinks)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+def test_the_backend_runs_a_layer_with_sinks_in_the_kernel(monkeypatch):
+    """A layer with sinks (GPT-OSS) goes through the kernel too, and the result equals the reference path's."""
+    num_heads, num_kv_heads, head_dim = 4, 2, 64
+    query_lens, seq_lens = [1, 6], [30, 6]
+    query, key_cache, value_cache, tables = make_batch(torch.float32, num_heads, num_kv_heads, head_dim,
+                                                       query_lens, seq_lens, seed=6)
+    new_key = torch.randn(sum(query_lens), num_kv_heads, head_dim)
+    new_value = torch.randn(sum(query_lens), num_kv_heads, head_dim)
+    slots = []
+    for table, query_len, seq_len in zip(tables.tolist(), query_lens, seq_lens):
+        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(seq_len - query_len, seq_len)]
+    metadata = type("Metadata", (), {})()
+    metadata.slot_mapping = torch.tensor(slots)
+    metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
+    calls = []
+    real = cpu_attention.paged_decode
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(k["sinks"]) or real(*a, **k))
+    backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+    backend.sinks = torch.tensor([0.5, 4.0, -1.0, 2.0])
+    ours = backend.forward(query, new_key, new_value, (key_cache.clone(), value_cache.clone()), metadata)
+    assert len(calls) == 1 and calls[0] is backend.sinks
+    store_kv(new_key, new_value, key_cache, value_cache, metadata.slot_mapping)
+    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5, sinks=backend.sinks)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)

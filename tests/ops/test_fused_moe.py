@@ -45,20 +45,47 @@ def test_the_cases_reach_what_acceptance_2_names(cases):
     assert {f"top{k}" for k in range(1, 9)} <= reached
 
 
+def packed(case, weights: str) -> cpu_moe.DenseExperts:
+    """The case's experts as `weights` names: "plain", "oneDNN-reordered" or "AMX" (tiles for the AMX kernel)."""
+    if weights == "plain":
+        return cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias, case.w2_bias)
+    experts = cpu_moe.DenseExperts.pack(case.w13, case.w2, case.w13_bias, case.w2_bias, amx=weights == "AMX")
+    if weights == "AMX":
+        assert experts.amx13 is not None, "the AMX kernel did not take these weights"
+    else:
+        assert experts.packed13 is not None, "oneDNN could not reorder the weights on this machine"
+    return experts
+
+
+def weight_kinds(dtype: torch.dtype) -> list[str]:
+    return ["plain", "oneDNN-reordered"] + (["AMX"] if dtype == torch.bfloat16 and cpu_moe.amx_ready() else [])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("weights", ["plain", "oneDNN-reordered"])
-def test_the_cpu_kernel_matches_the_reference(cases, dtype, weights):
+def test_the_cpu_kernel_matches_the_reference(cases, dtype):
     failures = []
-    for case in cases[dtype]:
-        make = cpu_moe.DenseExperts.pack if weights != "plain" else cpu_moe.DenseExperts
-        experts = make(case.w13, case.w2, case.w13_bias, case.w2_bias)
-        if weights != "plain":
-            assert experts.packed13 is not None, "oneDNN could not reorder the weights on this machine"
-        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts, case.config)
-        want = fused_moe_reference(*case.args)
-        error, allowed = max_error(got, want)
-        if got.dtype != dtype or got.shape != want.shape or error > allowed:
-            failures.append(f"{case.name}: max error {error:.3g} > {allowed:.3g}")
+    for weights in weight_kinds(dtype):
+        for case in cases[dtype]:
+            got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, packed(case, weights), case.config)
+            want = fused_moe_reference(*case.args)
+            error, allowed = max_error(got, want)
+            if got.dtype != dtype or got.shape != want.shape or error > allowed:
+                failures.append(f"{weights} {case.name}: max error {error:.3g} > {allowed:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_cpu_kernel_matches_the_reference_at_prefill_sizes(dtype):
+    """600 tokens: experts with hundreds of rows (the oneDNN GEMMs; in AMX, more than one chunk of rows per
+    expert), and with fewer, in one call."""
+    failures = []
+    for weights in weight_kinds(dtype):
+        for seed in range(4):
+            case = make_case(seed, dtype, tokens=600)
+            got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, packed(case, weights), case.config)
+            error, allowed = max_error(got, fused_moe_reference(*case.args))
+            if error > allowed:
+                failures.append(f"{weights} {case.name}: max error {error:.3g} > {allowed:.3g}")
     assert not failures, "\n".join(failures)
 
 
