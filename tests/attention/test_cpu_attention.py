@@ -99,9 +99,11 @@ def test_other_block_sizes_match_the_reference(block_size, dtype):
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
 
-def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference(monkeypatch):
+@pytest.mark.parametrize("sinks", [None, [0.5, 4.0, -1.0, 2.0, 0.0, 3.0]], ids=["plain", "sinks"])
+def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference(monkeypatch, sinks):
     """Through TorchPagedBackend (store, then attend): the kernel runs, once per layer call for the
-    decodes and the prefill alike, and the result equals the reference path's."""
+    decodes and the prefill alike, and the result equals the reference path's; a layer with sinks (GPT-OSS)
+    too."""
     num_heads, num_kv_heads, head_dim = 6, 2, 64
     query_lens, seq_lens = [1, 1, 9], [20, 48, 9]
     query, key_cache, value_cache, tables = make_batch(torch.float32, num_heads, num_kv_heads, head_dim,
@@ -116,13 +118,14 @@ def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference
     metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
     calls = []
     real = cpu_attention.paged_decode
-    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(k["sinks"]) or real(*a, **k))
     backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+    backend.sinks = None if sinks is None else torch.tensor(sinks)
     caches = (key_cache.clone(), value_cache.clone())
     ours = backend.forward(query, new_key, new_value, caches, metadata)
-    assert calls == [1]
+    assert calls == [backend.sinks]
     store_kv(new_key, new_value, key_cache, value_cache, metadata.slot_mapping)
-    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5)
+    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5, sinks=backend.sinks)
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
@@ -187,28 +190,3 @@ def test_sinks_match_the_reference(dtype, case, window):
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
-
-def test_the_backend_runs_a_layer_with_sinks_in_the_kernel(monkeypatch):
-    """A layer with sinks (GPT-OSS) goes through the kernel too, and the result equals the reference path's."""
-    num_heads, num_kv_heads, head_dim = 4, 2, 64
-    query_lens, seq_lens = [1, 6], [30, 6]
-    query, key_cache, value_cache, tables = make_batch(torch.float32, num_heads, num_kv_heads, head_dim,
-                                                       query_lens, seq_lens, seed=6)
-    new_key = torch.randn(sum(query_lens), num_kv_heads, head_dim)
-    new_value = torch.randn(sum(query_lens), num_kv_heads, head_dim)
-    slots = []
-    for table, query_len, seq_len in zip(tables.tolist(), query_lens, seq_lens):
-        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(seq_len - query_len, seq_len)]
-    metadata = type("Metadata", (), {})()
-    metadata.slot_mapping = torch.tensor(slots)
-    metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
-    calls = []
-    real = cpu_attention.paged_decode
-    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(k["sinks"]) or real(*a, **k))
-    backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
-    backend.sinks = torch.tensor([0.5, 4.0, -1.0, 2.0])
-    ours = backend.forward(query, new_key, new_value, (key_cache.clone(), value_cache.clone()), metadata)
-    assert len(calls) == 1 and calls[0] is backend.sinks
-    store_kv(new_key, new_value, key_cache, value_cache, metadata.slot_mapping)
-    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5, sinks=backend.sinks)
-    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
