@@ -496,7 +496,9 @@ class DenseExperts:
     def pack(cls, w13: torch.Tensor, w2: torch.Tensor, w13_bias: torch.Tensor | None = None,
              w2_bias: torch.Tensor | None = None, *, amx: bool = True) -> DenseExperts:
         """With the experts' matrices packed (once: keep the result while the weights stay): in AMX tiles where
-        the AMX kernel takes them (bfloat16; unless `amx` is False), else each reordered for oneDNN."""
+        the AMX kernel takes them (bfloat16, each expert's gate-up matrix at most AMX_WIDE_BYTES; unless `amx`
+        is False), else each reordered for oneDNN."""
+        amx = amx and w13[0].numel() * w13.element_size() <= AMX_WIDE_BYTES
         amx13, amx2 = (amx_pack(w13), amx_pack(w2)) if amx else (None, None)
         if amx13 is not None and amx2 is not None:
             return cls(w13, w2, w13_bias, w2_bias, amx13=amx13, amx2=amx2)
@@ -568,13 +570,14 @@ def _activate(gate_up: torch.Tensor, config: MoeConfig) -> torch.Tensor:
 SMALL_ROWS = 4
 
 
-# The AMX kernel takes every expert that the small-batch kernel does not, except, where an expert's gate-up
-# matrix is wider than AMX_WIDE_BYTES (Mixtral's), those with more than AMX_ROWS rows: its threads take whole
-# experts, each gathering its rows AMX_CHUNK at a time (the C kernel's CHUNK), so an expert with many rows
-# re-reads a wide matrix per chunk, and a few experts keep few threads busy; oneDNN's matmul on the plain
-# weights splits such a GEMM over the threads instead. On small experts (Qwen3-MoE's) oneDNN's matmul ran
-# the gate-up GEMM of 512 rows on one thread of two.
-AMX_ROWS = 128
+# Experts packed for AMX (`DenseExperts.pack`: those whose gate-up matrix is at most AMX_WIDE_BYTES, Qwen3-MoE's
+# and OLMoE's) run every expert that the small-batch kernel does not take in the AMX kernel: its threads take
+# whole experts, each gathering its rows 256 at a time (the C kernel's CHUNK) into scratch that stays in cache.
+# Against oneDNN's matmul per expert (one thread, CPU time, bench/moe.py's shapes, under load): 1.6-2.7x
+# faster at 64 tokens, 1.35-1.8x at 512, the same to 1.8x at 2048; and oneDNN ran the small experts' gate-up
+# GEMM of 512 rows on one thread of two, where the AMX kernel splits the experts. Wider experts (Mixtral's)
+# keep oneDNN: a few experts of many rows keep few threads busy and re-read a wide matrix per chunk (0.85x at
+# 512-2048 tokens), and a third copy of such weights would cost more memory than the 1.25x it gained at 16-64.
 AMX_WIDE_BYTES = 4 << 20
 
 
@@ -621,8 +624,7 @@ def _amx_experts(experts: Experts, counts: list[int], small: list[int], hidden: 
             and all(b is None or (b.dtype == torch.bfloat16 and b.is_contiguous())
                     for b in (experts.w13_bias, experts.w2_bias))):
         return [0] * len(counts)
-    wide = experts.w13.shape[1] * experts.w13.shape[2] * experts.w13.element_size() > AMX_WIDE_BYTES
-    return [0 if small[expert] or (wide and count > AMX_ROWS) else count for expert, count in enumerate(counts)]
+    return [0 if small[expert] else count for expert, count in enumerate(counts)]
 
 
 def _run_amx_experts(hidden: torch.Tensor, rows: torch.Tensor, experts: DenseExperts, firsts: list[int],
