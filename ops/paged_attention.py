@@ -206,8 +206,8 @@ def paged_attention(
     When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
     a sequence whose whole context is new this step reads them directly instead of gathering them
     back from the cache. `in_place(query, key_cache, value_cache, plan, scale, output, sliding_window=...,
-    logits_soft_cap=..., sinks=...)`, when given, writes every row of `output` at once, prefills and decodes alike, reading
-    the cache pages where they lie (an in-place kernel, cpu_attention.py); without it, prefills run through
+    logits_soft_cap=..., sinks=...)`, when given, writes every row of `output` at once, prefills and decodes alike,
+    reading the cache pages where they lie (an in-place kernel, cpu_attention.py); without it, prefills run through
     torch's scaled_dot_product_attention (explicitly, with a soft cap) and decodes grouped through the torch
     reference. Returns `[num_tokens, num_heads, head_dim]`.
     """

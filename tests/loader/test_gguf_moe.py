@@ -1,9 +1,9 @@
 """GGUF mixtures of experts (loader/gguf_arch.py): a tiny random HF model of Qwen3-MoE (with a dense layer among the
-sparse ones), Qwen2-MoE (a shared expert and its gate, q/k/v biases), Mixtral (a `llama` file with experts,
-rotary rows permuted) and OLMoE (`olmoe`: q/k norms over the whole projection, router weights not renormalised;
-transformers has no GGUF reader for it, so its tokenizer is built from the file's vocabulary alone), written as llama.cpp writes the file (tests/support/moe_gguf.py), loads into the native
-class and decodes transformers' greedy tokens (top-5 logprobs within 1e-3), as the HF folder does
-(tests/models/test_moe_architectures.py)."""
+sparse ones), Qwen2-MoE (a shared expert and its gate, q/k/v biases), Mixtral (a `llama` file with experts, rotary
+rows permuted) and OLMoE (`olmoe`: q/k norms over the whole projection, router weights not renormalised; transformers
+has no GGUF reader for it, so its tokenizer is built from the file's vocabulary alone), written as llama.cpp writes
+the file (tests/support/moe_gguf.py), loads into the native class and decodes transformers' greedy tokens (top-5
+logprobs within 1e-3), as the HF folder does (tests/models/test_moe_architectures.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """A tiny HF mixture-of-experts model (tests/support/moe_models.py) written as a GGUF file the way llama.cpp's
 converter writes one: its metadata keys (`<arch>.expert_count`, `expert_used_count`, `expert_feed_forward_length`,
-`expert_shared_feed_forward_length`; for `olmoe` only the counts, as llama.cpp's OlmoeModel writes), its tensor names (`blk.N.ffn_gate_inp`, the stacked `ffn_gate_exps`,
-`ffn_up_exps`, `ffn_down_exps`, Qwen2-MoE's `*_shexp`), Mixtral as a `llama` file with its Q and K rows permuted for
-llama.cpp's rotary, and a byte-level BPE vocabulary as long as the model's. Every tensor in float32, so that the
-file holds exactly the HF model's weights."""
+`expert_shared_feed_forward_length`; for `olmoe` only the counts, as llama.cpp's OlmoeModel writes), its tensor names
+(`blk.N.ffn_gate_inp`, the stacked `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`, Qwen2-MoE's `*_shexp`), Mixtral as
+a `llama` file with its Q and K rows permuted for llama.cpp's rotary, and a byte-level BPE vocabulary as long as the
+model's. Every tensor in float32, so that the file holds exactly the HF model's weights."""
 
 from __future__ import annotations
 
