@@ -5,9 +5,12 @@ does, with the same routing (`select_experts`). Where the reference, per expert,
 expert's id, gathers its tokens, runs a chain of ops and adds the result into the output (a dozen torch ops
 and a host synchronisation per expert, for every expert of the layer), here:
 
-1. the (token, slot) pairs are sorted by expert once (`argsort`, `bincount`: one host read of the counts);
-2. the tokens' rows are gathered in that order once (`index_select`);
-3. each expert that has tokens runs gate-up, activation, down on its contiguous slice: three calls;
+1. the (token, slot) pairs are sorted by expert once (a C counting sort: one host read of the counts);
+2. the experts with at most SMALL_ROWS rows run in one C call (`moe_small_experts`, dot products streaming
+   each weight once); in bfloat16 with AMX, the experts packed for it (`amx_pack`, small experts) run all the
+   others in one C call (`moe_amx_experts`: threads take whole experts, gather their rows into scratch that
+   stays in cache, two GEMMs on AMX tiles and the activation between);
+3. any other expert gathers its rows (`index_select`) and runs gate-up, activation, down: three calls;
 4. one C kernel (`moe_combine`) sums each token's k expert outputs times their router weights in float32,
    reading the experts' outputs where they lie (no concatenation), and rounds once to the model dtype.
 
