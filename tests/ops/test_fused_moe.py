@@ -2,8 +2,9 @@
 (ops/fused_moe.py) over seeded random problems (moe_cases.py: top-k 1-8, M = 1, experts that get no token,
 tokens that pick no expert held here), in float32 and bfloat16, within moe_cases.TOLERANCE.
 
-- the CPU kernel (ops/cpu_moe.py) on plain weights and on weights reordered for oneDNN, with its C combine
-  kernel and with the torch sums it falls back to; on GGUF-style int8 block experts against the reference
+- the CPU kernel (ops/cpu_moe.py) on plain weights, on weights reordered for oneDNN and (bfloat16, where the CPU
+  has AMX) packed into AMX tiles, at decode sizes and at 600 tokens (experts of hundreds of rows), with its C
+  combine kernel and with the torch sums it falls back to; on GGUF-style int8 block experts against the reference
   on the dequantized experts;
 - the Triton kernel (ops/triton_moe.py) under the Triton interpreter, in a subprocess (triton_moe_checks.py);
 - both on the rows a rank runs under expert parallelism (each for one of its experts, chosen alone);
