@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass
 
 import torch
@@ -600,16 +601,13 @@ def _run_small_experts(x: torch.Tensor, experts: DenseExperts, small: list[int],
     x's row order; each expert's first row in x)."""
     rows, width = x.shape
     inner = experts.w2.shape[2]
-    counts = small
-    offsets = [0] * len(counts)
-    for expert in range(1, len(counts)):
-        offsets[expert] = offsets[expert - 1] + counts[expert - 1]
+    offsets = [0, *accumulate(small[:-1])]
     y = torch.empty((rows, width), dtype=x.dtype)
     scratch = torch.empty((rows, 2 * inner), dtype=torch.float32)
     activated = torch.empty((rows, inner), dtype=x.dtype)
-    array = ctypes.c_int64 * len(counts)
+    array = ctypes.c_int64 * len(small)
     status = _kernels.get(x.dtype).moe_small_experts(
-        x.data_ptr(), rows, width, inner, len(counts), array(*offsets), array(*small), experts.w13.data_ptr(),
+        x.data_ptr(), rows, width, inner, len(small), array(*offsets), array(*small), experts.w13.data_ptr(),
         experts.w2.data_ptr(), None if experts.w13_bias is None else experts.w13_bias.data_ptr(),
         None if experts.w2_bias is None else experts.w2_bias.data_ptr(), int(config.activation == "swigluoai"),
         config.swiglu_alpha, config.swiglu_limit, scratch.data_ptr(), activated.data_ptr(), y.data_ptr(),
@@ -651,6 +649,36 @@ def _run_amx_experts(hidden: torch.Tensor, rows: torch.Tensor, experts: DenseExp
     return y
 
 
+def _run_other_experts(hidden: torch.Tensor, rows: torch.Tensor, experts: Experts, counts: list[int],
+                       firsts: list[int], small: list[int], config: MoeConfig, bases: list[int],
+                       outputs: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
+    """The experts with rows that the small-batch kernel did not take: those packed for AMX in one call of the
+    AMX kernel, any other through oneDNN. Sets their `bases` (the address of each expert's first output row),
+    appends the oneDNN experts' outputs, (first grouped position, rows), to `outputs` and returns the AMX
+    kernel's (None without): the caller keeps both alive for the combine."""
+    amx = _amx_experts(experts, counts, small, hidden)
+    y_amx = None
+    if any(amx):
+        y_amx = y = _run_amx_experts(hidden, rows, experts, firsts, amx, config)
+        row_bytes = y.stride(0) * y.element_size()
+        for expert in range(len(counts)):
+            if amx[expert]:
+                bases[expert] = y.data_ptr() + firsts[expert] * row_bytes
+    for expert, count in enumerate(counts):
+        first = firsts[expert]
+        if count and not small[expert] and not amx[expert]:
+            # Each expert's rows gathered just before its GEMMs: a block that stays in cache for them, where one
+            # gather of every pair (tokens x k rows, tens of MB at prefill sizes) came back from the allocator as
+            # fresh pages each call and cost a fifth of the op (4096 tokens, top-8).
+            x = hidden.index_select(0, rows[first:first + count])
+            y = experts.down(expert, _activate(experts.gate_up(expert, x), config))
+            if y.dtype != hidden.dtype or not y.is_contiguous():
+                y = y.to(hidden.dtype).contiguous()
+            bases[expert] = y.data_ptr()
+            outputs.append((first, y))
+    return y_amx
+
+
 def fused_moe_cpu(hidden: torch.Tensor, router_logits: torch.Tensor, experts: Experts,
                   config: MoeConfig) -> torch.Tensor:
     """`fused_moe_reference` with the tokens grouped per expert (see the module's docstring)."""
@@ -665,45 +693,28 @@ def fused_moe_cpu(hidden: torch.Tensor, router_logits: torch.Tensor, experts: Ex
     # Local expert ids; a pair whose expert another rank holds goes last and is never run.
     local = (ids - config.first_expert).reshape(-1)
     order, counts, position = _group(local, num_experts)
-    firsts = [0] * num_experts  # each expert's first position in the grouped order
-    for expert in range(1, num_experts):
-        firsts[expert] = firsts[expert - 1] + counts[expert - 1]
+    firsts = [0, *accumulate(counts[:num_experts - 1])]  # each expert's first position in the grouped order
     rows = order // k  # each grouped pair's token
 
     starts, bases, outputs = list(firsts), [0] * num_experts, []
-    small_outputs = amx_outputs = None
+    small_outputs = None
     small = _small_experts(experts, counts[:num_experts], hidden)
+    all_small = small == counts[:num_experts]  # (decode sizes): nothing else to run, no per-expert loop in Python
     if any(small):  # the experts with few rows, all in one call of the C kernel, on their rows only
-        if small == counts[:num_experts]:  # every expert here is small (decode sizes): the grouped rows as they are
+        if all_small:  # the grouped rows as they are
             x = hidden.index_select(0, rows[:len(order) - counts[num_experts]])
         else:
             x = hidden.index_select(0, torch.cat([rows[firsts[e]:firsts[e] + small[e]]
                                                   for e in range(num_experts) if small[e]]))
         y, offsets = _run_small_experts(x, experts, small, config)
-        small_outputs = y  # (the torch combine never sees these: _small_experts needs the C kernels)
-        row_bytes = y.stride(0) * y.element_size()
-        for expert in range(num_experts):
-            if small[expert]:
-                bases[expert] = y.data_ptr() + offsets[expert] * row_bytes
-    amx = _amx_experts(experts, counts[:num_experts], small, hidden)
-    if any(amx):  # the rest, all in one call of the AMX kernel
-        amx_outputs = _run_amx_experts(hidden, rows, experts, firsts, amx, config)
-        row_bytes = amx_outputs.stride(0) * amx_outputs.element_size()
-        for expert in range(num_experts):
-            if amx[expert]:
-                bases[expert] = amx_outputs.data_ptr() + firsts[expert] * row_bytes
-    for expert in range(num_experts):
-        count, first = counts[expert], firsts[expert]
-        if count and not small[expert] and not amx[expert]:
-            # Each expert's rows gathered just before its GEMMs: a block that stays in cache for them, where one
-            # gather of every pair (tokens x k rows, tens of MB at prefill sizes) came back from the allocator as
-            # fresh pages each call and cost a fifth of the op (4096 tokens, top-8).
-            x = hidden.index_select(0, rows[first:first + count])
-            y = experts.down(expert, _activate(experts.gate_up(expert, x), config))
-            if y.dtype != hidden.dtype or not y.is_contiguous():
-                y = y.to(hidden.dtype).contiguous()
-            bases[expert] = y.data_ptr()
-            outputs.append((first, y))  # kept alive until the combine has read it
+        small_outputs = y
+        row_bytes, base = y.stride(0) * y.element_size(), y.data_ptr()
+        # (an expert that is not small gets its own base below; one without rows is never read)
+        bases = [base + offset * row_bytes for offset in offsets]
+    amx_outputs = None  # (the torch combine never sees these, nor the small ones: both kernels need the C build)
+    if not all_small:
+        amx_outputs = _run_other_experts(hidden, rows, experts, counts[:num_experts], firsts, small, config, bases,
+                                         outputs)
 
     if not available(hidden.dtype):
         return _combine_with_torch(outputs, order, weights, tokens, k, width, hidden.dtype)
