@@ -230,20 +230,30 @@ static void amx_configure(void) {  /* per thread: tiles 0-7 all 16 rows x 64 byt
     _tile_loadconfig(&c);
 }
 
-/* dst[r, :] = a[r, :] W^T (+ bias) for r < nrows, each value rounded to bfloat16 (held as float32 in dst when
-   dst_f32, else stored as bfloat16); a: bfloat16, row stride lda, readable up to the next multiple of 32 rows
+/* dst[r, :] = a[r, :] W^T (+ bias) for r < nrows, each value rounded to bfloat16 (held as float32 in dst for
+   AMX_F32, else stored as bfloat16; for AMX_SILU_GLU, W the gate rows then the up rows, dst gets silu(gate) * up,
+   N / 2 wide); a: bfloat16, row stride lda, readable up to the next multiple of 32 rows
    (the rows past nrows are computed and dropped); W: N x K packed, N a multiple of 32, K of 32. Tiles 0-3: two
    row blocks times two output blocks of float32 sums; 4-5: the row blocks' inputs; 6-7: the output blocks'
    weights. Output blocks outermost, and KSTEP x 32 inputs at a time: those weights (32 KiB) stay in L1 while
    every row (nrows <= CHUNK) passes, the sums kept in c between. */
 #define CHUNK 256
 #define KSTEP 16
+#define AMX_BF16 0
+#define AMX_F32 1
+#define AMX_SILU_GLU 2
+static inline __m512 amx_round(__m512 v) {  /* v rounded to bfloat16 (nearest even), held as float32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
 static void amx_gemm(const uint16_t *a, int64_t lda, int64_t nrows, const uint16_t *wp, const uint16_t *bias,
-                     int64_t N, int64_t K, void *dst, int64_t ldd, int dst_f32) {
-    const int64_t KB = K / 32;
+                     int64_t N, int64_t K, void *dst, int64_t ldd, int mode) {
+    const int64_t KB = K / 32, half = N / 2;
+    const int glu = mode == AMX_SILU_GLU, dst_f32 = mode == AMX_F32;
     float c[CHUNK][32];  /* the sums of the current 32 outputs, every row */
-    for (int64_t n0 = 0; n0 < N; n0 += 32) {
-        const uint16_t *b0 = wp + (n0 / 16) * KB * 512, *b1 = b0 + KB * 512;
+    for (int64_t n0 = 0; n0 < (glu ? half : N); n0 += glu ? 16 : 32) {
+        /* AMX_SILU_GLU: gate outputs n0.. and the matching up outputs half + n0.. side by side */
+        const uint16_t *b0 = wp + (n0 / 16) * KB * 512, *b1 = glu ? wp + ((half + n0) / 16) * KB * 512 : b0 + KB * 512;
         for (int64_t k0 = 0; k0 < KB; k0 += KSTEP) {
             const int64_t k1 = k0 + KSTEP < KB ? k0 + KSTEP : KB;
             for (int64_t m0 = 0; m0 < nrows; m0 += 32) {
@@ -276,6 +286,22 @@ static void amx_gemm(const uint16_t *a, int64_t lda, int64_t nrows, const uint16
                 _tile_stored(2, &c[m0 + 16][0], 128);
                 _tile_stored(3, &c[m0 + 16][16], 128);
             }
+        }
+        if (glu) {  /* silu(gate) * up, each step rounded as expert_activation rounds it */
+            for (int64_t i = 0; i < nrows; i++) {
+                __m512 g = _mm512_loadu_ps(&c[i][0]), u = _mm512_loadu_ps(&c[i][16]);
+                if (bias) {
+                    g = _mm512_add_ps(g, widen16(bias + n0));
+                    u = _mm512_add_ps(u, widen16(bias + half + n0));
+                }
+                g = amx_round(g);
+                u = amx_round(u);
+                const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                                   exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i * ldd + n0),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(amx_round(silu), u)));
+            }
+            continue;
         }
         for (int64_t i = 0; i < nrows; i++) {
             for (int h = 0; h < 2; h++) {
@@ -339,9 +365,14 @@ int moe_amx_experts(const uint16_t *x, const int64_t *rows, int64_t H, int64_t I
             for (int64_t r0 = 0; r0 < count[e]; r0 += CHUNK) {
                 const int64_t n = count[e] - r0 < CHUNK ? count[e] - r0 : CHUNK, first = start[e] + r0;
                 for (int64_t r = 0; r < n; r++) memcpy(xs + r * xld, x + rows[first + r] * H, sizeof(uint16_t) * H);
-                amx_gemm(xs, xld, n, w13p + e * 2 * I * H, b13 ? b13 + e * 2 * I : NULL, 2 * I, H, gu, 2 * I, 1);
-                expert_activation(gu, 0, n, I, activation, alpha, limit, act, ald, 1);
-                amx_gemm(act, ald, n, w2p + e * H * I, b2 ? b2 + e * H : NULL, H, I, y + first * H, H, 0);
+                const uint16_t *w13e = w13p + e * 2 * I * H, *b13e = b13 ? b13 + e * 2 * I : NULL;
+                if (activation == 0) {  /* SiLU: straight from the gate-up sums, no float32 round trip */
+                    amx_gemm(xs, xld, n, w13e, b13e, 2 * I, H, act, ald, AMX_SILU_GLU);
+                } else {
+                    amx_gemm(xs, xld, n, w13e, b13e, 2 * I, H, gu, 2 * I, AMX_F32);
+                    expert_activation(gu, 0, n, I, activation, alpha, limit, act, ald, 1);
+                }
+                amx_gemm(act, ald, n, w2p + e * H * I, b2 ? b2 + e * H : NULL, H, I, y + first * H, H, AMX_BF16);
             }
         }
         if (ok) _tile_release();
