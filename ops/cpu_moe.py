@@ -652,7 +652,7 @@ def _amx_experts(experts: Experts, counts: list[int], small: list[int], hidden: 
     """Per expert, its row count where the AMX kernel takes it (every expert with rows that the small-batch
     kernel does not take, where the experts are packed for it), else 0."""
     if not (isinstance(experts, DenseExperts) and experts.amx13 is not None and experts.amx2 is not None
-            and hidden.dtype == torch.bfloat16
+            and hidden.dtype == torch.bfloat16 and available(torch.bfloat16)
             and all(b is None or (b.dtype == torch.bfloat16 and b.is_contiguous())
                     for b in (experts.w13_bias, experts.w2_bias))):
         return [0] * len(counts)

@@ -103,18 +103,19 @@ def test_the_cpu_kernel_takes_widths_that_are_no_multiple_of_its_vectors(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_without_the_c_kernels_torch_does_the_same(cases, dtype, monkeypatch):
-    # (the grouping, the small-batch experts and the combine: all C where it is built)
-    with_kernel = {case.name: cpu_moe.fused_moe_cpu(case.hidden, case.router_logits,
-                                                    cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias,
-                                                                         case.w2_bias), case.config)
-                   for case in cases[dtype][:12]}
+    # (the grouping, the small-batch and AMX experts and the combine: all C where it is built; experts packed
+    # for AMX before the kernels went away run through F.linear on their plain weights)
+    kinds = ["plain"] + (["AMX"] if "AMX" in weight_kinds(dtype) else [])
+    experts = {(kind, case.name): packed(case, kind) for kind in kinds for case in cases[dtype][:12]}
+    with_kernel = {key: cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[key], case.config)
+                   for case in cases[dtype][:12] for key in [(kind, case.name) for kind in kinds]}
     assert cpu_moe.available(dtype), cpu_moe.unavailable_reason()
     monkeypatch.setattr(cpu_moe, "available", lambda dtype: False)
     for case in cases[dtype][:12]:
-        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits,
-                                    cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias, case.w2_bias), case.config)
-        error, allowed = max_error(got, with_kernel[case.name])
-        assert error <= allowed, case.name
+        for kind in kinds:
+            got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[kind, case.name], case.config)
+            error, allowed = max_error(got, with_kernel[kind, case.name])
+            assert error <= allowed, f"{kind} {case.name}"
 
 
 def _block_quantized(w: torch.Tensor, draw: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
