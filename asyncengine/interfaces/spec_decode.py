@@ -156,7 +156,7 @@ class _ProposerRegistry(Registry[type[Proposer]]):
         # Worded here rather than by the table's `unknown` template: which of vLLM's methods are still to
         # come depends on what is registered when it is asked.
         coming = [name for name in MODEL_METHODS if name not in self]
-        later = (f"; vLLM's {', '.join(coming)} are not built yet (docs/speculative_decoding.md)" if coming else "")
+        later = (f"; not built yet: vLLM's {', '.join(coming)} (docs/speculative_decoding.md)" if coming else "")
         return ConfigError(f"{FIELD}.method {method!r} is not a registered proposer; registered: "
                            f"{', '.join(self.keys())}{later} (a plugin adds one with register_proposer, from a "
                            "general plugin so that the worker processes have it too)", field=FIELD)
