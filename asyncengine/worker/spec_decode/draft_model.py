@@ -14,7 +14,6 @@ distribution exactly (rejection_sampler.py).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
@@ -25,12 +24,11 @@ from asyncengine.config.model import ModelConfig, build_model_config
 from asyncengine.config.speculative import FIELD, SpeculativeConfig
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.models import ModelRegistry
-from asyncengine.interfaces.spec_decode import DraftTokens, ProposalBatch, Proposer, ProposerContext
+from asyncengine.interfaces.spec_decode import DraftTokens, ProposalBatch, ProposerContext
 from asyncengine.loader.model_loader import load_model
 from asyncengine.loader.model_source import resolve_model_dir
-from asyncengine.worker.spec_decode.proposer_cache import Chunk, ProposerKVCache, blocks_for
+from asyncengine.worker.spec_decode.proposer_cache import CachedModelProposer, Chunk
 
-logger = logging.getLogger(__name__)
 
 
 def resolve_draft_model_config(model: str, *, dtype: str) -> ModelConfig:
@@ -57,7 +55,7 @@ def request_ids_of(batch: ProposalBatch, method: str) -> list[str]:
     return list(batch.request_ids)
 
 
-class DraftModelProposer(Proposer):
+class DraftModelProposer(CachedModelProposer):
     """`method: draft_model`: k greedy tokens per request from a draft model (module docstring)."""
 
     requires_model = True
@@ -69,7 +67,6 @@ class DraftModelProposer(Proposer):
         self.device = torch.device(context.device)
         self.dtype = getattr(torch, context.dtype)
         self.model: Any = None
-        self.cache: ProposerKVCache | None = None
         self.draft_config: ModelConfig | None = None
         self.max_len = context.max_model_len
 
@@ -80,31 +77,17 @@ class DraftModelProposer(Proposer):
         self.model = load_model(draft, device=self.device)
         # The draft's rotary table ends at its own context length.
         self.max_len = min(self.context.max_model_len, draft.max_model_len)
-        k = self.config.num_speculative_tokens
-        self.cache = ProposerKVCache(
-            self.model, num_blocks=blocks_for(self.context.max_num_seqs, self.max_len, k, self.context.block_size),
-            block_size=self.context.block_size, dtype=self.dtype, device=self.device, platform=self.context.platform,
-            max_bytes=self.context.draft_kv_cache_bytes, name="draft")
         # Ids past either vocabulary are never drafted (checkpoints pad their tables differently).
         self.num_ids = min(self.context.vocab_size, draft.vocab_size)
-        logger.info("speculative decoding: %s", self.describe())
+        self.build_cache(self.model, self.max_len, "draft")
 
-    def describe(self) -> str | None:
-        if self.cache is None or self.draft_config is None:
-            return None
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return (f"draft model {self.draft_config.architectures[0]} ({self.draft_config.model_dir}), "
-                f"{weights / 2**20:.1f} MiB of weights; {self.cache.describe()}")
-
-    def remove(self, request_ids: list[str]) -> None:
-        if self.cache is not None:
-            self.cache.remove(request_ids)
+    def label(self) -> str:
+        draft = self.draft_config
+        return f"draft model {draft.architectures[0]} ({draft.model_dir})" if draft else super().label()
 
     def _forward(self, chunks: list[Chunk]) -> tuple[list[Chunk], torch.Tensor]:
         """Run the draft over `chunks`; returns the chunks that fit and the greedy token after each."""
-        if self.cache is None:
-            raise RuntimeError("DraftModelProposer.load_model must run before propose")
-        fitted, positions, last_rows, metadata = self.cache.prepare(chunks)
+        fitted, positions, last_rows, metadata = self.loaded_cache().prepare(chunks)
         if not fitted:
             return fitted, torch.empty(0, dtype=torch.long)
         input_ids = torch.tensor([key for chunk in fitted for key in chunk.keys], dtype=torch.long, device=self.device)
@@ -118,8 +101,7 @@ class DraftModelProposer(Proposer):
         k = num_speculative_tokens
         drafts = np.zeros((len(batch), k), dtype=np.int64)
         counts = np.zeros(len(batch), dtype=np.int64)
-        if self.cache is None:
-            raise RuntimeError("DraftModelProposer.load_model must run before propose")
+        cache = self.loaded_cache()
         lengths = np.asarray(batch.num_tokens, dtype=np.int64)
         wanted = np.clip(np.minimum(self.max_len, self.context.max_model_len) - lengths, 0, k)
         chunks = []
@@ -128,7 +110,7 @@ class DraftModelProposer(Proposer):
             if wanted[i] == 0 or n == 0:
                 continue
             history = np.asarray(batch.token_ids[i, :n])
-            cached, _ = self.cache.entries(request_id)
+            cached, _ = cache.entries(request_id)
             keep = min(common_prefix(cached, history), n - 1)  # the last token's logits are needed
             chunks.append(Chunk(request_id, keep, history[keep:].tolist(), list(range(keep, n)),
                                 reserve=int(wanted[i]) - 1))

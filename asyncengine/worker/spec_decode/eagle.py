@@ -18,7 +18,6 @@ Where the target's embedding (and, for EAGLE, its lm_head) comes from: the targe
 from __future__ import annotations
 
 import bisect
-import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,13 +28,12 @@ import torch
 from asyncengine.config.model import complete_hf_config, load_config_json
 from asyncengine.config.speculative import FIELD, SpeculativeConfig
 from asyncengine.errors import ConfigError, ModelLoadError
-from asyncengine.interfaces.spec_decode import DraftTokens, ProposalBatch, Proposer, ProposerContext
+from asyncengine.interfaces.spec_decode import DraftTokens, ProposalBatch, ProposerContext
 from asyncengine.loader.safetensors_weights import find_weight_files, iterate_weights
 from asyncengine.worker.spec_decode.draft_model import request_ids_of
 from asyncengine.worker.spec_decode.eagle_heads import Eagle3Head, EagleHead, weight_names
-from asyncengine.worker.spec_decode.proposer_cache import Chunk, ProposerKVCache, blocks_for
+from asyncengine.worker.spec_decode.proposer_cache import CachedModelProposer, Chunk
 
-logger = logging.getLogger(__name__)
 
 
 def default_aux_layers(num_target_layers: int) -> tuple[int, int, int]:
@@ -65,7 +63,7 @@ def _target_parts(target_model: Any, method: str) -> tuple[Any, Any, int]:
     return embedding, compute_logits, int(layers)
 
 
-class EagleProposer(Proposer):
+class EagleProposer(CachedModelProposer):
     """`method: eagle` (module docstring)."""
 
     requires_model = True
@@ -77,7 +75,6 @@ class EagleProposer(Proposer):
         self.device = torch.device(context.device)
         self.dtype = getattr(torch, context.dtype)
         self.head: Any = None
-        self.cache: ProposerKVCache | None = None
         self.target_embedding: Any = None
         self.target_logits: Any = None
 
@@ -98,27 +95,13 @@ class EagleProposer(Proposer):
         self.head.load_weights(iterate_weights(files))
         self.head.to(self.device).eval()
         self.check_head()
-        k = self.config.num_speculative_tokens
-        self.cache = ProposerKVCache(
-            self.head, num_blocks=blocks_for(self.context.max_num_seqs, self.context.max_model_len, k,
-                                             self.context.block_size),
-            block_size=self.context.block_size, dtype=self.dtype, device=self.device, platform=self.context.platform,
-            max_bytes=self.context.draft_kv_cache_bytes, name=f"{self.method} head")
-        logger.info("speculative decoding: %s", self.describe())
+        self.build_cache(self.head, self.context.max_model_len, f"{self.method} head")
+
+    def label(self) -> str:
+        return f"{self.method} head {self.config.model}"
 
     def check_head(self) -> None:
         """What the loaded head must agree on with the target (EAGLE: nothing beyond the shapes loaded)."""
-
-    def describe(self) -> str | None:
-        if self.cache is None:
-            return None
-        weights = sum(p.numel() * p.element_size() for p in self.head.parameters())
-        return (f"{self.method} head {self.config.model}, {weights / 2**20:.1f} MiB of weights; "
-                f"{self.cache.describe()}")
-
-    def remove(self, request_ids: list[str]) -> None:
-        if self.cache is not None:
-            self.cache.remove(request_ids)
 
     # -- drafting -----------------------------------------------------------------------------------------
 
@@ -131,9 +114,7 @@ class EagleProposer(Proposer):
                  tokens: dict[str, list[int]]) -> tuple[list[Chunk], torch.Tensor, torch.Tensor]:
         """Run the head over `chunks` (their input tokens and hidden rows by request id); returns the chunks
         that fit, the draft after each (target ids, on the host) and each one's last output state."""
-        if self.cache is None:
-            raise RuntimeError(f"{type(self).__name__}.load_model must run before propose")
-        fitted, positions, last_rows, metadata = self.cache.prepare(chunks)
+        fitted, positions, last_rows, metadata = self.loaded_cache().prepare(chunks)
         if not fitted:
             return fitted, torch.empty(0, dtype=torch.long), torch.empty(0)
         input_ids = torch.tensor([t for chunk in fitted for t in tokens[chunk.request_id]], dtype=torch.long,
@@ -148,8 +129,7 @@ class EagleProposer(Proposer):
         k = num_speculative_tokens
         drafts = np.zeros((len(batch), k), dtype=np.int64)
         counts = np.zeros(len(batch), dtype=np.int64)
-        if self.cache is None:
-            raise RuntimeError(f"{type(self).__name__}.load_model must run before propose")
+        cache = self.loaded_cache()
         if batch.hidden_states is None:
             raise ValueError(f"method {self.method} drafts from the target's hidden states: ProposalBatch.hidden_states "
                              "is required (needs_target_hidden_states)")
@@ -167,7 +147,7 @@ class EagleProposer(Proposer):
             if m == 0 or wanted[i] == 0:
                 continue
             first = n - 1 - m  # the first position given
-            _, cached_positions = self.cache.entries(request_id)
+            _, cached_positions = cache.entries(request_id)
             keep = bisect.bisect_left(cached_positions, first)
             positions = list(range(first, n - 1))
             chunks.append(Chunk(request_id, keep, positions, positions, reserve=int(wanted[i]) - 1))

@@ -62,8 +62,8 @@ class _Head(nn.Module):
         buffers = dict(self.named_buffers())
         loaded: set[tuple[str, Any]] = set()
         unexpected = []
-        for name, tensor in weights:
-            name = self.checkpoint_name(name)
+        for checkpoint_name, tensor in weights:
+            name = self.checkpoint_name(checkpoint_name)
             if name is None:
                 continue
             for fused, part, shard in _STACKED:
@@ -116,7 +116,7 @@ class EagleHead(_Head):
         self.layers = nn.ModuleList([(_FirstEagleLayer if index == 0 else LlamaDecoderLayer)(
             config, dtype=dtype, layer_index=index) for index in range(int(config.num_hidden_layers))])
         for layer in self.layers:
-            layer.self_attn.rotary_emb = self.rotary
+            layer.self_attn.rotary_emb = self.rotary  # type: ignore[union-attr]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
                 metadata: AttentionMetadata, target_embedding: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +161,7 @@ class Eagle3Head(_Head):
     """EAGLE-3's head (module docstring): `forward` returns (the normed hidden state the logits come from,
     the pre-norm one fed back); `draft_to_target(ids)` maps draft ids to the target's."""
 
-    required_buffers = ("d2t",)
+    required_buffers: tuple[str, ...] = ("d2t",)
 
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int, own_embedding: bool,
                  target_hidden_size: int, has_d2t: bool) -> None:
@@ -203,7 +203,8 @@ class Eagle3Head(_Head):
         return self.lm_head(normed)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        d2t: torch.Tensor = self.d2t  # type: ignore[assignment]
+        return draft_ids + d2t[draft_ids]
 
 
 def weight_names(files: list[Path]) -> set[str]:

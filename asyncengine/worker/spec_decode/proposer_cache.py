@@ -24,6 +24,7 @@ import torch
 
 from asyncengine.attention.selector import select_attention_backends
 from asyncengine.errors import StartupError
+from asyncengine.interfaces.spec_decode import Proposer
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.worker import kv_cache
 
@@ -173,4 +174,41 @@ def blocks_for(max_num_seqs: int, max_model_len: int, k: int, block_size: int) -
     return max_num_seqs * -(-(max_model_len + k) // block_size) + 1
 
 
-__all__ = ["Chunk", "ProposerKVCache", "blocks_for"]
+class CachedModelProposer(Proposer):
+    """A proposer running a model of its own (`network`) on a `ProposerKVCache`: what the draft model and the
+    EAGLE heads share (the cache's building, the start-up line, `remove`)."""
+
+    network: torch.nn.Module | None = None
+    cache: ProposerKVCache | None = None
+
+    def label(self) -> str:
+        """What the start-up line calls the model."""
+        return str(self.config.model)
+
+    def build_cache(self, network: torch.nn.Module, max_len: int, name: str) -> None:
+        context = self.context
+        self.network = network
+        self.cache = ProposerKVCache(
+            network, num_blocks=blocks_for(context.max_num_seqs, max_len, self.config.num_speculative_tokens,
+                                           context.block_size),
+            block_size=context.block_size, dtype=getattr(torch, context.dtype), device=torch.device(context.device),
+            platform=context.platform, max_bytes=context.draft_kv_cache_bytes, name=name)
+        logger.info("speculative decoding: %s", self.describe())
+
+    def loaded_cache(self) -> ProposerKVCache:
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.load_model must run before propose")
+        return self.cache
+
+    def describe(self) -> str | None:
+        if self.cache is None or self.network is None:
+            return None
+        weights = sum(p.numel() * p.element_size() for p in self.network.parameters())
+        return f"{self.label()}, {weights / 2**20:.1f} MiB of weights; {self.cache.describe()}"
+
+    def remove(self, request_ids: list[str]) -> None:
+        if self.cache is not None:
+            self.cache.remove(request_ids)
+
+
+__all__ = ["CachedModelProposer", "Chunk", "ProposerKVCache", "blocks_for"]
