@@ -14,8 +14,14 @@ acceptance rate (accepted / proposed), the steps that had a draft, and the token
 (output tokens after the first / decode steps): the most a step can gain, before verification's cost.
 Record the machine and the load average (printed) with the figures.
 
+    python bench/spec_decode.py --pair --k 4 --dtype bfloat16     # the Qwen2.5-Coder pair (bench/spec_pair.py)
+
+`--pair`: one request on Qwen2.5-Coder-1.5B-Instruct alone and with Qwen2.5-Coder-0.5B-Instruct drafting (both
+Q4_K_M GGUF, installed by bench/spec_models.py), in an in-process harness over the project's model code, and
+llama-server plain and with `--model-draft` in the same run (bench/spec_pair.py says what is measured).
+
 Still to come with the engine integration: decode rates with and without each proposer at 1, 4 and 32
-requests, the Qwen2.5-Coder pair, and llama.cpp's draft and lookup modes in the same run (WORKLOADS.md W6).
+requests through the engine, and llama.cpp's lookup mode (WORKLOADS.md W6).
 """
 
 from __future__ import annotations
@@ -115,7 +121,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookup", type=int, nargs=2, action="append", metavar=("MIN", "MAX"),
                         help="prompt_lookup_min and max (repeatable; default 2 5)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--pair", action="store_true",
+                        help="the Qwen2.5-Coder 1.5B target with its 0.5B draft, and llama-server (bench/spec_pair.py)")
+    parser.add_argument("--pair-tokens", type=int, default=128, help="--pair: tokens decoded")
+    parser.add_argument("--pair-quantization", default="gguf", help="--pair: the models' quantization (none: "
+                        "dequantized weights)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--pair: threads of both engines")
     args = parser.parse_args(argv)
+    if args.pair:
+        from spec_pair import run_pair
+
+        quantization = None if args.pair_quantization == "none" else args.pair_quantization
+        header = f"# speculative decoding, Qwen pair; {machine()}; load {load_average()}"
+        for k in args.k:
+            run_pair(k=k, max_tokens=args.pair_tokens, dtype=args.dtype, quantization=quantization,
+                     threads=args.threads, header=header)
+        return
     windows = args.lookup or [[2, 5]]
     workload = json.loads(WORKLOAD.read_text())
     prompts = workload["prompts"]

@@ -41,13 +41,15 @@ class ProposerContext:
     # For proposers with a model of their own (a draft, an EAGLE head): the dtype its weights and KV cache
     # take (the target's), the KV block size, the worker's platform class (it chooses the attention backend;
     # None: TORCH_PAGED), the draft's resolved ModelConfig (None: resolved from speculative_config.model by
-    # the proposer), and the bytes its own KV cache may take (None: enough for max_num_seqs requests of
-    # max_model_len tokens).
+    # the proposer), the bytes its own KV cache may take (None: enough for max_num_seqs requests of
+    # max_model_len tokens), and the draft's quantization method (None: its weights as its files give them,
+    # dequantized for a GGUF file; "gguf": a GGUF draft's quantized blocks, as the target's option says).
     dtype: str = "float32"
     block_size: int = 16
     platform: Any = None
     draft_model_config: Any = None
     draft_kv_cache_bytes: int | None = None
+    draft_quantization: str | None = None
 
 
 @dataclass

@@ -74,7 +74,7 @@ class DraftModelProposer(CachedModelProposer):
         draft = self.context.draft_model_config or resolve_draft_model_config(str(self.config.model),
                                                                               dtype=self.context.dtype)
         self.draft_config = draft
-        self.model = load_model(draft, device=self.device)
+        self.model = load_model(draft, device=self.device, quantization=self.context.draft_quantization)
         # The draft's rotary table ends at its own context length.
         self.max_len = min(self.context.max_model_len, draft.max_model_len)
         # Ids past either vocabulary are never drafted (checkpoints pad their tables differently).
