@@ -127,14 +127,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pair-quantization", default="gguf", help="--pair: the models' quantization (none: "
                         "dequantized weights)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--pair: threads of both engines")
+    parser.add_argument("--pair-models", nargs=2, metavar=("TARGET", "DRAFT"),
+                        help="--pair on other GGUF files (a smoke run on small models); default: the Qwen pair")
     args = parser.parse_args(argv)
     if args.pair:
         from spec_pair import run_pair
 
+        if args.pair_models:
+            target, draft = (Path(p) for p in args.pair_models)
+        else:
+            import spec_models
+
+            draft, target = spec_models.prepare()
         quantization = None if args.pair_quantization == "none" else args.pair_quantization
-        header = f"# speculative decoding, Qwen pair; {machine()}; load {load_average()}"
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+        header = f"# speculative decoding, draft/target pair; {machine()}; load {load_average()}; commit {commit}"
         for k in args.k:
-            run_pair(k=k, max_tokens=args.pair_tokens, dtype=args.dtype, quantization=quantization,
+            run_pair(target, draft, k=k, max_tokens=args.pair_tokens, dtype=args.dtype, quantization=quantization,
                      threads=args.threads, header=header)
         return
     windows = args.lookup or [[2, 5]]

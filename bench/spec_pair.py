@@ -91,8 +91,8 @@ def llama_server_rates(target: Path, draft: Path, prompt: list[int], n: int, k: 
 
     rates = {}
     server = llama_server.find_binary("llama-server")
-    for mode, extra in (("plain", []), ("draft", ["--model-draft", str(draft), "--draft-max", str(k),
-                                                 "--draft-min", "0", "-td", str(threads)])):
+    for mode, extra in (("plain", []), ("draft", ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                                                 "--spec-draft-n-min", "0", "-td", str(threads)])):
         port = llama_server._free_port()
         command = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-np", "1",
                    "-c", str(len(prompt) + n + 64), "-t", str(threads), "-tb", str(threads), "--no-webui", *extra]
@@ -107,8 +107,8 @@ def llama_server_rates(target: Path, draft: Path, prompt: list[int], n: int, k: 
     return rates
 
 
-def run_pair(*, k: int, max_tokens: int, dtype: str, quantization: str | None, threads: int, header: str) -> None:
-    import spec_models
+def run_pair(target_path: Path, draft_path: Path, *, k: int, max_tokens: int, dtype: str, quantization: str | None,
+             threads: int, header: str) -> None:
     from transformers import AutoTokenizer
 
     from asyncengine.config.speculative import parse_speculative_config
@@ -119,7 +119,6 @@ def run_pair(*, k: int, max_tokens: int, dtype: str, quantization: str | None, t
 
     torch.set_num_threads(threads)
     set_current_platform(CpuPlatform)
-    draft_path, target_path = spec_models.prepare()
     target_config = resolve_draft_model_config(str(target_path), dtype=dtype)
     draft_config = resolve_draft_model_config(str(draft_path), dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(target_config.tokenizer_dir or target_config.model_dir)
@@ -154,6 +153,7 @@ def run_pair(*, k: int, max_tokens: int, dtype: str, quantization: str | None, t
         return
     plain, draft = rates["plain"], rates["draft"]
     ratio = (draft["tok_s"] / plain["tok_s"]) if plain["tok_s"] and draft["tok_s"] else float("nan")
+    drafted = draft["draft_n"] or 0  # llama-server reports its drafts only when it made some
     print(f"  llama-server plain: {plain['tok_s']:.2f} tok/s; --model-draft: {draft['tok_s']:.2f} tok/s ({ratio:.2f}x);"
-          f" drafts accepted {draft['draft_accepted']}/{draft['draft_n']}")
+          f" acceptance {draft['draft_accepted'] or 0}/{drafted}")
     print(f"  load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
