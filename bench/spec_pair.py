@@ -91,8 +91,9 @@ def llama_server_rates(target: Path, draft: Path, prompt: list[int], n: int, k: 
 
     rates = {}
     server = llama_server.find_binary("llama-server")
-    for mode, extra in (("plain", []), ("draft", ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-                                                 "--spec-draft-n-min", "0", "-td", str(threads)])):
+    speculative = ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                   "--spec-draft-n-min", "0", "-td", str(threads)]
+    for mode, extra in (("plain", []), ("draft", speculative)):
         port = llama_server._free_port()
         command = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-np", "1",
                    "-c", str(len(prompt) + n + 64), "-t", str(threads), "-tb", str(threads), "--no-webui", *extra]

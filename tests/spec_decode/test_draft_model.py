@@ -108,3 +108,18 @@ def test_a_draft_equal_to_the_target_is_accepted_in_full(draft_dir):
                                [True])
         assert out.num_accepted == [K]
         history += out.as_lists()[0]
+
+
+def test_a_gguf_draft_through_the_loader():
+    """The default model's GGUF file as the draft (converted by the loader as a target would be): its drafts are
+    transformers' greedy continuation of the converted checkpoint."""
+    import transformers
+
+    from asyncengine.loader.packaged_models import default_model_gguf_path
+
+    proposer = make_proposer(default_model_gguf_path(), vocab=49152)
+    assert proposer.draft_config.vocab_size == 49152
+    history = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182]
+    drafts = proposer.propose(batch_of([history], ["g"]), K)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(proposer.draft_config.model_dir, dtype=torch.float32)
+    assert drafts.as_lists()[0] == hf_greedy(hf.eval(), history, K).token_ids
