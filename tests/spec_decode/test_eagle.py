@@ -334,3 +334,20 @@ def test_a_head_copying_the_target_is_accepted_in_full(method, bigram_target, tm
             history += out.as_lists()[0]
             given[i] = K + 1
     assert accepted == 6 * 2 * K
+
+
+def test_hidden_states_that_do_not_fit_the_batch_are_refused(random_target, tmp_path):
+    proposer = build_proposer("eagle", save_head(tmp_path / "head", head_config("eagle"), random_tensors("eagle", 4)),
+                              random_target[1])
+    tokens = ProposalBatch(token_ids=np.array([[5, 6, 7]]), num_tokens=np.array([3]), request_ids=["x"])
+    with pytest.raises(ValueError, match="hidden_states is required"):
+        proposer.propose(tokens, K)
+    tokens.hidden_states, tokens.num_hidden_states = torch.zeros(3, HIDDEN), np.array([3])
+    with pytest.raises(ValueError, match="at most num_tokens - 1"):
+        proposer.propose(tokens, K)
+    tokens.num_hidden_states = np.array([2])
+    with pytest.raises(ValueError, match="3 rows of hidden states"):
+        proposer.propose(tokens, K)
+    # No state given for a request this step: no drafts for it.
+    tokens.hidden_states, tokens.num_hidden_states = torch.zeros(0, HIDDEN), np.array([0])
+    assert proposer.propose(tokens, K).num_draft_tokens.tolist() == [0]
