@@ -25,8 +25,14 @@ acceptance rate (accepted / proposed), the steps that had a draft, and the token
 (output tokens after the first / decode steps): the most a step can gain, before verification's cost.
 Record the machine and the load average (printed) with the figures.
 
-Still to come: decode rates at 4 and 32 requests, the draft-model proposer with the Qwen2.5-Coder pair, and
-llama.cpp's draft and lookup modes in the same run (WORKLOADS.md W6).
+    python bench/spec_decode.py --pair --k 4 --dtype bfloat16     # the Qwen2.5-Coder pair (bench/spec_pair.py)
+
+`--pair`: one request on Qwen2.5-Coder-1.5B-Instruct alone and with Qwen2.5-Coder-0.5B-Instruct drafting (both
+Q4_K_M GGUF, installed by bench/spec_models.py), in an in-process harness over the project's model code, and
+llama-server plain and with `--model-draft` in the same run (bench/spec_pair.py says what is measured).
+
+Still to come: decode rates at 4 and 32 requests, the pair through the engine's step (the harness runs the
+models directly), and llama.cpp's lookup mode in the same run (WORKLOADS.md W6).
 """
 
 from __future__ import annotations
@@ -201,7 +207,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speed", action="store_true", help="the speed run: decode tok/s with and without n-gram")
     parser.add_argument("--prompts", type=int, default=None,
                         help="the speed run: the first N prompts of each type (default: all)")
+    parser.add_argument("--pair", action="store_true",
+                        help="the Qwen2.5-Coder 1.5B target with its 0.5B draft, and llama-server (bench/spec_pair.py)")
+    parser.add_argument("--pair-tokens", type=int, default=128, help="--pair: tokens decoded")
+    parser.add_argument("--pair-quantization", default="gguf", help="--pair: the models' quantization (none: "
+                        "dequantized weights)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--pair: threads of both engines")
+    parser.add_argument("--pair-models", nargs=2, metavar=("TARGET", "DRAFT"),
+                        help="--pair on other GGUF files (a smoke run on small models); default: the Qwen pair")
     args = parser.parse_args(argv)
+    if args.pair:
+        from spec_pair import run_pair
+
+        if args.pair_models:
+            target, draft = (Path(p) for p in args.pair_models)
+        else:
+            import spec_models
+
+            draft, target = spec_models.prepare()
+        quantization = None if args.pair_quantization == "none" else args.pair_quantization
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+        header = f"# speculative decoding, draft/target pair; {machine()}; load {load_average()}; commit {commit}"
+        for k in args.k:
+            run_pair(target, draft, k=k, max_tokens=args.pair_tokens, dtype=args.dtype, quantization=quantization,
+                     threads=args.threads, header=header)
+        return
     windows = args.lookup or [[2, 5]]
     workload = json.loads(WORKLOAD.read_text())
     prompts = workload["prompts"]

@@ -144,8 +144,8 @@ def test_the_registry_names_registered_and_coming_methods():
     with pytest.raises(ConfigError) as info:
         ProposerRegistry.proposer_class("suffix")
     message = str(info.value)
-    assert "'suffix' is not a registered proposer; registered: ngram" in message
-    assert "draft_model, eagle, eagle3, mtp are not built yet" in message
+    assert "'suffix' is not a registered proposer; registered: draft_model, eagle, eagle3, ngram" in message
+    assert "not built yet: vLLM's mtp" in message
 
 
 class _ModelProposer(Proposer):
