@@ -20,6 +20,7 @@ after one warm-up request, checked against the sum of max_tokens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,6 +154,23 @@ def run_w3(prompts: list[list[int]], max_tokens: list[int], gguf_type: str, thre
                "-cram", "0"]
     if kv_type is not None:
         command += ["-ctk", kv_type, "-ctv", kv_type]
+    with serving(command, port):
+        def one(index: int) -> int:
+            body = {"prompt": prompts[index], "n_predict": max_tokens[index], "ignore_eos": True,
+                    "temperature": 0.0, "cache_prompt": False, "samplers": ["top_k"], "top_k": 1}
+            return int(_post(port, body, timeout=3600)["tokens_predicted"])
+
+        _post(port, {"prompt": [(t + 1) % 10000 for t in prompts[0]], "n_predict": 8, "ignore_eos": True,
+                     "temperature": 0.0, "cache_prompt": False}, timeout=600)  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=slots) as pool:
+            generated = sum(pool.map(one, range(slots)))
+        return time.perf_counter() - start, generated
+
+
+@contextlib.contextmanager
+def serving(command: list[str], port: int) -> Iterator[None]:
+    """llama-server started with `command` (listening on `port`), healthy, and stopped on leaving."""
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -168,18 +187,7 @@ def run_w3(prompts: list[list[int]], max_tokens: list[int], gguf_type: str, thre
                     raise Unavailable(f"llama-server did not start ({' '.join(command)}): "
                                       f"{log.read().decode(errors='replace')[-600:]}")
                 time.sleep(0.5)
-
-            def one(index: int) -> int:
-                body = {"prompt": prompts[index], "n_predict": max_tokens[index], "ignore_eos": True,
-                        "temperature": 0.0, "cache_prompt": False, "samplers": ["top_k"], "top_k": 1}
-                return int(_post(port, body, timeout=3600)["tokens_predicted"])
-
-            _post(port, {"prompt": [(t + 1) % 10000 for t in prompts[0]], "n_predict": 8, "ignore_eos": True,
-                         "temperature": 0.0, "cache_prompt": False}, timeout=600)  # warm-up
-            start = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=slots) as pool:
-                generated = sum(pool.map(one, range(slots)))
-            return time.perf_counter() - start, generated
+            yield
         finally:
             stop_server(process)
 

@@ -72,7 +72,7 @@ static inline void adjust_scores(float *s, int64_t L, int64_t skip, float softca
 static inline __attribute__((always_inline)) void NAME(                                              \
         const float *q, const void *kc, const void *vc, const int64_t *table, int64_t L, int64_t h,   \
         int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv, \
-        int64_t skip, float softcap) {                                                               \
+        int64_t skip, float softcap, const float *sink) {                                            \
     for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
         const int64_t count = L - t0 < BS ? L - t0 : BS;                                             \
         const ELEM *kblock = (const ELEM *)kc + ((h * NB + table[b]) * BS) * D;                      \
@@ -88,12 +88,13 @@ static inline __attribute__((always_inline)) void NAME(                         
         }                                                                                            \
     }                                                                                                \
     for (int64_t g = 0; g < G; g++) {                                                                \
-        float *s = scores + g * L, mx = -INFINITY, sum = 0.0f;                                       \
+        float *s = scores + g * L, mx = sink ? sink[g] : -INFINITY, sum = 0.0f;                      \
         adjust_scores(s, L, skip, softcap);                                                          \
         for (int64_t t = 0; t < L; t++) mx = s[t] > mx ? s[t] : mx;                                  \
         _Pragma("omp simd")                                                                          \
         for (int64_t t = 0; t < L; t++) s[t] = expf(s[t] - mx);                                      \
         for (int64_t t = 0; t < L; t++) sum += s[t];                                                 \
+        if (sink) sum += expf(sink[g] - mx);                                                         \
         inv[g] = 1.0f / sum;                                                                         \
     }                                                                                                \
     memset(acc, 0, sizeof(float) * G * D);                                                           \
@@ -140,9 +141,10 @@ static inline __m512 sum16x16(const __m512 *v) {
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     return _mm512_permutexvar_ps(order, r);
 }
-/* s[0:L] <- exp(s - max s), in place; returns 1 / sum. */
-static inline float softmax_row_avx512(float *s, int64_t L) {
-    __m512 mv = _mm512_set1_ps(-INFINITY);
+/* s[0:L] <- exp(s - m), in place, m the largest of s and the sink logit; returns 1 / (the sum + exp(sink - m)).
+   sink = -INFINITY: no sink. */
+static inline float softmax_row_avx512(float *s, int64_t L, float sink) {
+    __m512 mv = _mm512_set1_ps(sink);
     int64_t t = 0;
     for (; t + 16 <= L; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
     float mx = _mm512_reduce_max_ps(mv);
@@ -160,7 +162,7 @@ static inline float softmax_row_avx512(float *s, int64_t L) {
         _mm512_mask_storeu_ps(s + t, m, e);
         sv = _mm512_add_ps(sv, _mm512_maskz_mov_ps(m, e));
     }
-    return 1.0f / _mm512_reduce_add_ps(sv);
+    return 1.0f / (_mm512_reduce_add_ps(sv) + (sink == -INFINITY ? 0.0f : expf(sink - mx)));
 }
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_bf16(const uint16_t *p) {
@@ -171,7 +173,7 @@ static inline __m512 load16_bf16(const uint16_t *p) {
 static inline __attribute__((always_inline)) void NAME(                                              \
         const float *q, const void *kc, const void *vc, const int64_t *table, int64_t L, int64_t h,   \
         int64_t NB, int64_t BS, const int64_t G, const int64_t D, float *scores, float *acc, float *inv, \
-        int64_t skip, float softcap, const uint16_t *qraw, float scale) {                            \
+        int64_t skip, float softcap, const float *sink, const uint16_t *qraw, float scale) {         \
     const int64_t C = D / 16;                                                                        \
     __m512 qv[G * C], av[G * C];                                                                     \
     for (int64_t j = 0; j < G * C; j++) { qv[j] = _mm512_loadu_ps(q + j * 16); av[j] = _mm512_setzero_ps(); } \
@@ -204,7 +206,7 @@ static inline __attribute__((always_inline)) void NAME(                         
     }                                                                                                \
     for (int64_t g = 0; g < G; g++) {                                                                \
         adjust_scores(scores + g * L, L, skip, softcap);                                             \
-        inv[g] = softmax_row_avx512(scores + g * L, L);                                              \
+        inv[g] = softmax_row_avx512(scores + g * L, L, sink ? sink[g] : -INFINITY);                  \
     }                                                                                                \
     if (PV_PAIRS(vc, table, L, h, NB, BS, G, D, scores, acc)) return;                                \
     for (int64_t b = 0, t0 = 0; t0 < L; b++, t0 += BS) {                                             \
@@ -326,17 +328,18 @@ DEFINE_AVX512_TASK(task_bf16_avx512, load16_bf16, uint16_t, DOT16_BF16, PV_PAIRS
    3.2x (bfloat16) faster than the generic loop (32 sequences of 512 tokens, 4 query heads on one KV head). */
 #ifdef HAVE_AVX512_TASKS
 #define DISPATCH_D(TASK, GV)                                                                         \
-    if (D == 64) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, skip, softcap, qraw, scale); \
-    else if (D == 128) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, skip, softcap, qraw, \
-                                     scale);                                                          \
-    else if (D == 256) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 256, scores, acc, inv, skip, softcap, qraw, \
-                                     scale);                                                          \
-    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv, skip, softcap);
+    if (D == 64) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, skip, softcap, sink,  \
+                               qraw, scale);                                                          \
+    else if (D == 128) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, skip, softcap, \
+                                     sink, qraw, scale);                                              \
+    else if (D == 256) TASK##_avx512(q, kc, vc, table, L, h, NB, BS, GV, 256, scores, acc, inv, skip, softcap, \
+                                     sink, qraw, scale);                                              \
+    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv, skip, softcap, sink);
 #else
 #define DISPATCH_D(TASK, GV)                                                                         \
-    if (D == 64) TASK(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, skip, softcap);       \
-    else if (D == 128) TASK(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, skip, softcap); \
-    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv, skip, softcap);
+    if (D == 64) TASK(q, kc, vc, table, L, h, NB, BS, GV, 64, scores, acc, inv, skip, softcap, sink);   \
+    else if (D == 128) TASK(q, kc, vc, table, L, h, NB, BS, GV, 128, scores, acc, inv, skip, softcap, sink); \
+    else TASK(q, kc, vc, table, L, h, NB, BS, GV, D, scores, acc, inv, skip, softcap, sink);
 #endif
 #define DISPATCH(TASK)                                                                               \
     switch (G) {                                                                                     \
@@ -353,11 +356,12 @@ DEFINE_AVX512_TASK(task_bf16_avx512, load16_bf16, uint16_t, DOT16_BF16, PV_PAIRS
    window > 0: each row sees only its last `window` keys (a sliding-window layer): the blocks before the one
    holding the window's first key are not read (their table entries may be stale or the null block), and the
    keys of that block before the window are masked. softcap > 0: scores soft-capped before the softmax.
+   sinks (float32 [H], or NULL): each query head's sink logit joins its softmax and attends to nothing (GPT-OSS).
    Returns 0, or -1 when scratch memory could not be allocated. */
 int paged_decode(const void *qv, const void *kc, const void *vc, const int64_t *tables, int64_t table_stride,
                  const int32_t *seq_lens, const int64_t *seqs, const int64_t *rows, void *outv, int64_t n,
                  int64_t H, int64_t KVH, int64_t NB, int64_t BS, int64_t D, float scale, int bf16, int64_t window,
-                 float softcap, int threads) {
+                 float softcap, const float *sinks, int threads) {
     const int64_t G = H / KVH;
     int failed = 0;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
@@ -373,6 +377,7 @@ int paged_decode(const void *qv, const void *kc, const void *vc, const int64_t *
             float *scores = scratch, *q = scratch + G * L, *acc = q + G * D, *inv = acc + G * D;
             const int64_t qbase = (rows[i] * H + h * G) * D;
             const uint16_t *qraw = bf16 ? (const uint16_t *)qv + qbase : NULL;  /* the group's heads, unscaled */
+            const float *sink = sinks ? sinks + h * G : NULL;
             for (int64_t j = 0; j < G * D; j++)
                 q[j] = scale * (bf16 ? LOAD_BF16(qv, qbase + j) : LOAD_F32(qv, qbase + j));
             if (L > 0) {
@@ -427,7 +432,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.paged_decode.restype = ctypes.c_int
     library.paged_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                                               ctypes.c_void_p, ctypes.c_void_p] + \
-        [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_int]
+        [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
+                                ctypes.c_int]
 
 
 _kernels = KernelLibrary("cpu_attention", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
@@ -447,11 +453,13 @@ def unavailable_reason() -> str | None:
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, seqs: torch.Tensor, rows: torch.Tensor, scale: float,
-                 out: torch.Tensor, *, sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+                 out: torch.Tensor, *, sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                 sinks: torch.Tensor | None = None) -> None:
     """Write into `out` `[tokens, heads, dim]` the attention of query row `rows[i]` over the first
     `seq_lens[i]` tokens of the blocks in row `seqs[i]` of `block_tables`, for every i; with `sliding_window`,
     over the last `sliding_window` of them only (the blocks before are not read), and with `logits_soft_cap`,
-    the scores capped as `cap * tanh(score / cap)` before the softmax.
+    the scores capped as `cap * tanh(score / cap)` before the softmax; with `sinks` `[heads]`, each query head's
+    sink logit joins its softmax as one more term that attends to nothing (GPT-OSS), in float32.
 
     `query`, `out` `[tokens, heads, dim]` contiguous; caches `[kv_heads, num_blocks, block_size, dim]`
     contiguous; `block_tables` int64 with unit column stride, `seq_lens` int32, `seqs`/`rows` int64."""
@@ -466,11 +474,17 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if seq_lens.dtype != torch.int32 or seqs.dtype != torch.int64 or rows.dtype != torch.int64 \
             or block_tables.dtype != torch.int64:
         raise ValueError("paged_decode: block_tables, seqs and rows are int64, seq_lens int32")
+    if sinks is not None:
+        if sinks.shape != (query.shape[1],) or sinks.device.type != "cpu":
+            raise ValueError(f"paged_decode: sinks must be a CPU tensor of one logit per query head "
+                             f"({query.shape[1]}), got {tuple(sinks.shape)} on {sinks.device}")
+        sinks = sinks.detach().float().contiguous()
     status = library.paged_decode(
         query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), seqs.data_ptr(), rows.data_ptr(), out.data_ptr(), seqs.numel(),
         query.shape[1], num_kv_heads, num_blocks, block_size, head_dim, scale, int(query.dtype == torch.bfloat16),
-        int(sliding_window or 0), float(logits_soft_cap or 0.0), torch.get_num_threads(),
+        int(sliding_window or 0), float(logits_soft_cap or 0.0), None if sinks is None else sinks.data_ptr(),
+        torch.get_num_threads(),
     )
     if status != 0:
         raise MemoryError("paged_decode could not allocate its scratch memory")

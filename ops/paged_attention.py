@@ -201,23 +201,21 @@ def paged_attention(
     blocks before them are never read: a sliding layer's cache holds only its window, see the hybrid KV
     cache in docs/engine.md); with `logits_soft_cap`, scores are capped as `cap * tanh(score / cap)` before
     the softmax (Gemma 2); with `sinks` `[num_heads]`, each head's sink logit joins every row's softmax and
-    its share of the probability goes to no value (GPT-OSS; the torch path only: `in_place` must be None).
+    its share of the probability goes to no value (GPT-OSS).
 
     When `new_key`/`new_value` (this step's keys and values, already stored in the cache) are given,
     a sequence whose whole context is new this step reads them directly instead of gathering them
     back from the cache. `in_place(query, key_cache, value_cache, plan, scale, output, sliding_window=...,
-    logits_soft_cap=...)`, when given, writes every row of `output` at once, prefills and decodes alike, reading
-    the cache pages where they lie (an in-place kernel, cpu_attention.py); without it, prefills run through
+    logits_soft_cap=..., sinks=...)`, when given, writes every row of `output` at once, prefills and decodes alike,
+    reading the cache pages where they lie (an in-place kernel, cpu_attention.py); without it, prefills run through
     torch's scaled_dot_product_attention (explicitly, with a soft cap) and decodes grouped through the torch
     reference. Returns `[num_tokens, num_heads, head_dim]`.
     """
     output = torch.empty_like(query)
     if in_place is not None:
-        if sinks is not None:
-            raise ValueError("paged_attention: the in-place kernel has no attention sinks; pass in_place=None")
         if plan.prefills or plan.decoding:
             in_place(query, key_cache, value_cache, plan, scale, output, sliding_window=sliding_window,
-                     logits_soft_cap=logits_soft_cap)
+                     logits_soft_cap=logits_soft_cap, sinks=sinks)
         return output
     for seq in plan.prefills:
         rows = slice(seq.start, seq.start + seq.query_len)

@@ -23,26 +23,27 @@ from asyncengine.ops.paged_attention import AttentionPlan, paged_attention, stor
 
 def attend_in_place(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, plan: AttentionPlan,
                     scale: float, output: torch.Tensor, *, sliding_window: int | None = None,
-                    logits_soft_cap: float | None = None) -> None:
+                    logits_soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> None:
     seqs, rows, lens = plan.query_index
     # Named for torch.profiler (a ctypes call is no torch op); next to nothing when no profiler runs.
     with torch.profiler.record_function("asyncengine::cpu_paged_attention"):
         cpu_attention.paged_decode(query.contiguous(), key_cache, value_cache, plan.block_tables, lens, seqs, rows,
-                                   scale, output, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+                                   scale, output, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                                   sinks=sinks)
 
 
 class TorchPagedBackend(AttentionBackend):
-    # Both in the C kernel (a window start per row, the cap before the softmax) and in the torch reference.
+    # Both in the C kernel (a window start per row, the cap before the softmax, each head's sink logit as one more
+    # term of its softmax) and in the torch reference.
     supports_sliding_window = True
     supports_logits_soft_cap = True
-    # In the torch reference only: a layer with sinks runs there (the C kernel has no sink term).
     supports_sinks = True
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata) -> torch.Tensor:
         key_cache, value_cache = kv_cache
         in_place = None
-        if self.sinks is None and key_cache.device.type == "cpu" and cpu_attention.available(key_cache.dtype) \
+        if key_cache.device.type == "cpu" and cpu_attention.available(key_cache.dtype) \
                 and key_cache.is_contiguous() and value_cache.is_contiguous():
             in_place = attend_in_place
         if in_place is not None and key.dtype == key_cache.dtype and key.stride(2) == 1 and value.stride(2) == 1:

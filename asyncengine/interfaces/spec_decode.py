@@ -38,6 +38,18 @@ class ProposerContext:
     max_num_seqs: int
     device: str = "cpu"
     tensor_parallel_size: int = 1
+    # For proposers with a model of their own (a draft, an EAGLE head): the dtype its weights and KV cache
+    # take (the target's), the KV block size, the worker's platform class (it chooses the attention backend;
+    # None: TORCH_PAGED), the draft's resolved ModelConfig (None: resolved from speculative_config.model by
+    # the proposer), the bytes its own KV cache may take (None: enough for max_num_seqs requests of
+    # max_model_len tokens), and the draft's quantization method (None: its weights as its files give them,
+    # dequantized for a GGUF file; "gguf": a GGUF draft's quantized blocks, as the target's option says).
+    dtype: str = "float32"
+    block_size: int = 16
+    platform: Any = None
+    draft_model_config: Any = None
+    draft_kv_cache_bytes: int | None = None
+    draft_quantization: str | None = None
 
 
 @dataclass
@@ -49,13 +61,19 @@ class ProposalBatch:
     num_tokens: `[num_requests]` the length of each row's history.
     request_ids: the requests' ids, for a proposer that keeps per-request state (a draft's KV cache).
     hidden_states: the target's hidden states for the positions just computed (`[num_positions, hidden]`,
-        torch), for proposers that set `needs_target_hidden_states` (EAGLE); None otherwise.
+        torch), for proposers that set `needs_target_hidden_states` (EAGLE); None otherwise. With
+        `aux_hidden_state_layers` (EAGLE-3), each row is those layers' states concatenated, in that order.
+    num_hidden_states: `[num_requests]` how many rows of `hidden_states` are request i's (consecutive, request
+        after request): the target's states at history positions `num_tokens[i] - 1 - num_hidden_states[i]`
+        to `num_tokens[i] - 2` (position j's state is what the target computed from token j, the one that
+        scored token j + 1; the last token of the history has none yet). None: one row per request.
     """
 
     token_ids: np.ndarray
     num_tokens: np.ndarray
     request_ids: list[str] | None = None
     hidden_states: torch.Tensor | None = None
+    num_hidden_states: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.num_tokens)
@@ -93,6 +111,10 @@ class Proposer:
     has_draft_probs: bool = False
     # Whether speculative_config must name a model for this method.
     requires_model: bool = False
+    # The target layers whose hidden states `batch.hidden_states` must carry, concatenated in this order (the
+    # residual stream entering each layer, as vLLM's aux hidden states; EAGLE-3 reads three); empty: the
+    # target's final hidden states (after its last norm). Final once `load_model` returned.
+    aux_hidden_state_layers: tuple[int, ...] = ()
 
     def __init__(self, config: SpeculativeConfig, context: ProposerContext) -> None:
         self.config = config
@@ -105,10 +127,21 @@ class Proposer:
         """Up to `num_speculative_tokens` drafts for each request of `batch`."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement propose(batch, num_speculative_tokens)")
 
+    def remove(self, request_ids: list[str]) -> None:
+        """Forget what is kept for these requests (finished, aborted or preempted): a draft's KV cache. The
+        worker calls it when the scheduler drops them; a proposer without per-request state has nothing to do."""
+
+    def describe(self) -> str | None:
+        """A line for the start-up report (what it loaded, its KV cache's size), or None."""
+        return None
+
 
 # The built-in proposers, by path (the floor imports no worker code).
 BUILTIN_PROPOSERS = {
     "ngram": "asyncengine.worker.spec_decode.ngram:NgramProposer",
+    "draft_model": "asyncengine.worker.spec_decode.draft_model:DraftModelProposer",
+    "eagle": "asyncengine.worker.spec_decode.eagle:EagleProposer",
+    "eagle3": "asyncengine.worker.spec_decode.eagle:Eagle3Proposer",
 }
 
 
@@ -125,7 +158,7 @@ class _ProposerRegistry(Registry[type[Proposer]]):
         # Worded here rather than by the table's `unknown` template: which of vLLM's methods are still to
         # come depends on what is registered when it is asked.
         coming = [name for name in MODEL_METHODS if name not in self]
-        later = (f"; vLLM's {', '.join(coming)} are not built yet (docs/speculative_decoding.md)" if coming else "")
+        later = (f"; not built yet: vLLM's {', '.join(coming)} (docs/speculative_decoding.md)" if coming else "")
         return ConfigError(f"{FIELD}.method {method!r} is not a registered proposer; registered: "
                            f"{', '.join(self.keys())}{later} (a plugin adds one with register_proposer, from a "
                            "general plugin so that the worker processes have it too)", field=FIELD)

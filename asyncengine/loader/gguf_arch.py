@@ -67,6 +67,8 @@ class Architecture:
     config_tensors: frozenset[str] = field(default_factory=frozenset)
     # Mixtures of experts: the per-layer tensors of a sparse layer in place of the dense MLP's (`_MLP`)
     moe_tensors: dict[str, str] = field(default_factory=dict)
+    # q/k norms over the whole projection (OLMoE's, OLMo 2's) rather than per head (Qwen3's)
+    qk_norms_whole: bool = False
 
 
 GLOBAL_TENSORS = {
@@ -230,6 +232,22 @@ def _qwen_moe_config(meta: Metadata, names: set[str], arch: str) -> dict[str, An
     return config
 
 
+def _olmoe_config(meta: Metadata, names: set[str]) -> dict[str, Any]:
+    """llama.cpp's `olmoe` (OlmoeModel in its converter): every layer sparse, the experts `feed_forward_length`
+    wide (HF's intermediate_size), router weights never renormalised (llama.cpp's graph hard-codes it, as
+    OLMoE's released configs do), rotary on halves (no row permutation), q/k norms over the whole projection."""
+    config = _with_rope(_common(meta, "olmoe", names), _rope(meta, "olmoe"))
+    moe = _experts(meta, "olmoe", names, config["num_hidden_layers"], renormalize=False)
+    if moe["mlp_only_layers"]:
+        raise ModelLoadError(f"{meta.path}: an olmoe file whose layers {moe['mlp_only_layers']} have no router: "
+                             "OLMoE's layers are all sparse")
+    clamp = meta.get("olmoe.attention.clamp_kqv")
+    config.update(architectures=["OlmoeForCausalLM"], model_type="olmoe", hidden_act="silu", attention_bias=False,
+                  num_experts=moe["num_experts"], num_experts_per_tok=moe["num_experts_per_tok"],
+                  norm_topk_prob=moe["norm_topk_prob"], clip_qkv=None if clamp is None else float(clamp))
+    return config
+
+
 def _gemma_attention_scalar(config: dict[str, Any], large_model_layers: int) -> int:
     # llama.cpp: 1 / sqrt(head size), but 1 / sqrt(hidden / heads) for the 27B models (named by their depth).
     if config["num_hidden_layers"] == large_model_layers:
@@ -319,6 +337,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2moe": Architecture("qwen2moe", lambda meta, names: _qwen_moe_config(meta, names, "qwen2moe"),
                              {**_PRE_NORMS, **_ATTENTION, **_QKV_BIASES, **_MLP},
                              moe_tensors={**_MOE, **_SHARED_EXPERT}),
+    "olmoe": Architecture("olmoe", _olmoe_config, {**_PRE_NORMS, **_ATTENTION, **_QK_NORMS}, moe_tensors=_MOE,
+                          qk_norms_whole=True),
     "qwen2": Architecture("qwen2", _qwen2_config, {**_PRE_NORMS, **_ATTENTION, **_QKV_BIASES, **_MLP}),
     "qwen3": Architecture("qwen3", _qwen3_config, {**_PRE_NORMS, **_ATTENTION, **_QK_NORMS, **_MLP}),
     "gemma2": Architecture("gemma2", _gemma2_config, {**_GEMMA_NORMS, **_ATTENTION, **_MLP},
@@ -361,7 +381,8 @@ def expected_shapes(arch: Architecture, config: dict[str, Any]) -> dict[str, tup
         "self_attn.v_proj.weight": (kv_rows, h), "self_attn.o_proj.weight": (h, q_rows),
         "self_attn.q_proj.bias": (q_rows,), "self_attn.k_proj.bias": (kv_rows,), "self_attn.v_proj.bias": (kv_rows,),
         "self_attn.qkv_proj.weight": (q_rows + 2 * kv_rows, h),
-        "self_attn.q_norm.weight": (head,), "self_attn.k_norm.weight": (head,),
+        "self_attn.q_norm.weight": (q_rows,) if arch.qk_norms_whole else (head,),
+        "self_attn.k_norm.weight": (kv_rows,) if arch.qk_norms_whole else (head,),
         "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter),
         "mlp.gate_up_proj.weight": (2 * inter, h),
     }

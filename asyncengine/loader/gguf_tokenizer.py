@@ -31,10 +31,17 @@ CHECK_TEXTS = (
 
 
 def save_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        try:
+            tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        except ValueError as exc:
+            if "is not supported yet" not in str(exc):
+                raise
+            # transformers reads the model's config first and refuses an architecture it has no GGUF reader for
+            # (`olmoe`); its tokenizer builder reads only `tokenizer.ggml.*`, the same for every architecture.
+            tok = PreTrainedTokenizerFast.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except (ValueError, KeyError, OSError) as exc:
         raise ModelLoadError(f"{gguf_path}: transformers cannot build a tokenizer from this GGUF file's metadata "
                              f"({type(exc).__name__}: {exc}); pass --tokenizer DIR with the model's own "

@@ -1,6 +1,6 @@
 """GPT-OSS (gpt-oss-20b, gpt-oss-120b): Llama's layer with
 - attention: biases on q, k, v and o; a learned sink logit per head (`self_attn.sinks`) that joins each row's
-  softmax and attends to nothing (PagedAttention's `sinks`: the TORCH_PAGED backend's torch path); sliding-window
+  softmax and attends to nothing (PagedAttention's `sinks`: the TORCH_PAGED backend, C kernel or torch); sliding-window
   layers alternating with full ones (`layer_types`); yarn rope;
 - norms applying their weight in float32 before the rounding (OLMo 2's kind);
 - a mixture of `num_local_experts` experts with biases, routed by the top-k of the router's logits (the router

@@ -65,6 +65,12 @@ class _CurrentPlatform:
 current_platform = _CurrentPlatform()
 
 
+def resolved_platform() -> type[Platform] | None:
+    """The platform this process resolved, or None before its platform phase: for a reader that has an
+    answer without one (the op providers' availability, asked outside a worker in tests and tools)."""
+    return _current
+
+
 def current_platform_key() -> str:
     """The name this process resolved its platform by (`--device`, a built-in, or the entry-point name of
     a platform plugin, which may differ from its class's device_name). A child is told this name, so

@@ -99,9 +99,11 @@ def test_other_block_sizes_match_the_reference(block_size, dtype):
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
 
 
-def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference(monkeypatch):
+@pytest.mark.parametrize("sinks", [None, [0.5, 4.0, -1.0, 2.0, 0.0, 3.0]], ids=["plain", "sinks"])
+def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference(monkeypatch, sinks):
     """Through TorchPagedBackend (store, then attend): the kernel runs, once per layer call for the
-    decodes and the prefill alike, and the result equals the reference path's."""
+    decodes and the prefill alike, and the result equals the reference path's; a layer with sinks (GPT-OSS)
+    too."""
     num_heads, num_kv_heads, head_dim = 6, 2, 64
     query_lens, seq_lens = [1, 1, 9], [20, 48, 9]
     query, key_cache, value_cache, tables = make_batch(torch.float32, num_heads, num_kv_heads, head_dim,
@@ -116,13 +118,14 @@ def test_the_backend_uses_the_kernel_for_every_row_and_agrees_with_the_reference
     metadata.plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
     calls = []
     real = cpu_attention.paged_decode
-    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a, **k: calls.append(k["sinks"]) or real(*a, **k))
     backend = TorchPagedBackend(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+    backend.sinks = None if sinks is None else torch.tensor(sinks)
     caches = (key_cache.clone(), value_cache.clone())
     ours = backend.forward(query, new_key, new_value, caches, metadata)
-    assert calls == [1]
+    assert calls == [backend.sinks]
     store_kv(new_key, new_value, key_cache, value_cache, metadata.slot_mapping)
-    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5)
+    reference = paged_attention(query, key_cache, value_cache, metadata.plan, head_dim**-0.5, sinks=backend.sinks)
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
@@ -162,3 +165,28 @@ def test_store_kv_matches_the_reference_on_strided_views(dtype):
     with pytest.raises(IndexError, match="outside the cache"):
         cpu_attention.store_kv(key + 1, value, *ours, outside)
     assert torch.equal(ours[0], before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[2]], ids=["gqa3-d64", "gqa3-d64-prefills", "mha-d40"])
+@pytest.mark.parametrize("window", [None, 24])
+def test_sinks_match_the_reference(dtype, case, window):
+    """GPT-OSS's attention sinks: each query head's logit joins its softmax and attends to nothing. Sinks from
+    -3 to 6 (some larger than every score, so they take most of the probability), with and without a sliding
+    window; vector (d64) and generic (d40) paths."""
+    num_heads, num_kv_heads, head_dim, query_lens, seq_lens = case
+    query, key_cache, value_cache, tables = make_batch(dtype, num_heads, num_kv_heads, head_dim, query_lens, seq_lens,
+                                                       seed=5)
+    sinks = torch.linspace(-3.0, 6.0, num_heads)
+    plan = plan_attention(query_lens, seq_lens, tables, BLOCK_SIZE)
+    scale = head_dim**-0.5
+    reference = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, scale,
+                                sliding_window=window, sinks=sinks)
+    without = paged_attention(query.float(), key_cache.float(), value_cache.float(), plan, scale,
+                              sliding_window=window)
+    assert (reference - without).abs().max() > 0.1  # the sinks change the result: the comparison below can fail
+    ours = paged_attention(query, key_cache, value_cache, plan, scale, in_place=attend_in_place,
+                           sliding_window=window, sinks=sinks)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+

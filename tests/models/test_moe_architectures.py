@@ -1,6 +1,6 @@
 """The mixture-of-experts architectures of issue 35 against transformers (float32, eager attention and experts), on
 tiny random models (tests/support/moe_models.py): Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, GPT-OSS (its attention
-sinks on the TORCH_PAGED backend's torch path; its MXFP4 loading: test_gpt_oss_mxfp4.py).
+sinks on the TORCH_PAGED backend's C kernel; its MXFP4 loading: test_gpt_oss_mxfp4.py).
 
 Each decodes prompts greedily: tokens identical to transformers decoding the prompt alone (a divergence only as
 a tie, tests/support/hf_reference.py) and top-5 logprobs within 1e-3. Qwen3-MoE, the representative, also runs

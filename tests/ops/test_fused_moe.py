@@ -2,8 +2,9 @@
 (ops/fused_moe.py) over seeded random problems (moe_cases.py: top-k 1-8, M = 1, experts that get no token,
 tokens that pick no expert held here), in float32 and bfloat16, within moe_cases.TOLERANCE.
 
-- the CPU kernel (ops/cpu_moe.py) on plain weights and on weights reordered for oneDNN, with its C combine
-  kernel and with the torch sums it falls back to; on GGUF-style int8 block experts against the reference
+- the CPU kernel (ops/cpu_moe.py) on plain weights, on weights reordered for oneDNN and (bfloat16, where the CPU
+  has AMX) packed into AMX tiles, at decode sizes and at 600 tokens (experts of hundreds of rows), with its C
+  combine kernel and with the torch sums it falls back to; on GGUF-style int8 block experts against the reference
   on the dequantized experts;
 - the Triton kernel (ops/triton_moe.py) under the Triton interpreter, in a subprocess (triton_moe_checks.py);
 - both on the rows a rank runs under expert parallelism (each for one of its experts, chosen alone);
@@ -45,20 +46,47 @@ def test_the_cases_reach_what_acceptance_2_names(cases):
     assert {f"top{k}" for k in range(1, 9)} <= reached
 
 
+def packed(case, weights: str) -> cpu_moe.DenseExperts:
+    """The case's experts as `weights` names: "plain", "oneDNN-reordered" or "AMX" (tiles for the AMX kernel)."""
+    if weights == "plain":
+        return cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias, case.w2_bias)
+    experts = cpu_moe.DenseExperts.pack(case.w13, case.w2, case.w13_bias, case.w2_bias, amx=weights == "AMX")
+    if weights == "AMX":
+        assert experts.amx13 is not None, "the AMX kernel did not take these weights"
+    else:
+        assert experts.packed13 is not None, "oneDNN could not reorder the weights on this machine"
+    return experts
+
+
+def weight_kinds(dtype: torch.dtype) -> list[str]:
+    return ["plain", "oneDNN-reordered"] + (["AMX"] if dtype == torch.bfloat16 and cpu_moe.amx_ready() else [])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("weights", ["plain", "oneDNN-reordered"])
-def test_the_cpu_kernel_matches_the_reference(cases, dtype, weights):
+def test_the_cpu_kernel_matches_the_reference(cases, dtype):
     failures = []
-    for case in cases[dtype]:
-        make = cpu_moe.DenseExperts.pack if weights != "plain" else cpu_moe.DenseExperts
-        experts = make(case.w13, case.w2, case.w13_bias, case.w2_bias)
-        if weights != "plain":
-            assert experts.packed13 is not None, "oneDNN could not reorder the weights on this machine"
-        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts, case.config)
-        want = fused_moe_reference(*case.args)
-        error, allowed = max_error(got, want)
-        if got.dtype != dtype or got.shape != want.shape or error > allowed:
-            failures.append(f"{case.name}: max error {error:.3g} > {allowed:.3g}")
+    for weights in weight_kinds(dtype):
+        for case in cases[dtype]:
+            got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, packed(case, weights), case.config)
+            want = fused_moe_reference(*case.args)
+            error, allowed = max_error(got, want)
+            if got.dtype != dtype or got.shape != want.shape or error > allowed:
+                failures.append(f"{weights} {case.name}: max error {error:.3g} > {allowed:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_cpu_kernel_matches_the_reference_at_prefill_sizes(dtype):
+    """600 tokens: experts with hundreds of rows (the oneDNN GEMMs; in AMX, more than one chunk of rows per
+    expert), and with fewer, in one call."""
+    failures = []
+    for weights in weight_kinds(dtype):
+        for seed in range(4):
+            case = make_case(seed, dtype, tokens=600)
+            got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, packed(case, weights), case.config)
+            error, allowed = max_error(got, fused_moe_reference(*case.args))
+            if error > allowed:
+                failures.append(f"{weights} {case.name}: max error {error:.3g} > {allowed:.3g}")
     assert not failures, "\n".join(failures)
 
 
@@ -75,18 +103,19 @@ def test_the_cpu_kernel_takes_widths_that_are_no_multiple_of_its_vectors(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_without_the_c_kernels_torch_does_the_same(cases, dtype, monkeypatch):
-    # (the grouping, the small-batch experts and the combine: all C where it is built)
-    with_kernel = {case.name: cpu_moe.fused_moe_cpu(case.hidden, case.router_logits,
-                                                    cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias,
-                                                                         case.w2_bias), case.config)
-                   for case in cases[dtype][:12]}
+    # (the grouping, the small-batch and AMX experts and the combine: all C where it is built; experts packed
+    # for AMX before the kernels went away run through F.linear on their plain weights)
+    kinds = ["plain"] + (["AMX"] if "AMX" in weight_kinds(dtype) else [])
+    experts = {(kind, case.name): packed(case, kind) for kind in kinds for case in cases[dtype][:12]}
+    with_kernel = {key: cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[key], case.config)
+                   for case in cases[dtype][:12] for key in [(kind, case.name) for kind in kinds]}
     assert cpu_moe.available(dtype), cpu_moe.unavailable_reason()
     monkeypatch.setattr(cpu_moe, "available", lambda dtype: False)
     for case in cases[dtype][:12]:
-        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits,
-                                    cpu_moe.DenseExperts(case.w13, case.w2, case.w13_bias, case.w2_bias), case.config)
-        error, allowed = max_error(got, with_kernel[case.name])
-        assert error <= allowed, case.name
+        for kind in kinds:
+            got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[kind, case.name], case.config)
+            error, allowed = max_error(got, with_kernel[kind, case.name])
+            assert error <= allowed, f"{kind} {case.name}"
 
 
 def _block_quantized(w: torch.Tensor, draw: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

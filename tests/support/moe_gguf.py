@@ -1,9 +1,9 @@
 """A tiny HF mixture-of-experts model (tests/support/moe_models.py) written as a GGUF file the way llama.cpp's
 converter writes one: its metadata keys (`<arch>.expert_count`, `expert_used_count`, `expert_feed_forward_length`,
-`expert_shared_feed_forward_length`), its tensor names (`blk.N.ffn_gate_inp`, the stacked `ffn_gate_exps`,
-`ffn_up_exps`, `ffn_down_exps`, Qwen2-MoE's `*_shexp`), Mixtral as a `llama` file with its Q and K rows permuted for
-llama.cpp's rotary, and a byte-level BPE vocabulary as long as the model's. Every tensor in float32, so that the
-file holds exactly the HF model's weights."""
+`expert_shared_feed_forward_length`; for `olmoe` only the counts, as llama.cpp's OlmoeModel writes), its tensor names
+(`blk.N.ffn_gate_inp`, the stacked `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`, Qwen2-MoE's `*_shexp`), Mixtral as
+a `llama` file with its Q and K rows permuted for llama.cpp's rotary, and a byte-level BPE vocabulary as long as the
+model's. Every tensor in float32, so that the file holds exactly the HF model's weights."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from support.tiny_gguf import GPT2_SPECIALS, _gpt2_vocab
 from support.tiny_models import TinyModel
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe"}
 GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
 LAYER = {
@@ -50,12 +50,13 @@ def write_moe_gguf(model: TinyModel, path: Path) -> Path:
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
+    # (llama.cpp's OlmoeModel writes 1e-5, OLMoE's released value, whatever the config says; the tiny models' is 1e-6)
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     experts = int(getattr(config, "num_experts", None) or config.num_local_experts)
     writer.add_expert_count(experts)
     writer.add_expert_used_count(int(config.num_experts_per_tok))
-    if arch != "llama":
+    if arch not in ("llama", "olmoe"):  # those two: the experts are feed_forward_length wide
         writer.add_expert_feed_forward_length(int(config.moe_intermediate_size))
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(int(config.shared_expert_intermediate_size))

@@ -67,10 +67,14 @@ def triton_runs_here() -> bool:
 def triton_for_this_platform() -> bool:
     """The triton providers' availability: they run where triton and a CUDA device are present and the
     platform is CUDA's. A CPU platform on a machine that also has a GPU keeps `native` first, so its fused
-    C kernels (norm.py's `forward_cpu`) still run (the first H100 run showed them passed over)."""
-    from asyncengine.plugin_runtime.platform_resolution import current_platform
+    C kernels (norm.py's `forward_cpu`) still run (the first H100 run showed them passed over). Before a
+    platform is resolved (a tool or test asking for the order) the device alone decides, as it did."""
+    from asyncengine.plugin_runtime.platform_resolution import resolved_platform
 
-    return current_platform().device_type == "cuda" and triton_runs_here()
+    if not triton_runs_here():
+        return False
+    platform = resolved_platform()
+    return platform is None or platform.device_type == "cuda"
 
 
 def on_cuda(*args: Any) -> bool:
