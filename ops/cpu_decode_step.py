@@ -34,6 +34,7 @@ from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, Kernel
 
 C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #include <stdlib.h>
+#include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 """ + AVX512_BF16 + r"""#endif
@@ -153,11 +154,28 @@ static void rotate_head(const void *src, void *dst, const void *cs, const void *
     }
 }
 
-static inline float silu_mul(float g, float u, int is_bf16) {
-    return in_dtype(in_dtype(g / (1.0f + expf(-g)), is_bf16) * u, is_bf16);
+/* out[b, j] = silu(g[b, j]) * u[b, j] for n (<= 16) gate and up values already rounded to the dtype: SiLU
+   rounded, then the product rounded, as F.silu and torch's mul round (exp16: AVX-512, within an ulp of expf). */
+static void silu_mul_block(const float *g, const float *u, int64_t n, void *out, int64_t j0, int is_bf16) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    if (n == 16) {
+        const __m512 gv = _mm512_loadu_ps(g), uv = _mm512_loadu_ps(u);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        if (is_bf16) {
+            _mm256_storeu_si256((__m256i *)((uint16_t *)out + j0), narrow16(_mm512_mul_ps(round16(silu), uv)));
+        } else {
+            _mm512_storeu_ps((float *)out + j0, _mm512_mul_ps(silu, uv));
+        }
+        j = 16;
+    }
+#endif
+    for (; j < n; j++)
+        store(out, j0 + j, in_dtype(in_dtype(g[j] / (1.0f + expf(-g[j])), is_bf16) * u[j], is_bf16), is_bf16);
 }
 
-/* dot(q, row) and acc += p * row over one head of D values (row in the dtype, q and acc float32). */
+/* dot(q, row) over one head of D values (row in the dtype, q float32). */
 static inline float dot_head(const float *q, const void *row, int64_t D, int is_bf16) {
     int64_t d = 0;
     float dot = 0.0f;
@@ -171,137 +189,167 @@ static inline float dot_head(const float *q, const void *row, int64_t D, int is_
     for (; d < D; d++) dot += q[d] * load(row, d, is_bf16);
     return dot;
 }
-static inline void add_head(float *acc, float p, const void *row, int64_t D, int is_bf16) {
+
+#define MAX_GROUP 8  /* query heads attended together per pass over a KV head */
+
+/* acc[g] += p[g] * row for G heads' accumulators of D values: the row is read (and widened) once. */
+static inline void add_heads(float *acc, const float *p, int64_t G, const void *row, int64_t D, int is_bf16) {
     int64_t d = 0;
 #if defined(__AVX512F__)
-    const __m512 pv = _mm512_set1_ps(p);
-    for (; d + 16 <= D; d += 16)
-        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, is_bf16 ? widen16((const uint16_t *)row + d)
-                                                              : _mm512_loadu_ps((const float *)row + d),
-                                                  _mm512_loadu_ps(acc + d)));
+    for (; d + 16 <= D; d += 16) {
+        const __m512 r = is_bf16 ? widen16((const uint16_t *)row + d) : _mm512_loadu_ps((const float *)row + d);
+        for (int64_t g = 0; g < G; g++)
+            _mm512_storeu_ps(acc + g * D + d, _mm512_fmadd_ps(_mm512_set1_ps(p[g]), r, _mm512_loadu_ps(acc + g * D + d)));
+    }
 #endif
-    for (; d < D; d++) acc[d] += p * load(row, d, is_bf16);
+    for (; d < D; d++) {
+        const float r = load(row, d, is_bf16);
+        for (int64_t g = 0; g < G; g++) acc[g * D + d] += p[g] * r;
+    }
 }
 
-/* One query head over its sequence's context in the paged cache: an exact softmax in float32. */
-static void attend(const void *q, const void *k_cache, const void *v_cache, const int64_t *table, int64_t ctx,
-                   int64_t kv_head, int64_t num_blocks, int64_t block_size, int64_t D, float scale, int is_bf16,
-                   float *scores, void *out) {
+/* G (<= MAX_GROUP) query heads that share one KV head, over their sequence's context in the paged cache:
+   each key and value row read once for all G; an exact softmax per head in float32. q: [G, D] in the dtype;
+   scores: [G, ctx] scratch; out: [G, D] in the dtype. */
+static void attend_group(const void *q, int64_t G, const void *k_cache, const void *v_cache, const int64_t *table,
+                         int64_t ctx, int64_t kv_head, int64_t num_blocks, int64_t block_size, int64_t D, float scale,
+                         int is_bf16, float *scores, void *out) {
     const int64_t es = is_bf16 ? 2 : 4, row_bytes = D * es;
-    float qf[512], acc[512];
-    for (int64_t d = 0; d < D; d++) { qf[d] = load(q, d, is_bf16); acc[d] = 0.0f; }
-    float top = -INFINITY;
+    float qf[MAX_GROUP * 512], acc[MAX_GROUP * 512], top[MAX_GROUP], total[MAX_GROUP], p[MAX_GROUP];
+    for (int64_t i = 0; i < G * D; i++) { qf[i] = load(q, i, is_bf16); acc[i] = 0.0f; }
+    for (int64_t g = 0; g < G; g++) { top[g] = -INFINITY; total[g] = 0.0f; }
     for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {  /* block by block: no division per token */
         const char *kb = (const char *)k_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
         const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        for (int64_t i = 0; i < n; i++) {
-            const float score = dot_head(qf, kb + i * row_bytes, D, is_bf16) * scale;
-            scores[t0 + i] = score;
-            if (score > top) top = score;
-        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t g = 0; g < G; g++) {
+                const float score = dot_head(qf + g * D, kb + i * row_bytes, D, is_bf16) * scale;
+                scores[g * ctx + t0 + i] = score;
+                if (score > top[g]) top[g] = score;
+            }
     }
-    float total = 0.0f;
-    int64_t t = 0;
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = scores + g * ctx;
+        int64_t t = 0;
 #if defined(__AVX512F__)
-    for (; t + 16 <= ctx; t += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), _mm512_set1_ps(top)));
-        _mm512_storeu_ps(scores + t, e);
-        total += _mm512_reduce_add_ps(e);
-    }
+        __m512 sum = _mm512_setzero_ps();
+        for (; t + 16 <= ctx; t += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), _mm512_set1_ps(top[g])));
+            _mm512_storeu_ps(sg + t, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        total[g] = _mm512_reduce_add_ps(sum);
 #endif
-    for (; t < ctx; t++) { scores[t] = expf(scores[t] - top); total += scores[t]; }
+        for (; t < ctx; t++) { sg[t] = expf(sg[t] - top[g]); total[g] += sg[t]; }
+    }
     for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
         const char *vb = (const char *)v_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
         const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        for (int64_t i = 0; i < n; i++) add_head(acc, scores[t0 + i], vb + i * row_bytes, D, is_bf16);
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t g = 0; g < G; g++) p[g] = scores[g * ctx + t0 + i];
+            add_heads(acc, p, G, vb + i * row_bytes, D, is_bf16);
+        }
     }
-    for (int64_t d = 0; d < D; d++) store(out, d, acc[d] / total, is_bf16);
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t d = 0; d < D; d++) store(out, g * D + d, acc[g * D + d] / total[g], is_bf16);
+}
+
+/* Sequence b's KV head h: its new key (rotated) and value stored at the token's slot (none for a negative
+   slot), then the group of query heads that reads that KV head, rotated and attended. */
+static void attention_task(const layer_t *L, const char *qkv_row, const void *c, const void *sv, int64_t slot,
+                           const int64_t *table, int64_t ctx, int64_t h, int64_t num_heads, int64_t num_kv_heads,
+                           int64_t D, int64_t num_blocks, int64_t block_size, float scale, int is_bf16,
+                           float *scores, char *attn_row) {
+    const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, group = num_heads / num_kv_heads;
+    if (slot >= 0) {
+        const int64_t at = ((h * num_blocks + slot / block_size) * block_size + slot % block_size) * D * es;
+        rotate_head(qkv_row + (Q + h * D) * es, (char *)L->k_cache + at, c, sv, D, is_bf16);
+        memcpy((char *)L->v_cache + at, qkv_row + (Q + (num_kv_heads + h) * D) * es, D * es);
+    }
+    for (int64_t g0 = 0; g0 < group; g0 += MAX_GROUP) {
+        const int64_t G = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP, first = h * group + g0;
+        char *o = attn_row + first * D * es;
+        if (ctx <= 0) { memset(o, 0, G * D * es); continue; }
+        char qrot[MAX_GROUP * 512 * 4];
+        for (int64_t g = 0; g < G; g++)
+            rotate_head(qkv_row + (first + g) * D * es, qrot + g * D * es, c, sv, D, is_bf16);
+        attend_group(qrot, G, L->k_cache, L->v_cache, table, ctx, h, num_blocks, block_size, D, scale, is_bf16,
+                     scores + first * ctx, o);
+    }
 }
 
 /* The decode step of B sequences (one new token each) through every layer, ending with the final norm:
    out [B, H] in the dtype. ids, slots: [B] int64 (a negative slot stores nothing: a padding row);
    cs, sn: [B, D] the rotary cos/sin of each token's position, in the dtype; tables: [B, table_stride] int64;
    seq_lens [B] int32 (the context after this token; 0: a padding row, which attends to nothing).
-   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short. */
+   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short.
+
+   Five barriers a layer, one after each phase whose output every thread reads: QKV, attention, O, gate-up
+   and down. The norms need none: every thread computes them itself, into its own input row and its own copy
+   of the residual stream (the same arithmetic, so the same values), straight after the barrier that made
+   the hidden state whole. Attention runs one task per (sequence, KV head), which stores that head's new key
+   and value before reading it: no barrier between the store and the reads. */
 int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, const void *final_norm,
                 const int64_t *ids, const void *cs, const void *sn, const int64_t *slots, const int64_t *tables,
                 int64_t table_stride, const int32_t *seq_lens, int64_t B, int64_t H, int64_t num_heads,
                 int64_t num_kv_heads, int64_t D, int64_t I, int64_t num_blocks, int64_t block_size, float eps,
                 float scale, int is_bf16, void *out, int threads) {
-    if (B < 1 || B > MAX_ROWS || D > 512 || D % 2) return -1;
+    if (B < 1 || B > MAX_ROWS || D > 512 || D % 2 || threads < 1) return -1;
     const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, QKV = (num_heads + 2 * num_kv_heads) * D;
-    const int64_t group = num_heads / num_kv_heads;
     int64_t max_ctx = 1;
     for (int64_t b = 0; b < B; b++) if (seq_lens[b] > max_ctx) max_ctx = seq_lens[b];
-    char *mem = malloc((size_t)es * B * (3 * H + QKV + 2 * Q + I));
+    char *mem = malloc((size_t)es * B * (H + QKV + Q + I));
+    char *own = malloc((size_t)threads * B * H * 2 * es);  /* each thread's input rows and residual stream */
     float *scores_all = malloc(sizeof(float) * (size_t)max_ctx * B * num_heads);
-    if (!mem || !scores_all) { free(mem); free(scores_all); return -2; }
-    char *hidden = mem, *residual = hidden + es * B * H, *x = residual + es * B * H, *qkv = x + es * B * H;
-    char *qrot = qkv + es * B * QKV, *attn = qrot + es * B * Q, *act = attn + es * B * Q;
+    if (!mem || !own || !scores_all) { free(mem); free(own); free(scores_all); return -2; }
+    char *hidden = mem, *qkv = hidden + es * B * H, *attn = qkv + es * B * QKV, *act = attn + es * B * Q;
     for (int64_t b = 0; b < B; b++) memcpy(hidden + b * H * es, (const char *)embed + ids[b] * H * es, H * es);
     #pragma omp parallel num_threads(threads)
     {
+        const int tid = omp_get_thread_num();
+        char *x = own + (size_t)tid * B * H * 2 * es, *residual = x + B * H * es;
+        float s[8192];
         for (int64_t l = 0; l < num_layers; l++) {
             const layer_t *L = layers + l;
-            #pragma omp single
-            {
-                float s[8192];
-                for (int64_t b = 0; b < B; b++)
-                    norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
-                             is_bf16, s);
-            }
+            for (int64_t b = 0; b < B; b++)
+                norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
+                         is_bf16, s);
             matvec(x, L->qkv, QKV, H, B, qkv, is_bf16);
-            #pragma omp single
-            for (int64_t b = 0; b < B; b++) {
-                const char *row = qkv + b * QKV * es, *c = (const char *)cs + b * D * es, *sv = (const char *)sn + b * D * es;
-                for (int64_t h = 0; h < num_heads; h++)
-                    rotate_head(row + h * D * es, qrot + (b * num_heads + h) * D * es, c, sv, D, is_bf16);
-                if (slots[b] < 0) continue;
-                const int64_t block = slots[b] / block_size, offset = slots[b] % block_size;
-                for (int64_t h = 0; h < num_kv_heads; h++) {
-                    const int64_t at = ((h * num_blocks + block) * block_size + offset) * D * es;
-                    rotate_head(row + (Q + h * D) * es, (char *)L->k_cache + at, c, sv, D, is_bf16);
-                    memcpy((char *)L->v_cache + at, row + (Q + (num_kv_heads + h) * D) * es, D * es);
-                }
-            }
             #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < B * num_heads; task++) {
-                const int64_t b = task / num_heads, h = task % num_heads;
-                char *o = attn + task * D * es;
-                if (seq_lens[b] <= 0) { memset(o, 0, D * es); continue; }
-                attend(qrot + task * D * es, L->k_cache, L->v_cache, tables + b * table_stride, seq_lens[b],
-                       h / group, num_blocks, block_size, D, scale, is_bf16, scores_all + task * max_ctx, o);
+            for (int64_t task = 0; task < B * num_kv_heads; task++) {
+                const int64_t b = task / num_kv_heads;
+                attention_task(L, qkv + b * QKV * es, (const char *)cs + b * D * es, (const char *)sn + b * D * es,
+                               slots[b], tables + b * table_stride, seq_lens[b], task % num_kv_heads, num_heads,
+                               num_kv_heads, D, num_blocks, block_size, scale, is_bf16,
+                               scores_all + b * num_heads * max_ctx, attn + b * Q * es);
             }
             matvec(attn, L->o, H, Q, B, hidden, is_bf16);
-            #pragma omp single
-            {
-                float s[8192];
-                for (int64_t b = 0; b < B; b++)
-                    norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
-                             is_bf16, s);
-            }
-            {   /* gate and up rows j and I + j together: their SiLU-and-product at once */
-                float g[MAX_ROWS], u[MAX_ROWS];
-                #pragma omp for schedule(dynamic, 16)
-                for (int64_t j = 0; j < I; j++) {
-                    dot_rows(x, (const char *)L->gate_up + j * H * es, H, B, is_bf16, g);
-                    dot_rows(x, (const char *)L->gate_up + (I + j) * H * es, H, B, is_bf16, u);
-                    for (int64_t b = 0; b < B; b++)
-                        store(act, b * I + j, silu_mul(in_dtype(g[b], is_bf16), in_dtype(u[b], is_bf16), is_bf16),
-                              is_bf16);
+            for (int64_t b = 0; b < B; b++)
+                norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
+                         is_bf16, s);
+            {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
+                float g[MAX_ROWS][16], u[MAX_ROWS][16], sums[MAX_ROWS];
+                #pragma omp for schedule(dynamic, 1)
+                for (int64_t j0 = 0; j0 < I; j0 += 16) {
+                    const int64_t n = I - j0 < 16 ? I - j0 : 16;
+                    for (int64_t j = 0; j < n; j++) {
+                        dot_rows(x, (const char *)L->gate_up + (j0 + j) * H * es, H, B, is_bf16, sums);
+                        for (int64_t b = 0; b < B; b++) g[b][j] = in_dtype(sums[b], is_bf16);
+                        dot_rows(x, (const char *)L->gate_up + (I + j0 + j) * H * es, H, B, is_bf16, sums);
+                        for (int64_t b = 0; b < B; b++) u[b][j] = in_dtype(sums[b], is_bf16);
+                    }
+                    for (int64_t b = 0; b < B; b++) silu_mul_block(g[b], u[b], n, act + b * I * es, j0, is_bf16);
                 }
             }
             matvec(act, L->down, H, I, B, hidden, is_bf16);
         }
-        #pragma omp single
-        {
-            float s[8192];
+        if (tid == 0)
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm,
                          (char *)out + b * H * es, H, eps, is_bf16, s);
-        }
     }
     free(mem);
+    free(own);
     free(scores_all);
     return 0;
 }
