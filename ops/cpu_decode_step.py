@@ -44,8 +44,12 @@ typedef struct {
     void *k_cache, *v_cache;                                 /* [kv_heads, num_blocks, block_size, head_dim] */
 } layer_t;
 
-/* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. */
+/* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. The weights stream through
+   once, so each load is preceded by a prefetch PREFETCH_BYTES further on (into the next rows, which the same
+   thread mostly reads next): at one row the step is this loop, and the hardware prefetcher alone left it
+   15-20% slower (one thread, a 212 MB bfloat16 matrix). A prefetch past the end is harmless. */
 #define MAX_ROWS 8
+#define PREFETCH_BYTES 4096
 static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_bf16, float *sums) {
     int64_t k0 = 0;
     for (int64_t b = 0; b < B; b++) sums[b] = 0.0f;
@@ -54,6 +58,9 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
         const uint16_t *wr = (const uint16_t *)w, *xr = (const uint16_t *)x;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
         for (; k0 + 128 <= K; k0 += 128) {
+            const char *ahead = (const char *)(wr + k0) + PREFETCH_BYTES;
+            _mm_prefetch(ahead, _MM_HINT_T0); _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            _mm_prefetch(ahead + 128, _MM_HINT_T0); _mm_prefetch(ahead + 192, _MM_HINT_T0);
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
                                   (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
             a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 32)),
@@ -63,15 +70,19 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
             a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 96)),
                                   (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 96)));
         }
-        for (; k0 + 32 <= K; k0 += 32)
+        for (; k0 + 32 <= K; k0 += 32) {
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES, _MM_HINT_T0);
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
                                   (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
+        }
         sums[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     } else if (is_bf16) {
         __m512 acc[MAX_ROWS], acc2[MAX_ROWS];
         for (int64_t b = 0; b < B; b++) { acc[b] = _mm512_setzero_ps(); acc2[b] = _mm512_setzero_ps(); }
         const uint16_t *wr = (const uint16_t *)w;
         for (; k0 + 64 <= K; k0 += 64) {
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES + 64, _MM_HINT_T0);
             const __m512i w0 = _mm512_loadu_si512((const void *)(wr + k0));
             const __m512i w1 = _mm512_loadu_si512((const void *)(wr + k0 + 32));
             for (int64_t b = 0; b < B; b++) {
@@ -97,6 +108,7 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
         for (int64_t b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
         const float *wr = (const float *)w;
         for (; k0 + 16 <= K; k0 += 16) {
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES, _MM_HINT_T0);
             const __m512 w0 = _mm512_loadu_ps(wr + k0);
             for (int64_t b = 0; b < B; b++)
                 acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps((const float *)x + b * K + k0), w0, acc[b]);
