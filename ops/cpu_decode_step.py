@@ -1,4 +1,5 @@
-"""A whole decode step of a Llama-shaped decoder as one C call: the small-batch CPU path.
+"""A whole decode step of a Llama-shaped decoder (with Qwen2's q/k/v biases, Qwen3's q/k head norms) as one C call:
+the small-batch CPU path.
 
 Why: at one to a few sequences a decode step reads each weight once and does little else, so it should
 cost about its weights' read. Run as torch ops it costs far more: a decoder layer is ten calls (norm,
@@ -6,8 +7,9 @@ QKV, rotary, KV store, attention, O, norm, gate-up, SiLU-and-mul, down), each wi
 an OpenMP fork/join, and at one row the oneDNN matmuls are themselves mostly call overhead
 (bench/RESULTS.md, issue 36). Here the embedding lookup, every layer and the final norm run inside one
 OpenMP parallel region: the matrix-vector products split their output rows among the threads (dynamic
-chunks, so a slowed thread takes fewer), attention splits by sequence and query head, the small
-elementwise steps run on one thread, with a barrier between phases.
+chunks, so a slowed thread takes fewer), attention splits by sequence and KV head (each key and value
+read once for the query heads that share it), the norms run on every thread (each into its own copy),
+so a layer has five barriers: after QKV, attention, O, gate-up and down.
 
 What it computes is `decode_step_reference` below (the model's own modules, which is what the model's
 forward runs), rounding where that rounds: every op's output in the model's dtype (bfloat16 after each
@@ -42,6 +44,8 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 typedef struct {
     const void *norm1, *qkv, *o, *norm2, *gate_up, *down;  /* weights, [out, in] row-major */
     void *k_cache, *v_cache;                                 /* [kv_heads, num_blocks, block_size, head_dim] */
+    const void *qkv_bias;                                    /* [qkv rows] or NULL (Qwen2) */
+    const void *q_norm, *k_norm;                             /* [head_dim] RMSNorm weights or NULL (Qwen3) */
 } layer_t;
 
 /* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. The weights stream through
@@ -123,14 +127,17 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
     }
 }
 
-/* out[b, n] = x[b] . w[n] rounded to the dtype, for this thread's share of the N rows. */
-static void matvec(const void *x, const void *w, int64_t N, int64_t K, int64_t B, void *out, int is_bf16) {
+/* out[b, n] = x[b] . w[n] (+ bias[n]) rounded to the dtype once, as the fused matmul-with-bias rounds, for this
+   thread's share of the N rows. */
+static void matvec(const void *x, const void *w, const void *bias, int64_t N, int64_t K, int64_t B, void *out,
+                   int is_bf16) {
     const int64_t es = is_bf16 ? 2 : 4;
     float sums[MAX_ROWS];
     #pragma omp for schedule(dynamic, 16)
     for (int64_t n = 0; n < N; n++) {
         dot_rows(x, (const char *)w + n * K * es, K, B, is_bf16, sums);
-        for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b], is_bf16);
+        const float add = bias ? load(bias, n, is_bf16) : 0.0f;
+        for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b] + add, is_bf16);
     }
 }
 
@@ -150,6 +157,18 @@ static void norm_row(const void *x, void *residual, int add, const void *weight,
         store(residual, i, s[i], is_bf16);
         if (is_bf16) store(out, i, load(weight, i, 1) * bf(to_bf(s[i] * inv)), 1);
         else store(out, i, load(weight, i, 0) * (s[i] * inv), 0);
+    }
+}
+
+/* RMSNorm of one head (Qwen3's q_norm and k_norm), rounded as norm_row rounds, without a residual. */
+static void norm_head(const void *x, const void *weight, void *out, int64_t D, float eps, int is_bf16) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < D; i++) { const float v = load(x, i, is_bf16); acc += v * v; }
+    const float inv = 1.0f / sqrtf(acc / (float)D + eps);
+    for (int64_t i = 0; i < D; i++) {
+        const float v = load(x, i, is_bf16);
+        if (is_bf16) store(out, i, load(weight, i, 1) * bf(to_bf(v * inv)), 1);
+        else store(out, i, load(weight, i, 0) * (v * inv), 0);
     }
 }
 
@@ -270,12 +289,15 @@ static void attend_group(const void *q, int64_t G, const void *k_cache, const vo
    slot), then the group of query heads that reads that KV head, rotated and attended. */
 static void attention_task(const layer_t *L, const char *qkv_row, const void *c, const void *sv, int64_t slot,
                            const int64_t *table, int64_t ctx, int64_t h, int64_t num_heads, int64_t num_kv_heads,
-                           int64_t D, int64_t num_blocks, int64_t block_size, float scale, int is_bf16,
-                           float *scores, char *attn_row) {
+                           int64_t D, int64_t num_blocks, int64_t block_size, float scale, float eps,
+                           int is_bf16, float *scores, char *attn_row) {
     const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, group = num_heads / num_kv_heads;
+    char normed[512 * 4];
     if (slot >= 0) {
         const int64_t at = ((h * num_blocks + slot / block_size) * block_size + slot % block_size) * D * es;
-        rotate_head(qkv_row + (Q + h * D) * es, (char *)L->k_cache + at, c, sv, D, is_bf16);
+        const char *key = qkv_row + (Q + h * D) * es;
+        if (L->k_norm) { norm_head(key, L->k_norm, normed, D, eps, is_bf16); key = normed; }
+        rotate_head(key, (char *)L->k_cache + at, c, sv, D, is_bf16);
         memcpy((char *)L->v_cache + at, qkv_row + (Q + (num_kv_heads + h) * D) * es, D * es);
     }
     for (int64_t g0 = 0; g0 < group; g0 += MAX_GROUP) {
@@ -283,8 +305,11 @@ static void attention_task(const layer_t *L, const char *qkv_row, const void *c,
         char *o = attn_row + first * D * es;
         if (ctx <= 0) { memset(o, 0, G * D * es); continue; }
         char qrot[MAX_GROUP * 512 * 4];
-        for (int64_t g = 0; g < G; g++)
-            rotate_head(qkv_row + (first + g) * D * es, qrot + g * D * es, c, sv, D, is_bf16);
+        for (int64_t g = 0; g < G; g++) {
+            const char *query = qkv_row + (first + g) * D * es;
+            if (L->q_norm) { norm_head(query, L->q_norm, normed, D, eps, is_bf16); query = normed; }
+            rotate_head(query, qrot + g * D * es, c, sv, D, is_bf16);
+        }
         attend_group(qrot, G, L->k_cache, L->v_cache, table, ctx, h, num_blocks, block_size, D, scale, is_bf16,
                      scores + first * ctx, o);
     }
@@ -326,16 +351,16 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
                          is_bf16, s);
-            matvec(x, L->qkv, QKV, H, B, qkv, is_bf16);
+            matvec(x, L->qkv, L->qkv_bias, QKV, H, B, qkv, is_bf16);
             #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < B * num_kv_heads; task++) {
                 const int64_t b = task / num_kv_heads;
                 attention_task(L, qkv + b * QKV * es, (const char *)cs + b * D * es, (const char *)sn + b * D * es,
                                slots[b], tables + b * table_stride, seq_lens[b], task % num_kv_heads, num_heads,
-                               num_kv_heads, D, num_blocks, block_size, scale, is_bf16,
+                               num_kv_heads, D, num_blocks, block_size, scale, eps, is_bf16,
                                scores_all + b * num_heads * max_ctx, attn + b * Q * es);
             }
-            matvec(attn, L->o, H, Q, B, hidden, is_bf16);
+            matvec(attn, L->o, NULL, H, Q, B, hidden, is_bf16);
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
                          is_bf16, s);
@@ -353,7 +378,7 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                     for (int64_t b = 0; b < B; b++) silu_mul_block(g[b], u[b], n, act + b * I * es, j0, is_bf16);
                 }
             }
-            matvec(act, L->down, H, I, B, hidden, is_bf16);
+            matvec(act, L->down, NULL, H, I, B, hidden, is_bf16);
         }
         if (tid == 0)
             for (int64_t b = 0; b < B; b++)
@@ -379,7 +404,8 @@ _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-cont
 
 class Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
-                ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache")]
+                ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache", "qkv_bias", "q_norm",
+                 "k_norm")]
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -407,24 +433,27 @@ def unavailable_reason() -> str | None:
 
 class DecoderWeights:
     """The tensors one decode step reads, as the kernel takes them: per layer (norm1, qkv, o, norm2, gate_up,
-    down, key cache, value cache), and the embedding and final norm. The caller keeps every tensor alive."""
+    down, key cache, value cache) and optionally (qkv bias, q norm, k norm), each None where the model has none
+    (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. The caller
+    keeps every tensor alive."""
 
     def __init__(self, layers: Sequence[Sequence[torch.Tensor]], embed: torch.Tensor, final_norm: torch.Tensor, *,
                  num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float) -> None:
-        self.tensors = [tuple(layer) for layer in layers]
+        self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - len(layer)) for layer in layers]
         self.embed, self.final_norm = embed, final_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self.hidden_size = embed.shape[1]
         self.intermediate_size = self.tensors[0][4].shape[0] // 2 if self.tensors else 0
         self.dtype = embed.dtype
-        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer]
+        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer if t is not None]
         if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == self.dtype for t in tensors):
             raise ValueError("decode_step takes contiguous CPU tensors, all in the model's dtype")
         if self.hidden_size > MAX_HIDDEN or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads:
             raise ValueError(f"decode_step takes hidden sizes up to {MAX_HIDDEN}, even head sizes up to "
                              f"{MAX_HEAD_DIM} and whole GQA groups")
-        self.table = (Layer * len(self.tensors))(*[Layer(*[t.data_ptr() for t in layer]) for layer in self.tensors])
+        self.table = (Layer * len(self.tensors))(*[Layer(*[None if t is None else t.data_ptr() for t in layer])
+                                                   for layer in self.tensors])
 
 
 def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
