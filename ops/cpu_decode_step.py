@@ -319,6 +319,9 @@ static void attention_task(const layer_t *L, const char *qkv_row, const void *c,
    out [B, H] in the dtype. ids, slots: [B] int64 (a negative slot stores nothing: a padding row);
    cs, sn: [B, D] the rotary cos/sin of each token's position, in the dtype; tables: [B, table_stride] int64;
    seq_lens [B] int32 (the context after this token; 0: a padding row, which attends to nothing).
+   With lm_head ([V, H], or NULL): also logits [B, V] = out . lm_head^T in the dtype (the LM head, whose V
+   rows are a fifth of a small model's weights: a matrix-vector product, which oneDNN's one-row matmul streams
+   2-3x slower than this loop).
    Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short.
 
    Five barriers a layer, one after each phase whose output every thread reads: QKV, attention, O, gate-up
@@ -330,7 +333,7 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                 const int64_t *ids, const void *cs, const void *sn, const int64_t *slots, const int64_t *tables,
                 int64_t table_stride, const int32_t *seq_lens, int64_t B, int64_t H, int64_t num_heads,
                 int64_t num_kv_heads, int64_t D, int64_t I, int64_t num_blocks, int64_t block_size, float eps,
-                float scale, int is_bf16, void *out, int threads) {
+                float scale, int is_bf16, void *out, const void *lm_head, int64_t V, void *logits, int threads) {
     if (B < 1 || B > MAX_ROWS || D > 512 || D % 2 || threads < 1) return -1;
     const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, QKV = (num_heads + 2 * num_kv_heads) * D;
     int64_t max_ctx = 1;
@@ -380,10 +383,11 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
             }
             matvec(act, L->down, NULL, H, I, B, hidden, is_bf16);
         }
-        if (tid == 0)
-            for (int64_t b = 0; b < B; b++)
-                norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm,
-                         (char *)out + b * H * es, H, eps, is_bf16, s);
+        for (int64_t b = 0; b < B; b++)
+            norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm, x + b * H * es, H,
+                     eps, is_bf16, s);
+        if (tid == 0) memcpy(out, x, B * H * es);
+        if (lm_head) matvec(x, lm_head, NULL, V, H, B, logits, is_bf16);
     }
     free(mem);
     free(own);
@@ -414,7 +418,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 def _declare(library: ctypes.CDLL) -> None:
     library.decode_step.restype = ctypes.c_int
     argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P] + [_I] * 8 + \
-        [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, ctypes.c_int]
+        [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _I, _P, ctypes.c_int]
     library.decode_step.argtypes = argtypes
 
 
@@ -437,18 +441,22 @@ class DecoderWeights:
     (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. The caller
     keeps every tensor alive."""
 
-    def __init__(self, layers: Sequence[Sequence[torch.Tensor]], embed: torch.Tensor, final_norm: torch.Tensor, *,
-                 num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float) -> None:
+    def __init__(self, layers: Sequence[Sequence[torch.Tensor | None]], embed: torch.Tensor, final_norm: torch.Tensor,
+                 *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float,
+                 lm_head: torch.Tensor | None = None) -> None:
         self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - len(layer)) for layer in layers]
-        self.embed, self.final_norm = embed, final_norm
+        self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self.hidden_size = embed.shape[1]
         self.intermediate_size = self.tensors[0][4].shape[0] // 2 if self.tensors else 0
         self.dtype = embed.dtype
-        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer if t is not None]
+        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer if t is not None] + \
+            ([] if lm_head is None else [lm_head])
         if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == self.dtype for t in tensors):
             raise ValueError("decode_step takes contiguous CPU tensors, all in the model's dtype")
+        if lm_head is not None and (lm_head.dim() != 2 or lm_head.shape[1] != self.hidden_size):
+            raise ValueError(f"decode_step's LM head is [vocab, {self.hidden_size}], got {list(lm_head.shape)}")
         if self.hidden_size > MAX_HIDDEN or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads:
             raise ValueError(f"decode_step takes hidden sizes up to {MAX_HIDDEN}, even head sizes up to "
                              f"{MAX_HEAD_DIM} and whole GQA groups")
@@ -458,8 +466,9 @@ class DecoderWeights:
 
 def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 slots: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """The final hidden states `[B, hidden]` (after the model's last norm) of B decoding tokens: `input_ids`,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the final hidden states `[B, hidden]` (after the model's last norm), their LM head's output `[B, vocab]` in
+    the model's dtype or None when `weights` has no LM head) of B decoding tokens: `input_ids`,
     `slots` `[B]` int64, `cos`/`sin` `[B, head_dim]` in the model's dtype (the rotary tables at each token's
     position), `block_tables` `[B, width]` int64, `seq_lens` `[B]` int32 (each context with this token).
     Each token's key and value are stored at its slot of each layer's cache (none for a negative slot)."""
@@ -469,6 +478,8 @@ def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Ten
         raise ValueError(f"decode_step takes 1 to {MAX_ROWS} sequences, got {rows}")
     if out is None:
         out = torch.empty(rows, weights.hidden_size, dtype=weights.dtype)
+    head = weights.lm_head
+    logits = None if head is None else torch.empty(rows, head.shape[0], dtype=weights.dtype)
     k_cache = weights.tensors[0][6] if weights.tensors else weights.embed.new_empty(1, 1, 1, 1)
     _, num_blocks, block_size, _ = k_cache.shape
     int64 = (input_ids, slots, block_tables)
@@ -482,9 +493,10 @@ def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Ten
         input_ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
         block_tables.shape[1], seq_lens.data_ptr(), rows, weights.hidden_size, weights.num_heads,
         weights.num_kv_heads, weights.head_dim, weights.intermediate_size, num_blocks, block_size, weights.eps,
-        weights.scale, int(weights.dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
+        weights.scale, int(weights.dtype == torch.bfloat16), out.data_ptr(), None if head is None else head.data_ptr(),
+        0 if head is None else head.shape[0], None if logits is None else logits.data_ptr(), torch.get_num_threads())
     if status == -2:
         raise MemoryError("decode_step could not allocate its scratch memory")
     if status != 0:
         raise ValueError(f"decode_step refused the shapes (status {status})")
-    return out
+    return out, logits

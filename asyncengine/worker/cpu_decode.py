@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncengine.models.layers.attention import AttentionMetadata
+from asyncengine.models.layers.logits import finish_logits
 from asyncengine.ops import cpu_decode_step
 
 if TYPE_CHECKING:
@@ -58,15 +59,24 @@ class CpuDecodeStep:
     def applies(self, metadata: AttentionMetadata) -> bool:
         return metadata.decode_only and len(metadata.query_lens) <= self.max_batch_size
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """The final hidden states of the step's tokens (the model's forward for these inputs)."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
+            metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the final hidden states of the step's tokens (the model's forward for these inputs), their logits
+        (`compute_logits` of them) or None where the model's head is not the kernel's to run)."""
         weights = self._table()
         inner = self.model.model
         rotary = next(iter(inner.rotaries.values()))
         cos, sin = rotary.lookup(positions, weights.dtype)
         rows = input_ids.shape[0]
-        return cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
-                                           metadata.slot_mapping, metadata.block_tables, metadata.seq_lens_tensor)
+        hidden, logits = cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
+                                                     metadata.slot_mapping, metadata.block_tables,
+                                                     metadata.seq_lens_tensor)
+        if logits is not None:
+            logits = finish_logits(logits, divisor=self.model.logits_divisor, cap=self.model.final_logit_soft_cap)
+        return hidden, logits
+
+    def _weights_dtype(self) -> torch.dtype:
+        return self.model.model.embed_tokens.weight.dtype
 
     def _table(self) -> cpu_decode_step.DecoderWeights:
         """The kernel's table of weights and caches, rebuilt when the caches were (re)allocated."""
@@ -85,7 +95,8 @@ class CpuDecodeStep:
             first = inner.layers[0].self_attn
             self._weights = cpu_decode_step.DecoderWeights(
                 layers, inner.embed_tokens.weight, inner.norm.weight, num_heads=first.num_heads,
-                num_kv_heads=first.num_kv_heads, head_dim=first.head_dim, eps=inner.norm.eps, scale=first.attn.scale)
+                num_kv_heads=first.num_kv_heads, head_dim=first.head_dim, eps=inner.norm.eps, scale=first.attn.scale,
+                lm_head=self.model.lm_head.weight if plain_lm_head(self.model, self._weights_dtype()) else None)
             self._bound_cache = first_cache
         return self._weights
 
@@ -137,6 +148,19 @@ def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_
     if not cpu_decode_step.available(dtype):
         return f"the C kernel is unavailable: {cpu_decode_step.unavailable_reason()}"
     return None
+
+
+def plain_lm_head(model: Any, dtype: torch.dtype) -> bool:
+    """Whether the kernel may run the LM head too: Llama's compute_logits over the built-in head, unquantized,
+    without a bias, one rank, its weight a contiguous CPU tensor in the model's dtype."""
+    from asyncengine.models.layers.embedding import ParallelLMHead
+    from asyncengine.models.llama import LlamaForCausalLM
+
+    head = getattr(model, "lm_head", None)
+    return type(model).compute_logits is LlamaForCausalLM.compute_logits and type(head) is ParallelLMHead \
+        and head.bias is None and head.tp_size == 1 and getattr(head, "quant_config", None) is None \
+        and head.weight.dtype == dtype and head.weight.device.type == "cpu" and head.weight.is_contiguous() \
+        and head.weight.dim() == 2
 
 
 def _layer_reason(layer: Any, dtype: torch.dtype, eps: float, decoder_cls: Any, attention_cls: Any,

@@ -92,11 +92,13 @@ def test_decode_step_matches_the_models_modules(runners, architecture, dtype, nu
         for key_cache, value_cache in runner.kv_caches:  # the kernel must store them itself
             key_cache.flatten(1, 2)[:, slots] = 0
             value_cache.flatten(1, 2)[:, slots] = 0
-        got = runner.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
-        expected_tokens = runner.model.compute_logits(expected).argmax(-1)
-        got_logits = runner.model.compute_logits(got)
+        got, got_logits = runner.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
+        expected_logits = runner.model.compute_logits(expected)
+        expected_tokens = expected_logits.argmax(-1)
+    assert got_logits is not None  # the kernel ran the LM head too
     tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == "float32" else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(got.float(), expected.float(), **tolerance)
+    torch.testing.assert_close(got_logits.float(), expected_logits.float(), **tolerance)
     for (key, value), (key_cache, value_cache) in zip(expected_kv, runner.kv_caches):
         torch.testing.assert_close(key_cache.flatten(1, 2)[:, slots].float(), key.float(), **tolerance)
         torch.testing.assert_close(value_cache.flatten(1, 2)[:, slots].float(), value.float(), **tolerance)
