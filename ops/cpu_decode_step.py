@@ -37,6 +37,7 @@ from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, Kernel
 C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #include <stdlib.h>
 #include <omp.h>
+#include <sched.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 """ + AVX512_BF16 + r"""#endif
@@ -127,18 +128,43 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
     }
 }
 
+/* The team's barrier: spin briefly, then yield the core. libgomp's own barrier spins far longer before it
+   sleeps, and on a shared machine a waiting thread that spins takes the core from the thread it waits for (or
+   from the process that shares it): with two threads and other work on both cores the step took 10-50x its
+   quiet time. Sense by generation: the last to arrive resets the count and starts the next generation. */
+typedef struct { int count, generation; } barrier_t;
+static void barrier_wait(barrier_t *bar, int threads) {
+    if (threads == 1) return;
+    const int generation = __atomic_load_n(&bar->generation, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&bar->count, 1, __ATOMIC_ACQ_REL) == threads) {
+        __atomic_store_n(&bar->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&bar->generation, generation + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spins = 0; __atomic_load_n(&bar->generation, __ATOMIC_ACQUIRE) == generation; spins++) {
+        if (spins < 4096) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
 /* out[b, n] = x[b] . w[n] (+ bias[n]) rounded to the dtype once, as the fused matmul-with-bias rounds, for this
    thread's share of the N rows. */
 static void matvec(const void *x, const void *w, const void *bias, int64_t N, int64_t K, int64_t B, void *out,
-                   int is_bf16) {
+                   int is_bf16, barrier_t *bar, int threads) {
     const int64_t es = is_bf16 ? 2 : 4;
     float sums[MAX_ROWS];
-    #pragma omp for schedule(dynamic, 16)
+    #pragma omp for schedule(dynamic, 16) nowait
     for (int64_t n = 0; n < N; n++) {
         dot_rows(x, (const char *)w + n * K * es, K, B, is_bf16, sums);
         const float add = bias ? load(bias, n, is_bf16) : 0.0f;
         for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b] + add, is_bf16);
     }
+    barrier_wait(bar, threads);
 }
 
 /* RMSNorm with the residual addition (ops/cpu_fused.py's rms_norm, one row): s = x (+ residual, rounded),
@@ -345,8 +371,8 @@ static void attention_task(const layer_t *L, const char *qkv_row, const void *c,
    2-3x slower than this loop).
    Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short.
 
-   Five barriers a layer, one after each phase whose output every thread reads: QKV, attention, O, gate-up
-   and down. The norms need none: every thread computes them itself, into its own input row and its own copy
+   Five barriers a layer (barrier_wait: libgomp's work-sharing loops run with nowait), one after each phase
+   whose output every thread reads: QKV, attention, O, gate-up and down. The norms need none: every thread computes them itself, into its own input row and its own copy
    of the residual stream (the same arithmetic, so the same values), straight after the barrier that made
    the hidden state whole. Attention runs one task per (sequence, KV head), which stores that head's new key
    and value before reading it: no barrier between the store and the reads. */
@@ -365,9 +391,10 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
     if (!mem || !own || !scores_all) { free(mem); free(own); free(scores_all); return -2; }
     char *hidden = mem, *qkv = hidden + es * B * H, *attn = qkv + es * B * QKV, *act = attn + es * B * Q;
     for (int64_t b = 0; b < B; b++) memcpy(hidden + b * H * es, (const char *)embed + ids[b] * H * es, H * es);
+    barrier_t bar = {0, 0};
     #pragma omp parallel num_threads(threads)
     {
-        const int tid = omp_get_thread_num();
+        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
         char *x = own + (size_t)tid * B * H * 2 * es, *residual = x + B * H * es;
         float s[8192];
         for (int64_t l = 0; l < num_layers; l++) {
@@ -375,8 +402,8 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
                          is_bf16, s);
-            matvec(x, L->qkv, L->qkv_bias, QKV, H, B, qkv, is_bf16);
-            #pragma omp for schedule(dynamic, 1)
+            matvec(x, L->qkv, L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
+            #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t task = 0; task < B * num_kv_heads; task++) {
                 const int64_t b = task / num_kv_heads;
                 attention_task(L, qkv + b * QKV * es, (const char *)cs + b * D * es, (const char *)sn + b * D * es,
@@ -384,13 +411,14 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                                num_kv_heads, D, num_blocks, block_size, scale, eps, is_bf16,
                                scores_all + b * num_heads * max_ctx, attn + b * Q * es);
             }
-            matvec(attn, L->o, NULL, H, Q, B, hidden, is_bf16);
+            barrier_wait(&bar, team);
+            matvec(attn, L->o, NULL, H, Q, B, hidden, is_bf16, &bar, team);
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
                          is_bf16, s);
             {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
                 float g[MAX_ROWS][16], u[MAX_ROWS][16], sums[MAX_ROWS];
-                #pragma omp for schedule(dynamic, 1)
+                #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t j0 = 0; j0 < I; j0 += 16) {
                     const int64_t n = I - j0 < 16 ? I - j0 : 16;
                     for (int64_t j = 0; j < n; j++) {
@@ -402,13 +430,14 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                     for (int64_t b = 0; b < B; b++) silu_mul_block(g[b], u[b], n, act + b * I * es, j0, is_bf16);
                 }
             }
-            matvec(act, L->down, NULL, H, I, B, hidden, is_bf16);
+            barrier_wait(&bar, team);
+            matvec(act, L->down, NULL, H, I, B, hidden, is_bf16, &bar, team);
         }
         for (int64_t b = 0; b < B; b++)
             norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm, x + b * H * es, H,
                      eps, is_bf16, s);
         if (tid == 0) memcpy(out, x, B * H * es);
-        if (lm_head) matvec(x, lm_head, NULL, V, H, B, logits, is_bf16);
+        if (lm_head) matvec(x, lm_head, NULL, V, H, B, logits, is_bf16, &bar, team);
     }
     free(mem);
     free(own);
