@@ -476,12 +476,13 @@ class ModelRunner:
         if events is not None:
             events[0].record()
         graphs = self.decode_graphs
+        logits: torch.Tensor | None = None  # the C decode step's, when it ran the LM head too
         use_graph = (graphs is not None and inputs.metadata.decode_only
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
         if graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.cpu_decode is not None and self.cpu_decode.applies(inputs.metadata):
-            hidden = self.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
+            hidden, logits = self.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.lora is not None:
             self.lora.begin_step((self.requests[rid].lora_request, n) for rid, n in scheduled.items())
             try:
@@ -509,7 +510,8 @@ class ModelRunner:
         if not inputs.sampling_request_ids:
             return self._with_pooled(hidden, inputs, ModelRunnerOutput(
                 timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.model.compute_logits(hidden[inputs.logits_indices]) if logits is None \
+            else logits[inputs.logits_indices]
         bitmask = scheduler_output.grammar_bitmask
         if scheduler_output.deferred_grammar_request_ids is not None:
             if grammar is None:
