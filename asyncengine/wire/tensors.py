@@ -26,6 +26,8 @@ def tensor_from_wire(data: TensorData) -> torch.Tensor:
     dtype = getattr(torch, data.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"tensor dtype {data.dtype!r} is not a torch dtype (float32, bfloat16, int64, ...)")
+    if any(size < 0 for size in data.shape):
+        raise ValueError(f"tensor shape {data.shape} has a negative size")
     numel = int(np.prod(data.shape)) if data.shape else 1
     if numel * dtype.itemsize != len(data.data):
         raise ValueError(f"tensor of shape {data.shape} and dtype {data.dtype} needs {numel * dtype.itemsize} bytes, "
