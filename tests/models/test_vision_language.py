@@ -1,4 +1,5 @@
-"""Vision-language models on the engine (issue 38, the engine and worker side): Idefics3 and LLaVA, tiny random
+"""Vision-language models on the engine (issue 38, the engine and worker side): Idefics3 (and transformers'
+SmolVLM classes, the same layout) and LLaVA, tiny random
 checkpoints with their real transformers processors, greedy tokens identical to transformers' generate for
 prompts with one image and with two of different sizes.
 
@@ -30,9 +31,10 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 8
 PROMPTS = {
     "idefics3": ("User:<image>What is this?", "User:<image>Compare<image>them."),
+    "smolvlm": ("User:<image>What is this?", "User:<image>Compare<image>them."),
     "llava": ("USER: <image> what is this?", "USER: <image> and <image> compare them."),
 }
-BUDGET = {"idefics3": 24, "llava": 8}  # tokens per step: less than one image's placeholder run
+BUDGET = {"idefics3": 24, "smolvlm": 24, "llava": 8}  # tokens per step: less than one image's placeholder run
 
 
 class Engine:
@@ -64,10 +66,12 @@ class Engine:
         return self.portal.call(self.engine.get_scheduler_stats)
 
 
-@pytest.fixture(scope="module", params=["idefics3", "llava"])
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "llava"])
 def vlm(request, default_model_dir, tmp_path_factory) -> TinyVLM:
-    build = {"idefics3": build_idefics3, "llava": build_llava}[request.param]
-    return build(tmp_path_factory.mktemp(request.param), default_model_dir)
+    directory = tmp_path_factory.mktemp(request.param)
+    if request.param == "llava":
+        return build_llava(directory, default_model_dir)
+    return build_idefics3(directory, default_model_dir, arch={"idefics3": "Idefics3", "smolvlm": "SmolVLM"}[request.param])
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +127,7 @@ def test_the_same_image_hits_the_prefix_cache_and_another_image_does_not(vlm, en
 def test_preemption_recomputes_images_and_still_matches(vlm, default_model_dir):
     if vlm.name != "llava":
         pytest.skip("preemption is checked on one architecture (LLaVA)")
-    # 12 blocks of 8 tokens; each request grows to ~70 tokens (9 blocks): three at once must preempt.
+    # 12 blocks of 8 tokens; each request grows to ~60 tokens (8 blocks): three at once must preempt.
     config = EngineConfig(model=str(vlm.path), max_model_len=96, num_gpu_blocks_override=12, block_size=8,
                           max_num_batched_tokens=16, enable_prefix_caching=False, plugins="")
     pictures = images(seed=3)
@@ -131,8 +135,8 @@ def test_preemption_recomputes_images_and_still_matches(vlm, default_model_dir):
     with start_blocking_portal(backend="trio") as portal:
         with portal.wrap_async_context_manager(AsyncEngine.start(config)) as started:
             engine = Engine(portal, started)
-            outputs = engine.generate(prompts, max_tokens=30)
+            outputs = engine.generate(prompts, max_tokens=20)
             assert engine.stats().num_preemptions > 0
             for prompt, output in zip(prompts, outputs):
-                assert output.outputs[0].token_ids == hf_greedy(vlm, prompt, 30)
+                assert output.outputs[0].token_ids == hf_greedy(vlm, prompt, 20)
             assert_idle(engine)
