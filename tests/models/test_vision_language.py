@@ -7,9 +7,9 @@ The prompts go in as the frontend will send them (EngineCoreRequest with mm_feat
 processor: tests/support/vision_models.py), through a whole in-process engine: scheduler, encoder budget and
 cache, worker, model. Each engine's step budget is smaller than an image's placeholder run, so every image is
 split across chunks (checked), and the later chunks read its cached embeddings. Also: the same image again hits
-the prefix cache through the image's blocks, the same text with another image does not; preemption (LLaVA,
-a KV cache too small for its requests at once) recomputes images and still matches; the KV cache and the encoder
-cache are empty after every request.
+the prefix cache through the image's blocks, the same text with another image does not; preemption and TP=2
+(LLaVA, two worker processes, a KV cache too small for its requests at once) still match; the KV cache and the
+encoder cache are empty after every request.
 """
 
 from __future__ import annotations
@@ -124,12 +124,15 @@ def test_the_same_image_hits_the_prefix_cache_and_another_image_does_not(vlm, en
     assert_idle(engine)
 
 
-def test_preemption_recomputes_images_and_still_matches(vlm, default_model_dir):
+def test_preemption_and_tensor_parallel_2_still_match(vlm):
     if vlm.name != "llava":
-        pytest.skip("preemption is checked on one architecture (LLaVA)")
-    # 12 blocks of 8 tokens; each request grows to ~60 tokens (8 blocks): three at once must preempt.
+        pytest.skip("preemption and TP=2 are checked on one architecture (LLaVA)")
+    # Two worker processes (the language model sharded, the vision tower on each rank), 12 blocks of 8 tokens;
+    # each request grows to ~60 tokens (8 blocks): three at once must preempt, and without the prefix cache a
+    # preempted request computes its images again.
     config = EngineConfig(model=str(vlm.path), max_model_len=96, num_gpu_blocks_override=12, block_size=8,
-                          max_num_batched_tokens=16, enable_prefix_caching=False, plugins="")
+                          max_num_batched_tokens=16, enable_prefix_caching=False, tensor_parallel_size=2,
+                          plugins="")
     pictures = images(seed=3)
     prompts = [prepare(vlm, PROMPTS["llava"][1], [pictures[i % 2], pictures[(i + 1) % 2]]) for i in range(3)]
     with start_blocking_portal(backend="trio") as portal:
