@@ -55,7 +55,7 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
-from asyncengine.worker.multimodal import MultiModalStep
+from asyncengine.worker.multimodal import MultiModalStep, mrope_positions, uses_mrope
 from asyncengine.interfaces.multimodal import supports_multimodal
 from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
@@ -97,6 +97,7 @@ class RequestState:
     # The blocks of the KV cache groups after the first (sliding-window layers: asyncengine/wire/kv_cache.py).
     extra_block_ids: list[list[int]] = field(default_factory=list)
     mm_features: list[MultiModalFeature] | None = None  # its images (worker/multimodal.py), None: text only
+    mrope: tuple[torch.Tensor, int] | None = None  # M-RoPE models: its prompt's (3, n) positions and the delta
 
 
 class ModelRunner:
@@ -138,6 +139,7 @@ class ModelRunner:
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
         self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
+        self.uses_mrope = False  # the model reads (3, num_tokens) positions (worker/multimodal.py)
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -162,7 +164,11 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.expert_load = ExpertLoad(self.model)
         if supports_multimodal(self.model):
+            if self.engine_config.enable_lora:  # its steps with images would run without the adapters
+                raise ConfigError(f"LoRA adapters on a multimodal model ({self.model_config.architectures[0]}) are "
+                                  "not supported yet: start it without enable_lora", field="enable_lora")
             self.multimodal = MultiModalStep(self.model, self.device)
+        self.uses_mrope = uses_mrope(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
             num_layers = int(self.model_config.hf_config["num_hidden_layers"])
@@ -467,6 +473,9 @@ class ModelRunner:
         # A step that computes image positions runs on merged embeddings, eagerly (never a decode graph).
         inputs_embeds = (multimodal.inputs_embeds(scheduled, computed, mm_features, inputs.input_ids)
                          if multimodal is not None and mm_features and parallel.is_first_stage() else None)
+        positions = inputs.positions
+        if self.uses_mrope:  # 3-D positions for the model (the 1-D ones still place the tokens' KV slots)
+            positions = mrope_positions(self.model, scheduled, computed, self.requests).to(self.device)
         prepared = time.perf_counter()
         events = self._device_events()
         if events is not None:
@@ -474,8 +483,8 @@ class ModelRunner:
         graphs = self.decode_graphs
         use_graph = (graphs is not None and inputs.metadata.decode_only
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
-        if inputs_embeds is not None:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, inputs_embeds=inputs_embeds)
+        if inputs_embeds is not None or self.uses_mrope:  # eagerly: no decode graph or C decode step takes these
+            hidden = self.model(inputs.input_ids, positions, inputs.metadata, inputs_embeds=inputs_embeds)
         elif graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.cpu_decode is not None and self.cpu_decode.applies(inputs.metadata):

@@ -117,3 +117,36 @@ class MultiModalStep:
 
     def clear(self) -> None:
         self.cache.clear()
+
+
+def uses_mrope(model: Any) -> bool:
+    """A model with M-RoPE (3-D positions: the Qwen-VL family), vLLM's SupportsMRoPE flag."""
+    return getattr(model, "uses_mrope", False) is True
+
+
+def mrope_positions(model: Any, scheduled: Mapping[str, int], computed: Mapping[str, int],
+                    requests: Mapping[str, Any]) -> torch.Tensor:
+    """The step's (3, num_tokens) M-RoPE positions, batch order: a prompt token's from the model's
+    `get_mrope_input_positions(prompt_token_ids, mm_features)` (asked once per request, kept on its state as
+    `mrope`), a later token's its index plus the request's delta on all three rows."""
+    columns: list[torch.Tensor] = []
+    for request_id, num_tokens in scheduled.items():
+        state = requests[request_id]
+        if state.mrope is None:
+            positions, delta = model.get_mrope_input_positions(list(state.prompt_token_ids),
+                                                               list(state.mm_features or ()))
+            positions = torch.as_tensor(positions, dtype=torch.int64).reshape(3, -1)
+            if positions.shape[1] != len(state.prompt_token_ids):
+                raise ValueError(f"{type(model).__qualname__}.get_mrope_input_positions gave {positions.shape[1]} "
+                                 f"positions for a prompt of {len(state.prompt_token_ids)} tokens")
+            state.mrope = (positions, int(delta))
+        prompt_positions, delta = state.mrope
+        start = computed[request_id]
+        end = start + num_tokens
+        num_prompt = prompt_positions.shape[1]
+        part = [prompt_positions[:, start:min(end, num_prompt)]]
+        if end > num_prompt:
+            later = torch.arange(max(start, num_prompt), end, dtype=torch.int64) + delta
+            part.append(later.expand(3, -1))
+        columns.extend(part)
+    return torch.cat(columns, dim=1)

@@ -116,3 +116,25 @@ def test_tensor_data_that_does_not_add_up_is_refused():
         tensor_from_wire(type(data)(dtype="float32", shape=[2, 2], data=data.data[:12]))
     with pytest.raises(ValueError, match="not a torch dtype"):
         tensor_from_wire(type(data)(dtype="nope", shape=[1], data=b"\0" * 4))
+
+
+def test_mrope_positions_slice_the_prompt_and_add_the_delta_after_it():
+    from types import SimpleNamespace
+
+    from asyncengine.worker.multimodal import mrope_positions
+
+    class MRoPE:
+        uses_mrope = True
+        asked = 0
+
+        def get_mrope_input_positions(self, input_tokens, mm_features):
+            MRoPE.asked += 1
+            base = torch.arange(len(input_tokens))
+            return torch.stack([base, base * 10, base * 100]), -2  # an image shortens the positions after it
+
+    state = SimpleNamespace(prompt_token_ids=[1, 2, 3, 4], mm_features=None, mrope=None)
+    model = MRoPE()
+    chunk = mrope_positions(model, {"r": 3}, {"r": 2}, {"r": state})  # prompt tokens 2, 3, then token 4
+    assert chunk.tolist() == [[2, 3, 2], [20, 30, 2], [200, 300, 2]]
+    decode = mrope_positions(model, {"r": 1}, {"r": 5}, {"r": state})
+    assert decode.tolist() == [[3], [3], [3]] and MRoPE.asked == 1
