@@ -55,7 +55,7 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
-from asyncengine.worker.multimodal import MultiModalStep, mrope_positions, uses_mrope
+from asyncengine.worker.multimodal import MultiModalStep, check_features, mrope_positions, uses_mrope
 from asyncengine.interfaces.multimodal import supports_multimodal
 from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
@@ -428,6 +428,11 @@ class ModelRunner:
         """Check what this worker builds from one request's own values, where failing fails only it: each
         logits processor's check_request, and its LoRA adapter. (Its sampling values need no check here: the
         frontend checked them where they entered, and the wire's SamplingOptions carries their bounds.)"""
+        if new.mm_features:
+            problem = (check_features(new.mm_features, len(new.prompt_token_ids)) if self.multimodal is not None
+                       else f"{self.model_config.architectures[0]} takes no images")
+            if problem is not None:
+                return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=problem)
         try:
             if self.logits_processors is not None:
                 self.logits_processors.check_request(new.sampling)

@@ -138,3 +138,28 @@ def test_mrope_positions_slice_the_prompt_and_add_the_delta_after_it():
     assert chunk.tolist() == [[2, 3, 2], [20, 30, 2], [200, 300, 2]]
     decode = mrope_positions(model, {"r": 1}, {"r": 5}, {"r": state})
     assert decode.tolist() == [[3], [3], [3]] and MRoPE.asked == 1
+
+
+def test_malformed_items_are_named_before_they_reach_a_step():
+    from asyncengine.wire.multimodal import TensorData
+    from asyncengine.worker.multimodal import check_features
+
+    good = item("G", 1, 2, None, 4)
+    assert check_features([good], 6) is None
+    assert "not inside the prompt of 5 tokens" in check_features([good], 5)
+    bad_mask = MultiModalFeature(modality="image", identifier="M",
+                                 position=PlaceholderRange(offset=0, length=3, is_embed=[True]), data={})
+    assert "is_embed has 1 entries for a span of 3" in check_features([bad_mask], 6)
+    bad_tensor = MultiModalFeature(modality="image", identifier="T", position=PlaceholderRange(offset=0, length=1),
+                                   data={"pixel_values": TensorData(dtype="float32", shape=[2], data=b"1234")})
+    assert "'pixel_values': tensor of shape [2] and dtype float32 needs 8 bytes, got 4" in check_features([bad_tensor], 6)
+
+
+def test_an_item_whose_scheduled_run_was_lost_is_computed_where_it_is_read():
+    # The request scheduled to compute X failed in this worker; another request of the step reads X.
+    model = StandIn()
+    step = MultiModalStep(model, torch.device("cpu"))
+    features = {"b": [item("X", 3, 0, None, 2)]}
+    step.run_encoders(SchedulerOutput(scheduled_encoder_inputs={"a": [0]}), features)  # "a" is gone
+    embeds = step.inputs_embeds({"b": 2}, {"b": 0}, features, torch.arange(2))
+    assert embeds is not None and embeds[:, 0].tolist() == [300.0, 301.0] and model.calls == [1]
