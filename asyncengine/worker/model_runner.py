@@ -462,7 +462,7 @@ class ModelRunner:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in self.failed_request_ids}
         multimodal = self.multimodal
         mm_features: dict[str, list[MultiModalFeature]] = {}
-        if multimodal is not None:  # frees first, then this step's images through the vision tower
+        if multimodal is not None and parallel.is_first_stage():  # frees, then this step's images (vision tower)
             mm_features = {rid: state.mm_features for rid, state in self.requests.items() if state.mm_features}
             multimodal.run_encoders(scheduler_output, mm_features)
         if not scheduled:
@@ -473,11 +473,12 @@ class ModelRunner:
             connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
             self.kv_connector.start_load_kv(connector_metadata)
         started = time.perf_counter()
-        computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled}
+        computed = ({rid: self.requests[rid].num_computed_tokens for rid in scheduled}
+                    if mm_features or self.uses_mrope else {})  # (nothing on a text-only model's path)
         inputs = self._prepare_inputs(scheduled)
         # A step that computes image positions runs on merged embeddings, eagerly (never a decode graph).
         inputs_embeds = (multimodal.inputs_embeds(scheduled, computed, mm_features, inputs.input_ids)
-                         if multimodal is not None and mm_features and parallel.is_first_stage() else None)
+                         if multimodal is not None and mm_features else None)
         positions = inputs.positions
         if self.uses_mrope:  # 3-D positions for the model (the 1-D ones still place the tokens' KV slots)
             positions = mrope_positions(self.model, scheduled, computed, self.requests).to(self.device)
