@@ -75,6 +75,15 @@ from asyncengine.interfaces.pooler import (  # read in: worker (a pooling model'
     PoolerRegistry,
     register_pooler,
 )
+from asyncengine.interfaces.spec_decode import (  # read in: frontend (checks `method`), worker (builds the proposer)
+    DraftTokens,
+    ProposalBatch,
+    Proposer,
+    ProposerContext,
+    ProposerRegistry,
+    register_proposer,
+)
+from asyncengine.config.speculative import SpeculativeConfig  # what a Proposer is built with
 from asyncengine.pooling.params import PoolingParams  # what a pooling request carries (LLM.embed, encode, ...)
 from asyncengine.pooling.outputs import PoolingOutput, PoolingRequestOutput  # what post_process gets on /pooling
 from asyncengine.interfaces.platform import Platform, PlatformEnum  # read in: every process
@@ -204,6 +213,13 @@ __all__ = [
     "PoolingParams",
     "PoolingRequestOutput",
     "register_pooler",
+    "DraftTokens",
+    "ProposalBatch",
+    "Proposer",
+    "ProposerContext",
+    "ProposerRegistry",
+    "SpeculativeConfig",
+    "register_proposer",
     "AddedRequest",
     "AdditionalConfigRegistry",
     "CustomOp",

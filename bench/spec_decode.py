@@ -1,10 +1,21 @@
-"""Speculative decoding on W6 (issue 37). Today: the n-gram proposer's acceptance, measured offline.
+"""Speculative decoding on W6 (issue 37): the n-gram proposer's acceptance offline, and the speed run.
 
-    python bench/spec_decode.py                                   # k 4, prompt lookup 2..5, float32
+    python bench/spec_decode.py                                   # offline acceptance: k 4, prompt lookup 2..5
     python bench/spec_decode.py --k 2 4 8 --lookup 5 5 --lookup 2 5
+    python bench/spec_decode.py --speed                           # decode tok/s, n-gram off and on, k 4, 2..5
+    python bench/spec_decode.py --speed --prompts 3 --k 4 --lookup 2 5
 
-What it measures now is an acceptance figure, not a speed figure: the engine does not run proposers yet
-(docs/speculative_decoding.md). The default model decodes W6's prompts (bench/workloads/w6.json, each sent
+The speed run (`--speed`) sends W6's prompts one at a time (a single request in the engine, as WORKLOADS.md's
+single-request row) to one engine without speculation and then to one with n-gram speculation (each `--k` and
+`--lookup` window), streaming each, and prints per prompt type the decode rate (output tokens after the first,
+over the time from the first token to the last), the speedup over the run without speculation, and the engine's
+own acceptance counters (vLLM's spec_decode_* totals: drafts, draft tokens, accepted; the mean acceptance
+length 1 + accepted / drafts). Greedy, float32 by default; each engine decodes one short warm-up request
+first. A figure taken on a loaded machine (shared cores: check the load average printed) is a ratio between the
+runs of one invocation only, never a rate to quote: measure quietly for the record.
+
+The offline acceptance (the default mode) is an acceptance figure, not a speed figure. The default model
+decodes W6's prompts (bench/workloads/w6.json, each sent
 as one chat message, greedy, 256 tokens) with `LLM`, without speculation. Then speculative decoding is replayed
 over each continuation as the engine will run it: after the prefill's token, each step asks the proposer for k
 drafts from the request's history (prompt and output so far; all of a step's requests in one call), keeps the
@@ -14,8 +25,8 @@ acceptance rate (accepted / proposed), the steps that had a draft, and the token
 (output tokens after the first / decode steps): the most a step can gain, before verification's cost.
 Record the machine and the load average (printed) with the figures.
 
-Still to come with the engine integration: decode rates with and without each proposer at 1, 4 and 32
-requests, the Qwen2.5-Coder pair, and llama.cpp's draft and lookup modes in the same run (WORKLOADS.md W6).
+Still to come: decode rates at 4 and 32 requests, the draft-model proposer with the Qwen2.5-Coder pair, and
+llama.cpp's draft and lookup modes in the same run (WORKLOADS.md W6).
 """
 
 from __future__ import annotations
@@ -30,9 +41,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import anyio
 import numpy as np
 
-from asyncengine import LLM, SamplingParams
+from asyncengine import LLM, AsyncEngine, EngineConfig, SamplingParams
 from asyncengine.config.speculative import parse_speculative_config
 from asyncengine.interfaces.spec_decode import ProposalBatch, ProposerContext, ProposerRegistry
 
@@ -109,18 +121,98 @@ def summary(name: str, rows: list[dict]) -> str:
             f"tokens per target forward {decoded / steps if steps else 0.0:.2f}")
 
 
+SPEC_FIELDS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+
+
+async def decode_rates(speculative_config: dict | None, prompts: list[dict], max_tokens: int, dtype: str) -> list[dict]:
+    """Each prompt alone in one engine: its output tokens, its decode seconds (first token to last), and the
+    engine's speculative counters over it."""
+    config = EngineConfig(dtype=dtype, kv_cache_memory_bytes=256 * 1024**2, max_model_len=2048,
+                          speculative_config=speculative_config)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    rows = []
+    async with AsyncEngine.start(config) as engine:
+        async for _ in engine.generate("Hello", SamplingParams(temperature=0.0, max_tokens=8)):
+            pass  # the warm-up: first-call costs stay out of the figures
+        for prompt in prompts:
+            request = await engine.chat_prompt([{"role": "user", "content": prompt["prompt"]}])
+            before = await engine.get_scheduler_stats()
+            first = last = 0.0
+            num_tokens = 0
+            async for output in engine.generate(request, params):
+                new = len(output.outputs[0].token_ids)
+                if new and not num_tokens:
+                    first = time.perf_counter()
+                num_tokens += new
+                last = time.perf_counter()
+            after = await engine.get_scheduler_stats()
+            rows.append({"type": prompt["type"], "tokens": num_tokens, "seconds": last - first,
+                         **{name: getattr(after, name) - getattr(before, name) for name in SPEC_FIELDS}})
+    return rows
+
+
+def speed_summary(name: str, rows: list[dict], base: list[dict] | None) -> str:
+    decoded = sum(max(r["tokens"] - 1, 0) for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    rate = decoded / seconds if seconds else 0.0
+    line = f"{name:<10} prompts {len(rows):>2}  tokens {sum(r['tokens'] for r in rows):>5}  decode {rate:7.1f} tok/s"
+    if base is not None:
+        base_seconds = sum(r["seconds"] for r in base)
+        base_rate = sum(max(r["tokens"] - 1, 0) for r in base) / base_seconds if base_seconds else 0.0
+        drafts, draft_tokens, accepted = (sum(r[f] for r in rows) for f in SPEC_FIELDS)
+        line += (f"  x{rate / base_rate if base_rate else 0.0:.2f} over no speculation  drafts {drafts:>4}  "
+                 f"draft tokens {draft_tokens:>5}  accepted {accepted:>5} "
+                 f"({accepted / draft_tokens if draft_tokens else 0.0:6.1%})  "
+                 f"mean acceptance length {1 + accepted / drafts if drafts else 1.0:.2f}")
+    return line
+
+
+def speed_run(args: argparse.Namespace, workload: dict, prompts: list[dict], windows: list[list[int]],
+              commit: str) -> None:
+    print(f"# W6 single-request decode, n-gram off and on; {machine()}; load {load_average()}; commit {commit}; "
+          f"default model, {args.dtype}, greedy, {workload['max_tokens']} tokens; {len(prompts)} prompts, one at a "
+          "time; under load a ratio between these runs only")
+    runs: list[tuple[str, dict | None]] = [("no speculation", None)] + [
+        (f"ngram k={k} prompt_lookup {low}..{high}",
+         {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": low, "prompt_lookup_max": high})
+        for low, high in windows for k in args.k]
+    base: list[dict] | None = None
+    for title, speculative in runs:
+        rows = anyio.run(decode_rates, speculative, prompts, workload["max_tokens"], args.dtype)
+        print(f"{title} (load {load_average()})")
+        by_type: dict[str, list[dict]] = defaultdict(list)
+        for row in rows:
+            by_type[row["type"]].append(row)
+        for name in ("edit", "summarise", "code"):
+            if by_type[name]:
+                print("  " + speed_summary(name, by_type[name],
+                                           None if base is None else [b for b in base if b["type"] == name]))
+        print("  " + speed_summary("all", rows, base))
+        if base is None:
+            base = rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=int, nargs="+", default=[4], help="num_speculative_tokens values")
     parser.add_argument("--lookup", type=int, nargs=2, action="append", metavar=("MIN", "MAX"),
                         help="prompt_lookup_min and max (repeatable; default 2 5)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--speed", action="store_true", help="the speed run: decode tok/s with and without n-gram")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="the speed run: the first N prompts of each type (default: all)")
     args = parser.parse_args(argv)
     windows = args.lookup or [[2, 5]]
     workload = json.loads(WORKLOAD.read_text())
     prompts = workload["prompts"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
+    if args.speed:
+        if args.prompts is not None:
+            prompts = [p for name in ("edit", "summarise", "code")
+                       for p in [q for q in prompts if q["type"] == name][:args.prompts]]
+        speed_run(args, workload, prompts, windows, commit)
+        return
     print(f"# W6 n-gram acceptance, offline (not a speed figure); {machine()}; load {load_average()}; commit {commit}; "
           f"default model, {args.dtype}, greedy, {workload['max_tokens']} tokens; {len(prompts)} prompts")
     prompt_ids, output_ids, seconds = greedy_continuations(prompts, workload["max_tokens"], args.dtype)

@@ -17,6 +17,7 @@ from asyncengine.config.class_paths import classes_to_paths, is_class_path, stru
 from asyncengine.config.vllm_views import VllmConfigViews
 from asyncengine.errors import ConfigError
 from asyncengine.config.kv_transfer import KVTransferConfig, parse_kv_transfer_config
+from asyncengine.config.speculative import SPECULATIVE_CONFIG_DESCRIPTION, SpeculativeConfig, parse_speculative_config
 from asyncengine.config.structured_outputs import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_COMPILE_TIMEOUT,
@@ -209,6 +210,9 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     kv_transfer_config: Annotated[dict[str, Any] | None, doc(
         "The KV connector: {\"kv_connector\", \"kv_role\", \"kv_connector_module_path\", "
         "\"kv_connector_extra_config\"}.")] = None
+    # Speculative decoding (config/speculative.py, docs/speculative_decoding.md): read in the frontend (the
+    # method's name), the engine core (k + 1 tokens per step) and the worker (the proposer).
+    speculative_config: Annotated[dict[str, Any] | None, doc(SPECULATIVE_CONFIG_DESCRIPTION)] = None
     # Read in the frontend and the engine core.
     structured_outputs_config: Annotated[dict[str, Any] | None, doc(
         "Structured outputs: {\"backend\": xgrammar | guidance | a registered name | auto}, the backend of "
@@ -273,6 +277,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         self._check_placement()
         # Keys and role here; the connector's name where the registry is read (engine core, workers).
         parse_kv_transfer_config(self.kv_transfer_config)
+        parse_speculative_config(self.speculative_config)  # its shape here; the method's name where it is read
         configured_backend_name(self.structured_outputs_config)  # its shape here; the name where it is read
         check_structured_outputs_bounds(self)
         check_lora_options(self)
@@ -409,6 +414,11 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
     def kv_transfer(self) -> KVTransferConfig | None:
         """`kv_transfer_config`, checked and typed (None: no KV connector)."""
         return parse_kv_transfer_config(self.kv_transfer_config)
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """`speculative_config`, checked and typed (None: no speculative decoding)."""
+        return parse_speculative_config(self.speculative_config)
 
     @property
     def executor_backend(self) -> str:

@@ -7,9 +7,8 @@ against the proposer registry (asyncengine/interfaces/spec_decode.py, once plugi
 draft's tensor-parallel size and k against the engine's options (`check_against_engine`), the draft's
 vocabulary against the target's (asyncengine/config/draft_vocabulary.py, once both models are resolved).
 
-Not yet an EngineConfig field: the engine does not run proposers yet, and a field it would accept and
-ignore is a silent failure (docs/speculative_decoding.md). The integration adds the field with the type
-and description below (`SPECULATIVE_CONFIG_DESCRIPTION`), and the CLI derives `--speculative-config` from it.
+`EngineConfig.speculative_config` is the field (with the description below, `SPECULATIVE_CONFIG_DESCRIPTION`),
+and the CLI derives `--speculative-config` from it; `EngineConfig.speculative` is the parsed value.
 """
 
 from __future__ import annotations

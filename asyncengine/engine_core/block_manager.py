@@ -205,6 +205,17 @@ class BlockManager:
         self._register_full_blocks(seq, num_tokens_after)
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks of `seq` past the first `num_tokens` tokens' (speculative decoding: those only
+        rejected drafts needed). Such blocks were never full of the sequence's tokens, so never named in the
+        prefix cache."""
+        keep = self.blocks_needed(num_tokens)
+        for group, table in enumerate(seq.block_tables):
+            while len(table) > keep:
+                block_id = table.pop()
+                if not self._is_null(block_id):
+                    self._release(block_id, group)
+
     def free(self, seq: Sequence) -> None:
         """Release every block of `seq`. Its tail blocks are queued to be evicted first."""
         for group, table in enumerate(seq.block_tables):

@@ -21,6 +21,7 @@ from anyio.abc import TaskStatus
 
 from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
+from asyncengine.config.speculative import check_against_engine
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.interfaces.executor import Executor
 from asyncengine.engine_core.executor import build_executor
@@ -76,6 +77,13 @@ class EngineCore:
             max_loras=engine_config.max_loras if engine_config.enable_lora else None,
             micro_batches=self.micro_batches,
         )
+        speculative = engine_config.speculative
+        if speculative is not None:
+            if not isinstance(self.scheduler, Scheduler):
+                raise ConfigError(f"speculative_config needs the built-in Scheduler or a subclass (it schedules "
+                                  f"k + 1 tokens and rolls back rejected drafts); scheduler_cls "
+                                  f"{engine_config.scheduler_cls} is not one", field="scheduler_cls")
+            self.scheduler.enable_speculation(speculative.num_speculative_tokens)
 
     @property
     def num_blocks(self) -> int:
@@ -172,6 +180,14 @@ def scheduler_class(engine_config: EngineConfig) -> type[SchedulerInterface]:
 
 def check_budget(engine_config: EngineConfig, model_config: ModelConfig) -> None:
     budget = engine_config.effective_max_num_batched_tokens
+    speculative = engine_config.speculative
+    if speculative is not None:
+        check_against_engine(speculative, tensor_parallel_size=engine_config.tensor_parallel_size,
+                             max_model_len=model_config.max_model_len, max_num_batched_tokens=budget)
+        if engine_config.pipeline_parallel_size > 1:
+            raise ConfigError("speculative_config is not built for pipeline parallelism yet (its stages would "
+                              "need the drafts and the accepted counts); use pipeline_parallel_size=1",
+                              field="speculative_config")
     if not engine_config.enable_chunked_prefill and budget < model_config.max_model_len:
         raise ConfigError(
             f"without chunked prefill a whole prompt must fit in one step: max_num_batched_tokens "

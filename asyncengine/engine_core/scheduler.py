@@ -37,13 +37,15 @@ and every step carries the connector's metadata to the workers (interfaces/kv_co
 from __future__ import annotations
 
 import bisect
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
 from asyncengine.engine_core.encoder_cache import EncoderCacheManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
+from asyncengine.engine_core.shares import Shares
+from asyncengine.engine_core.spec_decode import SpecDecodeCounters, drafts_to_verify
 from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRequest
 from asyncengine.interfaces.scheduler import SchedulerInterface
 from asyncengine.structured_output.backend import GrammarBroken
@@ -118,6 +120,15 @@ class Scheduler(SchedulerInterface):
         # Sequence id -> its parent request's id: the completions of a request with n > 1, the prompts of
         # one HTTP completions request (EngineCoreRequest.parent_id).
         self._parent_of: dict[str, str] = {}
+        # Speculative decoding (engine_core/spec_decode.py): on once enable_speculation is called.
+        self.num_speculative_tokens = 0
+        self.spec_counters: SpecDecodeCounters | None = None
+
+    def enable_speculation(self, num_speculative_tokens: int) -> None:
+        """Verify the drafts the worker proposes, up to `num_speculative_tokens` per request and step (the
+        engine core calls this when speculative_config is set)."""
+        self.num_speculative_tokens = num_speculative_tokens
+        self.spec_counters = SpecDecodeCounters(num_speculative_tokens)
 
     # -- requests in and out -----------------------------------------------------------------------------
 
@@ -181,9 +192,10 @@ class Scheduler(SchedulerInterface):
         scheduled: dict[str, int] = {}
         new_requests: list[NewRequestData] = []
         cached_requests: list[CachedRequestData] = []
+        spec_token_ids: dict[str, list[int]] = {}
         preempted_this_step = False
 
-        shares = _Shares(self) if self._parent_of else None
+        shares = Shares(self) if self._parent_of else None
         encoder = self.encoder_cache
         encoder.begin_step(self.running)
         micro_batches = self.micro_batches
@@ -200,11 +212,28 @@ class Scheduler(SchedulerInterface):
             if seq.mm_features and num_new > 0:  # its chunk stops before an image the encoder cannot take now
                 num_new, needed = encoder.plan(seq, seq.num_computed_tokens, num_new)
             if (num_new <= 0 or self._will_finish_by_length(seq) or self._awaits_grammar_token(seq)
-                    or (micro_batches is not None and micro_batches.sits_out(seq))):
-                index += 1  # its last token is still in flight (or its request used its share): nothing now
+                    or (micro_batches is not None and micro_batches.sits_out(seq))
+                    or (self.num_speculative_tokens and seq.num_pending_tokens)):
+                # Its last token is still in flight (with speculation, its whole step: engine_core/spec_decode.py),
+                # or its request used its share: nothing now.
+                index += 1
                 continue
+            drafts: list[int] = []
+            if self.num_speculative_tokens:
+                drafts = drafts_to_verify(
+                    seq, num_new=num_new,
+                    budget=budget if shares is None else min(budget, shares.tokens_left(seq)),
+                    max_model_len=self.max_model_len,
+                    constrained=(self.structured_output is not None
+                                 and self.structured_output.is_constrained(seq.request_id)))
+                seq.spec_token_ids = []
+                num_new += len(drafts)
             num_blocks_before = [len(table) for table in seq.block_tables]
             while not self.block_manager.allocate(seq, num_new):
+                if drafts:  # no request is preempted for drafts: this step verifies none
+                    num_new -= len(drafts)
+                    drafts = []
+                    continue
                 victim = self.running.pop()  # the last: latest admitted (fcfs), least urgent (priority)
                 self._preempt(victim)
                 preempted_this_step = True
@@ -216,6 +245,9 @@ class Scheduler(SchedulerInterface):
                 encoder.commit(seq, needed)
             scheduled[seq.request_id] = num_new
             budget -= num_new
+            if drafts:
+                spec_token_ids[seq.request_id] = drafts
+                seq.num_drafts_in_flight = len(drafts)
             if shares is not None:
                 shares.spend(seq, num_new)
             if seq.request_id in self._unsent:
@@ -228,6 +260,8 @@ class Scheduler(SchedulerInterface):
                         num_computed_tokens=seq.num_computed_tokens,
                         extra_group_block_ids=[table[before:] for table, before in
                                                zip(seq.block_tables[1:], num_blocks_before[1:])] or None,
+                        # (with speculation, the tables may have been trimmed since the last step)
+                        block_table_lengths=num_blocks_before if self.num_speculative_tokens else None,
                     )
                 )
             index += 1
@@ -311,7 +345,9 @@ class Scheduler(SchedulerInterface):
             if views is not None:
                 views.append(self._connector_view(seq, num_computed=start, num_scheduled=num_tokens))
             seq.num_computed_tokens += num_tokens
-            if seq.num_computed_tokens == seq.num_tokens_with_pending and seq.pooling is None:
+            # (A step verifying drafts computes them past the request's tokens: it samples too.)
+            if (seq.num_computed_tokens - seq.num_drafts_in_flight == seq.num_tokens_with_pending
+                    and seq.pooling is None):
                 seq.num_pending_tokens += 1
                 sampling_ids.append(request_id)
         defer_masks = self._defers_masks(sampling_ids)
@@ -332,36 +368,61 @@ class Scheduler(SchedulerInterface):
                                 else micro_batches.token_ids(cached_requests, self.sequences)),
             scheduled_encoder_inputs=encoder.scheduled_encoder_inputs(),
             free_encoder_mm_hashes=encoder.take_freed(),
+            spec_token_ids=spec_token_ids or None,
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs: list[EngineCoreOutput] = []
         logprobs = runner_output.logprobs
+        accepted_ids = runner_output.accepted_token_ids
         for position, request_id in enumerate(runner_output.request_ids):
             seq = self.sequences.get(request_id)
             if seq is None:
                 continue  # finished or aborted while the step ran
             seq.num_pending_tokens -= 1
-            token_id = runner_output.sampled_token_ids[position]
-            seq.append_token(token_id)
-            # The grammar first: a token from a mask that allowed none is not the output's, whatever else it is
-            # (an EOS, the last token of max_tokens).
-            try:
-                grammar_complete = self.structured_output is not None and self.structured_output.accept(
-                    request_id, token_id)
-            except GrammarBroken as broken:  # the request ends with the error, never unconstrained
+            token_ids = [runner_output.sampled_token_ids[position]]
+            token_logprobs: list[tuple[list[int], list[float]] | None] = [
+                logprobs[position] if logprobs is not None else None]
+            if accepted_ids is not None:  # speculative decoding: the accepted drafts come first
+                token_ids = accepted_ids[position] + token_ids
+                accepted_logprobs = runner_output.accepted_logprobs
+                if accepted_logprobs is not None:
+                    token_logprobs = accepted_logprobs[position] + token_logprobs
+                else:
+                    token_logprobs = [*(None for _ in accepted_ids[position]), *token_logprobs]
+                self._roll_back_rejected(seq, len(accepted_ids[position]))
+            new_token_ids: list[int] = []
+            finish_reason = stop_reason = None
+            broken: GrammarBroken | None = None
+            for token_id in token_ids:
+                seq.append_token(token_id)
+                new_token_ids.append(token_id)
+                # The grammar first: a token from a mask that allowed none is not the output's, whatever else
+                # it is (an EOS, the last token of max_tokens).
+                try:
+                    grammar_complete = self.structured_output is not None and self.structured_output.accept(
+                        request_id, token_id)
+                except GrammarBroken as error:  # the request ends with the error, never unconstrained
+                    broken = error
+                    break
+                finish_reason, stop_reason = self._check_stop(seq, token_id)
+                if finish_reason is None and grammar_complete:
+                    finish_reason = FinishReason.STOP  # its grammar is complete
+                if finish_reason is not None:
+                    break  # tokens accepted after it are not the output's
+            if broken is not None:
                 failed = self.fail_request(request_id, broken.message, broken.field)
                 if failed is not None:
                     outputs.append(failed)
                 continue
-            finish_reason, stop_reason = self._check_stop(seq, token_id)
-            if finish_reason is None and grammar_complete:
-                finish_reason = FinishReason.STOP  # its grammar is complete
-            token_logprobs = logprobs[position] if logprobs is not None else None
+            if runner_output.draft_token_ids is not None and seq.status is SequenceStatus.RUNNING:
+                seq.spec_token_ids = runner_output.draft_token_ids[position]
+            kept_logprobs = token_logprobs[:len(new_token_ids)]
             output = EngineCoreOutput(
                 request_id=request_id,
-                new_token_ids=[token_id],
-                new_logprobs=[token_logprobs] if token_logprobs else None,
+                new_token_ids=new_token_ids,
+                # (every token has them, or none: the request asked for logprobs, or not)
+                new_logprobs=[entry for entry in kept_logprobs if entry is not None] or None,
                 finish_reason=finish_reason,
                 stop_reason=stop_reason,
                 num_cached_tokens=seq.num_cached_tokens,
@@ -412,9 +473,23 @@ class Scheduler(SchedulerInterface):
             structured_outputs_cache_entries=self.structured_output.cache_entries if self.structured_output else 0,
             encoder_cache_entries=self.encoder_cache.num_entries,
             encoder_cache_rows=self.encoder_cache.num_cached_rows,
+            **(self.spec_counters.stats() if self.spec_counters is not None else {}),
         )
 
     # -- helpers -----------------------------------------------------------------------------------------
+
+    def _roll_back_rejected(self, seq: Sequence, num_accepted: int) -> None:
+        """Speculative decoding: the positions of the drafts the step rejected are not computed after all,
+        and the blocks only they needed go back (a sequence preempted meanwhile has none left)."""
+        num_drafts, seq.num_drafts_in_flight = seq.num_drafts_in_flight, 0
+        if not num_drafts:
+            return
+        if self.spec_counters is not None:
+            self.spec_counters.record(num_drafts, num_accepted)
+        if seq.status is SequenceStatus.RUNNING and num_accepted < num_drafts:
+            seq.num_computed_tokens -= num_drafts - num_accepted
+            # Its tokens once the emitted ones are appended: the computed ones and the last, computed next.
+            self.block_manager.trim(seq, seq.num_computed_tokens + 1)
 
     def _will_finish_by_length(self, seq: Sequence) -> bool:
         """True when the tokens in flight already take the sequence to max_tokens or max_model_len."""
@@ -477,6 +552,7 @@ class Scheduler(SchedulerInterface):
         self.block_manager.free(seq)
         if seq.encoder_refs:
             self.encoder_cache.release_all(seq)
+        seq.spec_token_ids = []  # proposed for the worker's state it forgets
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -548,50 +624,3 @@ class Scheduler(SchedulerInterface):
 
 def _priority_order(seq: Sequence) -> tuple[int, int]:
     return seq.priority, seq.arrival_index
-
-
-class _Shares:
-    """One step's accounting of what each parent request's sequences hold and take.
-
-    The slots are a hard share: a parent never runs more than `max_seqs` sequences at once, so a slot
-    is always left for a request that arrives later. The token budget is held to its share only while
-    some sequence that is not the parent's own is waiting (counted as the step goes: those admitted no
-    longer wait), so a request alone in the engine prefills at the step's full budget.
-    """
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._parent_of = scheduler._parent_of
-        self.max_seqs = max(1, scheduler.max_num_seqs // 2)
-        self.max_tokens = max(1, scheduler.max_num_batched_tokens // 2)
-        self.step_budget = scheduler.max_num_batched_tokens
-        self.running = Counter(self._parent_of.get(seq.request_id) for seq in scheduler.running)
-        self.waiting = Counter(self._parent_of.get(seq.request_id) for seq in scheduler.waiting)
-        self.num_waiting = len(scheduler.waiting)
-        self.tokens: Counter[str | None] = Counter()
-
-    def _contended(self, parent: str | None) -> bool:
-        return parent is not None and self.num_waiting > self.waiting[parent]
-
-    def tokens_left(self, seq: Sequence) -> int:
-        """How many tokens `seq` may still be scheduled this step under its parent's share."""
-        parent = self._parent_of.get(seq.request_id)
-        if not self._contended(parent):
-            return self.step_budget  # no share applies: the step's budget is the bound
-        return self.max_tokens - self.tokens[parent]
-
-    def admission_tokens_left(self, seq: Sequence) -> int:
-        """As `tokens_left`, and 0 once its parent holds its share of the slots (contended or not)."""
-        parent = self._parent_of.get(seq.request_id)
-        if parent is not None and self.running[parent] >= self.max_seqs:
-            return 0
-        return self.tokens_left(seq)
-
-    def spend(self, seq: Sequence, num_tokens: int) -> None:
-        self.tokens[self._parent_of.get(seq.request_id)] += num_tokens
-
-    def admit(self, seq: Sequence, num_tokens: int) -> None:
-        parent = self._parent_of.get(seq.request_id)
-        self.running[parent] += 1
-        self.waiting[parent] -= 1
-        self.num_waiting -= 1
-        self.spend(seq, num_tokens)

@@ -52,6 +52,10 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
         self.num_preemptions = 0
+        # Speculative decoding (engine_core/spec_decode.py): the drafts proposed after its latest step, to
+        # verify in its next one, and how many drafts the step in flight verifies.
+        self.spec_token_ids: list[int] = []
+        self.num_drafts_in_flight = 0
         self._block_size = block_size
         self._block_hashes: list[bytes] = []
         # A pooling request (PoolingOptions): scheduled whole, finished by its pooled output after its prefill.

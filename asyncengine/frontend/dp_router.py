@@ -341,15 +341,21 @@ def combine(method: str, results: list[Any], indexes: list[int]) -> Any:
             num_kv_connector_loaded_tokens=sum(s.num_kv_connector_loaded_tokens for s in per_engine),
             structured_outputs_cache_bytes=sum(s.structured_outputs_cache_bytes for s in per_engine),
             structured_outputs_cache_entries=sum(s.structured_outputs_cache_entries for s in per_engine),
-            expert_tokens=_sum_expert_tokens([s.expert_tokens for s in per_engine]),
+            expert_tokens=_sum_per_index([s.expert_tokens for s in per_engine]),
+            spec_decode_num_drafts=sum(s.spec_decode_num_drafts for s in per_engine),
+            spec_decode_num_draft_tokens=sum(s.spec_decode_num_draft_tokens for s in per_engine),
+            spec_decode_num_accepted_tokens=sum(s.spec_decode_num_accepted_tokens for s in per_engine),
+            spec_decode_num_accepted_tokens_per_pos=_sum_per_index(
+                [s.spec_decode_num_accepted_tokens_per_pos for s in per_engine]),
             engines=per_engine,
         )
         return msgspec.to_builtins(total)
     return results[0]
 
 
-def _sum_expert_tokens(counts: list[list[int] | None]) -> list[int] | None:
-    """The engine cores' tokens per expert, summed expert by expert (None when none has reported any)."""
+def _sum_per_index(counts: list[list[int] | None]) -> list[int] | None:
+    """The engine cores' totals per index (tokens per expert, accepted drafts per position), summed index by
+    index (None when none has reported any)."""
     known = [c for c in counts if c is not None]
     return [sum(column) for column in zip(*known)] if known else None
 

@@ -78,6 +78,7 @@ READER_MODULES = (
     "asyncengine.plugin_runtime.contracts",
     "asyncengine.worker.build",
     "asyncengine.worker.extension",
+    "asyncengine.worker.spec_decode.verifier",
     "asyncengine.worker.worker",
     "asyncengine.frontend.startup",
     "asyncengine.frontend.lora",

@@ -109,6 +109,11 @@ async def run_plugin_phases(
             from asyncengine.plugin_runtime.additional_config import check_additional_config
 
             await anyio.to_thread.run_sync(check_additional_config, config, platform, trace)
+        speculative = config.speculative
+        if g.FRONTEND in roles and speculative is not None:  # the method's name, now that plugins have registered
+            from asyncengine.interfaces.spec_decode import ProposerRegistry
+
+            ProposerRegistry.check_method(speculative)
         if roles & g.LOGITS_PROCESSOR.roles and config.logits_processors:
             state.logits_processors = _with_configured_logits_processors(state.logits_processors, config)
         if g.WORKER in roles:  # attention backends and out-of-tree ops: found at start-up, not at the first step

@@ -62,6 +62,24 @@ SCHEDULER_TOTALS = (
      "Prefix cache queries, in prompt tokens looked up."),
     ("prefix_cache_hits", "asyncengine:prefix_cache_hits_total", ("vllm:prefix_cache_hits_total",),
      "Prefix cache hits, in prompt tokens found cached."),
+    # Speculative decoding (docs/speculative_decoding.md): vLLM's counters; zero without speculation.
+    ("spec_decode_num_drafts", "asyncengine:spec_decode_num_drafts_total", ("vllm:spec_decode_num_drafts_total",),
+     "Speculative decoding: verifications, one per request and step that verified drafts."),
+    ("spec_decode_num_draft_tokens", "asyncengine:spec_decode_num_draft_tokens_total",
+     ("vllm:spec_decode_num_draft_tokens_total",), "Speculative decoding: draft tokens verified."),
+    ("spec_decode_num_accepted_tokens", "asyncengine:spec_decode_num_accepted_tokens_total",
+     ("vllm:spec_decode_num_accepted_tokens_total",), "Speculative decoding: draft tokens accepted."),
+)
+# The scheduler's running totals kept per index (a list in SchedulerStats): field, the label the index goes
+# under, our name, vLLM's names, documentation. One series per index, as many as the model or k gives.
+SCHEDULER_INDEXED_TOTALS = (
+    # Mixture-of-experts models: the load per expert, summed over the MoE layers; vLLM exports none.
+    ("expert_tokens", "expert", "asyncengine:moe_expert_tokens_total", (),
+     "Tokens routed to each expert of a mixture-of-experts model, summed over its MoE layers (a token counts "
+     "once per expert it chose)."),
+    ("spec_decode_num_accepted_tokens_per_pos", "position", "asyncengine:spec_decode_num_accepted_tokens_per_pos_total",
+     ("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
+     "Speculative decoding: draft tokens accepted at each draft position (0: a step's first draft)."),
 )
 
 
@@ -112,12 +130,9 @@ class PrometheusStatLogger(StatLoggerBase):
         # The scheduler keeps totals; these counters follow them (see update_scheduler_stats).
         self._scheduler_totals = {field_name: families.counter(ours, doc, scheduler_labels, vllm)
                                   for field_name, ours, vllm, doc in SCHEDULER_TOTALS}
-        # Mixture-of-experts models: the load per expert, summed over the MoE layers, one series per expert
-        # (as many as the model has: bounded by the model, not by traffic); vLLM exports none, so ours only.
-        self._expert_tokens = families.counter(
-            "asyncengine:moe_expert_tokens_total", "Tokens routed to each expert of a mixture-of-experts model, "
-            "summed over its MoE layers (a token counts once per expert it chose).", scheduler_labels,
-            extra=["expert"])
+        # Totals per expert or draft position: one series per index (bounded by the model or by k, not by traffic).
+        self._indexed_totals = {field_name: (label, families.counter(ours, doc, scheduler_labels, vllm, extra=[label]))
+                                for field_name, label, ours, vllm, doc in SCHEDULER_INDEXED_TOTALS}
         self._engine_up = Gauge("asyncengine:engine_up",
                                 "1 while the engine core (by data-parallel index) is alive, 0 once it has died.",
                                 labels + ["engine"], registry=self.registry)
@@ -267,26 +282,29 @@ class PrometheusStatLogger(StatLoggerBase):
             if total > series.totals.get(name, 0):
                 counter.inc(total - series.totals.get(name, 0))
                 series.totals[name] = total
-        if stats.expert_tokens is not None:
-            self._record_expert_tokens(series, index, stats.expert_tokens)
+        for field_name in self._indexed_totals:
+            totals = getattr(stats, field_name)
+            if totals is not None:
+                self._record_indexed_totals(series, index, field_name, totals)
         if stats.num_blocks and index not in self._cache_config_set:
             self._cache_config_set.add(index)
             self._cache_config_info.labels(model_name=self.model_name, engine=str(index),
                                            **cache_config_labels(self.engine_config, stats.num_blocks)).set(1)
 
-    def _record_expert_tokens(self, series: _SchedulerSeries, index: int, totals: list[int]) -> None:
-        """The experts' counters from the workers' totals: what grew since the last stats (each may be seen
-        twice, a step's then a scrape's)."""
-        while len(series.expert_children) < len(totals):  # every expert's series, a zero one included
-            labels = {"model_name": self.model_name, "expert": str(len(series.expert_children))}
-            if self._per_engine:
-                labels["engine"] = str(index)
-            series.expert_children.append(self._expert_tokens.labels(**labels))
-            series.expert_totals.append(0)
-        for expert, total in enumerate(totals):
-            if total > series.expert_totals[expert]:
-                series.expert_children[expert].inc(total - series.expert_totals[expert])
-                series.expert_totals[expert] = total
+    def _record_indexed_totals(self, series: _SchedulerSeries, index: int, field_name: str, totals: list[int]) -> None:
+        """The per-index counters (experts, draft positions) from their totals: what grew since the last
+        stats (each may be seen twice, a step's then a scrape's)."""
+        label, family = self._indexed_totals[field_name]
+        children = series.indexed_children.setdefault(field_name, [])
+        last = series.indexed_totals.setdefault(field_name, [])
+        while len(children) < len(totals):  # every index's series, a zero one included
+            # (each family takes the labels it has: ours carries `engine` only with data parallelism, vLLM's always)
+            children.append(family.labels(model_name=self.model_name, engine=str(index), **{label: str(len(children))}))
+            last.append(0)
+        for position, total in enumerate(totals):
+            if total > last[position]:
+                children[position].inc(total - last[position])
+                last[position] = total
 
     def mark_engine_dead(self, engine_index: int) -> None:
         """Engine core `engine_index` has died: engine_up 0, its gauges 0 (it holds no request and no block)."""
@@ -328,8 +346,9 @@ class _SchedulerSeries:
     grammar_entries: Any
     counters: dict[str, Any]
     totals: dict[str, int] = field(default_factory=dict)  # the scheduler's last totals, by SchedulerStats field
-    expert_totals: list[int] = field(default_factory=list)  # the workers' last tokens per expert (MoE models)
-    expert_children: list[Any] = field(default_factory=list)  # each expert's counter
+    # SCHEDULER_INDEXED_TOTALS: by SchedulerStats field, the last totals per index and each index's counter.
+    indexed_totals: dict[str, list[int]] = field(default_factory=dict)
+    indexed_children: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def _served_model_name(engine_config: Any) -> str:

@@ -133,6 +133,13 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # Mixture-of-experts models: tokens routed to each expert since the engine started, summed over the MoE
     # layers (of the stage that samples, with pipeline parallelism); None for a model without experts.
     expert_tokens: list[int] | None = None
+    # Speculative decoding, totals since the engine started (vLLM's spec_decode counters): steps in which a
+    # request verified drafts, the drafts verified, the drafts accepted, and those accepted at each draft
+    # position (index j: the (j+1)-th draft of a step); zeros and None without speculation.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] | None = None
     # With data parallelism (frontend/dp_router.py): the engine core these stats are of, and in the
     # frontend's sum over engine cores (get_scheduler_stats) each one's own, for /metrics' engine label.
     engine_index: int = 0

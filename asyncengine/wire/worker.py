@@ -35,6 +35,9 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
     new_block_ids: list[int]
     num_computed_tokens: int
     extra_group_block_ids: list[list[int]] | None = None  # the other KV cache groups' new blocks
+    # Speculative decoding: per KV cache group, how many of its blocks the request keeps before new_block_ids
+    # are appended (the scheduler released those only rejected drafts needed); None: all of them.
+    block_table_lengths: list[int] | None = None
 
 
 class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +75,9 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     # under their identifiers; and the identifiers the worker drops before this step (no request needs them).
     scheduled_encoder_inputs: dict[str, list[int]] = msgspec.field(default_factory=dict)
     free_encoder_mm_hashes: list[str] = msgspec.field(default_factory=list)
+    # Speculative decoding (docs/speculative_decoding.md): per request verifying drafts this step, its drafts,
+    # which are the last len(drafts) of its num_scheduled_tokens (after its last sampled token); None: no drafts.
+    spec_token_ids: dict[str, list[int]] | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -129,3 +135,9 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     # Mixture-of-experts models: tokens routed to each expert since the worker started, summed over its MoE
     # layers (the engine core puts them in its SchedulerStats); None for a model without experts.
     expert_tokens: list[int] | None = None
+    # Speculative decoding, parallel to request_ids (None without speculation): the drafts each request had
+    # verified and accepted this step, emitted before its sampled token (and their logprobs, as `logprobs`);
+    # and the drafts proposed after this step, for the scheduler to send with the request's next step.
+    accepted_token_ids: list[list[int]] | None = None
+    accepted_logprobs: list[list[tuple[list[int], list[float]] | None]] | None = None
+    draft_token_ids: list[list[int]] | None = None

@@ -59,6 +59,10 @@ class BlockTableRows:
         self.tables[group, row, start:end] = block_ids
         self.lengths[group, row] = end
 
+    def truncate(self, row: int, length: int, group: int = 0) -> None:
+        """Keep only the first `length` blocks of `row`'s table in `group`."""
+        self.lengths[group, row] = min(int(self.lengths[group, row]), length)
+
     def release(self, row: int) -> None:
         self._free.append(row)
 

@@ -60,6 +60,7 @@ from asyncengine.interfaces.multimodal import supports_multimodal
 from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import Sampler, SamplingRow
+from asyncengine.worker.spec_decode.verifier import SpecDecoder, proposer_context
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.structured_output.bitmask import apply_bitmask
 from asyncengine.wire.kv_cache import KVCacheLayout
@@ -140,6 +141,8 @@ class ModelRunner:
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
         self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
         self.uses_mrope = False  # the model reads (3, num_tokens) positions (worker/multimodal.py)
+        # Speculative decoding (worker/spec_decode/verifier.py): with speculative_config, built with the model.
+        self.spec_decoder: SpecDecoder | None = None
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -197,6 +200,17 @@ class ModelRunner:
         self.logits_processors = LogitsProcessors.build(
             self.logits_processor_classes, self.engine_config, self.device, self.pin_memory
         )
+        speculative = self.engine_config.speculative
+        if speculative is not None:
+            if self.logits_processors is not None:
+                raise ConfigError("speculative_config does not run with logits processors yet (their per-request row "
+                                  "layout has one row per request, verification one per drafted position); start "
+                                  "without logits_processors (and logits-processor plugins), or without speculation",
+                                  field="speculative_config")
+            self.spec_decoder = SpecDecoder(speculative, proposer_context(
+                self.engine_config, self.model_config.vocab_size, self.model_config.max_model_len, self.device))
+            self.spec_decoder.load_model(self.model)
+            self.startup_records.append(self.spec_decoder.record)
         kv_transfer = self.engine_config.kv_transfer
         if kv_transfer is not None:  # the worker side of the KV connector; it gets the cache once allocated
             started = time.time()
@@ -268,11 +282,13 @@ class ModelRunner:
         # The profile's dummy request is nobody's: logits processors and a KV connector never see it.
         processors, self.logits_processors = self.logits_processors, None
         connector, self.kv_connector = self.kv_connector, None
+        spec_decoder, self.spec_decoder = self.spec_decoder, None
         try:
             self.execute_model(SchedulerOutput(num_scheduled_tokens={"__profile__": num_tokens}))
         finally:
             self.logits_processors = processors
             self.kv_connector = connector
+            self.spec_decoder = spec_decoder
             self._remove_request("__profile__")
             self.kv_caches = []
             for layer in self.attention_layers:
@@ -383,6 +399,8 @@ class ModelRunner:
         state = self.requests.pop(request_id, None)
         if state is not None:
             self.block_rows.release(state.row)
+        if self.spec_decoder is not None:
+            self.spec_decoder.forget(request_id)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> list[FailedRequest]:
         """Apply the step's changes; the new requests this worker refused (see `_admit`)."""
@@ -414,6 +432,9 @@ class ModelRunner:
             if cached.request_id in self.failed_request_ids:
                 continue  # scheduled again before the scheduler learnt it failed
             state = self.requests[cached.request_id]
+            for group, length in enumerate(cached.block_table_lengths or ()):  # (speculative decoding's trims)
+                del (state.block_ids if group == 0 else state.extra_block_ids[group - 1])[length:]
+                self.block_rows.truncate(state.row, length, group)
             state.block_ids.extend(cached.new_block_ids)
             self.block_rows.append(state.row, cached.new_block_ids)
             for group, ids in enumerate(cached.extra_group_block_ids or (), start=1):
@@ -475,7 +496,7 @@ class ModelRunner:
         started = time.perf_counter()
         computed = ({rid: self.requests[rid].num_computed_tokens for rid in scheduled}
                     if mm_features or self.uses_mrope else {})  # (nothing on a text-only model's path)
-        inputs = self._prepare_inputs(scheduled)
+        inputs = self._prepare_inputs(scheduled, scheduler_output.spec_token_ids)
         # A step that computes image positions runs on merged embeddings, eagerly (never a decode graph).
         inputs_embeds = (multimodal.inputs_embeds(scheduled, computed, mm_features, inputs.input_ids)
                          if multimodal is not None and mm_features else None)
@@ -530,6 +551,14 @@ class ModelRunner:
                                    "executor handed the worker nothing to wait on: only an executor whose "
                                    "supports_deferred_grammar is true may send such a step")
             bitmask = grammar.wait()  # the engine core computes them while the forward pass above ran
+        if inputs.drafts is not None:  # speculative decoding: rows per verified position
+            if bitmask is not None:  # (a constrained request verifies no drafts: its one row is its last)
+                logits = self._apply_grammar_bitmask(
+                    logits, [rid for rid, own in zip(inputs.sampling_request_ids, inputs.drafts)
+                             for _ in range(len(own) + 1)], bitmask)
+            output = self._verified(hidden, logits, inputs, ModelRunnerOutput(failed_requests=failed))
+            output.timings = self._timings(started, prepared, forwarded, events, use_graph)  # (verification in `sample`)
+            return output
         if bitmask is not None:
             logits = self._apply_grammar_bitmask(logits, inputs.sampling_request_ids, bitmask)
         rows = []
@@ -549,10 +578,23 @@ class ModelRunner:
             state = self.requests[request_id]
             state.token_ids.append(token_id)
             state.output_token_ids.append(token_id)
-        return self._with_pooled(hidden, inputs, ModelRunnerOutput(
+        output = ModelRunnerOutput(
             request_ids=inputs.sampling_request_ids, sampled_token_ids=sampled.token_ids, logprobs=sampled.logprobs,
             timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed,
-        ))
+        )
+        if self.spec_decoder is not None:  # drafts for the next step (worker/spec_decode/verifier.py)
+            self.spec_decoder.propose_into(output, self.requests, hidden)
+        return self._with_pooled(hidden, inputs, output)
+
+    def _verified(self, hidden: torch.Tensor, logits: torch.Tensor, inputs: "_StepInputs",
+                  output: ModelRunnerOutput) -> ModelRunnerOutput:
+        """A step with drafts: the rejection test over every verified position, the emitted tokens
+        appended, and the next drafts proposed (worker/spec_decode/verifier.py)."""
+        if self.spec_decoder is None or inputs.drafts is None:
+            raise RuntimeError("a step with drafts (spec_token_ids) reached a worker built without speculative_config")
+        self.spec_decoder.verify_step(logits, inputs.sampling_request_ids, inputs.drafts, self.requests, self.sampler,
+                                      hidden, output)
+        return self._with_pooled(hidden, inputs, output)
 
     def _with_pooled(self, hidden: torch.Tensor, inputs: "_StepInputs", output: ModelRunnerOutput) -> ModelRunnerOutput:
         """The step's pooling requests whose prompt it finished get their pooled outputs (pooling/step.py)."""
@@ -592,7 +634,8 @@ class ModelRunner:
             device_forward = events[0].elapsed_time(events[1]) / 1000
         return StepTimings(prepared - started, forwarded - prepared, finished - forwarded, device_forward, cuda_graph)
 
-    def _prepare_inputs(self, scheduled: dict[str, int]) -> "_StepInputs":
+    def _prepare_inputs(self, scheduled: dict[str, int],
+                        spec_token_ids: dict[str, list[int]] | None = None) -> "_StepInputs":
         """The step's model inputs for `scheduled` (request id -> tokens to compute, in batch order),
         built in the staging buffers and sent to the device in one copy each.
 
@@ -611,11 +654,26 @@ class ModelRunner:
         logits_indices: list[int] = []
         sampling_ids: list[str] = []
         pooling_spans: list[tuple[str, int, int]] = []
+        # Speculative decoding: per sampling request, the drafts it verifies (None: no drafts in this step).
+        drafts: list[list[int]] | None = [] if spec_token_ids else None
         offset = 0
         for index, (request_id, num_tokens) in enumerate(scheduled.items()):
             state = self.requests[request_id]
             start = state.num_computed_tokens
             end = start + num_tokens
+            own = spec_token_ids.get(request_id) if spec_token_ids else None
+            if own:  # its last sampled token, then its drafts (the scheduler counted them in num_tokens)
+                input_ids[offset : offset + num_tokens] = state.token_ids[start:] + own
+                rows[index] = state.row
+                starts[index] = start
+                query_lens.append(num_tokens)
+                seq_lens.append(end)
+                offset += num_tokens
+                logits_indices.extend(range(offset - len(own) - 1, offset))
+                sampling_ids.append(request_id)
+                if drafts is not None:
+                    drafts.append(own)
+                continue
             if num_tokens == 1:
                 input_ids[offset] = state.token_ids[start]
             else:
@@ -630,6 +688,8 @@ class ModelRunner:
             elif end == len(state.token_ids):
                 logits_indices.append(offset - 1)
                 sampling_ids.append(request_id)
+                if drafts is not None:
+                    drafts.append([])
         batch_update = None
         if self.logits_processors is not None and sampling_ids:
             sampling_ids, logits_indices, batch_update = self._arrange_rows(sampling_ids, logits_indices)
@@ -668,6 +728,7 @@ class ModelRunner:
             sampling_request_ids=sampling_ids,
             pooling_spans=pooling_spans,
             batch_update=batch_update,
+            drafts=drafts,
         )
         if self.block_rows.num_groups > 1:
             inputs.metadata.group_metadata = [inputs.metadata] + [
@@ -702,6 +763,9 @@ class _StepInputs:
     batch_update: BatchUpdate | None = None  # for the logits processors; None without any, or no change
     # Pooling requests whose prompt ends this step: (request id, first row, end row) in the hidden states.
     pooling_spans: list[tuple[str, int, int]] = field(default_factory=list)
+    # Speculative decoding: parallel to sampling_request_ids, each one's drafts; its logits_indices are then
+    # its len(drafts) + 1 verified positions. None: no request verifies drafts this step.
+    drafts: list[list[int]] | None = None
 
 
 def _size(num_bytes: int) -> str:

@@ -130,22 +130,7 @@ class Sampler:
         """`processors`: the worker's logits processors, their update_state already called for this
         batch (row i of `logits` is `rows[i]`)."""
         batch = _Batch(rows, logits.device)
-        # The logits stay in their dtype (the kernel reads half precision) until a step needs float32.
-        given = logits
-        raw_logprobs = (
-            torch.log_softmax(logits.float(), dim=-1) if any(r.options.logprobs is not None for r in rows) else None
-        )
-        if any(row.logit_controls is not None for row in rows):
-            logits = logits.float()
-            logits = apply_logit_controls(logits.clone() if logits is given else logits,
-                                          [row.logit_controls for row in rows], [row.output_token_ids for row in rows])
-        if processors is not None and processors.non_argmax_invariant:
-            # A processor may write in place: never into the caller's tensor.
-            logits = logits.float()
-            logits = processors.apply(logits.clone() if logits is given else logits, argmax_invariant=False)
-        logits = self._mask_stop_tokens_before_min_tokens(logits, rows)
-        if any(row.options.needs_penalties for row in rows):
-            logits = self._apply_penalties(logits.float(), batch)
+        logits, raw_logprobs = self.before_temperature(logits, rows, processors)
         random_rows = [i for i, greedy in enumerate(batch.greedy) if not greedy]
         argmax_invariant = processors is not None and processors.argmax_invariant
         if not random_rows or (not argmax_invariant and not any(_filters(rows[i]) for i in random_rows)):
@@ -165,7 +150,35 @@ class Sampler:
             sampled = self._sample_random(scaled[random_rows], [rows[i] for i in random_rows])
             tokens[random_rows] = sampled
         token_list = tokens.tolist()
-        return SamplerOutput(token_ids=token_list, logprobs=self._logprobs(raw_logprobs, tokens, rows))
+        return SamplerOutput(token_ids=token_list, logprobs=self.logprobs(raw_logprobs, tokens, rows))
+
+    def before_temperature(self, logits: torch.Tensor, rows: list[SamplingRow], processors: LogitsProcessors | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The steps before the temperature (module docstring), row i of `logits` being `rows[i]`: the logits
+        they leave, and the raw logprobs (None when no row asks for logprobs). The speculative verifier
+        runs them over every verified position (worker/spec_decode/verifier.py)."""
+        # The logits stay in their dtype (the kernel reads half precision) until a step needs float32.
+        given = logits
+        raw_logprobs = (
+            torch.log_softmax(logits.float(), dim=-1) if any(r.options.logprobs is not None for r in rows) else None
+        )
+        if any(row.logit_controls is not None for row in rows):
+            logits = logits.float()
+            logits = apply_logit_controls(logits.clone() if logits is given else logits,
+                                          [row.logit_controls for row in rows], [row.output_token_ids for row in rows])
+        if processors is not None and processors.non_argmax_invariant:
+            # A processor may write in place: never into the caller's tensor.
+            logits = logits.float()
+            logits = processors.apply(logits.clone() if logits is given else logits, argmax_invariant=False)
+        logits = self._mask_stop_tokens_before_min_tokens(logits, rows)
+        if any(row.options.needs_penalties for row in rows):
+            logits = self._apply_penalties(logits.float(), _Batch(rows, logits.device))
+        return logits, raw_logprobs
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The engine's generator, which unseeded random rows draw from."""
+        return self._generator
 
     # -- the draw (op "sample") ----------------------------------------------------------------------------
 
@@ -285,7 +298,7 @@ class Sampler:
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
     @staticmethod
-    def _logprobs(
+    def logprobs(
         raw_logprobs: torch.Tensor | None, tokens: torch.Tensor, rows: list[SamplingRow]
     ) -> list[tuple[list[int], list[float]] | None] | None:
         if raw_logprobs is None:

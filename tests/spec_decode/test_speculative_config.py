@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import argparse
 from types import SimpleNamespace
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
 import pytest
 
-from asyncengine.cli.args import add_struct_arguments
+from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
 from asyncengine.config.draft_vocabulary import Vocabulary, check_draft_vocabulary, tokenizer_digest
 from asyncengine.config.engine import config_from_dict
-from asyncengine.config.help import doc
 from asyncengine.config.speculative import (
     MAX_SPECULATIVE_TOKENS,
-    SPECULATIVE_CONFIG_DESCRIPTION,
     SpeculativeConfig,
     check_against_engine,
     parse_speculative_config,
@@ -87,28 +84,28 @@ def test_limits_from_the_engine():
         check_against_engine(config, tensor_parallel_size=2, max_model_len=8, max_num_batched_tokens=64)
 
 
-class _FlagHolder(msgspec.Struct, kw_only=True):
-    """The field the integration adds to EngineConfig, with its type and description."""
-
-    speculative_config: Annotated[dict[str, Any] | None, doc(SPECULATIVE_CONFIG_DESCRIPTION)] = None
-
-
 def test_the_flag_takes_vllm_json():
+    # The engine's own CLI flag (an EngineConfig field), as vLLM's: JSON, checked when the config is built.
     parser = argparse.ArgumentParser(exit_on_error=False)
-    add_struct_arguments(parser, _FlagHolder, "speculative decoding")
+    add_engine_arguments(parser)
     args = parser.parse_args(["--speculative-config",
                               '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'])
-    config = parse_speculative_config(args.speculative_config)
-    assert (config.method, config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max) == \
-        ("ngram", 3, 4, 4)
+    config = engine_config_from_args(args, model=None)
+    speculative = config.speculative
+    assert speculative is not None
+    assert (speculative.method, speculative.num_speculative_tokens, speculative.prompt_lookup_min,
+            speculative.prompt_lookup_max) == ("ngram", 3, 4, 4)
     with pytest.raises(argparse.ArgumentError, match="--speculative-config takes JSON"):
         parser.parse_args(["--speculative-config", "{method: ngram}"])
 
 
-def test_the_engine_refuses_the_option_until_it_runs_proposers():
-    # Not silently ignored: until the engine runs proposers, the option is unknown to it (docs/speculative_decoding.md).
-    with pytest.raises(ConfigError, match="unknown engine option\\(s\\): speculative_config"):
-        config_from_dict({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
+def test_the_engine_option_is_checked_when_the_config_is_built():
+    assert config_from_dict({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}).speculative \
+        == parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
+    assert config_from_dict({}).speculative is None
+    with pytest.raises(ConfigError, match="from 1 to 32") as info:
+        config_from_dict({"speculative_config": {"method": "ngram", "num_speculative_tokens": 40}})
+    assert info.value.field == "speculative_config"
 
 
 class _Tokenizer:
