@@ -3,6 +3,8 @@
     .venv/bin/python bench/latency.py                        # 1 and 4 requests, asyncengine and llama.cpp
     .venv/bin/python bench/latency.py --contention           # the same with a CPU hog on one core
     .venv/bin/python bench/latency.py --baseline-tree /tmp/main --rounds 2   # ABAB against another tree's code
+    .venv/bin/python bench/latency.py --quantization gguf    # the default model's Q4_1 GGUF, both engines
+    .venv/bin/python bench/latency.py --model gemma-3-270m-Q4_K_M --quantization gguf   # Gemma 3 270M's file
 
 Each request is W3's first prompt (496 tokens), shifted by a different offset on every request so no prompt is
 ever a prefix-cache hit, greedy, 256 output tokens (ignore_eos). A run submits `n` requests at once and
@@ -10,13 +12,16 @@ records when each token arrived: TTFT (submission to first token), each stream's
 after the first over the time from the first to the last) and the inter-token gaps (p50, p99 over every gap
 of every stream). One warm-up request before the measured ones.
 
-asyncengine: an in-process AsyncEngine (the default model, `--dtype`, `--quantization`, `--cpu-threads`),
+asyncengine: an in-process AsyncEngine (`--model`, else the default model; `--dtype`, `--quantization`,
+`--cpu-threads`),
 run in a fresh child process per measurement (this file with `--child`), so that each starts clean and
 `--baseline-tree DIR` can run the same measurement on DIR's code (PYTHONPATH=DIR) alternately with this
 tree's: A B A B in one run, the comparison a loaded machine allows.
 llama.cpp: `llama-server` (bench/llama_server.py; skipped, saying so, when it is not built) on the default
-model's GGUF at the engine's precision, one slot per request, the engine's thread count, streamed; twice:
-with its default KV cache (f16) and with the cache at the engine's precision.
+model's GGUF at the engine's precision (F32, BF16; with `--quantization gguf` its Q4_1 file), or on `--model`'s
+GGUF file as it is (a packaged model such as gemma-3-270m-Q4_K_M, or a .gguf path), one slot per request, the
+engine's thread count, streamed; twice: with its default KV cache (f16) and with the cache at the engine's
+dtype (the precision of the engine's KV cache, whatever the weights' quantization).
 
 `--contention`: a busy loop pinned to the last CPU this process may use runs from before each engine starts
 until it stops (so an engine sees the busy core when it chooses its threads: docs/performance.md).
@@ -111,7 +116,7 @@ def child(options: dict, num_requests: int, max_tokens: int, run: int) -> dict:
 
 
 def run_asyncengine(args, num_requests: int, run: int, tree: Path | None) -> dict:
-    options = dict(model=None, skip_tokenizer_init=True, dtype=args.dtype, quantization=args.quantization,
+    options = dict(model=args.model, skip_tokenizer_init=True, dtype=args.dtype, quantization=args.quantization,
                    cpu_threads=args.cpu_threads, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20,
                    max_num_seqs=max(4, num_requests), plugins="")
     env = dict(os.environ)
@@ -130,10 +135,14 @@ def run_asyncengine(args, num_requests: int, run: int, tree: Path | None) -> dic
 
 def run_llama(args, num_requests: int, run: int, kv_type: str | None, threads: int) -> dict:
     import llama_server
+    from throughput import model_gguf_file
 
-    gguf_type = llama_server.GGUF_TYPES.get(args.quantization or "", None) or \
-        {"float32": "F32", "bfloat16": "BF16"}[resolved_dtype(args.dtype)]
-    server, model = llama_server.find_binary("llama-server"), llama_server.gguf_file(gguf_type)
+    model = model_gguf_file(args.model)
+    if model is None:
+        gguf_type = llama_server.GGUF_TYPES.get(args.quantization or "", None) or \
+            {"float32": "F32", "bfloat16": "BF16"}[resolved_dtype(args.dtype)]
+        model = llama_server.gguf_file(gguf_type)
+    server = llama_server.find_binary("llama-server")
     port = llama_server._free_port()
     command = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(num_requests),
                "-c", str(num_requests * (PROMPT_LEN + args.max_tokens + 16)), "-cb", "-kvu", "-t", str(threads),
@@ -220,6 +229,7 @@ def main() -> int:
         print(json.dumps(child(spec["options"], spec["n"], spec["max_tokens"], spec["run"])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a packaged model's name or a path (default: the default model)")
     parser.add_argument("--requests", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--dtype", default="auto")
@@ -241,7 +251,8 @@ def main() -> int:
         except llama_server.Unavailable as exc:
             print(f"llama.cpp: {exc}; asyncengine alone")
             llama = False
-    print(f"W5, {args.max_tokens} output tokens, prompts of {PROMPT_LEN} tokens, dtype {args.dtype}, quantization "
+    print(f"W5, model {args.model or 'the default'}, {args.max_tokens} output tokens, prompts of {PROMPT_LEN} tokens, "
+          f"dtype {args.dtype}, quantization "
           f"{args.quantization}, {'with a CPU hog on one core' if args.contention else 'no hog'}; "
           f"{len(os.sched_getaffinity(0))} CPUs; load {load()}")
     results: list[dict] = []
@@ -260,7 +271,7 @@ def main() -> int:
             if llama:
                 threads = args.cpu_threads or min(len(os.sched_getaffinity(0)), os.cpu_count() or 1)
                 precision = {"float32": "f32", "bfloat16": "bf16"}.get(resolved_dtype(args.dtype))
-                for kv in (None, precision) if args.quantization is None else (None,):
+                for kv in dict.fromkeys((None, precision)):  # the default (f16), then the engine's dtype
                     name = f"llama.cpp KV {kv or 'f16 (default)'}"
                     started = load()
                     with hog(args.contention):

@@ -60,7 +60,8 @@ def print_phases(runner: Any, step: Any, steps: int) -> None:
             captured = runner.cpu_decode
             if captured is not None and captured.applies(inputs.metadata):
                 ms = _times_ms(lambda: captured.run(inputs.input_ids, inputs.positions, inputs.metadata), steps)
-                print(f"  forward alone (the captured CPU decode step), {threads} thread(s): min {min(ms):.2f} ms, "
+                print(f"  forward alone (the captured CPU decode step, its LM head included where it runs it), "
+                      f"{threads} thread(s): min {min(ms):.2f} ms, "
                       f"median {statistics.median(ms):.2f} ms")
         torch.set_num_threads(threads_before)
         _layer_ops(runner, inputs, steps * 20)

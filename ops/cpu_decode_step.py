@@ -1,4 +1,5 @@
-"""A whole decode step of a Llama-shaped decoder as one C call: the small-batch CPU path.
+"""A whole decode step of a Llama-shaped decoder (with Qwen2's q/k/v biases, Qwen3's q/k head norms) as one C call:
+the small-batch CPU path.
 
 Why: at one to a few sequences a decode step reads each weight once and does little else, so it should
 cost about its weights' read. Run as torch ops it costs far more: a decoder layer is ten calls (norm,
@@ -6,8 +7,9 @@ QKV, rotary, KV store, attention, O, norm, gate-up, SiLU-and-mul, down), each wi
 an OpenMP fork/join, and at one row the oneDNN matmuls are themselves mostly call overhead
 (bench/RESULTS.md, issue 36). Here the embedding lookup, every layer and the final norm run inside one
 OpenMP parallel region: the matrix-vector products split their output rows among the threads (dynamic
-chunks, so a slowed thread takes fewer), attention splits by sequence and query head, the small
-elementwise steps run on one thread, with a barrier between phases.
+chunks, so a slowed thread takes fewer), attention splits by sequence and KV head (each key and value
+read once for the query heads that share it), the norms run on every thread (each into its own copy),
+so a layer has five barriers: after QKV, attention, O, gate-up and down.
 
 What it computes is `decode_step_reference` below (the model's own modules, which is what the model's
 forward runs), rounding where that rounds: every op's output in the model's dtype (bfloat16 after each
@@ -34,6 +36,8 @@ from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, Kernel
 
 C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #include <stdlib.h>
+#include <omp.h>
+#include <sched.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 """ + AVX512_BF16 + r"""#endif
@@ -41,10 +45,16 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 typedef struct {
     const void *norm1, *qkv, *o, *norm2, *gate_up, *down;  /* weights, [out, in] row-major */
     void *k_cache, *v_cache;                                 /* [kv_heads, num_blocks, block_size, head_dim] */
+    const void *qkv_bias;                                    /* [qkv rows] or NULL (Qwen2) */
+    const void *q_norm, *k_norm;                             /* [head_dim] RMSNorm weights or NULL (Qwen3) */
 } layer_t;
 
-/* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. */
+/* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. The weights stream through
+   once, so each load is preceded by a prefetch PREFETCH_BYTES further on (into the next rows, which the same
+   thread mostly reads next): at one row the step is this loop, and the hardware prefetcher alone left it
+   15-20% slower (one thread, a 212 MB bfloat16 matrix). A prefetch past the end is harmless. */
 #define MAX_ROWS 8
+#define PREFETCH_BYTES 4096
 static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_bf16, float *sums) {
     int64_t k0 = 0;
     for (int64_t b = 0; b < B; b++) sums[b] = 0.0f;
@@ -53,6 +63,9 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
         const uint16_t *wr = (const uint16_t *)w, *xr = (const uint16_t *)x;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
         for (; k0 + 128 <= K; k0 += 128) {
+            const char *ahead = (const char *)(wr + k0) + PREFETCH_BYTES;
+            _mm_prefetch(ahead, _MM_HINT_T0); _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            _mm_prefetch(ahead + 128, _MM_HINT_T0); _mm_prefetch(ahead + 192, _MM_HINT_T0);
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
                                   (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
             a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 32)),
@@ -62,15 +75,19 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
             a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0 + 96)),
                                   (__m512bh)_mm512_loadu_si512((const void *)(wr + k0 + 96)));
         }
-        for (; k0 + 32 <= K; k0 += 32)
+        for (; k0 + 32 <= K; k0 += 32) {
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES, _MM_HINT_T0);
             a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(xr + k0)),
                                   (__m512bh)_mm512_loadu_si512((const void *)(wr + k0)));
+        }
         sums[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     } else if (is_bf16) {
         __m512 acc[MAX_ROWS], acc2[MAX_ROWS];
         for (int64_t b = 0; b < B; b++) { acc[b] = _mm512_setzero_ps(); acc2[b] = _mm512_setzero_ps(); }
         const uint16_t *wr = (const uint16_t *)w;
         for (; k0 + 64 <= K; k0 += 64) {
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES + 64, _MM_HINT_T0);
             const __m512i w0 = _mm512_loadu_si512((const void *)(wr + k0));
             const __m512i w1 = _mm512_loadu_si512((const void *)(wr + k0 + 32));
             for (int64_t b = 0; b < B; b++) {
@@ -96,6 +113,7 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
         for (int64_t b = 0; b < B; b++) acc[b] = _mm512_setzero_ps();
         const float *wr = (const float *)w;
         for (; k0 + 16 <= K; k0 += 16) {
+            _mm_prefetch((const char *)(wr + k0) + PREFETCH_BYTES, _MM_HINT_T0);
             const __m512 w0 = _mm512_loadu_ps(wr + k0);
             for (int64_t b = 0; b < B; b++)
                 acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps((const float *)x + b * K + k0), w0, acc[b]);
@@ -110,15 +128,43 @@ static void dot_rows(const void *x, const void *w, int64_t K, int64_t B, int is_
     }
 }
 
-/* out[b, n] = x[b] . w[n] rounded to the dtype, for this thread's share of the N rows. */
-static void matvec(const void *x, const void *w, int64_t N, int64_t K, int64_t B, void *out, int is_bf16) {
+/* The team's barrier: spin briefly, then yield the core. libgomp's own barrier spins far longer before it
+   sleeps, and on a shared machine a waiting thread that spins takes the core from the thread it waits for (or
+   from the process that shares it): with two threads and other work on both cores the step took 10-50x its
+   quiet time. Sense by generation: the last to arrive resets the count and starts the next generation. */
+typedef struct { int count, generation; } barrier_t;
+static void barrier_wait(barrier_t *bar, int threads) {
+    if (threads == 1) return;
+    const int generation = __atomic_load_n(&bar->generation, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&bar->count, 1, __ATOMIC_ACQ_REL) == threads) {
+        __atomic_store_n(&bar->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&bar->generation, generation + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spins = 0; __atomic_load_n(&bar->generation, __ATOMIC_ACQUIRE) == generation; spins++) {
+        if (spins < 4096) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+/* out[b, n] = x[b] . w[n] (+ bias[n]) rounded to the dtype once, as the fused matmul-with-bias rounds, for this
+   thread's share of the N rows. */
+static void matvec(const void *x, const void *w, const void *bias, int64_t N, int64_t K, int64_t B, void *out,
+                   int is_bf16, barrier_t *bar, int threads) {
     const int64_t es = is_bf16 ? 2 : 4;
     float sums[MAX_ROWS];
-    #pragma omp for schedule(dynamic, 16)
+    #pragma omp for schedule(dynamic, 16) nowait
     for (int64_t n = 0; n < N; n++) {
         dot_rows(x, (const char *)w + n * K * es, K, B, is_bf16, sums);
-        for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b], is_bf16);
+        const float add = bias ? load(bias, n, is_bf16) : 0.0f;
+        for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b] + add, is_bf16);
     }
+    barrier_wait(bar, threads);
 }
 
 /* RMSNorm with the residual addition (ops/cpu_fused.py's rms_norm, one row): s = x (+ residual, rounded),
@@ -126,6 +172,27 @@ static void matvec(const void *x, const void *w, int64_t N, int64_t K, int64_t B
 static void norm_row(const void *x, void *residual, int add, const void *weight, void *out, int64_t H, float eps,
                      int is_bf16, float *s) {
     float acc = 0.0f;
+#if defined(__AVX512F__)
+    if (is_bf16 && H % 16 == 0) {  /* the same roundings, 16 at a time (every thread runs each norm) */
+        const uint16_t *xs = (const uint16_t *)x, *ws = (const uint16_t *)weight;
+        uint16_t *rs = (uint16_t *)residual, *os = (uint16_t *)out;
+        __m512 sq = _mm512_setzero_ps();
+        for (int64_t i = 0; i < H; i += 16) {
+            __m512 v = widen16(xs + i);
+            if (add) v = round16(_mm512_add_ps(v, widen16(rs + i)));
+            _mm512_storeu_ps(s + i, v);
+            sq = _mm512_add_ps(sq, _mm512_mul_ps(v, v));
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sq) / (float)H + eps));
+        for (int64_t i = 0; i < H; i += 16) {
+            const __m512 v = _mm512_loadu_ps(s + i);
+            _mm256_storeu_si256((__m256i *)(rs + i), narrow16(v));
+            _mm256_storeu_si256((__m256i *)(os + i),
+                                narrow16(_mm512_mul_ps(widen16(ws + i), round16(_mm512_mul_ps(v, inv)))));
+        }
+        return;
+    }
+#endif
     for (int64_t i = 0; i < H; i++) {
         float v = load(x, i, is_bf16);
         if (add) v = in_dtype(v + load(residual, i, is_bf16), is_bf16);
@@ -137,6 +204,18 @@ static void norm_row(const void *x, void *residual, int add, const void *weight,
         store(residual, i, s[i], is_bf16);
         if (is_bf16) store(out, i, load(weight, i, 1) * bf(to_bf(s[i] * inv)), 1);
         else store(out, i, load(weight, i, 0) * (s[i] * inv), 0);
+    }
+}
+
+/* RMSNorm of one head (Qwen3's q_norm and k_norm), rounded as norm_row rounds, without a residual. */
+static void norm_head(const void *x, const void *weight, void *out, int64_t D, float eps, int is_bf16) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < D; i++) { const float v = load(x, i, is_bf16); acc += v * v; }
+    const float inv = 1.0f / sqrtf(acc / (float)D + eps);
+    for (int64_t i = 0; i < D; i++) {
+        const float v = load(x, i, is_bf16);
+        if (is_bf16) store(out, i, load(weight, i, 1) * bf(to_bf(v * inv)), 1);
+        else store(out, i, load(weight, i, 0) * (v * inv), 0);
     }
 }
 
@@ -153,11 +232,28 @@ static void rotate_head(const void *src, void *dst, const void *cs, const void *
     }
 }
 
-static inline float silu_mul(float g, float u, int is_bf16) {
-    return in_dtype(in_dtype(g / (1.0f + expf(-g)), is_bf16) * u, is_bf16);
+/* out[b, j] = silu(g[b, j]) * u[b, j] for n (<= 16) gate and up values already rounded to the dtype: SiLU
+   rounded, then the product rounded, as F.silu and torch's mul round (exp16: AVX-512, within an ulp of expf). */
+static void silu_mul_block(const float *g, const float *u, int64_t n, void *out, int64_t j0, int is_bf16) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    if (n == 16) {
+        const __m512 gv = _mm512_loadu_ps(g), uv = _mm512_loadu_ps(u);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        if (is_bf16) {
+            _mm256_storeu_si256((__m256i *)((uint16_t *)out + j0), narrow16(_mm512_mul_ps(round16(silu), uv)));
+        } else {
+            _mm512_storeu_ps((float *)out + j0, _mm512_mul_ps(silu, uv));
+        }
+        j = 16;
+    }
+#endif
+    for (; j < n; j++)
+        store(out, j0 + j, in_dtype(in_dtype(g[j] / (1.0f + expf(-g[j])), is_bf16) * u[j], is_bf16), is_bf16);
 }
 
-/* dot(q, row) and acc += p * row over one head of D values (row in the dtype, q and acc float32). */
+/* dot(q, row) over one head of D values (row in the dtype, q float32). */
 static inline float dot_head(const float *q, const void *row, int64_t D, int is_bf16) {
     int64_t d = 0;
     float dot = 0.0f;
@@ -171,137 +267,180 @@ static inline float dot_head(const float *q, const void *row, int64_t D, int is_
     for (; d < D; d++) dot += q[d] * load(row, d, is_bf16);
     return dot;
 }
-static inline void add_head(float *acc, float p, const void *row, int64_t D, int is_bf16) {
+
+#define MAX_GROUP 8  /* query heads attended together per pass over a KV head */
+
+/* acc[g] += p[g] * row for G heads' accumulators of D values: the row is read (and widened) once. */
+static inline void add_heads(float *acc, const float *p, int64_t G, const void *row, int64_t D, int is_bf16) {
     int64_t d = 0;
 #if defined(__AVX512F__)
-    const __m512 pv = _mm512_set1_ps(p);
-    for (; d + 16 <= D; d += 16)
-        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, is_bf16 ? widen16((const uint16_t *)row + d)
-                                                              : _mm512_loadu_ps((const float *)row + d),
-                                                  _mm512_loadu_ps(acc + d)));
+    for (; d + 16 <= D; d += 16) {
+        const __m512 r = is_bf16 ? widen16((const uint16_t *)row + d) : _mm512_loadu_ps((const float *)row + d);
+        for (int64_t g = 0; g < G; g++)
+            _mm512_storeu_ps(acc + g * D + d, _mm512_fmadd_ps(_mm512_set1_ps(p[g]), r, _mm512_loadu_ps(acc + g * D + d)));
+    }
 #endif
-    for (; d < D; d++) acc[d] += p * load(row, d, is_bf16);
+    for (; d < D; d++) {
+        const float r = load(row, d, is_bf16);
+        for (int64_t g = 0; g < G; g++) acc[g * D + d] += p[g] * r;
+    }
 }
 
-/* One query head over its sequence's context in the paged cache: an exact softmax in float32. */
-static void attend(const void *q, const void *k_cache, const void *v_cache, const int64_t *table, int64_t ctx,
-                   int64_t kv_head, int64_t num_blocks, int64_t block_size, int64_t D, float scale, int is_bf16,
-                   float *scores, void *out) {
+/* G (<= MAX_GROUP) query heads that share one KV head, over their sequence's context in the paged cache:
+   each key and value row read once for all G; an exact softmax per head in float32. q: [G, D] in the dtype;
+   scores: [G, ctx] scratch; out: [G, D] in the dtype. */
+static void attend_group(const void *q, int64_t G, const void *k_cache, const void *v_cache, const int64_t *table,
+                         int64_t ctx, int64_t kv_head, int64_t num_blocks, int64_t block_size, int64_t D, float scale,
+                         int is_bf16, float *scores, void *out) {
     const int64_t es = is_bf16 ? 2 : 4, row_bytes = D * es;
-    float qf[512], acc[512];
-    for (int64_t d = 0; d < D; d++) { qf[d] = load(q, d, is_bf16); acc[d] = 0.0f; }
-    float top = -INFINITY;
+    float qf[MAX_GROUP * 512], acc[MAX_GROUP * 512], top[MAX_GROUP], total[MAX_GROUP], p[MAX_GROUP];
+    for (int64_t i = 0; i < G * D; i++) { qf[i] = load(q, i, is_bf16); acc[i] = 0.0f; }
+    for (int64_t g = 0; g < G; g++) { top[g] = -INFINITY; total[g] = 0.0f; }
     for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {  /* block by block: no division per token */
         const char *kb = (const char *)k_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
         const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        for (int64_t i = 0; i < n; i++) {
-            const float score = dot_head(qf, kb + i * row_bytes, D, is_bf16) * scale;
-            scores[t0 + i] = score;
-            if (score > top) top = score;
-        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t g = 0; g < G; g++) {
+                const float score = dot_head(qf + g * D, kb + i * row_bytes, D, is_bf16) * scale;
+                scores[g * ctx + t0 + i] = score;
+                if (score > top[g]) top[g] = score;
+            }
     }
-    float total = 0.0f;
-    int64_t t = 0;
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = scores + g * ctx;
+        int64_t t = 0;
 #if defined(__AVX512F__)
-    for (; t + 16 <= ctx; t += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), _mm512_set1_ps(top)));
-        _mm512_storeu_ps(scores + t, e);
-        total += _mm512_reduce_add_ps(e);
-    }
+        __m512 sum = _mm512_setzero_ps();
+        for (; t + 16 <= ctx; t += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), _mm512_set1_ps(top[g])));
+            _mm512_storeu_ps(sg + t, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        total[g] = _mm512_reduce_add_ps(sum);
 #endif
-    for (; t < ctx; t++) { scores[t] = expf(scores[t] - top); total += scores[t]; }
+        for (; t < ctx; t++) { sg[t] = expf(sg[t] - top[g]); total[g] += sg[t]; }
+    }
     for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
         const char *vb = (const char *)v_cache + (kv_head * num_blocks + table[t0 / block_size]) * block_size * row_bytes;
         const int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        for (int64_t i = 0; i < n; i++) add_head(acc, scores[t0 + i], vb + i * row_bytes, D, is_bf16);
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t g = 0; g < G; g++) p[g] = scores[g * ctx + t0 + i];
+            add_heads(acc, p, G, vb + i * row_bytes, D, is_bf16);
+        }
     }
-    for (int64_t d = 0; d < D; d++) store(out, d, acc[d] / total, is_bf16);
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t d = 0; d < D; d++) store(out, g * D + d, acc[g * D + d] / total[g], is_bf16);
+}
+
+/* Sequence b's KV head h: its new key (rotated) and value stored at the token's slot (none for a negative
+   slot), then the group of query heads that reads that KV head, rotated and attended. */
+static void attention_task(const layer_t *L, const char *qkv_row, const void *c, const void *sv, int64_t slot,
+                           const int64_t *table, int64_t ctx, int64_t h, int64_t num_heads, int64_t num_kv_heads,
+                           int64_t D, int64_t num_blocks, int64_t block_size, float scale, float eps,
+                           int is_bf16, float *scores, char *attn_row) {
+    const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, group = num_heads / num_kv_heads;
+    char normed[512 * 4];
+    if (slot >= 0) {
+        const int64_t at = ((h * num_blocks + slot / block_size) * block_size + slot % block_size) * D * es;
+        const char *key = qkv_row + (Q + h * D) * es;
+        if (L->k_norm) { norm_head(key, L->k_norm, normed, D, eps, is_bf16); key = normed; }
+        rotate_head(key, (char *)L->k_cache + at, c, sv, D, is_bf16);
+        memcpy((char *)L->v_cache + at, qkv_row + (Q + (num_kv_heads + h) * D) * es, D * es);
+    }
+    for (int64_t g0 = 0; g0 < group; g0 += MAX_GROUP) {
+        const int64_t G = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP, first = h * group + g0;
+        char *o = attn_row + first * D * es;
+        if (ctx <= 0) { memset(o, 0, G * D * es); continue; }
+        char qrot[MAX_GROUP * 512 * 4];
+        for (int64_t g = 0; g < G; g++) {
+            const char *query = qkv_row + (first + g) * D * es;
+            if (L->q_norm) { norm_head(query, L->q_norm, normed, D, eps, is_bf16); query = normed; }
+            rotate_head(query, qrot + g * D * es, c, sv, D, is_bf16);
+        }
+        attend_group(qrot, G, L->k_cache, L->v_cache, table, ctx, h, num_blocks, block_size, D, scale, is_bf16,
+                     scores + first * ctx, o);
+    }
 }
 
 /* The decode step of B sequences (one new token each) through every layer, ending with the final norm:
    out [B, H] in the dtype. ids, slots: [B] int64 (a negative slot stores nothing: a padding row);
    cs, sn: [B, D] the rotary cos/sin of each token's position, in the dtype; tables: [B, table_stride] int64;
    seq_lens [B] int32 (the context after this token; 0: a padding row, which attends to nothing).
-   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short. */
+   With lm_head ([V, H], or NULL): also logits [B, V] = out . lm_head^T in the dtype (the LM head, whose V
+   rows are a fifth of a small model's weights: a matrix-vector product, which oneDNN's one-row matmul streams
+   2-3x slower than this loop).
+   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short.
+
+   Five barriers a layer (barrier_wait: libgomp's work-sharing loops run with nowait), one after each phase
+   whose output every thread reads: QKV, attention, O, gate-up and down. The norms need none: every thread computes them itself, into its own input row and its own copy
+   of the residual stream (the same arithmetic, so the same values), straight after the barrier that made
+   the hidden state whole. Attention runs one task per (sequence, KV head), which stores that head's new key
+   and value before reading it: no barrier between the store and the reads. */
 int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, const void *final_norm,
                 const int64_t *ids, const void *cs, const void *sn, const int64_t *slots, const int64_t *tables,
                 int64_t table_stride, const int32_t *seq_lens, int64_t B, int64_t H, int64_t num_heads,
                 int64_t num_kv_heads, int64_t D, int64_t I, int64_t num_blocks, int64_t block_size, float eps,
-                float scale, int is_bf16, void *out, int threads) {
-    if (B < 1 || B > MAX_ROWS || D > 512 || D % 2) return -1;
+                float scale, int is_bf16, void *out, const void *lm_head, int64_t V, void *logits, int threads) {
+    if (B < 1 || B > MAX_ROWS || D > 512 || D % 2 || threads < 1) return -1;
     const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, QKV = (num_heads + 2 * num_kv_heads) * D;
-    const int64_t group = num_heads / num_kv_heads;
     int64_t max_ctx = 1;
     for (int64_t b = 0; b < B; b++) if (seq_lens[b] > max_ctx) max_ctx = seq_lens[b];
-    char *mem = malloc((size_t)es * B * (3 * H + QKV + 2 * Q + I));
+    char *mem = malloc((size_t)es * B * (H + QKV + Q + I));
+    char *own = malloc((size_t)threads * B * H * 2 * es);  /* each thread's input rows and residual stream */
     float *scores_all = malloc(sizeof(float) * (size_t)max_ctx * B * num_heads);
-    if (!mem || !scores_all) { free(mem); free(scores_all); return -2; }
-    char *hidden = mem, *residual = hidden + es * B * H, *x = residual + es * B * H, *qkv = x + es * B * H;
-    char *qrot = qkv + es * B * QKV, *attn = qrot + es * B * Q, *act = attn + es * B * Q;
+    if (!mem || !own || !scores_all) { free(mem); free(own); free(scores_all); return -2; }
+    char *hidden = mem, *qkv = hidden + es * B * H, *attn = qkv + es * B * QKV, *act = attn + es * B * Q;
     for (int64_t b = 0; b < B; b++) memcpy(hidden + b * H * es, (const char *)embed + ids[b] * H * es, H * es);
+    barrier_t bar = {0, 0};
     #pragma omp parallel num_threads(threads)
     {
+        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+        char *x = own + (size_t)tid * B * H * 2 * es, *residual = x + B * H * es;
+        float s[8192];
         for (int64_t l = 0; l < num_layers; l++) {
             const layer_t *L = layers + l;
-            #pragma omp single
-            {
-                float s[8192];
-                for (int64_t b = 0; b < B; b++)
-                    norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
-                             is_bf16, s);
-            }
-            matvec(x, L->qkv, QKV, H, B, qkv, is_bf16);
-            #pragma omp single
-            for (int64_t b = 0; b < B; b++) {
-                const char *row = qkv + b * QKV * es, *c = (const char *)cs + b * D * es, *sv = (const char *)sn + b * D * es;
-                for (int64_t h = 0; h < num_heads; h++)
-                    rotate_head(row + h * D * es, qrot + (b * num_heads + h) * D * es, c, sv, D, is_bf16);
-                if (slots[b] < 0) continue;
-                const int64_t block = slots[b] / block_size, offset = slots[b] % block_size;
-                for (int64_t h = 0; h < num_kv_heads; h++) {
-                    const int64_t at = ((h * num_blocks + block) * block_size + offset) * D * es;
-                    rotate_head(row + (Q + h * D) * es, (char *)L->k_cache + at, c, sv, D, is_bf16);
-                    memcpy((char *)L->v_cache + at, row + (Q + (num_kv_heads + h) * D) * es, D * es);
-                }
-            }
-            #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < B * num_heads; task++) {
-                const int64_t b = task / num_heads, h = task % num_heads;
-                char *o = attn + task * D * es;
-                if (seq_lens[b] <= 0) { memset(o, 0, D * es); continue; }
-                attend(qrot + task * D * es, L->k_cache, L->v_cache, tables + b * table_stride, seq_lens[b],
-                       h / group, num_blocks, block_size, D, scale, is_bf16, scores_all + task * max_ctx, o);
-            }
-            matvec(attn, L->o, H, Q, B, hidden, is_bf16);
-            #pragma omp single
-            {
-                float s[8192];
-                for (int64_t b = 0; b < B; b++)
-                    norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
-                             is_bf16, s);
-            }
-            {   /* gate and up rows j and I + j together: their SiLU-and-product at once */
-                float g[MAX_ROWS], u[MAX_ROWS];
-                #pragma omp for schedule(dynamic, 16)
-                for (int64_t j = 0; j < I; j++) {
-                    dot_rows(x, (const char *)L->gate_up + j * H * es, H, B, is_bf16, g);
-                    dot_rows(x, (const char *)L->gate_up + (I + j) * H * es, H, B, is_bf16, u);
-                    for (int64_t b = 0; b < B; b++)
-                        store(act, b * I + j, silu_mul(in_dtype(g[b], is_bf16), in_dtype(u[b], is_bf16), is_bf16),
-                              is_bf16);
-                }
-            }
-            matvec(act, L->down, H, I, B, hidden, is_bf16);
-        }
-        #pragma omp single
-        {
-            float s[8192];
             for (int64_t b = 0; b < B; b++)
-                norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm,
-                         (char *)out + b * H * es, H, eps, is_bf16, s);
+                norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
+                         is_bf16, s);
+            matvec(x, L->qkv, L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
+            #pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t task = 0; task < B * num_kv_heads; task++) {
+                const int64_t b = task / num_kv_heads;
+                attention_task(L, qkv + b * QKV * es, (const char *)cs + b * D * es, (const char *)sn + b * D * es,
+                               slots[b], tables + b * table_stride, seq_lens[b], task % num_kv_heads, num_heads,
+                               num_kv_heads, D, num_blocks, block_size, scale, eps, is_bf16,
+                               scores_all + b * num_heads * max_ctx, attn + b * Q * es);
+            }
+            barrier_wait(&bar, team);
+            matvec(attn, L->o, NULL, H, Q, B, hidden, is_bf16, &bar, team);
+            for (int64_t b = 0; b < B; b++)
+                norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
+                         is_bf16, s);
+            {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
+                float g[MAX_ROWS][16], u[MAX_ROWS][16], sums[MAX_ROWS];
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int64_t j0 = 0; j0 < I; j0 += 16) {
+                    const int64_t n = I - j0 < 16 ? I - j0 : 16;
+                    for (int64_t j = 0; j < n; j++) {
+                        dot_rows(x, (const char *)L->gate_up + (j0 + j) * H * es, H, B, is_bf16, sums);
+                        for (int64_t b = 0; b < B; b++) g[b][j] = in_dtype(sums[b], is_bf16);
+                        dot_rows(x, (const char *)L->gate_up + (I + j0 + j) * H * es, H, B, is_bf16, sums);
+                        for (int64_t b = 0; b < B; b++) u[b][j] = in_dtype(sums[b], is_bf16);
+                    }
+                    for (int64_t b = 0; b < B; b++) silu_mul_block(g[b], u[b], n, act + b * I * es, j0, is_bf16);
+                }
+            }
+            barrier_wait(&bar, team);
+            matvec(act, L->down, NULL, H, I, B, hidden, is_bf16, &bar, team);
         }
+        for (int64_t b = 0; b < B; b++)
+            norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm, x + b * H * es, H,
+                     eps, is_bf16, s);
+        if (tid == 0) memcpy(out, x, B * H * es);
+        if (lm_head) matvec(x, lm_head, NULL, V, H, B, logits, is_bf16, &bar, team);
     }
     free(mem);
+    free(own);
     free(scores_all);
     return 0;
 }
@@ -319,7 +458,8 @@ _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-cont
 
 class Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
-                ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache")]
+                ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache", "qkv_bias", "q_norm",
+                 "k_norm")]
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -328,7 +468,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 def _declare(library: ctypes.CDLL) -> None:
     library.decode_step.restype = ctypes.c_int
     argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P] + [_I] * 8 + \
-        [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, ctypes.c_int]
+        [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _I, _P, ctypes.c_int]
     library.decode_step.argtypes = argtypes
 
 
@@ -347,30 +487,38 @@ def unavailable_reason() -> str | None:
 
 class DecoderWeights:
     """The tensors one decode step reads, as the kernel takes them: per layer (norm1, qkv, o, norm2, gate_up,
-    down, key cache, value cache), and the embedding and final norm. The caller keeps every tensor alive."""
+    down, key cache, value cache) and optionally (qkv bias, q norm, k norm), each None where the model has none
+    (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. The caller
+    keeps every tensor alive."""
 
-    def __init__(self, layers: Sequence[Sequence[torch.Tensor]], embed: torch.Tensor, final_norm: torch.Tensor, *,
-                 num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float) -> None:
-        self.tensors = [tuple(layer) for layer in layers]
-        self.embed, self.final_norm = embed, final_norm
+    def __init__(self, layers: Sequence[Sequence[torch.Tensor | None]], embed: torch.Tensor, final_norm: torch.Tensor,
+                 *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float,
+                 lm_head: torch.Tensor | None = None) -> None:
+        self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - len(layer)) for layer in layers]
+        self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self.hidden_size = embed.shape[1]
         self.intermediate_size = self.tensors[0][4].shape[0] // 2 if self.tensors else 0
         self.dtype = embed.dtype
-        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer]
+        tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer if t is not None] + \
+            ([] if lm_head is None else [lm_head])
         if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == self.dtype for t in tensors):
             raise ValueError("decode_step takes contiguous CPU tensors, all in the model's dtype")
+        if lm_head is not None and (lm_head.dim() != 2 or lm_head.shape[1] != self.hidden_size):
+            raise ValueError(f"decode_step's LM head is [vocab, {self.hidden_size}], got {list(lm_head.shape)}")
         if self.hidden_size > MAX_HIDDEN or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads:
             raise ValueError(f"decode_step takes hidden sizes up to {MAX_HIDDEN}, even head sizes up to "
                              f"{MAX_HEAD_DIM} and whole GQA groups")
-        self.table = (Layer * len(self.tensors))(*[Layer(*[t.data_ptr() for t in layer]) for layer in self.tensors])
+        self.table = (Layer * len(self.tensors))(*[Layer(*[None if t is None else t.data_ptr() for t in layer])
+                                                   for layer in self.tensors])
 
 
 def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 slots: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """The final hidden states `[B, hidden]` (after the model's last norm) of B decoding tokens: `input_ids`,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the final hidden states `[B, hidden]` (after the model's last norm), their LM head's output `[B, vocab]` in
+    the model's dtype or None when `weights` has no LM head) of B decoding tokens: `input_ids`,
     `slots` `[B]` int64, `cos`/`sin` `[B, head_dim]` in the model's dtype (the rotary tables at each token's
     position), `block_tables` `[B, width]` int64, `seq_lens` `[B]` int32 (each context with this token).
     Each token's key and value are stored at its slot of each layer's cache (none for a negative slot)."""
@@ -380,6 +528,8 @@ def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Ten
         raise ValueError(f"decode_step takes 1 to {MAX_ROWS} sequences, got {rows}")
     if out is None:
         out = torch.empty(rows, weights.hidden_size, dtype=weights.dtype)
+    head = weights.lm_head
+    logits = None if head is None else torch.empty(rows, head.shape[0], dtype=weights.dtype)
     k_cache = weights.tensors[0][6] if weights.tensors else weights.embed.new_empty(1, 1, 1, 1)
     _, num_blocks, block_size, _ = k_cache.shape
     int64 = (input_ids, slots, block_tables)
@@ -393,9 +543,10 @@ def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Ten
         input_ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
         block_tables.shape[1], seq_lens.data_ptr(), rows, weights.hidden_size, weights.num_heads,
         weights.num_kv_heads, weights.head_dim, weights.intermediate_size, num_blocks, block_size, weights.eps,
-        weights.scale, int(weights.dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
+        weights.scale, int(weights.dtype == torch.bfloat16), out.data_ptr(), None if head is None else head.data_ptr(),
+        0 if head is None else head.shape[0], None if logits is None else logits.data_ptr(), torch.get_num_threads())
     if status == -2:
         raise MemoryError("decode_step could not allocate its scratch memory")
     if status != 0:
         raise ValueError(f"decode_step refused the shapes (status {status})")
-    return out
+    return out, logits

@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
+from asyncengine.engine_core.encoder_cache import EncoderCacheManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
 from asyncengine.engine_core.shares import Shares
@@ -79,6 +80,8 @@ class Scheduler(SchedulerInterface):
         kv_connector: KVConnectorBase | None = None,
         max_loras: int | None = None,
         micro_batches: MicroBatches | None = None,
+        max_num_encoder_input_tokens: int | None = None,
+        encoder_cache_size: int | None = None,
     ) -> None:
         # The arguments are the engine core's, the same for every scheduler_cls (interfaces/scheduler.py).
         self.block_manager = block_manager
@@ -98,6 +101,10 @@ class Scheduler(SchedulerInterface):
         self.max_loras = max_loras
         # Pipeline micro-batches (engine_core/micro_batches.py); None without pipeline stages to overlap.
         self.micro_batches = micro_batches
+        # Multimodal items' encoder work and outputs (engine_core/encoder_cache.py); both limits default to the
+        # step's token budget, as vLLM's do.
+        self.encoder_cache = EncoderCacheManager(encoder_cache_size or max_num_batched_tokens,
+                                                 max_num_encoder_input_tokens or max_num_batched_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.sequences: dict[str, Sequence] = {}
@@ -189,6 +196,8 @@ class Scheduler(SchedulerInterface):
         preempted_this_step = False
 
         shares = Shares(self) if self._parent_of else None
+        encoder = self.encoder_cache
+        encoder.begin_step(self.running)
         micro_batches = self.micro_batches
         if micro_batches is not None:
             micro_batches.begin_step(len(self.running))
@@ -199,6 +208,9 @@ class Scheduler(SchedulerInterface):
             num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
             if shares is not None:
                 num_new = min(num_new, shares.tokens_left(seq))
+            needed: list[int] = []
+            if seq.mm_features and num_new > 0:  # its chunk stops before an image the encoder cannot take now
+                num_new, needed = encoder.plan(seq, seq.num_computed_tokens, num_new)
             if (num_new <= 0 or self._will_finish_by_length(seq) or self._awaits_grammar_token(seq)
                     or (micro_batches is not None and micro_batches.sits_out(seq))
                     or (self.num_speculative_tokens and seq.num_pending_tokens)):
@@ -229,6 +241,8 @@ class Scheduler(SchedulerInterface):
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break  # it preempted itself: nothing after it is running any more
+            if needed:
+                encoder.commit(seq, needed)
             scheduled[seq.request_id] = num_new
             budget -= num_new
             if drafts:
@@ -284,8 +298,16 @@ class Scheduler(SchedulerInterface):
                         continue
                     break
                 num_new = limit
+            needed = []
+            if seq.mm_features:
+                whole = num_new
+                num_new, needed = encoder.plan(seq, num_cached + num_external, num_new)
+                if num_new <= 0 or (num_new < whole and not self.enable_chunked_prefill):
+                    break  # an image it reaches waits for the encoder budget or cache: it waits its turn
             if not self.block_manager.allocate(seq, num_external + num_new, cached_groups=cached_groups):
                 break
+            if needed:
+                encoder.commit(seq, needed)
             self.waiting.popleft()
             if shares is not None:
                 shares.admit(seq, num_new)
@@ -344,6 +366,8 @@ class Scheduler(SchedulerInterface):
             deferred_grammar_request_ids=sampling_ids if defer_masks else None,
             pipeline_token_ids=(None if micro_batches is None
                                 else micro_batches.token_ids(cached_requests, self.sequences)),
+            scheduled_encoder_inputs=encoder.scheduled_encoder_inputs(),
+            free_encoder_mm_hashes=encoder.take_freed(),
             spec_token_ids=spec_token_ids or None,
         )
 
@@ -447,6 +471,8 @@ class Scheduler(SchedulerInterface):
             num_kv_connector_loaded_tokens=self.num_kv_connector_loaded_tokens,
             structured_outputs_cache_bytes=self.structured_output.cache_bytes if self.structured_output else 0,
             structured_outputs_cache_entries=self.structured_output.cache_entries if self.structured_output else 0,
+            encoder_cache_entries=self.encoder_cache.num_entries,
+            encoder_cache_rows=self.encoder_cache.num_cached_rows,
             **(self.spec_counters.stats() if self.spec_counters is not None else {}),
         )
 
@@ -524,6 +550,8 @@ class Scheduler(SchedulerInterface):
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        if seq.encoder_refs:
+            self.encoder_cache.release_all(seq)
         seq.spec_token_ids = []  # proposed for the worker's state it forgets
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -564,6 +592,8 @@ class Scheduler(SchedulerInterface):
         if self.kv_connector is not None:
             self.kv_connector.request_finished(self._connector_view(seq, num_computed=seq.num_computed_tokens))
         self.block_manager.free(seq)
+        if seq.encoder_refs:
+            self.encoder_cache.release_all(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -588,6 +618,7 @@ class Scheduler(SchedulerInterface):
             num_computed_tokens=seq.num_computed_tokens,
             lora_request=seq.lora_request,
             pooling=seq.pooling,
+            mm_features=seq.mm_features or None,
         )
 
 

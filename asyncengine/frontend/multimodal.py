@@ -38,15 +38,7 @@ from asyncengine.interfaces.multimodal_registry import (
 )
 from asyncengine.interfaces.registry import describe, reads
 from asyncengine.wire.multimodal import MultiModalFeature, PlaceholderRange, TensorData
-
-def tensor_data(tensor: Any) -> TensorData:
-    """A torch tensor as it crosses the wire: its dtype's name, shape and C-contiguous bytes."""
-    import torch
-
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return TensorData(dtype=str(tensor.dtype).removeprefix("torch."), shape=list(tensor.shape),
-                      data=flat.view(torch.uint8).numpy().tobytes())
-
+from asyncengine.wire.tensors import tensor_to_wire
 
 @dataclass(frozen=True)
 class CachedItem:
@@ -169,7 +161,7 @@ class MultiModalInputs:
             except RequestError as exc:
                 exc.field = f"multi_modal_data.image[{index}]"
                 raise
-            data = {name: tensor_data(value) for name, value in processed.data.items()}
+            data = {name: tensor_to_wire(value) for name, value in processed.data.items()}
             cached = CachedItem(processed.replacement, data, sum(len(t.data) for t in data.values()))
             self.cache.put(identifier, cached)
         return identifier, cached
@@ -286,4 +278,4 @@ def multimodal_inputs(config: Any, model_config: Any, tokenizer: Any) -> MultiMo
     return inputs
 
 
-__all__ = ["CachedItem", "MultiModalInputs", "ProcessedItemCache", "multimodal_inputs", "tensor_data"]
+__all__ = ["CachedItem", "MultiModalInputs", "ProcessedItemCache", "multimodal_inputs"]

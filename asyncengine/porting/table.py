@@ -84,6 +84,7 @@ _API_NAMES = {
     "vllm.multimodal.registry": ["MULTIMODAL_REGISTRY", "MultiModalRegistry"],
     "vllm.multimodal.processing": ["BaseMultiModalProcessor", "BaseProcessingInfo", "BaseDummyInputsBuilder"],
     "vllm.multimodal.profiling": ["BaseDummyInputsBuilder"],
+    "vllm.model_executor.models.interfaces": ["SupportsMultiModal", "MultiModalEmbeddings"],
 }
 IMPORTS: dict[tuple[str, str], tuple[str, str]] = {
     (module, name): (API, name) for module, names in _API_NAMES.items() for name in names

@@ -1,4 +1,4 @@
-"""The CPU's captured decode step: small decode batches of a plain Llama-shaped model as one C call.
+"""The CPU's captured decode step: small decode batches of a Llama-shaped model (Qwen2, Qwen3) as one C call.
 
 What CUDA graphs are to a GPU (worker/cuda_graphs.py), this is to a CPU: at one to `MAX_ROWS` decoding
 sequences the step's cost is the layers' per-op overhead (Python, dispatch, a thread fork/join per op),
@@ -9,8 +9,9 @@ modules as before (there the matmuls are real work, which oneDNN does best).
 It applies only where it computes exactly what the model's modules would: it reads the weights from
 the modules' attributes (nothing is copied or restructured) after checking that every module is the
 built-in one running its built-in code: Llama's classes (or subclasses that change none of what the
-step does), RMSNorm, SiLU-and-mul and the NeoX rotary over whole heads, each with `native` first among
-its op's providers and no out-of-tree replacement; plain float weights without biases; the built-in
+step does; Qwen2's q/k/v biases and Qwen3's RMSNorm on each query and key head are the kernel's too),
+RMSNorm (one eps throughout), SiLU-and-mul and the NeoX rotary over whole heads, each with `native` first
+among its op's providers and no out-of-tree replacement; plain float weights, no other biases; the built-in
 CPU attention backend with neither sliding window, soft cap nor sinks; one worker, no LoRA, no KV
 connector, one KV cache group; float32 or bfloat16 with the C kernel built. Anything else keeps the
 modules, with the reason logged once at start-up. `enforce_eager=True` turns it off, as it does CUDA graphs.
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncengine.models.layers.attention import AttentionMetadata
+from asyncengine.models.layers.logits import finish_logits
 from asyncengine.ops import cpu_decode_step
 
 if TYPE_CHECKING:
@@ -57,15 +59,24 @@ class CpuDecodeStep:
     def applies(self, metadata: AttentionMetadata) -> bool:
         return metadata.decode_only and len(metadata.query_lens) <= self.max_batch_size
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """The final hidden states of the step's tokens (the model's forward for these inputs)."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
+            metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the final hidden states of the step's tokens (the model's forward for these inputs), their logits
+        (`compute_logits` of them) or None where the model's head is not the kernel's to run)."""
         weights = self._table()
         inner = self.model.model
         rotary = next(iter(inner.rotaries.values()))
         cos, sin = rotary.lookup(positions, weights.dtype)
         rows = input_ids.shape[0]
-        return cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
-                                           metadata.slot_mapping, metadata.block_tables, metadata.seq_lens_tensor)
+        hidden, logits = cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
+                                                     metadata.slot_mapping, metadata.block_tables,
+                                                     metadata.seq_lens_tensor)
+        if logits is not None:
+            logits = finish_logits(logits, divisor=self.model.logits_divisor, cap=self.model.final_logit_soft_cap)
+        return hidden, logits
+
+    def _weights_dtype(self) -> torch.dtype:
+        return self.model.model.embed_tokens.weight.dtype
 
     def _table(self) -> cpu_decode_step.DecoderWeights:
         """The kernel's table of weights and caches, rebuilt when the caches were (re)allocated."""
@@ -76,13 +87,16 @@ class CpuDecodeStep:
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 key_cache, value_cache = attn.attn.kv_cache
+                q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
                 layers.append((layer.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
                                layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
-                               key_cache, value_cache))
+                               key_cache, value_cache, attn.qkv_proj.bias,
+                               None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight))
             first = inner.layers[0].self_attn
             self._weights = cpu_decode_step.DecoderWeights(
                 layers, inner.embed_tokens.weight, inner.norm.weight, num_heads=first.num_heads,
-                num_kv_heads=first.num_kv_heads, head_dim=first.head_dim, eps=inner.norm.eps, scale=first.attn.scale)
+                num_kv_heads=first.num_kv_heads, head_dim=first.head_dim, eps=inner.norm.eps, scale=first.attn.scale,
+                lm_head=self.model.lm_head.weight if plain_lm_head(self.model, self._weights_dtype()) else None)
             self._bound_cache = first_cache
         return self._weights
 
@@ -97,6 +111,7 @@ def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_
     from asyncengine.models.layers.quantization import UnquantizedLinearMethod
     from asyncengine.models.layers.rotary import RotaryEmbedding
     from asyncengine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+    from asyncengine.models.qwen3 import Qwen3Attention
 
     config = engine_config
     if config.enforce_eager:
@@ -123,8 +138,8 @@ def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_
     if len(attention_layers) != len(inner.layers):
         return "attention layers outside the decoder layers"
     for layer in inner.layers:
-        reason = _layer_reason(layer, dtype, LlamaDecoderLayer, LlamaAttention, LlamaMLP, RMSNorm, SiluAndMul,
-                               UnquantizedLinearMethod, TorchPagedBackend)
+        reason = _layer_reason(layer, dtype, inner.norm.eps, LlamaDecoderLayer, LlamaAttention, Qwen3Attention,
+                               LlamaMLP, RMSNorm, SiluAndMul, UnquantizedLinearMethod, TorchPagedBackend)
         if reason is not None:
             return reason
     tensors = [inner.embed_tokens.weight, inner.norm.weight]
@@ -135,28 +150,52 @@ def why_not(model: Any, attention_layers: list[Any], dtype: torch.dtype, engine_
     return None
 
 
-def _layer_reason(layer: Any, dtype: torch.dtype, decoder_cls: Any, attention_cls: Any, mlp_cls: Any,
-                  norm_cls: Any, act_cls: Any, linear_method: Any, backend_cls: Any) -> str | None:
+def plain_lm_head(model: Any, dtype: torch.dtype) -> bool:
+    """Whether the kernel may run the LM head too: Llama's compute_logits over the built-in head, unquantized,
+    without a bias, one rank, its weight a contiguous CPU tensor in the model's dtype."""
+    from asyncengine.models.layers.embedding import ParallelLMHead
+    from asyncengine.models.llama import LlamaForCausalLM
+
+    head = getattr(model, "lm_head", None)
+    return type(model).compute_logits is LlamaForCausalLM.compute_logits and type(head) is ParallelLMHead \
+        and head.bias is None and head.tp_size == 1 and getattr(head, "quant_config", None) is None \
+        and head.weight.dtype == dtype and head.weight.device.type == "cpu" and head.weight.is_contiguous() \
+        and head.weight.dim() == 2
+
+
+def _layer_reason(layer: Any, dtype: torch.dtype, eps: float, decoder_cls: Any, attention_cls: Any,
+                  qk_norm_attention_cls: Any, mlp_cls: Any, norm_cls: Any, act_cls: Any, linear_method: Any,
+                  backend_cls: Any) -> str | None:
     name = type(layer).__name__
     if type(layer).forward is not decoder_cls.forward or layer.norm_names != decoder_cls.norm_names \
             or layer.residual_multiplier is not None:
         return f"{name} changes the decoder layer"
     attn, mlp = layer.self_attn, layer.mlp
-    if type(attn).forward is not attention_cls.forward or type(attn).normalize_qk is not attention_cls.normalize_qk:
+    head_norms: list[Any] = []
+    if type(attn).forward is not attention_cls.forward:
+        return f"{type(attn).__name__} changes attention"
+    if type(attn).normalize_qk is qk_norm_attention_cls.normalize_qk:  # Qwen3's RMSNorm on each q and k head
+        head_norms = [attn.q_norm, attn.k_norm]
+        if any(type(norm) is not norm_cls or norm.eps != eps for norm in head_norms):
+            return f"{type(attn).__name__}'s head norms are not RMSNorms with the model's eps"
+    elif type(attn).normalize_qk is not attention_cls.normalize_qk:
         return f"{type(attn).__name__} changes attention"
     if type(mlp) is not mlp_cls or type(mlp.act) is not act_cls:
         return f"{type(mlp).__name__} is not Llama's SiLU MLP"
-    if type(layer.input_layernorm) is not norm_cls or type(layer.post_attention_layernorm) is not norm_cls:
-        return "a norm that is not RMSNorm"
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if any(type(norm) is not norm_cls or norm.eps != eps for norm in norms):
+        return "a norm that is not RMSNorm with the model's eps"
     paged = attn.attn
     if type(paged.backend) is not backend_cls or paged.sliding_window is not None \
             or paged.logits_soft_cap is not None or paged.sinks is not None or paged.kv_cache_group != 0:
         return "attention with another backend, a sliding window, a soft cap or sinks"
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    if any(type(linear.quant_method) is not linear_method or linear.bias is not None for linear in linears):
-        return "quantized linear layers or biases"
-    tensors = [linear.weight for linear in linears] + [layer.input_layernorm.weight,
-                                                       layer.post_attention_layernorm.weight]
+    if any(type(linear.quant_method) is not linear_method for linear in linears):
+        return "quantized linear layers"
+    if any(linear.bias is not None for linear in linears[1:]):  # a q/k/v bias (Qwen2) is the kernel's; no other
+        return "biases on the o, gate-up or down projections"
+    biases = [] if attn.qkv_proj.bias is None else [attn.qkv_proj.bias]
+    tensors = [linear.weight for linear in linears] + [norm.weight for norm in norms + tuple(head_norms)] + biases
     if not all(t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
         return "weights that are not contiguous CPU tensors in the model's dtype"
     return None

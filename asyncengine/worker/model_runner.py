@@ -55,6 +55,9 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
+from asyncengine.worker.multimodal import MultiModalStep, check_features, mrope_positions, uses_mrope
+from asyncengine.interfaces.multimodal import supports_multimodal
+from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.worker.spec_decode.verifier import SpecDecoder, proposer_context
@@ -94,6 +97,8 @@ class RequestState:
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prompt (pooling/step.py)
     # The blocks of the KV cache groups after the first (sliding-window layers: asyncengine/wire/kv_cache.py).
     extra_block_ids: list[list[int]] = field(default_factory=list)
+    mm_features: list[MultiModalFeature] | None = None  # its images (worker/multimodal.py), None: text only
+    mrope: tuple[torch.Tensor, int] | None = None  # M-RoPE models: its prompt's (3, n) positions and the delta
 
 
 class ModelRunner:
@@ -134,6 +139,8 @@ class ModelRunner:
         self.cpu_decode: CpuDecodeStep | None = None  # small CPU decode steps as one C call (worker/cpu_decode.py)
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
+        self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
+        self.uses_mrope = False  # the model reads (3, num_tokens) positions (worker/multimodal.py)
         # Speculative decoding (worker/spec_decode/verifier.py): with speculative_config, built with the model.
         self.spec_decoder: SpecDecoder | None = None
 
@@ -159,6 +166,12 @@ class ModelRunner:
             start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.expert_load = ExpertLoad(self.model)
+        if supports_multimodal(self.model):
+            if self.engine_config.enable_lora:  # its steps with images would run without the adapters
+                raise ConfigError(f"LoRA adapters on a multimodal model ({self.model_config.architectures[0]}) are "
+                                  "not supported yet: start it without enable_lora", field="enable_lora")
+            self.multimodal = MultiModalStep(self.model, self.device)
+        self.uses_mrope = uses_mrope(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
             num_layers = int(self.model_config.hf_config["num_hidden_layers"])
@@ -413,6 +426,7 @@ class ModelRunner:
                 logit_controls=RequestLogitControls.build(new.sampling, self.model_config.vocab_size, self.device),
                 lora_request=new.lora_request,
                 extra_block_ids=[list(ids) for ids in new.extra_group_block_ids or ()],
+                mm_features=new.mm_features,
             ))
         for cached in scheduler_output.cached_requests:
             if cached.request_id in self.failed_request_ids:
@@ -435,6 +449,11 @@ class ModelRunner:
         """Check what this worker builds from one request's own values, where failing fails only it: each
         logits processor's check_request, and its LoRA adapter. (Its sampling values need no check here: the
         frontend checked them where they entered, and the wire's SamplingOptions carries their bounds.)"""
+        if new.mm_features:
+            problem = (check_features(new.mm_features, len(new.prompt_token_ids)) if self.multimodal is not None
+                       else f"{self.model_config.architectures[0]} takes no images")
+            if problem is not None:
+                return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=problem)
         try:
             if self.logits_processors is not None:
                 self.logits_processors.check_request(new.sampling)
@@ -462,6 +481,11 @@ class ModelRunner:
         scheduled = scheduler_output.num_scheduled_tokens
         if self.failed_request_ids:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in self.failed_request_ids}
+        multimodal = self.multimodal
+        mm_features: dict[str, list[MultiModalFeature]] = {}
+        if multimodal is not None and parallel.is_first_stage():  # frees, then this step's images (vision tower)
+            mm_features = {rid: state.mm_features for rid, state in self.requests.items() if state.mm_features}
+            multimodal.run_encoders(scheduler_output, mm_features)
         if not scheduled:
             return ModelRunnerOutput(failed_requests=failed)
         connector_metadata = None
@@ -470,18 +494,29 @@ class ModelRunner:
             connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
             self.kv_connector.start_load_kv(connector_metadata)
         started = time.perf_counter()
+        computed = ({rid: self.requests[rid].num_computed_tokens for rid in scheduled}
+                    if mm_features or self.uses_mrope else {})  # (nothing on a text-only model's path)
         inputs = self._prepare_inputs(scheduled, scheduler_output.spec_token_ids)
+        # A step that computes image positions runs on merged embeddings, eagerly (never a decode graph).
+        inputs_embeds = (multimodal.inputs_embeds(scheduled, computed, mm_features, inputs.input_ids)
+                         if multimodal is not None and mm_features else None)
+        positions = inputs.positions
+        if self.uses_mrope:  # 3-D positions for the model (the 1-D ones still place the tokens' KV slots)
+            positions = mrope_positions(self.model, scheduled, computed, self.requests).to(self.device)
         prepared = time.perf_counter()
         events = self._device_events()
         if events is not None:
             events[0].record()
         graphs = self.decode_graphs
+        logits: torch.Tensor | None = None  # the C decode step's, when it ran the LM head too
         use_graph = (graphs is not None and inputs.metadata.decode_only
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
-        if graphs is not None and use_graph:
+        if inputs_embeds is not None or self.uses_mrope:  # eagerly: no decode graph or C decode step takes these
+            hidden = self.model(inputs.input_ids, positions, inputs.metadata, inputs_embeds=inputs_embeds)
+        elif graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.cpu_decode is not None and self.cpu_decode.applies(inputs.metadata):
-            hidden = self.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
+            hidden, logits = self.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.lora is not None:
             self.lora.begin_step((self.requests[rid].lora_request, n) for rid, n in scheduled.items())
             try:
@@ -509,7 +544,8 @@ class ModelRunner:
         if not inputs.sampling_request_ids:
             return self._with_pooled(hidden, inputs, ModelRunnerOutput(
                 timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed))
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.model.compute_logits(hidden[inputs.logits_indices]) if logits is None \
+            else logits[inputs.logits_indices]
         bitmask = scheduler_output.grammar_bitmask
         if scheduler_output.deferred_grammar_request_ids is not None:
             if grammar is None:

@@ -2,9 +2,8 @@
 parts with data URLs reach the engine as the expanded prompt, and every bad image is a 400 in OpenAI's shape
 naming the part, with no 5xx in a fuzz run.
 
-The model is a stand-in until the engine side of issue 38 is merged: a tiny random Llama whose config.json
-carries a `vision_config` and whose folder holds a tiny LLaVA processor (tests/support/mm_processors.py), so
-the frontend processes images as for LLaVA while the worker runs a text model over the expanded prompt."""
+The model is a tiny random LLaVA with its real processor (tests/support/vision_models.py, on SmolLM2's tokenizer
+from tests/support/mm_processors.py): the whole path runs, from the request's image parts to the vision tower."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ from PIL import Image
 from asyncengine import RequestError
 from asyncengine.server.config import ServerConfig
 from support.in_process_server import in_process_server
-from support.mm_processors import save_tiny_processor
+from support.mm_processors import default_tokenizer
+from support.vision_models import build_llava
 
 MODEL = "tiny-vlm"
 HEADERS = {"Content-Type": "application/json"}
@@ -31,6 +31,10 @@ def png(width: int, height: int, seed: int = 0) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def png_image() -> Image.Image:
+    return Image.open(io.BytesIO(png(20, 20)))
 
 
 def data_url(data: bytes) -> str:
@@ -58,26 +62,19 @@ def media(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, media):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    directory = tmp_path_factory.mktemp("tiny-vlm")
-    processor = save_tiny_processor("llava", directory)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(processor.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         initializer_range=0.2, eos_token_id=2, bos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(str(directory))
-    settings = json.loads((directory / "config.json").read_text())
-    settings["vision_config"] = {"image_size": 28, "patch_size": 14}  # what makes the frontend process images
-    (directory / "config.json").write_text(json.dumps(settings))
+    tokenizer_dir = tmp_path_factory.mktemp("smollm2-tokenizer")
+    default_tokenizer().save_pretrained(str(tokenizer_dir))
+    vlm = build_llava(tmp_path_factory.mktemp("tiny-llava"), tokenizer_dir)
+    directory = vlm.path
     options = {"model": str(directory), "served_model_name": MODEL, "max_model_len": 256,
                "kv_cache_memory_bytes": 4 * 2**20, "limit_mm_per_prompt": {"image": 2}, "max_image_pixels": 64 * 64,
                "allowed_local_media_path": str(media / "allowed"), "allowed_media_domains": ["127.0.0.1"],
                "media_fetch_timeout": 0.5}
     with in_process_server(options, ServerConfig()) as running:
         running.media_dir = media / "allowed"
-        running.image_token_id = processor.image_token_id
+        running.image_token_id = vlm.image_token_id
+        alone = vlm.processor(text=["<image>"], images=[png_image()])["input_ids"][0]
+        running.tokens_per_image = list(alone).count(vlm.image_token_id)
         yield running
 
 
@@ -90,9 +87,11 @@ def test_data_url_images_reach_the_engine_as_the_expanded_prompt(server):
     status, body = send(server, chat(image_part(data_url(png(30, 20, 1))), {"type": "text", "text": "and"},
                                      image_part(data_url(png(16, 40, 2)))))
     assert status == 200, body
-    text_only = send(server, chat({"type": "text", "text": "and"}))[1]
-    # each image's one <image> placeholder became its 4 tokens (28x28 pixels in 14-pixel patches)
-    assert body["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"] == 2 * 4
+    # the same conversation with a one-token word where each image was: each image's one placeholder became its
+    # tokens (32x32 pixels in 8-pixel patches: 16)
+    word = {"type": "text", "text": "X"}
+    text_only = send(server, chat(word, {"type": "text", "text": "and"}, word))[1]
+    assert body["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"] == 2 * (server.tokens_per_image - 1)
     status, body = send(server, chat(image_part(f"file://{server.media_dir}/cat.png")))  # under the allowed folder
     assert status == 200, body
     status, _, raw = server.request("POST", "/v1/chat/completions",
@@ -158,10 +157,11 @@ def test_multi_modal_data_prompts_in_the_python_api(server):
     prompt = {"prompt": "<image> then <image>?", "multi_modal_data": {"image": images}}
     processed = server.call(server.engine.process_request_async, prompt, SamplingParams(max_tokens=1))
     features = processed.children[0].mm_features
-    assert [f.position.length for f in features] == [4, 4] and features[0].identifier != features[1].identifier
+    count = server.tokens_per_image
+    assert [f.position.length for f in features] == [count] * 2 and features[0].identifier != features[1].identifier
     for feature in features:
         start = feature.position.offset
-        assert processed.prompt_token_ids[start:start + 4] == [server.image_token_id] * 4
+        assert processed.prompt_token_ids[start:start + count] == [server.image_token_id] * count
 
     async def generate():
         return [output async for output in server.engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0))]

@@ -1,6 +1,6 @@
 """asyncengine/worker/cpu_decode.py and its kernel, ops/cpu_decode_step.py, against its reference: the model's own modules.
 
-A tiny random Llama (GQA 3:1, untied head) in a ModelRunner; its KV cache filled with random keys and values,
+A tiny random Llama (GQA 3:1, untied head), Qwen2 (q/k/v biases) and Qwen3 (q/k head norms) in a ModelRunner; its KV cache filled with random keys and values,
 so each sequence attends over a context of its own length; then one decode step of 1, 3 and 8 sequences run
 both ways on the same inputs: the final hidden states, the keys and values each stored, and the greedy tokens
 must agree (float32 to float32's rounding, bfloat16 to bfloat16's). Also: what the step refuses, with its reason.
@@ -55,14 +55,20 @@ def platform():
 
 @pytest.fixture(scope="module")
 def runners(tiny_model, platform):
-    path = str(tiny_model("llama").path)
-    return {dtype: _runner(path, dtype) for dtype in ("float32", "bfloat16")}
+    runners = {}
+    for architecture in ("llama", "qwen2", "qwen3"):
+        path = str(tiny_model(architecture).path)
+        runners.update({(architecture, dtype): _runner(path, dtype) for dtype in ("float32", "bfloat16")})
+    return runners
+
+
+CASES = [("llama", n) for n in (1, 3, 8)] + [("qwen2", 3), ("qwen3", 1), ("qwen3", 8)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("num_seqs", [1, 3, 8])
-def test_decode_step_matches_the_models_modules(runners, dtype, num_seqs):
-    runner = runners[dtype]
+@pytest.mark.parametrize(("architecture", "num_seqs"), CASES)
+def test_decode_step_matches_the_models_modules(runners, architecture, dtype, num_seqs):
+    runner = runners[architecture, dtype]
     assert runner.cpu_decode is not None, [r.reason for r in runner.kv_cache_records]
     generator = torch.Generator().manual_seed(num_seqs)
     for key_cache, value_cache in runner.kv_caches:
@@ -73,7 +79,7 @@ def test_decode_step_matches_the_models_modules(runners, dtype, num_seqs):
         blocks = list(range(next_block, next_block + -(-context // BLOCK_SIZE)))
         next_block += len(blocks) + 1  # a gap, so that no two sequences' tables look alike
         prompt = torch.randint(3, 997, (context,), generator=generator).tolist()
-        new.append(NewRequestData(request_id=f"{dtype}-{num_seqs}-{index}", prompt_token_ids=prompt,
+        new.append(NewRequestData(request_id=f"{architecture}-{dtype}-{num_seqs}-{index}", prompt_token_ids=prompt,
                                   output_token_ids=[], sampling=SamplingOptions(temperature=0.0), block_ids=blocks,
                                   num_computed_tokens=context - 1))
     runner._update_states(SchedulerOutput(new_requests=new))
@@ -86,11 +92,13 @@ def test_decode_step_matches_the_models_modules(runners, dtype, num_seqs):
         for key_cache, value_cache in runner.kv_caches:  # the kernel must store them itself
             key_cache.flatten(1, 2)[:, slots] = 0
             value_cache.flatten(1, 2)[:, slots] = 0
-        got = runner.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
-        expected_tokens = runner.model.compute_logits(expected).argmax(-1)
-        got_logits = runner.model.compute_logits(got)
+        got, got_logits = runner.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
+        expected_logits = runner.model.compute_logits(expected)
+        expected_tokens = expected_logits.argmax(-1)
+    assert got_logits is not None  # the kernel ran the LM head too
     tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == "float32" else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(got.float(), expected.float(), **tolerance)
+    torch.testing.assert_close(got_logits.float(), expected_logits.float(), **tolerance)
     for (key, value), (key_cache, value_cache) in zip(expected_kv, runner.kv_caches):
         torch.testing.assert_close(key_cache.flatten(1, 2)[:, slots].float(), key.float(), **tolerance)
         torch.testing.assert_close(value_cache.flatten(1, 2)[:, slots].float(), value.float(), **tolerance)
@@ -106,16 +114,16 @@ def test_decode_step_refuses_what_it_does_not_compute(tiny_model, platform):
     llama = _runner(str(tiny_model("llama").path), "float32", enforce_eager=True)
     assert llama.cpu_decode is None
     assert why_not(llama.model, llama.attention_layers, torch.float32, llama.engine_config) == "enforce_eager"
-    qwen2 = _runner(str(tiny_model("qwen2").path), "float32")  # q/k/v biases
-    assert qwen2.cpu_decode is None
-    assert why_not(qwen2.model, qwen2.attention_layers, torch.float32, qwen2.engine_config) \
-        == "quantized linear layers or biases"
-    qwen3 = _runner(str(tiny_model("qwen3").path), "float32")  # q/k norms
-    assert "changes attention" in why_not(qwen3.model, qwen3.attention_layers, torch.float32, qwen3.engine_config)
+    llama.engine_config.enforce_eager = False
+    assert why_not(llama.model, llama.attention_layers, torch.float32, llama.engine_config) is None
+    o_proj = llama.model.model.layers[1].self_attn.o_proj  # a bias the kernel does not add
+    o_proj.bias = torch.nn.Parameter(torch.zeros(o_proj.weight.shape[0]))
+    assert why_not(llama.model, llama.attention_layers, torch.float32, llama.engine_config) \
+        == "biases on the o, gate-up or down projections"
 
 
 def test_decode_step_refuses_more_rows_than_it_holds(runners):
-    weights = runners["float32"].cpu_decode._table()
+    weights = runners["llama", "float32"].cpu_decode._table()
     ids = torch.zeros(cpu_decode_step.MAX_ROWS + 1, dtype=torch.int64)
     with pytest.raises(ValueError, match="1 to 8 sequences"):
         cpu_decode_step.decode_step(weights, ids, torch.empty(0), torch.empty(0), ids, ids.view(-1, 1),
