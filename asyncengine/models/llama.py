@@ -237,6 +237,7 @@ class PPMissingLayer(nn.Identity):
 
 class LlamaModel(nn.Module):
     layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    rotary_cls: type[RotaryEmbedding] = RotaryEmbedding  # M-RoPE's for the Qwen-VL family (layers/mrope.py)
 
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
@@ -259,7 +260,7 @@ class LlamaModel(nn.Module):
             layer = self.layer_cls(config, dtype=dtype, layer_index=index)
             key = layer.self_attn.rope_key
             if key not in self.rotaries:
-                self.rotaries[key] = RotaryEmbedding(head_dim_of(config), max_position, self.rope_parameters(config, key))
+                self.rotaries[key] = self.rotary_cls(head_dim_of(config), max_position, self.rope_parameters(config, key))
             # Shared, not copied: one table, and one op a plugin may replace (CustomOp "RotaryEmbedding").
             layer.self_attn.rotary_emb = self.rotaries[key]
             self.rope_keys.append(key)
@@ -278,8 +279,13 @@ class LlamaModel(nn.Module):
         """The rope parameters of rope key `key` (LlamaAttention.rope_parameters_key)."""
         return rope_parameters(config, key)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        if parallel.is_first_stage():
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """`inputs_embeds`: the embeddings of the tokens, already scaled (a multimodal model's, with its items'
+        embeddings merged in: `embed_input_ids`), in place of looking `input_ids` up."""
+        if parallel.is_first_stage() and inputs_embeds is not None:
+            hidden, residual = inputs_embeds, None
+        elif parallel.is_first_stage():
             hidden, residual = self.embed_tokens(input_ids), None
             if self.embed_scale is not None:
                 hidden = hidden * self.embed_scale
@@ -328,9 +334,12 @@ class LlamaForCausalLM(nn.Module):
         """`cap` in `cap * tanh(logit / cap)` (Gemma 2's final_logit_softcapping)."""
         return None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states, one row per input token."""
-        return self.model(input_ids, positions, metadata)
+        if inputs_embeds is None:  # (a text model's own LlamaModel.forward may not take them)
+            return self.model(input_ids, positions, metadata)
+        return self.model(input_ids, positions, metadata, inputs_embeds=inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return finish_logits(self.lm_head(hidden), divisor=self.logits_divisor, cap=self.final_logit_soft_cap)

@@ -1,0 +1,82 @@
+"""Qwen2-VL, Qwen2.5-VL and Gemma 3 (image + text) at the model level: our modules' logits against transformers'
+for the same prompt with 1 and 2 images of different sizes, processed by the real image processors (float32,
+tiny random models of tests/support/vl_models.py). Tolerance: 1e-4 absolute on logits of magnitude ~1-10
+(float32 sums in another order: our fused QKV, paged attention, the patch embedding as a matmul).
+M-RoPE's positions are checked against transformers' get_rope_index."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support import vl_models as vl
+from support.platforms import use_platform
+
+pytest.importorskip("PIL")
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def cpu_platform():
+    """The CPU platform as if resolved at start-up, for the module (the ops dispatch on it)."""
+    from asyncengine.models.layers import op_registry
+    from asyncengine.platforms.cpu import CpuPlatform
+
+    with pytest.MonkeyPatch.context() as patch:
+        use_platform(patch, CpuPlatform)
+        patch.setattr(op_registry, "_chains", {})
+        yield CpuPlatform
+
+
+@pytest.fixture(scope="module")
+def qwen_models(cpu_platform):
+    from transformers import Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
+
+    from asyncengine.models.qwen2_vl import Qwen2VLForConditionalGeneration as Ours2
+    from asyncengine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration as Ours25
+
+    torch.manual_seed(0)
+    built = {}
+    for name, config, hf_cls, ours_cls in (("qwen2_vl", vl.qwen2_vl_config(), Qwen2VLForConditionalGeneration, Ours2),
+                                           ("qwen2_5_vl", vl.qwen2_5_vl_config(), Qwen2_5_VLForConditionalGeneration,
+                                            Ours25)):
+        config._attn_implementation = "eager"
+        hf = hf_cls(config).eval()
+        built[name] = (hf, vl.ours_from(hf, ours_cls))
+    return built
+
+
+def _qwen_inputs(num_images: int):
+    processor = vl.qwen_image_processor("qwen2_vl")
+    images = vl.two_images()[:num_images]
+    processed = processor(images=images, return_tensors="pt")
+    grids = processed["image_grid_thw"].tolist()
+    text = [[5, 6, 7], [8, 9], [10, 11, 12, 13]][:num_images + 1]
+    return processed, grids, vl.qwen_prompt(grids, text)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("num_images", [1, 2])
+def test_qwen_vl_logits_match_transformers(qwen_models, name, num_images):
+    hf, ours = qwen_models[name]
+    processed, grids, ids = _qwen_inputs(num_images)
+    input_ids = torch.tensor([ids])
+    with torch.inference_mode():
+        expected = hf(input_ids=input_ids, pixel_values=processed["pixel_values"],
+                      image_grid_thw=processed["image_grid_thw"],
+                      mm_token_type_ids=(input_ids == vl.IMAGE_TOKEN).int()).logits[0].float()
+        positions, delta = ours.model.get_mrope_input_positions(ids, grids)
+        hf_positions, hf_delta = hf.model.get_rope_index(input_ids, (input_ids == vl.IMAGE_TOKEN).int(),
+                                                         image_grid_thw=processed["image_grid_thw"])
+        assert torch.equal(positions, hf_positions[:, 0]) and delta == int(hf_delta)
+        per_image = [processed["pixel_values"][start:start + t * h * w] for (t, h, w), start in
+                     zip(grids, [0, grids[0][0] * grids[0][1] * grids[0][2]])]
+        embeddings = ours.model.embed_multimodal(pixel_values=per_image,
+                                                 image_grid_thw=[torch.tensor([g]) for g in grids])
+        assert [e.shape[0] for e in embeddings] == [t * h * w // 4 for t, h, w in grids]
+        token_ids = torch.tensor(ids)
+        inputs_embeds = ours.model.embed_input_ids(token_ids, embeddings, is_multimodal=token_ids == vl.IMAGE_TOKEN)
+    logits = ours.prefill(ids, positions, inputs_embeds)
+    assert grids[0] != grids[-1] or num_images == 1
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
