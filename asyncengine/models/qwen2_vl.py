@@ -16,8 +16,7 @@ language model is Qwen2's, its rotary M-RoPE's. Checkpoint names: transformers 5
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -27,6 +26,7 @@ from torch import nn
 from asyncengine.models.layers.mrope import MRotaryEmbedding, mrope_positions
 from asyncengine.models.layers.rotary import rotary_native
 from asyncengine.models.qwen2 import Qwen2ForCausalLM, Qwen2Model
+from asyncengine.models.vision_language import ImageTextModel, text_config_of
 
 
 def vision_activation(name: str) -> Any:
@@ -189,19 +189,17 @@ class Qwen2VLTextModel(Qwen2Model):
         return params
 
 
-class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
+class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
     """SupportsMultiModal (asyncengine/interfaces/multimodal.py) and M-RoPE (`supports_mrope`: the model runner
     asks `get_mrope_input_positions` for each prompt's positions)."""
 
-    supports_multimodal: ClassVar[bool] = True
     supports_mrope: ClassVar[bool] = True
+    tower_prefixes = ("model.visual.", "visual.")
     model_cls = Qwen2VLTextModel
     vision_cls: ClassVar[type[Qwen2VisionTransformer]] = Qwen2VisionTransformer
 
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
-        text = copy.copy(config.text_config)
-        text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        super().__init__(text, dtype=dtype, max_position=max_position)
+        super().__init__(text_config_of(config), dtype=dtype, max_position=max_position)
         self.config = config
         self.image_token_id = int(config.image_token_id)
         self.visual = self.vision_cls(config.vision_config, dtype=dtype)
@@ -213,7 +211,7 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
     def embed_multimodal(self, **kwargs: Any) -> list[torch.Tensor]:
         """One `[tokens, hidden]` tensor per image from the items' `pixel_values` and `image_grid_thw`."""
         pixel_values, grids = kwargs.get("pixel_values"), kwargs.get("image_grid_thw")
-        if not pixel_values:
+        if pixel_values is None or len(pixel_values) == 0:
             return []
         grid_rows = [[int(n) for n in torch.as_tensor(g).reshape(-1, 3)[row]] for g in grids
                      for row in range(torch.as_tensor(g).reshape(-1, 3).shape[0])]
@@ -222,26 +220,8 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
         merge = self.visual.merge
         return list(embeddings.split([t * h * w // (merge * merge) for t, h, w in grid_rows]))
 
-    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: Sequence[torch.Tensor] | None = None,
-                        *, is_multimodal: torch.Tensor | None = None) -> torch.Tensor:
-        embeddings = self.model.embed_tokens(input_ids)
-        if self.model.embed_scale is not None:
-            embeddings = embeddings * self.model.embed_scale
-        if multimodal_embeddings is not None and is_multimodal is not None and len(multimodal_embeddings):
-            embeddings = embeddings.clone()
-            embeddings[is_multimodal] = torch.cat(list(multimodal_embeddings)).to(embeddings.dtype)
-        return embeddings
-
     def get_mrope_input_positions(self, input_tokens: Sequence[int],
                                   image_grid_thw: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
         """vLLM's name: a prompt's `[3, tokens]` positions and its delta (layers/mrope.py)."""
         return mrope_positions(input_tokens, image_grid_thw, image_token_id=self.image_token_id,
                                spatial_merge_size=self.visual.merge)
-
-    def checkpoint_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-        for name, tensor in weights:
-            if name.startswith("model.language_model."):
-                name = "model." + name.removeprefix("model.language_model.")
-            elif name.startswith("model.visual."):
-                name = name.removeprefix("model.")
-            yield name, tensor

@@ -80,3 +80,35 @@ def test_qwen_vl_logits_match_transformers(qwen_models, name, num_images):
     logits = ours.prefill(ids, positions, inputs_embeds)
     assert grids[0] != grids[-1] or num_images == 1
     torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def gemma3_models(cpu_platform):
+    from transformers import Gemma3ForConditionalGeneration
+
+    from asyncengine.models.gemma3_mm import Gemma3ForConditionalGeneration as Ours
+
+    torch.manual_seed(0)
+    config = vl.gemma3_config()
+    config._attn_implementation = "eager"
+    hf = Gemma3ForConditionalGeneration(config).eval()
+    return hf, vl.ours_from(hf, Ours)
+
+
+@pytest.mark.parametrize("num_images", [1, 2])
+def test_gemma3_logits_match_transformers_with_image_tokens_seeing_their_image(gemma3_models, num_images):
+    hf, ours = gemma3_models
+    pixel_values = vl.gemma3_image_processor()(images=vl.two_images()[:num_images], return_tensors="pt")["pixel_values"]
+    ids = vl.gemma3_prompt(num_images, [[2, 5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15]])
+    input_ids = torch.tensor([ids])
+    token_type_ids = (input_ids == vl.IMAGE_TOKEN).long()
+    with torch.inference_mode():
+        expected = hf(input_ids=input_ids, pixel_values=pixel_values, token_type_ids=token_type_ids).logits[0].float()
+        causal = hf(input_ids=input_ids, pixel_values=pixel_values).logits[0].float()
+        embeddings = ours.model.embed_multimodal(pixel_values=list(pixel_values.split(1)))
+        token_ids = torch.tensor(ids)
+        inputs_embeds = ours.model.embed_input_ids(token_ids, embeddings, is_multimodal=token_ids == vl.IMAGE_TOKEN)
+    logits = ours.prefill(ids, torch.arange(len(ids)), inputs_embeds)
+    # The two-way image attention matters here (else this test could not tell it from causal attention).
+    assert (expected - causal).abs().max() > 100 * ATOL
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)

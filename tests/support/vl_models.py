@@ -47,6 +47,32 @@ def qwen2_5_vl_config() -> Any:
         initializer_range=0.2)
 
 
+def gemma3_config() -> Any:
+    from transformers import Gemma3Config
+
+    # A sliding window of 8 on layer 0: the prompts reach past it, and an image's rows see later ones within it.
+    return Gemma3Config(
+        text_config=_text({"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                           "query_pre_attn_scalar": 16}),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=56, patch_size=14, vision_use_head=False, initializer_range=0.2),
+        mm_tokens_per_image=4, image_token_id=IMAGE_TOKEN, boi_token_id=BOI, eoi_token_id=EOI,
+        initializer_range=0.2)
+
+
+def gemma3_image_processor() -> Any:
+    from transformers import Gemma3ImageProcessor
+
+    return Gemma3ImageProcessor(size={"height": 56, "width": 56})
+
+
+def gemma3_prompt(num_images: int, text: list[list[int]]) -> list[int]:
+    ids = list(text[0])
+    for after in text[1:num_images + 1]:
+        ids += [BOI] + [IMAGE_TOKEN] * 4 + [EOI] + list(after)
+    return ids
+
+
 def qwen_image_processor(kind: str) -> Any:
     from transformers import Qwen2VLImageProcessor
 
