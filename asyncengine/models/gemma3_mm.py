@@ -38,8 +38,10 @@ class SiglipAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self, name, nn.Linear(dim, dim, dtype=dtype))
+        self.q_proj = nn.Linear(dim, dim, dtype=dtype)
+        self.k_proj = nn.Linear(dim, dim, dtype=dtype)
+        self.v_proj = nn.Linear(dim, dim, dtype=dtype)
+        self.out_proj = nn.Linear(dim, dim, dtype=dtype)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         images, patches, _ = hidden.shape
@@ -72,29 +74,40 @@ class SiglipLayer(nn.Module):
         return hidden + self.mlp(self.layer_norm2(hidden))
 
 
+class SiglipEmbeddings(nn.Module):
+    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        patch = int(config.patch_size)
+        self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size, patch, stride=patch, dtype=dtype)
+        self.position_embedding = nn.Embedding((config.image_size // patch) ** 2, config.hidden_size, dtype=dtype)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        patches = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
+        return patches.flatten(2).transpose(1, 2) + self.position_embedding.weight
+
+
+class SiglipEncoder(nn.Module):
+    def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([SiglipLayer(config, dtype=dtype) for _ in range(config.num_hidden_layers)])
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return hidden
+
+
 class SiglipVisionTower(nn.Module):
     """SigLIP's vision transformer without its pooling head: `[images, patches, hidden]`."""
 
     def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
         super().__init__()
-        self.patch_size = int(config.patch_size)
-        self.embeddings = nn.Module()
-        self.embeddings.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size, self.patch_size,
-                                                    stride=self.patch_size, dtype=dtype)
-        self.embeddings.position_embedding = nn.Embedding((config.image_size // self.patch_size) ** 2,
-                                                          config.hidden_size, dtype=dtype)
-        self.encoder = nn.Module()
-        self.encoder.layers = nn.ModuleList([SiglipLayer(config, dtype=dtype)
-                                             for _ in range(config.num_hidden_layers)])
+        self.embeddings = SiglipEmbeddings(config, dtype=dtype)
+        self.encoder = SiglipEncoder(config, dtype=dtype)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, dtype=dtype)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        weight = self.embeddings.patch_embedding.weight
-        hidden = self.embeddings.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)
-        hidden = hidden + self.embeddings.position_embedding.weight
-        for layer in self.encoder.layers:
-            hidden = layer(hidden)
-        return self.post_layernorm(hidden)
+        return self.post_layernorm(self.encoder(self.embeddings(pixel_values)))
 
 
 class Gemma3MultiModalProjector(nn.Module):

@@ -88,7 +88,7 @@ class Qwen2_5VisionTransformer(Qwen2VisionTransformer):
         def windowed(x: torch.Tensor) -> torch.Tensor:  # whole merged units moved, their patches kept together
             return x.view(-1, unit, *x.shape[1:])[order].flatten(0, 1)
 
-        hidden = windowed(self.embed_patches(pixel_values))
+        hidden = windowed(self.patch_embed(pixel_values))
         cos, sin = self.rotary(patch_positions(grid_thw, self.merge))
         cos_sin = (windowed(cos), windowed(sin))
         images, windows = image_segments(grid_thw), [n * unit for n in window_units]

@@ -59,6 +59,8 @@ class VisionRotary(nn.Module):
     """2-D rotary of the vision blocks: a patch's row turns the first half of the frequencies, its column the
     second (transformers' axial rope over head_dim / 2)."""
 
+    inv_freq: torch.Tensor  # buffer: [head_dim / 4]
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         spatial = head_dim // 2
@@ -142,6 +144,20 @@ class PatchMerger(nn.Module):
         return self.mlp(self.ln_q(x).view(-1, self.merged))
 
 
+class PatchEmbed(nn.Module):
+    """The Conv3d over (temporal, patch, patch) cubes without bias, as the matrix product it is on the
+    processor's flattened patches `[patches, channels * temporal * patch * patch]`."""
+
+    def __init__(self, config: Any, dim: int, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
+        self.proj = nn.Conv3d(config.in_channels, dim, kernel, stride=kernel, bias=False, dtype=dtype)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        weight = self.proj.weight
+        return pixel_values.to(weight.dtype).reshape(-1, weight[0].numel()) @ weight.flatten(1).t()
+
+
 class Qwen2VisionTransformer(nn.Module):
     block_cls: ClassVar[type[VisionBlock]] = VisionBlock
 
@@ -150,10 +166,7 @@ class Qwen2VisionTransformer(nn.Module):
         self.config = config
         self.merge = int(config.spatial_merge_size)
         dim = self.block_cls.width(config)
-        self.patch_embed = nn.Module()
-        kernel = (config.in_channels, config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.patch_embed.proj = nn.Module()
-        self.patch_embed.proj.weight = nn.Parameter(torch.empty((dim, *kernel), dtype=dtype), requires_grad=False)
+        self.patch_embed = PatchEmbed(config, dim, dtype=dtype)
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
         self.rotary = VisionRotary(dim // config.num_heads, theta)
         self.blocks = nn.ModuleList([self.block_cls(config, dtype=dtype) for _ in range(config.depth)])
@@ -164,13 +177,9 @@ class Qwen2VisionTransformer(nn.Module):
     def output_width(config: Any) -> int:
         return int(config.hidden_size)
 
-    def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        weight = self.patch_embed.proj.weight
-        return pixel_values.to(weight.dtype).reshape(-1, weight[0].numel()) @ weight.flatten(1).t()
-
     def forward(self, pixel_values: torch.Tensor, grid_thw: list[list[int]]) -> torch.Tensor:
         """`[tokens, out_dim]`: one embedding per merged patch, images in order."""
-        hidden = self.embed_patches(pixel_values)
+        hidden = self.patch_embed(pixel_values)
         cos_sin = self.rotary(patch_positions(grid_thw, self.merge))
         segments = image_segments(grid_thw)
         for block in self.blocks:
@@ -213,6 +222,8 @@ class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
         pixel_values, grids = kwargs.get("pixel_values"), kwargs.get("image_grid_thw")
         if pixel_values is None or len(pixel_values) == 0:
             return []
+        if grids is None:
+            raise ValueError("embed_multimodal: pixel_values without image_grid_thw (the processor gives both)")
         grid_rows = [[int(n) for n in torch.as_tensor(g).reshape(-1, 3)[row]] for g in grids
                      for row in range(torch.as_tensor(g).reshape(-1, 3).shape[0])]
         dtype = self.visual.patch_embed.proj.weight.dtype

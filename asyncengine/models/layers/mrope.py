@@ -75,6 +75,8 @@ class MRotaryEmbedding(RotaryEmbedding):
     Built as RotaryEmbedding, with `params["mrope_section"]` (the config's `rope_parameters`, or its older
     `rope_scaling`, carry it)."""
 
+    axis_of_dim: torch.Tensor  # buffer: [rotary_dim]
+
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__(head_dim, max_position, params)
         section = [int(n) for n in params.get("mrope_section") or ()]
