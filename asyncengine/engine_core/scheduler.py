@@ -41,6 +41,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 
 from asyncengine.engine_core.block_manager import BlockManager
+from asyncengine.engine_core.encoder_cache import EncoderCacheManager
 from asyncengine.engine_core.micro_batches import MicroBatches
 from asyncengine.engine_core.sequence import Sequence, SequenceStatus
 from asyncengine.interfaces.kv_connector import KVConnectorBase, KVConnectorRequest
@@ -77,6 +78,8 @@ class Scheduler(SchedulerInterface):
         kv_connector: KVConnectorBase | None = None,
         max_loras: int | None = None,
         micro_batches: MicroBatches | None = None,
+        max_num_encoder_input_tokens: int | None = None,
+        encoder_cache_size: int | None = None,
     ) -> None:
         # The arguments are the engine core's, the same for every scheduler_cls (interfaces/scheduler.py).
         self.block_manager = block_manager
@@ -96,6 +99,10 @@ class Scheduler(SchedulerInterface):
         self.max_loras = max_loras
         # Pipeline micro-batches (engine_core/micro_batches.py); None without pipeline stages to overlap.
         self.micro_batches = micro_batches
+        # Multimodal items' encoder work and outputs (engine_core/encoder_cache.py); both limits default to the
+        # step's token budget, as vLLM's do.
+        self.encoder_cache = EncoderCacheManager(encoder_cache_size or max_num_batched_tokens,
+                                                 max_num_encoder_input_tokens or max_num_batched_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.sequences: dict[str, Sequence] = {}
@@ -177,6 +184,8 @@ class Scheduler(SchedulerInterface):
         preempted_this_step = False
 
         shares = _Shares(self) if self._parent_of else None
+        encoder = self.encoder_cache
+        encoder.begin_step(self.running)
         micro_batches = self.micro_batches
         if micro_batches is not None:
             micro_batches.begin_step(len(self.running))
@@ -187,6 +196,9 @@ class Scheduler(SchedulerInterface):
             num_new = min(seq.num_tokens_with_pending - seq.num_computed_tokens, budget)
             if shares is not None:
                 num_new = min(num_new, shares.tokens_left(seq))
+            needed: list[int] = []
+            if seq.mm_features and num_new > 0:  # its chunk stops before an image the encoder cannot take now
+                num_new, needed = encoder.plan(seq, seq.num_computed_tokens, num_new)
             if (num_new <= 0 or self._will_finish_by_length(seq) or self._awaits_grammar_token(seq)
                     or (micro_batches is not None and micro_batches.sits_out(seq))):
                 index += 1  # its last token is still in flight (or its request used its share): nothing now
@@ -200,6 +212,8 @@ class Scheduler(SchedulerInterface):
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break  # it preempted itself: nothing after it is running any more
+            if needed:
+                encoder.commit(seq, needed)
             scheduled[seq.request_id] = num_new
             budget -= num_new
             if shares is not None:
@@ -250,8 +264,16 @@ class Scheduler(SchedulerInterface):
                         continue
                     break
                 num_new = limit
+            needed = []
+            if seq.mm_features:
+                whole = num_new
+                num_new, needed = encoder.plan(seq, num_cached + num_external, num_new)
+                if num_new <= 0 or (num_new < whole and not self.enable_chunked_prefill):
+                    break  # an image it reaches waits for the encoder budget or cache: it waits its turn
             if not self.block_manager.allocate(seq, num_external + num_new, cached_groups=cached_groups):
                 break
+            if needed:
+                encoder.commit(seq, needed)
             self.waiting.popleft()
             if shares is not None:
                 shares.admit(seq, num_new)
@@ -308,6 +330,8 @@ class Scheduler(SchedulerInterface):
             deferred_grammar_request_ids=sampling_ids if defer_masks else None,
             pipeline_token_ids=(None if micro_batches is None
                                 else micro_batches.token_ids(cached_requests, self.sequences)),
+            scheduled_encoder_inputs=encoder.scheduled_encoder_inputs(),
+            free_encoder_mm_hashes=encoder.take_freed(),
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
@@ -449,6 +473,8 @@ class Scheduler(SchedulerInterface):
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        if seq.encoder_refs:
+            self.encoder_cache.release_all(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -488,6 +514,8 @@ class Scheduler(SchedulerInterface):
         if self.kv_connector is not None:
             self.kv_connector.request_finished(self._connector_view(seq, num_computed=seq.num_computed_tokens))
         self.block_manager.free(seq)
+        if seq.encoder_refs:
+            self.encoder_cache.release_all(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -512,6 +540,7 @@ class Scheduler(SchedulerInterface):
             num_computed_tokens=seq.num_computed_tokens,
             lora_request=seq.lora_request,
             pooling=seq.pooling,
+            mm_features=seq.mm_features or None,
         )
 
 

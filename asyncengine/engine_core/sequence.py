@@ -16,11 +16,17 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-def hash_block(parent: bytes | None, token_ids: list[int]) -> bytes:
-    """Content hash of one full block, chained to its parent so equal hashes mean equal prefixes."""
+def hash_block(parent: bytes | None, token_ids: list[int], extra_keys: tuple[str, ...] = ()) -> bytes:
+    """Content hash of one full block, chained to its parent so equal hashes mean equal prefixes.
+
+    `extra_keys`: what the tokens alone do not say about the block's keys and values, the identifiers (content
+    hashes) of the images whose placeholder tokens sit in it: the same placeholder tokens for another image
+    are another block (vLLM's extra keys)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(parent or b"root")
     digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    for key in extra_keys:
+        digest.update(b"\x00mm:" + key.encode("utf-8", "surrogatepass"))
     return digest.digest()
 
 
@@ -60,6 +66,10 @@ class Sequence:
         if request.cache_salt is not None:
             root += b"salt:" + request.cache_salt.encode("utf-8", "surrogatepass")
         self._root_hash = root or None
+        # Its images (wire/multimodal.py), in prompt order: their identifiers join the hashes of the blocks their
+        # placeholder tokens sit in, and the scheduler budgets and caches their encoder outputs.
+        self.mm_features = list(request.mm_features or ())
+        self.encoder_refs: set[int] = set()  # indices of the items whose encoder-cache entry it references
 
     @property
     def block_ids(self) -> list[int]:
@@ -96,8 +106,16 @@ class Sequence:
         while len(self._block_hashes) < num_full:
             index = len(self._block_hashes)
             parent = self._block_hashes[-1] if self._block_hashes else self._root_hash
-            self._block_hashes.append(hash_block(parent, self.token_ids[index * size : (index + 1) * size]))
+            start, end = index * size, (index + 1) * size
+            self._block_hashes.append(hash_block(parent, self.token_ids[start:end], self._extra_keys(start, end)))
         return self._block_hashes
+
+    def _extra_keys(self, start: int, end: int) -> tuple[str, ...]:
+        """The identifiers of the items whose placeholder span overlaps tokens [start, end)."""
+        if not self.mm_features:
+            return ()
+        return tuple(feature.identifier for feature in self.mm_features
+                     if feature.position.offset < end and start < feature.position.offset + feature.position.length)
 
     def __repr__(self) -> str:
         return (

@@ -279,16 +279,18 @@ class LlamaModel(nn.Module):
         """The rope parameters of rope key `key` (LlamaAttention.rope_parameters_key)."""
         return rope_parameters(config, key)
 
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings the first layer reads (scaled where the architecture scales them)."""
+        hidden = self.embed_tokens(input_ids)
+        return hidden * self.embed_scale if self.embed_scale is not None else hidden
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """`inputs_embeds`: the embeddings of the tokens, already scaled (a multimodal model's, with its items'
-        embeddings merged in: `embed_input_ids`), in place of looking `input_ids` up."""
-        if parallel.is_first_stage() and inputs_embeds is not None:
-            hidden, residual = inputs_embeds, None
-        elif parallel.is_first_stage():
-            hidden, residual = self.embed_tokens(input_ids), None
-            if self.embed_scale is not None:
-                hidden = hidden * self.embed_scale
+        """`inputs_embeds`: the first layer's input as `embed_input_ids` makes it, with a multimodal model's
+        embeddings merged in (asyncengine/interfaces/multimodal.py); None: from `input_ids`."""
+        if parallel.is_first_stage():
+            hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            residual = None
         else:  # the previous stage's hidden states and residual, one row per token of this step
             shape = (input_ids.shape[0], self.hidden_size)
             hidden, residual = parallel.receive_from_previous_stage([shape, shape], self.dtype, input_ids.device)
@@ -337,9 +339,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states, one row per input token."""
-        if inputs_embeds is None:  # (a text model's own LlamaModel.forward may not take them)
-            return self.model(input_ids, positions, metadata)
-        return self.model(input_ids, positions, metadata, inputs_embeds=inputs_embeds)
+        return self.model(input_ids, positions, metadata, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return finish_logits(self.lm_head(hidden), divisor=self.logits_divisor, cap=self.final_logit_soft_cap)

@@ -7,10 +7,12 @@ names (`model.language_model.`, `model.<tower>.`) read as this package's (`model
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
+
+from asyncengine.interfaces.multimodal import MultiModalEmbeddings, merge_multimodal_embeddings
 
 
 def text_config_of(config: Any) -> Any:
@@ -34,22 +36,12 @@ class ImageTextModel:
     unused_prefixes: ClassVar[tuple[str, ...]] = ()
     model: Any
 
-    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: Sequence[torch.Tensor] | None = None,
+    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: MultiModalEmbeddings | None = None,
                         *, is_multimodal: torch.Tensor | None = None) -> torch.Tensor:
         """The tokens' embeddings (scaled as the language model scales its own: Gemma's sqrt(hidden_size)), the
         rows where `is_multimodal` is True replaced in order by the items' embeddings."""
-        embeddings = self.model.embed_tokens(input_ids)
-        if self.model.embed_scale is not None:
-            embeddings = embeddings * self.model.embed_scale
-        if multimodal_embeddings is not None and is_multimodal is not None and len(multimodal_embeddings):
-            rows = int(is_multimodal.sum())
-            merged = torch.cat(list(multimodal_embeddings)).to(embeddings.dtype)
-            if merged.shape[0] != rows:
-                raise ValueError(f"{rows} placeholder positions, {merged.shape[0]} image embeddings: the "
-                                 "processor's placeholder count and the image tower's output disagree")
-            embeddings = embeddings.clone()
-            embeddings[is_multimodal] = merged
-        return embeddings
+        return merge_multimodal_embeddings(self.model.embed_input_ids(input_ids), multimodal_embeddings,
+                                           is_multimodal)
 
     def checkpoint_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
         for name, tensor in weights:

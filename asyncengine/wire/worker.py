@@ -10,6 +10,7 @@ import msgspec
 
 from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.wire.engine_core import SamplingOptions
+from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.wire.pooling import PooledTensor, PoolingOptions
 
 
@@ -24,6 +25,9 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prefill, never sampled
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     extra_group_block_ids: list[list[int]] | None = None  # the other groups' blocks, in the layout's order
+    # Its images (one per item, prompt order; wire/multimodal.py): the worker runs the vision tower on the
+    # ones a step's `scheduled_encoder_inputs` names and merges their embeddings at their positions.
+    mm_features: list[MultiModalFeature] | None = None
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +67,11 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     # max(num_computed_tokens, prompt length) on, for the stages that did not sample them; None: the
     # last stage broadcasts its sampled tokens instead (one step at a time).
     pipeline_token_ids: dict[str, list[int]] | None = None
+    # Multimodal (vLLM's names): per request, the indices of its mm_features whose embeddings the worker computes
+    # in this step (the first step that touches their placeholder tokens), kept in the worker's encoder cache
+    # under their identifiers; and the identifiers the worker drops before this step (no request needs them).
+    scheduled_encoder_inputs: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    free_encoder_mm_hashes: list[str] = msgspec.field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
