@@ -108,7 +108,8 @@ def build_model_config(config: EngineConfig, *, model_dir: Path, default_dtype: 
         hf_config=hf_config,
         dtype=default_dtype if config.dtype == "auto" else config.dtype,
         max_model_len=max_model_len,
-        vocab_size=int(hf_config.get("vocab_size") or 0),
+        # A vision-language model's vocabulary is its language model's (text_config).
+        vocab_size=int(hf_config.get("vocab_size") or (hf_config.get("text_config") or {}).get("vocab_size") or 0),
         eos_token_ids=eos_ids,
         generation_defaults=defaults,
         hf_overrides=dict(config.hf_overrides),

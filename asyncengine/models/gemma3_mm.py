@@ -31,7 +31,7 @@ from asyncengine.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer, Gemma
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.models.layers.norm import GemmaRMSNorm
 from asyncengine.models.qwen2_vl import vision_activation
-from asyncengine.models.vision_language import ImageTextModel, text_config_of
+from asyncengine.models.image_text import ImageTextModel, sub_config, text_config_of
 
 
 class SiglipAttention(nn.Module):
@@ -113,9 +113,10 @@ class SiglipVisionTower(nn.Module):
 class Gemma3MultiModalProjector(nn.Module):
     def __init__(self, config: Any, *, dtype: torch.dtype) -> None:
         super().__init__()
-        vision = config.vision_config
+        vision = sub_config(config, "vision_config")
         self.mm_input_projection_weight = nn.Parameter(
-            torch.empty(vision.hidden_size, config.text_config.hidden_size, dtype=dtype), requires_grad=False)
+            torch.empty(vision.hidden_size, sub_config(config, "text_config").hidden_size, dtype=dtype),
+            requires_grad=False)
         self.mm_soft_emb_norm = GemmaRMSNorm(vision.hidden_size, vision.layer_norm_eps, dtype=dtype)
         self.patches_per_side = int(vision.image_size // vision.patch_size)
         self.kernel = self.patches_per_side // math.isqrt(int(config.mm_tokens_per_image))
@@ -205,7 +206,7 @@ class Gemma3ForConditionalGeneration(ImageTextModel, Gemma3ForCausalLM):
         super().__init__(text_config_of(config), dtype=dtype, max_position=max_position)
         self.config = config
         self.image_token_id = int(config.image_token_id)
-        self.vision_tower = SiglipVisionTower(config.vision_config, dtype=dtype)
+        self.vision_tower = SiglipVisionTower(sub_config(config, "vision_config"), dtype=dtype)
         self.multi_modal_projector = Gemma3MultiModalProjector(config, dtype=dtype)
         self.image_rows = ImageRows()
         for module in self.model.modules():

@@ -26,7 +26,7 @@ from torch import nn
 from asyncengine.models.layers.mrope import MRotaryEmbedding, mrope_positions
 from asyncengine.models.layers.rotary import rotary_native
 from asyncengine.models.qwen2 import Qwen2ForCausalLM, Qwen2Model
-from asyncengine.models.vision_language import ImageTextModel, text_config_of
+from asyncengine.models.image_text import ImageTextModel, sub_config, text_config_of
 
 
 def vision_activation(name: str) -> Any:
@@ -203,6 +203,7 @@ class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
     asks `get_mrope_input_positions` for each prompt's positions)."""
 
     supports_mrope: ClassVar[bool] = True
+    supports_cuda_graphs: ClassVar[bool] = False  # the decode graphs' positions buffer is flat, M-RoPE's [3, tokens]
     tower_prefixes = ("model.visual.", "visual.")
     model_cls = Qwen2VLTextModel
     vision_cls: ClassVar[type[Qwen2VisionTransformer]] = Qwen2VisionTransformer
@@ -211,7 +212,7 @@ class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
         super().__init__(text_config_of(config), dtype=dtype, max_position=max_position)
         self.config = config
         self.image_token_id = int(config.image_token_id)
-        self.visual = self.vision_cls(config.vision_config, dtype=dtype)
+        self.visual = self.vision_cls(sub_config(config, "vision_config"), dtype=dtype)
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:

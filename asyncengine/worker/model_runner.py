@@ -55,6 +55,8 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
+from asyncengine.wire.multimodal import MultiModalFeature
+from asyncengine.worker.mrope_inputs import MRopePositions
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
@@ -93,6 +95,7 @@ class RequestState:
     pooling: PoolingOptions | None = None  # a pooling request: pooled after its prompt (pooling/step.py)
     # The blocks of the KV cache groups after the first (sliding-window layers: asyncengine/wire/kv_cache.py).
     extra_block_ids: list[list[int]] = field(default_factory=list)
+    mm_features: list[MultiModalFeature] | None = None  # its images (worker/multimodal.py), None: text only
 
 
 class ModelRunner:
@@ -111,6 +114,8 @@ class ModelRunner:
         # The loaded model, from load_model on: an nn.Module with forward(input_ids, positions, metadata) and
         # compute_logits(hidden), ours or a plugin's, with no common base class that declares them.
         self.model: Any = None
+        # A model with M-RoPE (`supports_mrope`: the Qwen2-VL family) gets [3, tokens] positions (mrope_inputs.py).
+        self.mrope: MRopePositions | None = None
         self.expert_load = ExpertLoad(None)  # tokens per expert, for /metrics (MoE models): set with the model
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -155,6 +160,7 @@ class ModelRunner:
                     f"{time.time() - started:.1f} s"),
             start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        self.mrope = MRopePositions(self.model) if getattr(self.model, "supports_mrope", False) else None
         self.expert_load = ExpertLoad(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
@@ -365,11 +371,15 @@ class ModelRunner:
         self._remove_request(request_id)  # a preempted request comes back as new: it gets a fresh row
         state.row = self.block_rows.add(state.block_ids, state.extra_block_ids)
         self.requests[request_id] = state
+        if self.mrope is not None:
+            self.mrope.add(request_id, state.prompt_token_ids, state.mm_features)
 
     def _remove_request(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)
         if state is not None:
             self.block_rows.release(state.row)
+        if self.mrope is not None:
+            self.mrope.remove(request_id)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> list[FailedRequest]:
         """Apply the step's changes; the new requests this worker refused (see `_admit`)."""
@@ -395,6 +405,7 @@ class ModelRunner:
                 logit_controls=RequestLogitControls.build(new.sampling, self.model_config.vocab_size, self.device),
                 lora_request=new.lora_request,
                 extra_block_ids=[list(ids) for ids in new.extra_group_block_ids or ()],
+                mm_features=new.mm_features,
             ))
         for cached in scheduler_output.cached_requests:
             if cached.request_id in self.failed_request_ids:
@@ -621,7 +632,8 @@ class ModelRunner:
         block_tables = staging.to_device("block_tables", num_seqs * width).view(num_seqs, width)
         inputs = _StepInputs(
             input_ids=staging.to_device("input_ids", total),
-            positions=staging.to_device("positions", total),
+            positions=(staging.to_device("positions", total) if self.mrope is None else  # M-RoPE: [3, total]
+                       torch.from_numpy(self.mrope.step(list(scheduled), starts, lengths)).to(self.device)),
             metadata=AttentionMetadata(
                 staging.to_device("slot_mapping", total), None, query_lens, seq_lens, block_tables,
                 block_size=block_size,

@@ -1,5 +1,6 @@
-"""What the image-and-text models here share (Qwen2-VL, Qwen2.5-VL, Gemma 3): a language model class of this
-package wrapped with an image tower, built from the composite config's `text_config`, and the two steps
+"""What the image-and-text models with native image towers share (Qwen2-VL, Qwen2.5-VL, Gemma 3): a language
+model class of this package, subclassed (its checkpoint names and hooks kept) and given an image tower,
+built from the composite config's `text_config`, and the two steps
 of vLLM's SupportsMultiModal that do not depend on the tower (asyncengine/interfaces/multimodal.py):
 the token embeddings with the images' rows replaced (`embed_input_ids`), and transformers 5's checkpoint
 names (`model.language_model.`, `model.<tower>.`) read as this package's (`model.`, `<tower>.`)."""
@@ -7,6 +8,7 @@ names (`model.language_model.`, `model.<tower>.`) read as this package's (`model
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -15,10 +17,17 @@ import torch
 from asyncengine.interfaces.multimodal import MultiModalEmbeddings, merge_multimodal_embeddings
 
 
+def sub_config(config: Any, name: str) -> Any:
+    """The composite config's `name` (`text_config`, `vision_config`) with attribute access: the worker builds
+    models from config.json's dict as a namespace, whose nested configs stay dicts."""
+    sub = getattr(config, name)
+    return SimpleNamespace(**sub) if isinstance(sub, dict) else sub
+
+
 def text_config_of(config: Any) -> Any:
     """The composite config's `text_config`, carrying the composite's `tie_word_embeddings` (transformers 5
     keeps it on the outer config only)."""
-    text = copy.copy(config.text_config)
+    text = copy.copy(sub_config(config, "text_config"))
     text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False)))
     return text
 
