@@ -21,13 +21,7 @@ says (checked by `num_cached_rows` returning to zero in the tests: no leak).
 from __future__ import annotations
 
 from asyncengine.engine_core.sequence import Sequence
-from asyncengine.wire.multimodal import MultiModalFeature
-
-
-def num_embeds(feature: MultiModalFeature) -> int:
-    """How many embedding rows the vision tower produces for this item (vLLM's PlaceholderRange.get_num_embeds)."""
-    is_embed = feature.position.is_embed
-    return feature.position.length if is_embed is None else sum(is_embed)
+from asyncengine.interfaces.multimodal import num_embeds
 
 
 class EncoderCacheManager:

@@ -55,6 +55,10 @@ class _ModelRegistry(Registry[type[ModelClass]]):
             "LlamaForSequenceClassification": "asyncengine.models.pooling_adapters:LlamaForSequenceClassification",
             "Qwen2ForSequenceClassification": "asyncengine.models.pooling_adapters:Qwen2ForSequenceClassification",
             "Qwen3ForSequenceClassification": "asyncengine.models.pooling_adapters:Qwen3ForSequenceClassification",
+            # Vision-language models (docs/multimodal.md): a vision tower in front of the Llama path.
+            "Idefics3ForConditionalGeneration": "asyncengine.models.idefics3:Idefics3ForConditionalGeneration",
+            "SmolVLMForConditionalGeneration": "asyncengine.models.idefics3:SmolVLMForConditionalGeneration",
+            "LlavaForConditionalGeneration": "asyncengine.models.llava:LlavaForConditionalGeneration",
         }.items():
             self.register(architecture, path, owner=BUILT_IN)
 

@@ -101,3 +101,10 @@ def merge_multimodal_embeddings(inputs_embeds: torch.Tensor, multimodal_embeddin
     inputs_embeds = inputs_embeds.clone()
     inputs_embeds[is_multimodal] = flat.to(inputs_embeds.dtype)
     return inputs_embeds
+
+
+def num_embeds(feature: Any) -> int:
+    """How many embedding rows the model makes for one MultiModalFeature (asyncengine/wire/multimodal.py): its
+    placeholder positions that take one (vLLM's PlaceholderRange.get_num_embeds)."""
+    is_embed = feature.position.is_embed
+    return int(feature.position.length if is_embed is None else sum(is_embed))

@@ -55,6 +55,8 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
+from asyncengine.worker.multimodal import MultiModalStep
+from asyncengine.interfaces.multimodal import supports_multimodal
 from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.mrope_inputs import MRopePositions
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
@@ -138,6 +140,7 @@ class ModelRunner:
         self.cpu_decode: CpuDecodeStep | None = None  # small CPU decode steps as one C call (worker/cpu_decode.py)
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
+        self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -162,6 +165,8 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.mrope = MRopePositions(self.model) if getattr(self.model, "supports_mrope", False) else None
         self.expert_load = ExpertLoad(self.model)
+        if supports_multimodal(self.model):
+            self.multimodal = MultiModalStep(self.model, self.device)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
             num_layers = int(self.model_config.hf_config["num_hidden_layers"])
@@ -452,6 +457,11 @@ class ModelRunner:
         scheduled = scheduler_output.num_scheduled_tokens
         if self.failed_request_ids:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in self.failed_request_ids}
+        multimodal = self.multimodal
+        mm_features: dict[str, list[MultiModalFeature]] = {}
+        if multimodal is not None:  # frees first, then this step's images through the vision tower
+            mm_features = {rid: state.mm_features for rid, state in self.requests.items() if state.mm_features}
+            multimodal.run_encoders(scheduler_output, mm_features)
         if not scheduled:
             return ModelRunnerOutput(failed_requests=failed)
         connector_metadata = None
@@ -460,7 +470,11 @@ class ModelRunner:
             connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
             self.kv_connector.start_load_kv(connector_metadata)
         started = time.perf_counter()
+        computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled}
         inputs = self._prepare_inputs(scheduled)
+        # A step that computes image positions runs on merged embeddings, eagerly (never a decode graph).
+        inputs_embeds = (multimodal.inputs_embeds(scheduled, computed, mm_features, inputs.input_ids)
+                         if multimodal is not None and mm_features and parallel.is_first_stage() else None)
         prepared = time.perf_counter()
         events = self._device_events()
         if events is not None:
@@ -468,7 +482,9 @@ class ModelRunner:
         graphs = self.decode_graphs
         use_graph = (graphs is not None and inputs.metadata.decode_only
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
-        if graphs is not None and use_graph:
+        if inputs_embeds is not None:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, inputs_embeds=inputs_embeds)
+        elif graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.cpu_decode is not None and self.cpu_decode.applies(inputs.metadata):
             hidden = self.cpu_decode.run(inputs.input_ids, inputs.positions, inputs.metadata)
