@@ -27,6 +27,7 @@ from asyncengine.config.structured_outputs import (
     configured_backend_name,
 )
 from asyncengine.config.lora import check_lora_options
+from asyncengine.config.multimodal import check_multimodal_options
 from asyncengine.config.pooling import check_pooler_config, check_runner
 
 # What `worker_cls="auto"` becomes: the built-in platforms' check_and_update_config set it.
@@ -250,6 +251,23 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
         "The filesystem resolver's directory: one adapter per sub-directory, found by name on first use; "
         "none: $ASYNCENGINE_LORA_RESOLVER_CACHE_DIR.")] = None
 
+    # Images in (config/multimodal.py, docs/multimodal.md): vLLM's names, and our bounds. Read in the frontend.
+    limit_mm_per_prompt: Annotated[dict[str, Any], doc(
+        "The most items of a modality one prompt may carry, as JSON: {\"image\": N}; default 16 images.")] = \
+        msgspec.field(default_factory=dict)
+    mm_processor_kwargs: Annotated[dict[str, Any] | None, doc(
+        "Options for the model's multimodal processor, as JSON (e.g. {\"do_image_splitting\": false}).")] = None
+    mm_processor_cache_gb: Annotated[float, doc(
+        "GiB of processed images the frontend keeps by content hash (0: none).")] = 4.0
+    allowed_local_media_path: Annotated[str, doc(
+        "A folder whose files requests may name as file:// image URLs; empty: none.")] = ""
+    allowed_media_domains: Annotated[list[str] | None, doc(
+        "Hosts whose http(s) image URLs the server fetches (\"*\": any); none: no fetching.")] = None
+    max_image_bytes: Annotated[int, doc("The most bytes of one encoded image.")] = 20 * 1024 * 1024
+    max_image_pixels: Annotated[int, doc(
+        "The most pixels (width x height) of one image, checked before it is decoded.")] = 4096 * 4096
+    media_fetch_timeout: Annotated[float, doc("Seconds one image URL may take to fetch.")] = 5.0
+
     # Plugins and start-up
     plugins: Annotated[str | None, doc(
         "The plugin allow-list, comma-separated entry-point names; none: $ASYNCENGINE_PLUGINS, else every "
@@ -281,6 +299,7 @@ class EngineConfig(VllmConfigViews, msgspec.Struct, kw_only=True):
             raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
                               f"{self.scheduling_policy!r}", field="scheduling_policy")
         check_pooler_config(self.pooler_config)
+        check_multimodal_options(self)
 
     def _normalize_vllm_forms(self) -> None:
         """vLLM's other spellings of a value, made ours: dtype half and float, max_model_len -1 (auto), one

@@ -45,6 +45,7 @@ from anyio.lowlevel import current_token
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
 from asyncengine.errors import EngineDeadError, RequestError
+from asyncengine.frontend.chat_images import IMAGE_PARTS, load_chat_images
 from asyncengine.frontend.core_client import CoreClient
 from asyncengine.frontend.dp_router import EngineLost, start_client
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
@@ -108,8 +109,12 @@ class AsyncEngine:
         self.startup_report = startup_records
         self.model_config = setup.model_config
         self.tokenizer = setup.tokenizer
-        self.chat_template = setup.chat_template
-        self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors)
+        # A multimodal model's image processing (frontend/multimodal.py; None: the model takes no images), and
+        # its processor's chat template where the engine has none of its own (as transformers' processors ship it).
+        self.multimodal = setup.multimodal
+        self.chat_template = setup.chat_template or (self.multimodal.chat_template if self.multimodal else None)
+        self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors,
+                                        multimodal=setup.multimodal)
         self.lora_adapters = self.processor.lora  # adapters by name, and the resolvers (frontend/lora.py)
         self.startup_report.append(self.lora_adapters.startup_record("frontend"))
         # Tokenizing and chat rendering run here, off the event loop (tokenizer_pool.py).
@@ -213,6 +218,9 @@ class AsyncEngine:
         request_id = self._new_request_id(request_id)
         if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
             await self.lora_adapters.check_off_loop(lora_request)
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:  # images: decoded, processed
+            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request,
+                                                 priority)
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
             return self.processor.process(request_id, prompt, params, lora_request, priority)
@@ -273,18 +281,35 @@ class AsyncEngine:
         engine's, else the tokenizer's); see `tokenizer.render_chat` for the arguments (`content_format`
         None: the engine's chat_template_content_format). A bad conversation, or a template that fails
         on it, is a RequestError."""
+        if self.multimodal is not None:  # image parts rendered as the placeholder, not loaded (chat_prompt loads them)
+            messages = [{**m, "content": [{"type": "image"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS
+                                          else p for p in m["content"]]}
+                        if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
         return await self.tokenizer_pool.run(
             render_chat, self.tokenizer, messages, chat_template or self.chat_template,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
             tools=tools, documents=documents, template_kwargs=template_kwargs,
             content_format=content_format or self.config.chat_template_content_format,
+            image_placeholder=self.multimodal.placeholder if self.multimodal is not None else None,
         )
 
-    async def chat_prompt(self, messages: list[dict[str, Any]], **render_options: Any) -> dict[str, Any]:
+    async def chat_prompt(self, messages: list[dict[str, Any]], *, add_special_tokens: bool = False,
+                          **render_options: Any) -> dict[str, Any]:
         """A conversation as a prompt: `{"prompt": text, "prompt_token_ids": ids}`, rendered and tokenized
-        in the tokenizer pool. The template writes any BOS token itself, so none is added again."""
+        in the tokenizer pool. The template writes any BOS token itself, so none is added again. With a
+        multimodal model, the conversation's image parts are loaded (chat_images.py: fetched, decoded in the
+        pool) and processed: the ids are the expanded prompt's and `mm_features` holds the images."""
+        images: list[Any] = []
+        if self.multimodal is not None:
+            messages, images = await load_chat_images(
+                messages, self.multimodal.limits, self.multimodal.limit_per_prompt.get("image", 0),
+                self.tokenizer_pool.run)
         text = await self.render_chat(messages, **render_options)
-        return {"prompt": text, "prompt_token_ids": await self.tokenize(text, add_special_tokens=False)}
+        if not images or self.multimodal is None:
+            return {"prompt": text, "prompt_token_ids": await self.tokenize(text, add_special_tokens=add_special_tokens)}
+        token_ids, features = await self.tokenizer_pool.run(self.multimodal.process, text, None, images,
+                                                            add_special_tokens=add_special_tokens)
+        return {"prompt": text, "prompt_token_ids": token_ids, "mm_features": features}
 
     def _require_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
@@ -342,9 +367,8 @@ class AsyncEngine:
         if messages is not None:
             if prompt is not None:
                 raise TypeError("open_stream takes a prompt or messages, not both")
-            prompt = await self.render_chat(messages, **(chat_options or {}))
-            if add_special_tokens is None:
-                add_special_tokens = False  # the template writes any BOS token itself
+            # The template writes any BOS token itself: none is added unless asked for.
+            prompt = await self.chat_prompt(messages, add_special_tokens=bool(add_special_tokens), **(chat_options or {}))
         salt = {} if cache_salt is None else {"cache_salt": cache_salt}
         if isinstance(prompt, str):
             token_ids = await self.tokenize(prompt, add_special_tokens=add_special_tokens is not False)

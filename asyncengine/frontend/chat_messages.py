@@ -37,25 +37,28 @@ from asyncengine.errors import RequestError
 _TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
 
 
-def conversation_for_template(messages: list[dict[str, Any]], template: str, content_format: str = "auto") -> list[
-        dict[str, Any]]:
+def conversation_for_template(messages: list[dict[str, Any]], template: str, content_format: str = "auto", *,
+                              image_placeholder: str | None = None) -> list[dict[str, Any]]:
     """`messages` (checked: a list of objects with a string `role`) as `template` takes them; new dicts, the
-    caller's messages are not changed. Content the server cannot read is a RequestError naming the part."""
+    caller's messages are not changed. Content the server cannot read is a RequestError naming the part.
+    `image_placeholder`: for a multimodal model, the text that stands for an image; its `{"type": "image"}`
+    parts (chat_images.py made them from the request's image parts) reach an "openai" template as they are
+    and a "string" one as that text. None: image parts are refused (the model takes no images)."""
     resolved = detect_content_format(template) if content_format == "auto" else content_format
     if resolved not in ("string", "openai"):
         raise RequestError(f"chat_template_content_format must be one of {', '.join(CHAT_TEMPLATE_CONTENT_FORMATS)}, got "
                            f"{content_format!r}", field="chat_template_content_format")
-    return [_message(index, message, resolved) for index, message in enumerate(messages)]
+    return [_message(index, message, resolved, image_placeholder) for index, message in enumerate(messages)]
 
 
-def _message(index: int, message: dict[str, Any], content_format: str) -> dict[str, Any]:
+def _message(index: int, message: dict[str, Any], content_format: str, image_placeholder: str | None) -> dict[str, Any]:
     role = message["role"]
-    texts = _texts(index, message.get("content"))
+    parts = _parts(index, message.get("content"), image_placeholder)
     content: str | list[dict[str, str]]
     if content_format == "string" or role == "tool":
-        content = "\n".join(texts)
+        content = "\n".join(part["text"] if part["type"] == "text" else str(image_placeholder) for part in parts)
     else:
-        content = [{"type": "text", "text": text} for text in texts]
+        content = parts
     result: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         tool_calls = message.get("tool_calls")
@@ -72,32 +75,44 @@ def _message(index: int, message: dict[str, Any], content_format: str) -> dict[s
     return result
 
 
-def _texts(index: int, content: Any) -> list[str]:
-    """The texts of a message's content: a string, a list of parts, or nothing (null, absent)."""
+# Image parts as clients send them: what a model that takes no images refuses.
+_IMAGE_PARTS = ("image_url", "image_pil", "image_embeds", "input_image", "image")
+
+
+def _parts(index: int, content: Any, image_placeholder: str | None) -> list[dict[str, str]]:
+    """A message's content as `{"type": "text", "text": ...}` and `{"type": "image"}` parts, in order: from a
+    string, a list of parts, or nothing (null, absent)."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [content]
+        return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise RequestError(f"messages[{index}].content must be a string, a list of content parts or null, got "
                            f"{type(content).__name__}", field=f"messages[{index}].content")
-    texts = []
+    parts = []
     for part_index, part in enumerate(content):
         if isinstance(part, str):
-            texts.append(part)
+            parts.append({"type": "text", "text": part})
             continue
         where = f"messages[{index}].content[{part_index}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image" and image_placeholder is not None:
+            parts.append({"type": "image"})
+            continue
+        if kind in _IMAGE_PARTS:
+            raise RequestError(f"{where}: content part type {kind!r} is not supported: this model takes no images "
+                               "(it is not multimodal)", field=f"{where}.type", code="unsupported_parameter")
         if kind not in _TEXT_PARTS:
             raise RequestError(f"{where}: content part type {kind!r} is not supported: this server reads text parts "
-                               f"({', '.join(_TEXT_PARTS)})", field=f"{where}.type", code="unsupported_parameter")
+                               f"({', '.join(_TEXT_PARTS)}) and, for a multimodal model, image_url parts",
+                               field=f"{where}.type", code="unsupported_parameter")
         text = part.get(_TEXT_PARTS[kind])
         if text is None:  # an empty part, as vLLM skips it
             continue
         if not isinstance(text, str):
             raise RequestError(f"{where}.{_TEXT_PARTS[kind]} must be a string", field=f"{where}.{_TEXT_PARTS[kind]}")
-        texts.append(text)
-    return texts
+        parts.append({"type": "text", "text": text})
+    return parts
 
 
 def _tool_calls(index: int, tool_calls: Any) -> list[dict[str, Any]]:

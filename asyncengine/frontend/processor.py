@@ -24,6 +24,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.model import ModelConfig
 from asyncengine.errors import RequestError
 from asyncengine.frontend.lora import LoRAAdapters
+from asyncengine.frontend.multimodal import MultiModalInputs
 from asyncengine.interfaces.lora_resolver import LoRARequest
 from asyncengine.sampling_bounds import INT64_MAX, INT64_MIN, RequestBounds
 from asyncengine.sampling_params import SamplingParams, check_limits
@@ -33,6 +34,7 @@ from asyncengine.structured_output.registry import backend_class_for_request
 from asyncengine.config.structured_outputs import configured_backend_name
 from asyncengine.structured_output_spec import GrammarSpec
 from asyncengine.wire.engine_core import EngineCoreRequest, SamplingOptions
+from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.interfaces.logits import LogitsProcessor
 from asyncengine.worker.logits_processors import processor_name
 
@@ -63,7 +65,8 @@ def child_request_id(request_id: str, index: int, n: int, submission: int) -> st
 
 class InputProcessor:
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, tokenizer: Any | None,
-                 logits_processors: Sequence[type[LogitsProcessor]] = ()) -> None:
+                 logits_processors: Sequence[type[LogitsProcessor]] = (),
+                 multimodal: MultiModalInputs | None = None) -> None:
         self.engine_config = engine_config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -83,6 +86,8 @@ class InputProcessor:
         self.grammar_source_limits = SourceLimits.of(engine_config)
         # The adapters known by name, and the check of a request's adapter (frontend/lora.py).
         self.lora = LoRAAdapters(engine_config, served_model_name=model_config.served_model_name)
+        # A multimodal model's image processing (frontend/multimodal.py); None: the model takes no images.
+        self.multimodal = multimodal
 
     def new_group_id(self) -> str:
         """An id for the sequences of several requests that the scheduler counts as one
@@ -94,8 +99,10 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: Any, params: SamplingParams | None,
                 lora_request: LoRARequest | None = None, priority: int = 0) -> ProcessedRequest:
-        """`prompt` may carry vLLM's `cache_salt` (a dict prompt's key); `priority` needs the priority
-        scheduling policy (docs/server.md, "Priority")."""
+        """`prompt` may carry vLLM's `cache_salt` (a dict prompt's key) and, for a multimodal model,
+        `multi_modal_data` ({"image": ...}: processed here, so call this in the tokenizer pool); `priority` needs
+        the priority scheduling policy (docs/server.md, "Priority"). A token-ids prompt's `mm_features` are its
+        images already processed (what AsyncEngine.chat_prompt gives for a conversation with images)."""
         if lora_request is not None:
             self.lora.check(lora_request)
         if self.model_config.runner == "pooling":  # no LM head to sample from (docs/pooling.md)
@@ -110,7 +117,14 @@ class InputProcessor:
             )
         self._check_priority(priority)
         cache_salt = _cache_salt(prompt)
-        prompt_text, token_ids = self._tokenize(prompt)
+        mm_features = _processed_features(prompt)
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:
+            prompt_text, token_ids, mm_features = self._multimodal_prompt(prompt)
+        else:
+            prompt_text, token_ids = self._tokenize(prompt)
+        if mm_features and params.truncate_prompt_tokens is not None:
+            raise RequestError("truncate_prompt_tokens cannot be used with images: cutting the prompt could cut an "
+                               "image's tokens", field="truncate_prompt_tokens")
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         self._check_prompt(token_ids)
         params = params.with_defaults(self.model_config.generation_defaults)
@@ -167,6 +181,7 @@ class InputProcessor:
                     lora_request=lora_request,
                     priority=priority,
                     cache_salt=cache_salt,
+                    mm_features=mm_features or None,
                 )
             )
         return ProcessedRequest(request_id, prompt_text, token_ids, params, children)
@@ -203,24 +218,30 @@ class InputProcessor:
                 )
             return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=True))
         if isinstance(prompt, dict):
-            if prompt.get("multi_modal_data") is not None:  # never ignored silently: the model would not see it
-                raise RequestError("multi_modal_data is not supported: asyncengine serves text models only (no "
-                                   "multimodal model or input processing yet); send the text or token ids alone",
-                                   field="multi_modal_data")
             if "prompt_token_ids" in prompt:
-                token_ids = prompt["prompt_token_ids"]
-                if not isinstance(token_ids, (list, tuple)):
-                    raise RequestError("prompt_token_ids must be a list of integers", field="prompt_token_ids")
-                try:  # checked and copied in C: a Python loop over a long prompt blocks the event loop
-                    return prompt.get("prompt"), msgspec.convert(token_ids, list[int])  # (bools refused)
-                except msgspec.ValidationError as exc:
-                    raise RequestError(f"prompt_token_ids must be a list of integers: {exc}",
-                                       field="prompt_token_ids") from exc
+                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self._tokenize(prompt["prompt"])
         raise RequestError(
             f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}", field="prompt"
         )
+
+    def _multimodal_prompt(self, prompt: dict[str, Any]) -> tuple[str | None, list[int], list[MultiModalFeature]]:
+        """A prompt with `multi_modal_data`: its images checked and processed, its placeholders expanded."""
+        if self.multimodal is None:  # never ignored silently: the model would not see the images
+            raise RequestError(f"multi_modal_data is not supported by {self.model_config.served_model_name}: it is "
+                               "not a multimodal model (it takes no images); send the text or token ids alone",
+                               field="multi_modal_data")
+        images = self.multimodal.images_of(prompt["multi_modal_data"])
+        if "prompt_token_ids" in prompt:
+            token_ids, features = self.multimodal.process(None, _token_ids(prompt["prompt_token_ids"]), images)
+            return prompt.get("prompt"), token_ids, features
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            raise RequestError("a prompt with multi_modal_data has a 'prompt' string or 'prompt_token_ids'",
+                               field="prompt")
+        token_ids, features = self.multimodal.process(text, None, images)
+        return text, token_ids, features
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -344,6 +365,27 @@ def child_seed(seed: int, index: int) -> int:
 
 def _replace_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
     return msgspec.structs.replace(options, seed=seed)
+
+
+def _processed_features(prompt: Any) -> list[MultiModalFeature] | None:
+    """A dict prompt's `mm_features`: images processed already, beside the expanded `prompt_token_ids`."""
+    features = prompt.get("mm_features") if isinstance(prompt, dict) else None
+    if features is None:
+        return None
+    if (not isinstance(features, list) or not all(isinstance(f, MultiModalFeature) for f in features)
+            or "prompt_token_ids" not in prompt or prompt.get("multi_modal_data") is not None):
+        raise RequestError("mm_features are MultiModalFeatures from AsyncEngine.chat_prompt, beside the prompt_token_ids "
+                           "they were expanded into; send images as multi_modal_data instead", field="mm_features")
+    return features
+
+
+def _token_ids(token_ids: Any) -> list[int]:
+    if not isinstance(token_ids, (list, tuple)):
+        raise RequestError("prompt_token_ids must be a list of integers", field="prompt_token_ids")
+    try:  # checked and copied in C: a Python loop over a long prompt blocks the event loop
+        return msgspec.convert(token_ids, list[int])  # (bools refused)
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"prompt_token_ids must be a list of integers: {exc}", field="prompt_token_ids") from exc
 
 
 def _cache_salt(prompt: Any) -> str | None:

@@ -14,6 +14,7 @@ from asyncengine.config.engine import EngineConfig
 from asyncengine.config.vllm_views import remember_resolved_model
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.errors import ConfigError
+from asyncengine.frontend.multimodal import MultiModalInputs, multimodal_inputs
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
 from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.models import ModelRegistry
@@ -33,6 +34,8 @@ class FrontendSetup:
     model_config: ModelConfig
     tokenizer: Any | None
     chat_template: str | None
+    # A multimodal model's image processing (frontend/multimodal.py); None for a model that takes no images.
+    multimodal: MultiModalInputs | None = None
 
 
 @reads("model_loaders", "frontend")  # the --load-format name, checked before anything starts
@@ -71,7 +74,7 @@ def prepare(config: EngineConfig, platform: type[Platform], *, progress: bool = 
     if chosen is not None:
         _verify_quantization(QuantizationRegistry.load(chosen), chosen, config, model_config, platform)
     remember_resolved_model(config.model, model_config)  # what vLLM's config views show a plugin from now on
-    return FrontendSetup(model_config, tokenizer, chat_template)
+    return FrontendSetup(model_config, tokenizer, chat_template, multimodal_inputs(config, model_config, tokenizer))
 
 
 @reads("attention_backends", "frontend")  # the --attention-backend name (the worker builds the backend)

@@ -154,7 +154,8 @@ def reserved_template_kwargs(tokenizer: Any) -> frozenset[str]:
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None, *,
                 add_generation_prompt: bool | None = None, continue_final_message: bool = False,
                 tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None, content_format: str = "auto") -> str:
+                template_kwargs: dict[str, Any] | None = None, content_format: str = "auto",
+                image_placeholder: str | None = None) -> str:
     """The prompt text for a conversation, through the tokenizer's chat template or `chat_template`.
 
     `messages` are taken as clients send them (null content beside tool calls, content parts, tool
@@ -166,6 +167,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
     instead, for the model to continue it (vLLM's and transformers' field of that name).
     `template_kwargs` (a request's `chat_template_kwargs`) reach the template as variables; they may
     also set the four arguments above, as in vLLM, but not the ones the engine sets (RESERVED_TEMPLATE_KWARGS).
+    `image_placeholder`: a multimodal model's text for an image (its `{"type": "image"}` parts; chat_messages.py).
     Anything wrong with the request, the template failing on it included, is a RequestError naming the field."""
     if tokenizer is None:
         raise RequestError("chat needs a tokenizer, but the engine runs with skip_tokenizer_init", field="messages")
@@ -213,7 +215,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
             )
     elif add_generation_prompt is None:
         add_generation_prompt = True
-    conversation = conversation_for_template(messages, template, content_format)
+    conversation = conversation_for_template(messages, template, content_format, image_placeholder=image_placeholder)
     return _apply_template(tokenizer, conversation, template, variables, add_generation_prompt=bool(add_generation_prompt),
                            continue_final_message=continue_final_message, tools=tools, documents=documents)
 

@@ -150,9 +150,12 @@ class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
-    type: str  # text parts are read ("text", "input_text", "output_text", "refusal"); others are a 400
+    # Text parts are read ("text", "input_text", "output_text", "refusal"), and for a multimodal model
+    # "image_url" parts ({"url": "data:..."}, or the url itself, as vLLM takes it); others are a 400.
+    type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: dict[str, Any] | str | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):

@@ -1,0 +1,80 @@
+"""The images of a conversation: image parts found, loaded and replaced by the `{"type": "image"}` parts chat
+templates render as the model's placeholder (frontend/chat_messages.py).
+
+Parts read (docs/multimodal.md, "Inputs"): OpenAI's `{"type": "image_url", "image_url": {"url": ...}}` (the
+url a data:, file:// or http(s) address, media.py; `image_url` given as the url string itself is taken too,
+as vLLM takes it) and vLLM's `{"type": "image_pil", "image_pil": <PIL.Image>}` for `LLM.chat`. vLLM's
+`image_embeds` parts are refused: the contract carries pixels, not embeddings.
+
+The count is checked against --limit-mm-per-prompt before anything is fetched or decoded; fetching is async
+(cancelled with the request) and decoding runs in the tokenizer pool. A bad image is a RequestError naming
+the part, `messages[0].content[1].image_url`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asyncengine.errors import RequestError
+from asyncengine.frontend.media import MediaLimits, decode_image, image_bytes_from_url, image_from_object
+
+IMAGE_PARTS = ("image_url", "image_pil")
+REFUSED_PARTS = {"image_embeds": "image embeddings are not taken: send the image itself (image_url)",
+                 "input_image": "send images as image_url parts (the chat completions API's form)"}
+RunInPool = Callable[..., Awaitable[Any]]
+
+
+def image_parts(messages: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+    """(message index, part index, part) of every image part, in order."""
+    found = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part_index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in REFUSED_PARTS:
+                where = f"messages[{index}].content[{part_index}]"
+                raise RequestError(f"{where}: {kind} parts are not supported: {REFUSED_PARTS[kind]}",
+                                   field=f"{where}.type", code="unsupported_parameter")
+            if kind in IMAGE_PARTS:
+                found.append((index, part_index, part))
+    return found
+
+
+async def load_chat_images(messages: list[dict[str, Any]], limits: MediaLimits, max_images: int,
+                           run_in_pool: RunInPool) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`messages` with each image part made `{"type": "image"}` (new dicts), and the images in order."""
+    parts = image_parts(messages)
+    if not parts:
+        return messages, []
+    if len(parts) > max_images:
+        index, part_index, _ = parts[max_images]
+        raise RequestError(f"the conversation has {len(parts)} images, over the limit of {max_images} per prompt "
+                           "(--limit-mm-per-prompt '{\"image\": N}')", field=f"messages[{index}].content[{part_index}]")
+    images = []
+    for index, part_index, part in parts:
+        kind = part["type"]
+        where = f"messages[{index}].content[{part_index}].{kind}"
+        value = part.get(kind)
+        if kind == "image_pil":
+            images.append(await run_in_pool(image_from_object, value, limits, where))
+            continue
+        url = value.get("url") if isinstance(value, dict) else value
+        if not isinstance(url, str):
+            raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,...\"}}", field=where)
+        data = await image_bytes_from_url(url, limits, where)
+        images.append(await run_in_pool(decode_image, data, limits, where))
+    replaced = {(index, part_index) for index, part_index, _ in parts}
+    rewritten = []
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list) and any((index, j) in replaced for j in range(len(content))):
+            message = {**message, "content": [{"type": "image"} if (index, j) in replaced else part
+                                              for j, part in enumerate(content)]}
+        rewritten.append(message)
+    return rewritten, images
+
+
+__all__ = ["IMAGE_PARTS", "image_parts", "load_chat_images"]
