@@ -23,9 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asyncengine.interfaces.multimodal_registry import MULTIMODAL_REGISTRY
 from asyncengine.models.layers.mrope import MRotaryEmbedding, mrope_positions
 from asyncengine.models.layers.rotary import rotary_native
 from asyncengine.models.qwen2 import Qwen2ForCausalLM, Qwen2Model
+from asyncengine.models.qwen2_vl_processing import (
+    Qwen2VLDummyInputsBuilder,
+    Qwen2VLMultiModalProcessor,
+    Qwen2VLProcessingInfo,
+)
 from asyncengine.models.image_text import ImageTextModel, sub_config, text_config_of
 
 
@@ -198,6 +204,8 @@ class Qwen2VLTextModel(Qwen2Model):
         return params
 
 
+@MULTIMODAL_REGISTRY.register_processor(Qwen2VLMultiModalProcessor, info=Qwen2VLProcessingInfo,
+                                        dummy_inputs=Qwen2VLDummyInputsBuilder)
 class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
     """SupportsMultiModal (asyncengine/interfaces/multimodal.py) and M-RoPE (`supports_mrope`: the model runner
     asks `get_mrope_input_positions` for each prompt's positions)."""

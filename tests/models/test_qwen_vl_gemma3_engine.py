@@ -1,0 +1,66 @@
+"""Qwen2-VL, Qwen2.5-VL and Gemma 3 with images through a whole in-process engine (scheduler, encoder cache,
+worker, M-RoPE positions in the model runner): greedy tokens identical to transformers' generate for prompts
+with one image and with two of different sizes. The prompts go in as the frontend sends them (token ids and
+one MultiModalFeature per image, built with the real image processors: tests/support/vl_models.py).
+
+The Qwen engines take 5 tokens a step, fewer than any image's placeholder run: every image is split across
+chunks, so the later chunks read the image's 3-D positions from the table kept per request and its cached
+embeddings; the decoded tokens continue the positions by the prompt's delta. Gemma 3's step holds a whole
+image (its image tokens attend to each other both ways within a step: asyncengine/models/gemma3_mm.py)."""
+
+from __future__ import annotations
+
+import anyio
+import msgspec
+import pytest
+from anyio.from_thread import start_blocking_portal
+
+from asyncengine import AsyncEngine, EngineConfig, SamplingParams
+from asyncengine.frontend.output_processor import OutputKind
+
+from support import vl_models as vl
+
+pytest.importorskip("PIL")
+pytestmark = pytest.mark.slow  # the default model's tokenizer (default_model_dir)
+
+MAX_TOKENS = 8
+BUDGET = {"qwen2_vl": 5, "qwen2_5_vl": 5, "gemma3": 64}
+TEXT = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15]]
+
+
+def run(engine: AsyncEngine, prompts: list[vl.Prepared]) -> list:
+    async def run_all() -> list:
+        outputs: list = [None] * len(prompts)
+
+        async def one(index: int) -> None:
+            processed = engine.process_request({"prompt_token_ids": prompts[index].token_ids},
+                                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+            processed.children = [msgspec.structs.replace(child, mm_features=prompts[index].features)
+                                  for child in processed.children]
+            async for output in engine.submit(processed, OutputKind.FINAL_ONLY):
+                outputs[index] = output
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(prompts)):
+                tg.start_soon(one, index)
+        return outputs
+
+    return run_all
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "gemma3"])
+def test_greedy_tokens_match_transformers_with_one_and_two_images(name, tmp_path, default_model_dir):
+    vlm = vl.save(name, tmp_path, default_model_dir)
+    pictures = vl.two_images()
+    prompts = [vl.prepare(vlm, pictures[:1], TEXT[:2]), vl.prepare(vlm, pictures, TEXT)]
+    if name != "gemma3":  # every image is split across steps
+        assert all(feature.position.length > BUDGET[name] for p in prompts for feature in p.features)
+    config = EngineConfig(model=str(tmp_path), max_model_len=256, block_size=8,
+                          num_gpu_blocks_override=64, max_num_batched_tokens=BUDGET[name], plugins="")
+    with start_blocking_portal(backend="trio") as portal:
+        with portal.wrap_async_context_manager(AsyncEngine.start(config)) as engine:
+            outputs = portal.call(run(engine, prompts))
+            stats = portal.call(engine.get_scheduler_stats)
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == vl.hf_greedy(vlm, prompt, MAX_TOKENS)
+    assert stats.kv_cache_usage == 0.0 and stats.num_running_reqs == 0
