@@ -205,7 +205,8 @@ class Gemma3ForConditionalGeneration(ImageTextModel, Gemma3ForCausalLM):
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__(text_config_of(config), dtype=dtype, max_position=max_position)
         self.config = config
-        self.image_token_id = int(config.image_token_id)
+        # transformers' Gemma3Config stores it as image_token_index (image_token_id is its alias)
+        self.image_token_id = int(getattr(config, "image_token_id", None) or config.image_token_index)
         self.vision_tower = SiglipVisionTower(sub_config(config, "vision_config"), dtype=dtype)
         self.multi_modal_projector = Gemma3MultiModalProjector(config, dtype=dtype)
         self.image_rows = ImageRows()

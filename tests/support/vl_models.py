@@ -170,15 +170,16 @@ def save(name: str, directory: Any, tokenizer_dir: Any, seed: int = 0) -> SavedV
     default model's tokenizer with the architecture's image tokens added)."""
     import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     added = GEMMA3_TOKENS if name == "gemma3" else QWEN_TOKENS
+    # Gemma 3's processor reads its image tokens by name from the tokenizer.
+    named = dict(zip(("boi_token", "image_token", "eoi_token"), added)) if name == "gemma3" else {}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), extra_special_tokens=named)
     tokenizer.add_tokens(added, special_tokens=True)
     start, image, end = tokenizer.convert_tokens_to_ids(added)
     tokens = Tokens(len(tokenizer), image, start, end)
     tokenizer.save_pretrained(str(directory))
     processor = gemma3_image_processor() if name == "gemma3" else qwen_image_processor(name)
     if name == "gemma3":  # transformers' Gemma3Processor (its tokenizer names the image tokens)
-        tokenizer.boi_token, tokenizer.image_token, tokenizer.eoi_token = added
         transformers.Gemma3Processor(image_processor=processor, tokenizer=tokenizer,
                                      image_seq_length=4).save_pretrained(str(directory))
     else:  # the image processor alone (asyncengine/models/qwen2_vl_processing.py)
