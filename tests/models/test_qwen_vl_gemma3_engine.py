@@ -48,6 +48,20 @@ def run(engine: AsyncEngine, prompts: list[vl.Prepared]) -> list:
     return run_all
 
 
+async def from_text(engine: AsyncEngine, pictures: list) -> tuple[list[int], list[int]]:
+    """(prompt token ids, generated tokens) of a text prompt with Qwen's image placeholders and its images as
+    multi_modal_data: the frontend's processing (asyncengine/models/qwen2_vl_processing.py)."""
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    prompt_ids: list[int] = []
+    generated: list[int] = []
+    async for output in engine.generate({"prompt": f"Look at{placeholder} and{placeholder} now",
+                                         "multi_modal_data": {"image": pictures}},
+                                        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)):
+        prompt_ids = list(output.prompt_token_ids or prompt_ids)
+        generated += output.outputs[0].token_ids
+    return prompt_ids, generated
+
+
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "gemma3"])
 def test_greedy_tokens_match_transformers_with_one_and_two_images(name, tmp_path, default_model_dir):
     vlm = vl.save(name, tmp_path, default_model_dir)
@@ -60,7 +74,14 @@ def test_greedy_tokens_match_transformers_with_one_and_two_images(name, tmp_path
     with start_blocking_portal(backend="trio") as portal:
         with portal.wrap_async_context_manager(AsyncEngine.start(config)) as engine:
             outputs = portal.call(run(engine, prompts))
+            through_frontend = portal.call(from_text, engine, pictures) if name == "qwen2_vl" else None
             stats = portal.call(engine.get_scheduler_stats)
     for prompt, output in zip(prompts, outputs):
         assert output.outputs[0].token_ids == vl.hf_greedy(vlm, prompt, MAX_TOKENS)
+    if through_frontend is not None:  # each image's pad expanded to its merged patches, tokens as transformers'
+        prompt_ids, generated = through_frontend
+        assert prompt_ids.count(vlm.tokens.image) == sum(f.position.length for f in prompts[1].features)
+        processed = [vlm.image_processor(images=[picture], return_tensors="pt") for picture in pictures]
+        reference = vl.Prepared(prompt_ids, [], vl.transformers_inputs(vlm, prompt_ids, processed))
+        assert generated == vl.hf_greedy(vlm, reference, MAX_TOKENS)
     assert stats.kv_cache_usage == 0.0 and stats.num_running_reqs == 0

@@ -228,16 +228,21 @@ def prepare(vlm: SavedVLM, images: list[Any], text: list[list[int]]) -> Prepared
                                   data={name: tensor_to_wire(value) for name, value in item.items()
                                         if isinstance(value, torch.Tensor)})
                 for image, item, (offset, length) in zip(images, alone, runs)]
+    return Prepared(token_ids, features, transformers_inputs(vlm, token_ids, alone))
+
+
+def transformers_inputs(vlm: SavedVLM, token_ids: list[int], processed: list[Any]) -> dict[str, torch.Tensor]:
+    """What transformers' generate takes for `token_ids` and its images' processor outputs (`processed`)."""
     input_ids = torch.tensor([token_ids])
-    hf_inputs: dict[str, torch.Tensor] = {"input_ids": input_ids}
+    is_image = input_ids == vlm.tokens.image
+    inputs: dict[str, torch.Tensor] = {"input_ids": input_ids,
+                                       "pixel_values": torch.cat([item["pixel_values"] for item in processed])}
     if vlm.name == "gemma3":
-        hf_inputs.update(pixel_values=torch.cat([item["pixel_values"] for item in alone]),
-                         token_type_ids=(input_ids == image_token).long())
+        inputs["token_type_ids"] = is_image.long()
     else:
-        hf_inputs.update(pixel_values=torch.cat([item["pixel_values"] for item in alone]),
-                         image_grid_thw=torch.cat([item["image_grid_thw"] for item in alone]),
-                         mm_token_type_ids=(input_ids == image_token).int())
-    return Prepared(token_ids, features, hf_inputs)
+        inputs.update(image_grid_thw=torch.cat([item["image_grid_thw"] for item in processed]),
+                      mm_token_type_ids=is_image.int())
+    return inputs
 
 
 def hf_greedy(vlm: SavedVLM, prompt: Prepared, max_tokens: int) -> list[int]:
