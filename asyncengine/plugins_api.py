@@ -92,6 +92,15 @@ from asyncengine.plugin_runtime.platform_resolution import current_platform
 from asyncengine.plugin_runtime.platform_resolution import requested_device
 from asyncengine.plugin_runtime.records import current_process_role  # every process: where this code runs
 from asyncengine.interfaces.registry import Registry, RegistrationError  # the registry type itself
+from asyncengine.interfaces.multimodal_registry import (  # read in: frontend (process images), worker (profile)
+    MULTIMODAL_REGISTRY,
+    BaseDummyInputsBuilder,
+    BaseMultiModalProcessor,
+    BaseProcessingInfo,
+    MultiModalRegistry,
+    ProcessedItem,
+    ProcessingContext,
+)
 from asyncengine.interfaces.parsers import (  # read in: frontend (the chat completions route)
     DeltaFunctionCall,
     DeltaMessage,
@@ -180,6 +189,13 @@ def __getattr__(name: str):
 # public methods collective_rpc reaches after the worker's own (docs/hooks.md).
 
 __all__ = [
+    "MULTIMODAL_REGISTRY",
+    "MultiModalRegistry",
+    "BaseMultiModalProcessor",
+    "BaseProcessingInfo",
+    "BaseDummyInputsBuilder",
+    "ProcessingContext",
+    "ProcessedItem",
     "AttentionSelectorConfig",
     "CPUWorker",
     "CudaPlatformBase",

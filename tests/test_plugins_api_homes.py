@@ -122,6 +122,13 @@ HOMES = {
     "CPUWorker": "asyncengine.worker.cpu_worker:CPUWorker",
     "KVCacheConfig": "asyncengine.worker.cpu_worker:KVCacheConfig",
     "Worker": "asyncengine.worker.worker:Worker",
+    "MULTIMODAL_REGISTRY": "asyncengine.interfaces.multimodal_registry:MULTIMODAL_REGISTRY",
+    "MultiModalRegistry": "asyncengine.interfaces.multimodal_registry:MultiModalRegistry",
+    "BaseMultiModalProcessor": "asyncengine.interfaces.multimodal_registry:BaseMultiModalProcessor",
+    "BaseProcessingInfo": "asyncengine.interfaces.multimodal_registry:BaseProcessingInfo",
+    "BaseDummyInputsBuilder": "asyncengine.interfaces.multimodal_registry:BaseDummyInputsBuilder",
+    "ProcessingContext": "asyncengine.interfaces.multimodal_registry:ProcessingContext",
+    "ProcessedItem": "asyncengine.interfaces.multimodal_registry:ProcessedItem",
     "envs": "asyncengine.compat.envs",  # a module
 }
 

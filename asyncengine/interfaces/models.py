@@ -62,8 +62,11 @@ class _ModelRegistry(Registry[type[ModelClass]]):
         }.items():
             self.register(architecture, path, owner=BUILT_IN)
 
-    def register_model(self, architecture: str, model: Any, *, override: bool = False) -> None:
-        """Register `model` (a class, or "package.module:Class") under `architecture` (vLLM's name)."""
+    def register_model(self, architecture: str, model: Any, *, override: bool = False,
+                       is_multimodal: bool | None = None) -> None:
+        """Register `model` (a class, or "package.module:Class") under `architecture` (vLLM's name).
+        `is_multimodal` is taken for vLLM's plugins and not needed: whether a model takes images is read from
+        its class (SupportsMultiModal, MULTIMODAL_REGISTRY) and its config.json (docs/multimodal.md)."""
         self.register(architecture, model, override=override)
 
     def get_supported_archs(self) -> list[str]:

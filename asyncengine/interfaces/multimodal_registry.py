@@ -136,8 +136,6 @@ class BaseMultiModalProcessor:
     def process_item(self, modality: str, item: Any, options: Mapping[str, Any]) -> ProcessedItem:
         """One image through the HF processor's image processor, and the text its placeholder becomes."""
         _check_modality(modality)
-        import torch
-
         hf = self.info.get_hf_processor()
         merged = hf._merge_kwargs(tokenizer_init_kwargs=hf.tokenizer.init_kwargs, return_tensors="pt", **options)
         try:
@@ -146,8 +144,10 @@ class BaseMultiModalProcessor:
             raise RequestError(f"the model's image processor ({type(hf).__name__}) refused the image: {exc}",
                                field="multi_modal_data.image") from exc
         unused = set(getattr(hf, "unused_input_names", ()) or ())
+        # The tensors (torch's, asked for with return_tensors="pt"); lists such as Idefics3's rows and cols only
+        # served the replacement text. (The floor does not import torch: a tensor is known by its methods.)
         data = {name: value for name, value in outputs.items()
-                if isinstance(value, torch.Tensor) and name not in unused}
+                if name not in unused and hasattr(value, "detach") and hasattr(value, "dtype")}
         return ProcessedItem(replacement=replacements[0], data=data)
 
 

@@ -82,6 +82,7 @@ READER_MODULES = (
     "asyncengine.frontend.startup",
     "asyncengine.frontend.lora",
     "asyncengine.frontend.tokenizer",
+    "asyncengine.frontend.multimodal",
     "asyncengine.loader.model_loader",
     "asyncengine.interfaces.model_loader",
     "asyncengine.interfaces.pooler",

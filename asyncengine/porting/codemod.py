@@ -133,10 +133,6 @@ def port_python(text: str) -> FileResult:
             cannot(node, f"envs.{node.attr}", "environment-variables",
                    f"asyncengine has no counterpart of {node.attr}; plugins_api.envs answers "
                    f"{', '.join(table.ENVS_ANSWERED)}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_model":
-            if any(keyword.arg == "is_multimodal" for keyword in node.keywords):
-                cannot(node, "register_model(..., is_multimodal=...)", "not-here-yet",
-                       "multimodal models do not exist here yet")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_vllm_attention_forward(node):
             cannot(node, "forward(layer, query, key, value, kv_cache, attn_metadata, ...) (vLLM's AttentionImpl)",
                    "attention-backends", "the implementation's forward here is forward(query, key, value, kv_cache, "

@@ -79,6 +79,11 @@ _API_NAMES = {
     "vllm.platforms.cpu": ["CpuPlatform"],
     "vllm.platforms.cuda": ["CudaPlatform", "CudaPlatformBase", "NvmlCudaPlatform", "NonNvmlCudaPlatform"],
     "vllm.outputs": ["RequestOutput", "CompletionOutput", "PoolingRequestOutput", "PoolingOutput"],
+    # The multimodal processor registry (R14) and its three base classes (docs/multimodal.md)
+    "vllm.multimodal": ["MULTIMODAL_REGISTRY", "MultiModalRegistry"],
+    "vllm.multimodal.registry": ["MULTIMODAL_REGISTRY", "MultiModalRegistry"],
+    "vllm.multimodal.processing": ["BaseMultiModalProcessor", "BaseProcessingInfo", "BaseDummyInputsBuilder"],
+    "vllm.multimodal.profiling": ["BaseDummyInputsBuilder"],
 }
 IMPORTS: dict[tuple[str, str], tuple[str, str]] = {
     (module, name): (API, name) for module, names in _API_NAMES.items() for name in names
@@ -206,7 +211,8 @@ UNMAPPED = [
     ("vllm.model_executor.models", "models", "asyncengine has no such model class"),
     ("vllm.model_executor.sampling_metadata", "models", "models here compute logits without sampling metadata"),
     ("vllm.inputs", "not-here-yet", "multimodal input registries do not exist here yet"),
-    ("vllm.multimodal", "not-here-yet", "multimodal models do not exist here yet"),
+    ("vllm.multimodal", "multimodal-models", "of vLLM's multimodal modules only MULTIMODAL_REGISTRY and the "
+     "processor's three base classes map; a processor is written against BaseMultiModalProcessor's per-item methods"),
     ("vllm.assets", "not-here-yet", "vLLM's test assets are not part of asyncengine"),
     ("vllm.executor", "executors", "vLLM's v0 executors are gone; subclass Executor and name it in "
      "distributed_executor_backend"),

@@ -20,7 +20,7 @@ REGISTRY_OBJECTS = {"ModelRegistry": "models", "ModelLoaderRegistry": "model_loa
                     "AttentionBackendRegistry": "attention_backends",
                     "CustomOpRegistry": "custom_ops", "OpProviderRegistry": "op_providers",
                     "TokenizerRegistry": "tokenizers", "QuantizationRegistry": "quantization",
-                    "KVConnectorFactory": "kv_connectors"}
+                    "KVConnectorFactory": "kv_connectors", "MULTIMODAL_REGISTRY": "multimodal_processors"}
 REGISTERING = {"register", "claim", "register_model", "register_loader", "register_backend", "register_module",
                "import_tool_parser", "import_reasoning_parser", "owners", "name", "what",
                "register_connector"}

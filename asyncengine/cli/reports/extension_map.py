@@ -106,7 +106,7 @@ REFERENCE_ROWS = {
     "models": "R1", "custom_ops": "R2", "op_providers": "R2", "attention_backends": "R3", "quantization": "R4",
     "model_loaders": "R5", "kv_connectors": "R6", "tool_parsers": "R7", "reasoning_parsers": "R8",
     "tokenizers": "R9", "structured_output_backends": "R10", "structured_outputs_config": "R10",
-    "lora_resolvers": "R11", "poolers": "R12", "proposers": "R13",
+    "lora_resolvers": "R11", "poolers": "R12", "proposers": "R13", "multimodal_processors": "R14",
     "scheduler_cls": "C1", "worker_cls": "C2", "worker_extension_cls": "C3", "logits_processors": "C4",
     "model_class_overrides": "C5", "kv_connector_module_path": "C6", "kv_transfer_config": "R6",
     "distributed_executor_backend": "C7", "middleware": "C8", "additional_config": "C9", "hf_overrides": "C9",

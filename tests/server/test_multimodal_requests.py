@@ -1,0 +1,143 @@
+"""Images over the chat API (issue 38's frontend side), in-process (tests/support/in_process_server.py): image_url
+parts with data URLs reach the engine as the expanded prompt, and every bad image is a 400 in OpenAI's shape
+naming the part, with no 5xx in a fuzz run.
+
+The model is a stand-in until the engine side of issue 38 is merged: a tiny random Llama whose config.json
+carries a `vision_config` and whose folder holds a tiny LLaVA processor (tests/support/mm_processors.py), so
+the frontend processes images as for LLaVA while the worker runs a text model over the expanded prompt."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from asyncengine.server.config import ServerConfig
+from support.in_process_server import in_process_server
+from support.mm_processors import save_tiny_processor
+
+MODEL = "tiny-vlm"
+HEADERS = {"Content-Type": "application/json"}
+
+
+def png(width: int, height: int, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def chat(*parts: dict, **fields) -> dict:
+    return {"model": MODEL, "max_tokens": 1, "temperature": 0,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Look:"}, *parts]}], **fields}
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    (root / "allowed").mkdir()
+    (root / "allowed" / "cat.png").write_bytes(png(20, 20))
+    (root / "secret.png").write_bytes(png(20, 20))
+    (root / "allowed" / "link.png").symlink_to(root / "secret.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, media):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-vlm")
+    processor = save_tiny_processor("llava", directory)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(processor.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         initializer_range=0.2, eos_token_id=2, bos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(str(directory))
+    settings = json.loads((directory / "config.json").read_text())
+    settings["vision_config"] = {"image_size": 28, "patch_size": 14}  # what makes the frontend process images
+    (directory / "config.json").write_text(json.dumps(settings))
+    options = {"model": str(directory), "served_model_name": MODEL, "max_model_len": 256,
+               "kv_cache_memory_bytes": 4 * 2**20, "limit_mm_per_prompt": {"image": 2}, "max_image_pixels": 64 * 64,
+               "allowed_local_media_path": str(media / "allowed"), "allowed_media_domains": ["127.0.0.1"],
+               "media_fetch_timeout": 0.5}
+    with in_process_server(options, ServerConfig()) as running:
+        running.media_dir = media / "allowed"
+        yield running
+
+
+def send(server, body) -> tuple[int, dict]:
+    status, _, raw = server.request("POST", "/v1/chat/completions", body, HEADERS)
+    return status, json.loads(raw)
+
+
+def test_data_url_images_reach_the_engine_as_the_expanded_prompt(server):
+    status, body = send(server, chat(image_part(data_url(png(30, 20, 1))), {"type": "text", "text": "and"},
+                                     image_part(data_url(png(16, 40, 2)))))
+    assert status == 200, body
+    text_only = send(server, chat({"type": "text", "text": "and"}))[1]
+    # each image's one <image> placeholder became its 4 tokens (28x28 pixels in 14-pixel patches)
+    assert body["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"] == 2 * 4
+    status, body = send(server, chat(image_part(f"file://{server.media_dir}/cat.png")))  # under the allowed folder
+    assert status == 200, body
+
+
+BAD = {
+    "truncated": (lambda media: data_url(png(20, 20)[:60]), "truncated"),
+    "wrong type": (lambda media: "data:image/png;base64," + base64.b64encode(b"GIF89a not really").decode(),
+                   "not an image"),
+    "too many pixels": (lambda media: data_url(png(100, 100)), "pixels"),
+    "url not allowed": (lambda media: "https://example.com/cat.png", "not allowed"),
+    "outside the folder": (lambda media: f"file://{media}/secret.png", "outside the allowed"),
+    "symlink out of the folder": (lambda media: f"file://{media}/allowed/link.png", "outside the allowed"),
+    "not a url": (lambda media: "cat.png", "data:, file:// or http"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_each_bad_image_is_a_400_naming_the_part(server, media, case):
+    make_url, words = BAD[case]
+    status, body = send(server, chat(image_part(data_url(png(8, 8))), image_part(make_url(media))))
+    assert status == 400, body
+    assert words in body["error"]["message"], body
+    assert body["error"]["param"] == "messages[0].content[2].image_url", body
+
+
+def test_too_many_images_is_a_400_before_any_is_read(server):
+    status, body = send(server, chat(*[image_part(data_url(png(8, 8, seed))) for seed in range(3)]))
+    assert status == 400 and "over the limit of 2" in body["error"]["message"], body
+    assert body["error"]["param"] == "messages[0].content[3]"
+
+
+def test_image_parts_fuzzed_are_never_a_5xx(server):
+    rng = random.Random(38)
+    good = png(12, 12)
+    statuses = {}
+    for _ in range(40):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        url = rng.choice([data_url(bytes(data)), data_url(bytes(data[:rng.randrange(len(data))])),
+                          "data:image/png;base64," + "".join(rng.choice("AB=+/@") for _ in range(rng.randint(0, 40))),
+                          f"file:///{'../' * rng.randint(0, 5)}etc/passwd", "http://127.0.0.1:9/x.png",
+                          {"no": "url"}, rng.choice([None, 3, [], ""])])
+        part = {"type": "image_url", "image_url": url if not isinstance(url, str) else {"url": url}}
+        if rng.random() < 0.2:
+            part = {"type": "image_url", "image_url": rng.choice([None, 7, "x", {"url": None}])}
+        status, body = send(server, chat(part))
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500, body
+    assert statuses.get(400, 0) > 20, statuses
