@@ -148,8 +148,9 @@ class ImageBidirectionalAttention(PagedAttention):
             return output
         output = output.clone()
         group = metadata.for_group(self.kv_cache_group)
-        key_cache, value_cache = self.kv_cache or (query, query)  # bound (super().forward refused otherwise):
-        # [kv_heads, blocks, block_size, head_dim]
+        if self.kv_cache is None:  # (super().forward refused already)
+            raise RuntimeError("attention layer has no KV cache bound")
+        key_cache, value_cache = self.kv_cache  # [kv_heads, blocks, block_size, head_dim]
         block_size = key_cache.shape[2]
         for first_row, rows, seq in self.image_rows.runs:
             context = group.seq_lens[seq] - group.query_lens[seq]  # positions before this step's rows

@@ -1,6 +1,6 @@
 """Qwen2-VL, Qwen2.5-VL and Gemma 3 with images through a whole in-process engine (scheduler, encoder cache,
 worker, M-RoPE positions in the model runner): greedy tokens identical to transformers' generate for prompts
-with one image and with two of different sizes. The prompts go in as the frontend sends them (token ids and
+with one image and with two of different sizes, and each token's log-probability within 1e-3. The prompts go in as the frontend sends them (token ids and
 one MultiModalFeature per image, built with the real image processors: tests/support/vl_models.py).
 
 The Qwen engines take 5 tokens a step, fewer than any image's placeholder run: every image is split across
@@ -24,6 +24,7 @@ pytest.importorskip("PIL")
 pytestmark = pytest.mark.slow  # the default model's tokenizer (default_model_dir)
 
 MAX_TOKENS = 8
+LOGPROB_ATOL = 1e-3  # float32 on both sides: paged attention and fused projections sum in another order
 BUDGET = {"qwen2_vl": 5, "qwen2_5_vl": 5, "gemma3": 64}
 TEXT = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15]]
 
@@ -34,7 +35,8 @@ def run(engine: AsyncEngine, prompts: list[vl.Prepared]) -> list:
 
         async def one(index: int) -> None:
             processed = engine.process_request({"prompt_token_ids": prompts[index].token_ids},
-                                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+                                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                              logprobs=0))
             processed.children = [msgspec.structs.replace(child, mm_features=prompts[index].features)
                                   for child in processed.children]
             async for output in engine.submit(processed, OutputKind.FINAL_ONLY):
@@ -69,19 +71,26 @@ def test_greedy_tokens_match_transformers_with_one_and_two_images(name, tmp_path
     prompts = [vl.prepare(vlm, pictures[:1], TEXT[:2]), vl.prepare(vlm, pictures, TEXT)]
     if name != "gemma3":  # every image is split across steps
         assert all(feature.position.length > BUDGET[name] for p in prompts for feature in p.features)
-    config = EngineConfig(model=str(tmp_path), max_model_len=256, block_size=8,
-                          num_gpu_blocks_override=64, max_num_batched_tokens=BUDGET[name], plugins="")
+    config = EngineConfig(model=str(tmp_path), max_model_len=128, block_size=8,
+                          num_gpu_blocks_override=96, max_num_batched_tokens=BUDGET[name], plugins="")
     with start_blocking_portal(backend="trio") as portal:
         with portal.wrap_async_context_manager(AsyncEngine.start(config)) as engine:
             outputs = portal.call(run(engine, prompts))
             through_frontend = portal.call(from_text, engine, pictures) if name == "qwen2_vl" else None
             stats = portal.call(engine.get_scheduler_stats)
     for prompt, output in zip(prompts, outputs):
-        assert output.outputs[0].token_ids == vl.hf_greedy(vlm, prompt, MAX_TOKENS)
+        tokens, logprobs = vl.hf_greedy(vlm, prompt, MAX_TOKENS)
+        completion = output.outputs[0]
+        assert completion.token_ids == tokens
+        ours = [entry[token] for entry, token in zip(completion.logprobs, tokens)]
+        assert max(abs(a - b) for a, b in zip(ours, logprobs)) < LOGPROB_ATOL
+    if name == "gemma3":  # causal attention over the image tokens would be told apart by the logprobs above
+        _, causal = vl.hf_greedy(vlm, prompts[1], 1, without=("token_type_ids",))
+        assert abs(causal[0] - vl.hf_greedy(vlm, prompts[1], 1)[1][0]) > 10 * LOGPROB_ATOL
     if through_frontend is not None:  # each image's pad expanded to its merged patches, tokens as transformers'
         prompt_ids, generated = through_frontend
         assert prompt_ids.count(vlm.tokens.image) == sum(f.position.length for f in prompts[1].features)
         processed = [vlm.image_processor(images=[picture], return_tensors="pt") for picture in pictures]
         reference = vl.Prepared(prompt_ids, [], vl.transformers_inputs(vlm, prompt_ids, processed))
-        assert generated == vl.hf_greedy(vlm, reference, MAX_TOKENS)
+        assert generated == vl.hf_greedy(vlm, reference, MAX_TOKENS)[0]
     assert stats.kv_cache_usage == 0.0 and stats.num_running_reqs == 0

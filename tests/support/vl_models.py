@@ -27,9 +27,9 @@ class Tokens:
 
 
 def _text(extra: dict[str, Any], vocab: int) -> dict[str, Any]:
-    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=1024, initializer_range=0.2,
-                bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra)
+    return {**dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=1024, initializer_range=0.2,
+                   bos_token_id=1, eos_token_id=2, pad_token_id=0), **extra}
 
 
 def qwen2_vl_config(tokens: Tokens = Tokens()) -> Any:
@@ -58,17 +58,19 @@ def qwen2_5_vl_config(tokens: Tokens = Tokens()) -> Any:
         initializer_range=0.2)
 
 
-def gemma3_config(tokens: Tokens = Tokens(BOI, EOI)) -> Any:
+def gemma3_config(tokens: Tokens = Tokens(start=BOI, end=EOI)) -> Any:
     from transformers import Gemma3Config
 
     # A sliding window of 8 on layer 0: the prompts reach past it, and an image's rows see later ones within it.
     return Gemma3Config(
-        text_config=_text({"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
-                           "query_pre_attn_scalar": 16}, tokens.vocab),
+        # Three layers: the two-way image attention of layer 1 reaches the text after the image through layer 2.
+        text_config=_text({"head_dim": 16, "sliding_window": 8, "num_hidden_layers": 3, "query_pre_attn_scalar": 16,
+                           "layer_types": ["sliding_attention", "full_attention", "full_attention"]}, tokens.vocab),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                            image_size=56, patch_size=14, vision_use_head=False, initializer_range=0.2),
         mm_tokens_per_image=4, image_token_id=tokens.image, boi_token_id=tokens.start, eoi_token_id=tokens.end,
-        initializer_range=0.2)
+        # Untied: with the head tied to the sqrt(hidden)-scaled embeddings a 2-layer model repeats its last token.
+        tie_word_embeddings=False, initializer_range=0.2)
 
 
 def gemma3_image_processor() -> Any:
@@ -77,7 +79,7 @@ def gemma3_image_processor() -> Any:
     return Gemma3ImageProcessor(size={"height": 56, "width": 56})
 
 
-def gemma3_prompt(num_images: int, text: list[list[int]], tokens: Tokens = Tokens(BOI, EOI)) -> list[int]:
+def gemma3_prompt(num_images: int, text: list[list[int]], tokens: Tokens = Tokens(start=BOI, end=EOI)) -> list[int]:
     ids = list(text[0])
     for after in text[1:num_images + 1]:
         ids += [tokens.start] + [tokens.image] * 4 + [tokens.end] + list(after)
@@ -245,7 +247,13 @@ def transformers_inputs(vlm: SavedVLM, token_ids: list[int], processed: list[Any
     return inputs
 
 
-def hf_greedy(vlm: SavedVLM, prompt: Prepared, max_tokens: int) -> list[int]:
+def hf_greedy(vlm: SavedVLM, prompt: Prepared, max_tokens: int,
+              without: tuple[str, ...] = ()) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens and each one's log-probability (float32), its inputs less `without`."""
+    inputs = {name: value for name, value in prompt.hf_inputs.items() if name not in without}
     with torch.inference_mode():
-        out = vlm.hf_model.generate(**prompt.hf_inputs, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens)
-    return out[0, len(prompt.token_ids):].tolist()
+        out = vlm.hf_model.generate(**inputs, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                                    output_scores=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt.token_ids):].tolist()
+    logprobs = [float(score[0].float().log_softmax(-1)[token]) for score, token in zip(out.scores, tokens)]
+    return tokens, logprobs

@@ -64,11 +64,6 @@ def mrope_positions(token_ids: Sequence[int], image_grid_thw: Sequence[Sequence[
     return positions, start - count
 
 
-def decode_positions(first: int, count: int, delta: int) -> torch.Tensor:
-    """`[3, count]` positions of the tokens at indices `first ..` after a prompt whose delta is `delta`."""
-    return (torch.arange(first, first + count, dtype=torch.int64) + delta).expand(3, -1)
-
-
 class MRotaryEmbedding(RotaryEmbedding):
     """RotaryEmbedding whose `lookup` takes `[3, tokens]` positions, each rotary section turned by its axis.
 
