@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from asyncengine.interfaces.multimodal_registry import MULTIMODAL_REGISTRY
+from asyncengine.wire.multimodal import MultiModalFeature
+from asyncengine.wire.tensors import tensor_from_wire
 from asyncengine.models.layers.mrope import MRotaryEmbedding, mrope_positions
 from asyncengine.models.layers.rotary import rotary_native
 from asyncengine.models.qwen2 import Qwen2ForCausalLM, Qwen2Model
@@ -219,7 +221,6 @@ class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__(text_config_of(config), dtype=dtype, max_position=max_position)
         self.config = config
-        self.image_token_id = int(config.image_token_id)
         self.visual = self.vision_cls(sub_config(config, "vision_config"), dtype=dtype)
 
     @classmethod
@@ -241,7 +242,14 @@ class Qwen2VLForConditionalGeneration(ImageTextModel, Qwen2ForCausalLM):
         return list(embeddings.split([t * h * w // (merge * merge) for t, h, w in grid_rows]))
 
     def get_mrope_input_positions(self, input_tokens: Sequence[int],
-                                  image_grid_thw: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
-        """vLLM's name: a prompt's `[3, tokens]` positions and its delta (layers/mrope.py)."""
-        return mrope_positions(input_tokens, image_grid_thw, image_token_id=self.image_token_id,
-                               spatial_merge_size=self.visual.merge)
+                                  mm_features: Sequence[MultiModalFeature] | None) -> tuple[torch.Tensor, int]:
+        """vLLM's name: a prompt's `[3, tokens]` positions and its delta (layers/mrope.py), its images where
+        their features say (`position.offset`, `image_grid_thw`)."""
+        images = []
+        for feature in mm_features or ():
+            grid = feature.data.get("image_grid_thw")
+            if grid is None:
+                raise ValueError(f"image {feature.identifier} has no image_grid_thw among its processor outputs "
+                                 f"({', '.join(feature.data)}): Qwen2-VL's positions need each image's grid")
+            images.append((feature.position.offset, [int(n) for n in tensor_from_wire(grid).reshape(-1)[:3]]))
+        return mrope_positions(len(input_tokens), images, spatial_merge_size=self.visual.merge)

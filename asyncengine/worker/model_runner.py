@@ -438,6 +438,10 @@ class ModelRunner:
                     return FailedRequest(request_id=new.request_id, field="lora_request",
                                          message="this engine was started without enable_lora: it serves no adapters")
                 self.lora.add(new.lora_request)  # read and checked now: a bad adapter fails only this request
+            if self.mrope is not None:  # its images' places and grids must fit its prompt (mrope_inputs.py)
+                self.mrope.add(new.request_id, new.prompt_token_ids, new.mm_features)
+        except ValueError as exc:
+            return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=str(exc))
         except LoRAAdapterError as exc:
             return FailedRequest(request_id=new.request_id, field="lora_request", message=str(exc))
         except LogitsProcessorRequestError as exc:

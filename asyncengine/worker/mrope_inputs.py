@@ -1,8 +1,9 @@
 """The model runner's M-RoPE positions (asyncengine/models/layers/mrope.py) for models that declare
 `supports_mrope` (the Qwen2-VL family): `[3, tokens]` positions in place of the flat ones.
 
-When a request joins, its prompt's three positions per token and its delta are computed once from its token
-ids and its images' `image_grid_thw` (the model's `get_mrope_input_positions`, vLLM's name); each step then
+When a request joins, its prompt's three positions per token and its delta are computed once from its length
+and its images' places and `image_grid_thw` (the model's `get_mrope_input_positions`, vLLM's name; images
+that do not fit the prompt fail only that request, in `ModelRunner._admit`); each step then
 reads the rows of its scheduled tokens: a prompt token's from that table, a generated token's (index >= the
 prompt's length) its index plus the delta on all three axes. A preempted request that comes back is added
 again (same prompt, same table). The flat positions stay what the KV cache's slots are computed from."""
@@ -15,19 +16,6 @@ from typing import Any
 import numpy as np
 
 from asyncengine.wire.multimodal import MultiModalFeature
-from asyncengine.wire.tensors import tensor_from_wire
-
-
-def image_grids(mm_features: Sequence[MultiModalFeature] | None) -> list[list[int]]:
-    """Each image's (t, h, w) grid rows from its processor outputs, in prompt order."""
-    grids: list[list[int]] = []
-    for feature in mm_features or ():
-        grid = feature.data.get("image_grid_thw")
-        if grid is None:
-            raise ValueError(f"image {feature.identifier} has no image_grid_thw among its processor outputs "
-                             f"({', '.join(feature.data)}): an M-RoPE model needs each image's grid")
-        grids.extend([int(n) for n in row] for row in tensor_from_wire(grid).reshape(-1, 3).tolist())
-    return grids
 
 
 class MRopePositions:
@@ -39,7 +27,7 @@ class MRopePositions:
 
     def add(self, request_id: str, prompt_token_ids: Sequence[int],
             mm_features: Sequence[MultiModalFeature] | None) -> None:
-        positions, delta = self.model.get_mrope_input_positions(list(prompt_token_ids), image_grids(mm_features))
+        positions, delta = self.model.get_mrope_input_positions(list(prompt_token_ids), mm_features)
         self.prompts[request_id] = (positions.numpy(), int(delta))
 
     def remove(self, request_id: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asyncengine.models.layers.mrope import mrope_positions
 from support import vl_models as vl
 from support.platforms import use_platform
 
@@ -66,7 +67,8 @@ def test_qwen_vl_logits_match_transformers(qwen_models, name, num_images):
         expected = hf(input_ids=input_ids, pixel_values=processed["pixel_values"],
                       image_grid_thw=processed["image_grid_thw"],
                       mm_token_type_ids=(input_ids == vl.IMAGE_TOKEN).int()).logits[0].float()
-        positions, delta = ours.model.get_mrope_input_positions(ids, grids)
+        offsets = [i for i, token in enumerate(ids) if token == vl.IMAGE_TOKEN and ids[i - 1] == vl.VISION_START]
+        positions, delta = mrope_positions(len(ids), list(zip(offsets, grids)), spatial_merge_size=2)
         hf_positions, hf_delta = hf.model.get_rope_index(input_ids, (input_ids == vl.IMAGE_TOKEN).int(),
                                                          image_grid_thw=processed["image_grid_thw"])
         assert torch.equal(positions, hf_positions[:, 0]) and delta == int(hf_delta)
@@ -112,3 +114,15 @@ def test_gemma3_logits_match_transformers_with_image_tokens_seeing_their_image(g
     # The two-way image attention matters here (else this test could not tell it from causal attention).
     assert (expected - causal).abs().max() > 100 * ATOL
     torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+
+
+def test_mrope_positions_take_stray_image_tokens_as_text_and_refuse_images_that_do_not_fit():
+    # 3 text tokens, an image of 2x2 merged tokens at 3, 2 text tokens: the text resumes at 3 + 2.
+    positions, delta = mrope_positions(9, [(3, [1, 4, 4])], spatial_merge_size=2)
+    assert positions.tolist() == [[0, 1, 2, 3, 3, 3, 3, 5, 6], [0, 1, 2, 3, 3, 4, 4, 5, 6], [0, 1, 2, 3, 4, 3, 4, 5, 6]]
+    assert delta == 7 - 9
+    text_only, zero = mrope_positions(4, [], spatial_merge_size=2)
+    assert text_only.tolist() == [[0, 1, 2, 3]] * 3 and zero == 0
+    for images in ([(7, [1, 4, 4])], [(0, [1, 4, 4]), (2, [1, 2, 2])]):  # past the end; overlapping
+        with pytest.raises(ValueError, match="placeholder tokens"):
+            mrope_positions(9, images, spatial_merge_size=2)

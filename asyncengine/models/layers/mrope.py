@@ -24,44 +24,34 @@ from asyncengine.errors import ModelLoadError
 from asyncengine.models.layers.rotary import RotaryEmbedding
 
 
-def mrope_positions(token_ids: Sequence[int], image_grid_thw: Sequence[Sequence[int]], *, image_token_id: int,
+def mrope_positions(num_tokens: int, images: Sequence[tuple[int, Sequence[int]]], *,
                     spatial_merge_size: int) -> tuple[torch.Tensor, int]:
-    """The `[3, len(token_ids)]` int64 positions of a prompt and its delta (the module's docstring).
+    """The `[3, num_tokens]` int64 positions of a prompt and its delta (the module's docstring).
 
-    `image_grid_thw`: each image's (temporal, height, width) grid of patches before merging, in prompt order (the
-    processor's `image_grid_thw` rows). Image i takes the next `t * h * w / spatial_merge_size**2` tokens from
-    the first `image_token_id` after image i-1's, so two images side by side are told apart by their sizes."""
-    count = len(token_ids)
-    positions = torch.empty((3, count), dtype=torch.int64)
-    grids = iter(image_grid_thw)
+    `images`: (offset of its first placeholder token, its (temporal, height, width) grid of patches before
+    merging: the processor's `image_grid_thw` row) of each image, in prompt order; it takes the
+    `t * h * w / spatial_merge_size**2` tokens from its offset. Every other token is text (an image token id
+    typed into a prompt without its image too, as transformers' `mm_token_type_ids` has it). Images that
+    overlap, run past the prompt or come out of order are a ValueError."""
+    positions = torch.empty((3, num_tokens), dtype=torch.int64)
     start = index = 0  # the next text position, the next token
-    while index < count:
-        if token_ids[index] != image_token_id:
-            run = index
-            while run < count and token_ids[run] != image_token_id:
-                run += 1
-            positions[:, index:run] = torch.arange(start, start + run - index)
-            start += run - index
-            index = run
-            continue
-        grid = next(grids, None)
-        if grid is None:
-            raise ValueError(f"the prompt has more image placeholder runs than the {len(image_grid_thw)} "
-                             f"image_grid_thw rows given (image token {image_token_id} at index {index})")
+    for offset, grid in images:
         frames, rows, cols = (int(grid[0]), int(grid[1]) // spatial_merge_size, int(grid[2]) // spatial_merge_size)
         length = frames * rows * cols
-        block = positions[:, index:index + length]
-        if block.shape[1] != length or any(token_ids[i] != image_token_id for i in range(index, index + length)):
-            raise ValueError(f"image of grid {list(grid)} needs {length} placeholder tokens from index {index}, "
-                             "the prompt has fewer there")
+        if offset < index or offset + length > num_tokens:
+            raise ValueError(f"an image of grid {list(grid)} needs placeholder tokens {offset}..{offset + length - 1}: "
+                             f"they overlap the previous image or run past the prompt's {num_tokens} tokens")
+        positions[:, index:offset] = torch.arange(start, start + offset - index)
+        start += offset - index
+        block = positions[:, offset:offset + length]
         block[0] = start + torch.arange(frames).repeat_interleave(rows * cols)
         block[1] = start + torch.arange(rows).repeat_interleave(cols).repeat(frames)
         block[2] = start + torch.arange(cols).repeat(frames * rows)
         start += max(frames, rows, cols)
-        index += length
-    if next(grids, None) is not None:
-        raise ValueError(f"{len(image_grid_thw)} image_grid_thw rows, fewer images in the prompt")
-    return positions, start - count
+        index = offset + length
+    positions[:, index:] = torch.arange(start, start + num_tokens - index)
+    start += num_tokens - index
+    return positions, start - num_tokens
 
 
 class MRotaryEmbedding(RotaryEmbedding):
