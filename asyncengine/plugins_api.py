@@ -65,6 +65,11 @@ from asyncengine.interfaces.quantization import (  # read in: worker (build), fr
 )
 from asyncengine.models.layers.quantization import UnquantizedLinearMethod, register_quantization_config
 from asyncengine.interfaces.models import ModelRegistry  # read in: frontend (validate), worker (build)
+from asyncengine.interfaces.multimodal import (  # read in: worker (a model class with supports_multimodal)
+    MultiModalEmbeddings,
+    SupportsMultiModal,
+    merge_multimodal_embeddings,
+)
 from asyncengine.interfaces.pooler import (  # read in: worker (a pooling model's pooler, by --pooler-config)
     Pooler,
     PoolerRegistry,
@@ -251,6 +256,9 @@ __all__ = [
     "MoveDirectionality",
     "MovedRequest",
     "ModelRegistry",
+    "MultiModalEmbeddings",
+    "SupportsMultiModal",
+    "merge_multimodal_embeddings",
     "Platform",
     "PlatformEnum",
     "CpuPlatform",

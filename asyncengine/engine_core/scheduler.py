@@ -410,6 +410,8 @@ class Scheduler(SchedulerInterface):
             num_kv_connector_loaded_tokens=self.num_kv_connector_loaded_tokens,
             structured_outputs_cache_bytes=self.structured_output.cache_bytes if self.structured_output else 0,
             structured_outputs_cache_entries=self.structured_output.cache_entries if self.structured_output else 0,
+            encoder_cache_entries=self.encoder_cache.num_entries,
+            encoder_cache_rows=self.encoder_cache.num_cached_rows,
         )
 
     # -- helpers -----------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ A multimodal model is the language model's class plus three things:
   embeddings with the architecture's scale). The worker calls `embed_input_ids` and passes `inputs_embeds` only
   in steps that carry multimodal positions: a text-only step, and a text-only model, run as before.
   `positions` are whatever the model's forward reads: a (num_tokens,) tensor, or M-RoPE's (3, num_tokens) for
-  a model that sets `uses_mrope = True` and gives vLLM's `get_mrope_input_positions(input_tokens, mm_features)
-  -> (positions (3, num_prompt_tokens) int64 tensor, mrope_position_delta: int)` (the Qwen-VL family): the worker
+  a model that sets `supports_mrope = True` (vLLM's SupportsMRoPE) and gives vLLM's
+  `get_mrope_input_positions(input_tokens, mm_features) -> (positions (3, num_prompt_tokens) int64 tensor, mrope_position_delta: int)` (the Qwen-VL family): the worker
   calls it once per prompt, slices it per chunk, and after the prompt gives every token the position
   `index + mrope_position_delta` on all three rows. `mm_features` are the request's MultiModalFeatures
   (asyncengine/wire/multimodal.py; `asyncengine.wire.tensors.tensor_from_wire` reads their data).
@@ -29,14 +29,14 @@ the default merge a model's `embed_input_ids` may use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
-import torch
-
+if TYPE_CHECKING:  # the floor loads no torch (tests/test_interfaces.py): only the functions below use it
+    import torch
 
 # What embed_multimodal returns: one (num_embeddings, hidden_size) tensor per item (a list, a tuple, or one
 # stacked tensor whose first dimension is the items).
-MultiModalEmbeddings = Sequence[torch.Tensor] | torch.Tensor
+MultiModalEmbeddings: TypeAlias = "Sequence[torch.Tensor] | torch.Tensor"
 
 
 @runtime_checkable
@@ -93,13 +93,18 @@ def merge_multimodal_embeddings(inputs_embeds: torch.Tensor, multimodal_embeddin
     items = list(multimodal_embeddings)
     if not items:
         return inputs_embeds
-    flat = torch.cat([item.reshape(-1, inputs_embeds.shape[-1]) for item in items])
-    num_positions = int(is_multimodal.sum())
-    if flat.shape[0] != num_positions:
-        raise ValueError(f"{flat.shape[0]} multimodal embeddings for {num_positions} placeholder positions: the "
+    hidden_size = inputs_embeds.shape[-1]
+    rows = [item.reshape(-1, hidden_size) for item in items]
+    num_rows = sum(int(item.shape[0]) for item in rows)
+    positions = is_multimodal.nonzero().flatten()  # (tensor methods only: the floor imports no torch)
+    if num_rows != positions.shape[0]:
+        raise ValueError(f"{num_rows} multimodal embeddings for {positions.shape[0]} placeholder positions: the "
                          "model's embed_multimodal and the processor's placeholder expansion disagree")
     inputs_embeds = inputs_embeds.clone()
-    inputs_embeds[is_multimodal] = flat.to(inputs_embeds.dtype)
+    start = 0
+    for item in rows:
+        inputs_embeds[positions[start:start + item.shape[0]]] = item.to(inputs_embeds.dtype)
+        start += item.shape[0]
     return inputs_embeds
 
 

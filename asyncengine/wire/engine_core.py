@@ -127,6 +127,9 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     # The compiled-grammar cache (structured_output/compiling.py): what its grammars hold, and how many.
     structured_outputs_cache_bytes: int = 0
     structured_outputs_cache_entries: int = 0
+    # Multimodal items whose encoder outputs the workers hold now (engine_core/encoder_cache.py), and their rows.
+    encoder_cache_entries: int = 0
+    encoder_cache_rows: int = 0
     # Mixture-of-experts models: tokens routed to each expert since the engine started, summed over the MoE
     # layers (of the stage that samples, with pipeline parallelism); None for a model without experts.
     expert_tokens: list[int] | None = None

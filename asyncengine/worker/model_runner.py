@@ -55,10 +55,9 @@ from asyncengine.worker.input_batch import BlockTableRows, StagingBuffers
 from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
-from asyncengine.worker.multimodal import MultiModalStep
+from asyncengine.worker.multimodal import MultiModalStep, check_features, mrope_positions, uses_mrope
 from asyncengine.interfaces.multimodal import supports_multimodal
 from asyncengine.wire.multimodal import MultiModalFeature
-from asyncengine.worker.mrope_inputs import MRopePositions
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import Sampler, SamplingRow
 from asyncengine.wire.engine_core import SamplingOptions
@@ -98,6 +97,7 @@ class RequestState:
     # The blocks of the KV cache groups after the first (sliding-window layers: asyncengine/wire/kv_cache.py).
     extra_block_ids: list[list[int]] = field(default_factory=list)
     mm_features: list[MultiModalFeature] | None = None  # its images (worker/multimodal.py), None: text only
+    mrope: tuple[torch.Tensor, int] | None = None  # M-RoPE models: its prompt's (3, n) positions and the delta
 
 
 class ModelRunner:
@@ -116,8 +116,6 @@ class ModelRunner:
         # The loaded model, from load_model on: an nn.Module with forward(input_ids, positions, metadata) and
         # compute_logits(hidden), ours or a plugin's, with no common base class that declares them.
         self.model: Any = None
-        # A model with M-RoPE (`supports_mrope`: the Qwen2-VL family) gets [3, tokens] positions (mrope_inputs.py).
-        self.mrope: MRopePositions | None = None
         self.expert_load = ExpertLoad(None)  # tokens per expert, for /metrics (MoE models): set with the model
         self.attention_layers: list[PagedAttention] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -141,6 +139,7 @@ class ModelRunner:
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
         self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
+        self.uses_mrope = False  # the model reads (3, num_tokens) positions (worker/multimodal.py)
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -163,10 +162,13 @@ class ModelRunner:
                     f"{time.time() - started:.1f} s"),
             start=started, duration=time.time() - started))
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
-        self.mrope = MRopePositions(self.model) if getattr(self.model, "supports_mrope", False) else None
         self.expert_load = ExpertLoad(self.model)
         if supports_multimodal(self.model):
+            if self.engine_config.enable_lora:  # its steps with images would run without the adapters
+                raise ConfigError(f"LoRA adapters on a multimodal model ({self.model_config.architectures[0]}) are "
+                                  "not supported yet: start it without enable_lora", field="enable_lora")
             self.multimodal = MultiModalStep(self.model, self.device)
+        self.uses_mrope = uses_mrope(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
             num_layers = int(self.model_config.hf_config["num_hidden_layers"])
@@ -376,15 +378,11 @@ class ModelRunner:
         self._remove_request(request_id)  # a preempted request comes back as new: it gets a fresh row
         state.row = self.block_rows.add(state.block_ids, state.extra_block_ids)
         self.requests[request_id] = state
-        if self.mrope is not None:
-            self.mrope.add(request_id, state.prompt_token_ids, state.mm_features)
 
     def _remove_request(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)
         if state is not None:
             self.block_rows.release(state.row)
-        if self.mrope is not None:
-            self.mrope.remove(request_id)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> list[FailedRequest]:
         """Apply the step's changes; the new requests this worker refused (see `_admit`)."""
@@ -430,6 +428,16 @@ class ModelRunner:
         """Check what this worker builds from one request's own values, where failing fails only it: each
         logits processor's check_request, and its LoRA adapter. (Its sampling values need no check here: the
         frontend checked them where they entered, and the wire's SamplingOptions carries their bounds.)"""
+        if new.mm_features:
+            problem = (check_features(new.mm_features, len(new.prompt_token_ids)) if self.multimodal is not None
+                       else f"{self.model_config.architectures[0]} takes no images")
+            if problem is not None:
+                return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=problem)
+        if self.uses_mrope:  # images that overlap or do not fit fail here, not in a step (the model's positions)
+            try:
+                self.model.get_mrope_input_positions(list(new.prompt_token_ids), list(new.mm_features or ()))
+            except ValueError as exc:
+                return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=str(exc))
         try:
             if self.logits_processors is not None:
                 self.logits_processors.check_request(new.sampling)
@@ -438,10 +446,6 @@ class ModelRunner:
                     return FailedRequest(request_id=new.request_id, field="lora_request",
                                          message="this engine was started without enable_lora: it serves no adapters")
                 self.lora.add(new.lora_request)  # read and checked now: a bad adapter fails only this request
-            if self.mrope is not None:  # its images' places and grids must fit its prompt (mrope_inputs.py)
-                self.mrope.add(new.request_id, new.prompt_token_ids, new.mm_features)
-        except ValueError as exc:
-            return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=str(exc))
         except LoRAAdapterError as exc:
             return FailedRequest(request_id=new.request_id, field="lora_request", message=str(exc))
         except LogitsProcessorRequestError as exc:
@@ -463,7 +467,7 @@ class ModelRunner:
             scheduled = {rid: n for rid, n in scheduled.items() if rid not in self.failed_request_ids}
         multimodal = self.multimodal
         mm_features: dict[str, list[MultiModalFeature]] = {}
-        if multimodal is not None:  # frees first, then this step's images through the vision tower
+        if multimodal is not None and parallel.is_first_stage():  # frees, then this step's images (vision tower)
             mm_features = {rid: state.mm_features for rid, state in self.requests.items() if state.mm_features}
             multimodal.run_encoders(scheduler_output, mm_features)
         if not scheduled:
@@ -474,11 +478,15 @@ class ModelRunner:
             connector_metadata = self.kv_connector.decode_metadata(scheduler_output.kv_connector_metadata)
             self.kv_connector.start_load_kv(connector_metadata)
         started = time.perf_counter()
-        computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled}
+        computed = ({rid: self.requests[rid].num_computed_tokens for rid in scheduled}
+                    if mm_features or self.uses_mrope else {})  # (nothing on a text-only model's path)
         inputs = self._prepare_inputs(scheduled)
         # A step that computes image positions runs on merged embeddings, eagerly (never a decode graph).
         inputs_embeds = (multimodal.inputs_embeds(scheduled, computed, mm_features, inputs.input_ids)
-                         if multimodal is not None and mm_features and parallel.is_first_stage() else None)
+                         if multimodal is not None and mm_features else None)
+        positions = inputs.positions
+        if self.uses_mrope:  # 3-D positions for the model (the 1-D ones still place the tokens' KV slots)
+            positions = mrope_positions(self.model, scheduled, computed, self.requests).to(self.device)
         prepared = time.perf_counter()
         events = self._device_events()
         if events is not None:
@@ -486,8 +494,8 @@ class ModelRunner:
         graphs = self.decode_graphs
         use_graph = (graphs is not None and inputs.metadata.decode_only
                      and len(inputs.metadata.query_lens) <= graphs.max_batch_size)
-        if inputs_embeds is not None:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, inputs_embeds=inputs_embeds)
+        if inputs_embeds is not None or self.uses_mrope:  # eagerly: no decode graph or C decode step takes these
+            hidden = self.model(inputs.input_ids, positions, inputs.metadata, inputs_embeds=inputs_embeds)
         elif graphs is not None and use_graph:
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.metadata)
         elif self.cpu_decode is not None and self.cpu_decode.applies(inputs.metadata):
@@ -652,8 +660,7 @@ class ModelRunner:
         block_tables = staging.to_device("block_tables", num_seqs * width).view(num_seqs, width)
         inputs = _StepInputs(
             input_ids=staging.to_device("input_ids", total),
-            positions=(staging.to_device("positions", total) if self.mrope is None else  # M-RoPE: [3, total]
-                       torch.from_numpy(self.mrope.step(list(scheduled), starts, lengths)).to(self.device)),
+            positions=staging.to_device("positions", total),
             metadata=AttentionMetadata(
                 staging.to_device("slot_mapping", total), None, query_lens, seq_lens, block_tables,
                 block_size=block_size,

@@ -20,7 +20,7 @@ import torch
 
 from asyncengine.interfaces.multimodal import embed_input_ids_of, embed_multimodal_of, num_embeds
 from asyncengine.wire.multimodal import MultiModalFeature
-from asyncengine.wire.tensors import tensor_from_wire
+from asyncengine.wire.tensors import check_tensor_data, tensor_from_wire
 from asyncengine.wire.worker import SchedulerOutput
 
 
@@ -36,6 +36,25 @@ def feature_kwargs(features: Sequence[MultiModalFeature], device: torch.device) 
                                  "its group carry")
             kwargs[name].append(tensor_from_wire(feature.data[name]).to(device))
     return kwargs
+
+
+def check_features(features: Sequence[MultiModalFeature], num_prompt_tokens: int) -> str | None:
+    """Why these items cannot run with a prompt of `num_prompt_tokens` (None: they can): a span outside the prompt,
+    an `is_embed` of another length, tensors whose dtype, shape and bytes disagree. Checked when the request joins
+    the worker, so a malformed item fails its request alone, never the step."""
+    for index, feature in enumerate(features):
+        position = feature.position
+        if position.offset < 0 or position.length <= 0 or position.offset + position.length > num_prompt_tokens:
+            return (f"item {index}'s placeholder span [{position.offset}, {position.offset + position.length}) is "
+                    f"not inside the prompt of {num_prompt_tokens} tokens")
+        if position.is_embed is not None and len(position.is_embed) != position.length:
+            return f"item {index}'s is_embed has {len(position.is_embed)} entries for a span of {position.length}"
+        for name, data in feature.data.items():
+            try:
+                check_tensor_data(data)
+            except ValueError as exc:
+                return f"item {index}'s {name!r}: {exc}"
+    return None
 
 
 class MultiModalStep:
@@ -63,17 +82,21 @@ class MultiModalStep:
                 if all(item.identifier != feature.identifier for item in group):
                     group.append(feature)
         for group in groups.values():
-            embeddings = embed_multimodal_of(self.model, **feature_kwargs(group, self.device))
-            if len(embeddings) != len(group):
-                raise ValueError(f"{type(self.model).__qualname__}.embed_multimodal returned {len(embeddings)} "
-                                 f"embeddings for {len(group)} items: it must return one tensor per item")
-            for feature, rows in zip(group, embeddings):
-                rows = rows.reshape(-1, rows.shape[-1])
-                if rows.shape[0] != num_embeds(feature):
-                    raise ValueError(f"{type(self.model).__qualname__}.embed_multimodal made {rows.shape[0]} rows for "
-                                     f"an item whose placeholder takes {num_embeds(feature)}: the model and the "
-                                     "processor's placeholder expansion disagree")
-                self.cache[feature.identifier] = rows
+            self._encode(group)
+
+    def _encode(self, group: list[MultiModalFeature]) -> None:
+        """The model's vision part on items of one modality and one set of processor outputs, into the cache."""
+        embeddings = embed_multimodal_of(self.model, **feature_kwargs(group, self.device))
+        if len(embeddings) != len(group):
+            raise ValueError(f"{type(self.model).__qualname__}.embed_multimodal returned {len(embeddings)} "
+                             f"embeddings for {len(group)} items: it must return one tensor per item")
+        for feature, rows in zip(group, embeddings):
+            rows = rows.reshape(-1, rows.shape[-1])
+            if rows.shape[0] != num_embeds(feature):
+                raise ValueError(f"{type(self.model).__qualname__}.embed_multimodal made {rows.shape[0]} rows for "
+                                 f"an item whose placeholder takes {num_embeds(feature)}: the model and the "
+                                 "processor's placeholder expansion disagree")
+            self.cache[feature.identifier] = rows
 
     def inputs_embeds(self, scheduled: Mapping[str, int], computed: Mapping[str, int],
                       features_of: Mapping[str, list[MultiModalFeature]], input_ids: torch.Tensor) -> torch.Tensor | None:
@@ -92,10 +115,9 @@ class MultiModalStep:
                 if lo >= hi:
                     continue
                 cached = self.cache.get(feature.identifier)
-                if cached is None:
-                    raise RuntimeError(f"request {request_id} computes tokens of multimodal item "
-                                       f"{feature.identifier[:16]} whose embeddings this worker does not hold: the "
-                                       "engine core's encoder cache and this worker's disagree")
+                if cached is None:  # the request scheduled to compute it failed in this worker: this one does
+                    self._encode([feature])
+                    cached = self.cache[feature.identifier]
                 in_span = np.arange(lo, hi)
                 is_embed = feature.position.is_embed
                 if is_embed is not None:
@@ -117,3 +139,36 @@ class MultiModalStep:
 
     def clear(self) -> None:
         self.cache.clear()
+
+
+def uses_mrope(model: Any) -> bool:
+    """A model with M-RoPE (3-D positions: the Qwen-VL family): vLLM's SupportsMRoPE flag, `supports_mrope`."""
+    return getattr(model, "supports_mrope", False) is True
+
+
+def mrope_positions(model: Any, scheduled: Mapping[str, int], computed: Mapping[str, int],
+                    requests: Mapping[str, Any]) -> torch.Tensor:
+    """The step's (3, num_tokens) M-RoPE positions, batch order: a prompt token's from the model's
+    `get_mrope_input_positions(prompt_token_ids, mm_features)` (asked once per request, kept on its state as
+    `mrope`), a later token's its index plus the request's delta on all three rows."""
+    columns: list[torch.Tensor] = []
+    for request_id, num_tokens in scheduled.items():
+        state = requests[request_id]
+        if state.mrope is None:
+            positions, delta = model.get_mrope_input_positions(list(state.prompt_token_ids),
+                                                               list(state.mm_features or ()))
+            positions = torch.as_tensor(positions, dtype=torch.int64).reshape(3, -1)
+            if positions.shape[1] != len(state.prompt_token_ids):
+                raise ValueError(f"{type(model).__qualname__}.get_mrope_input_positions gave {positions.shape[1]} "
+                                 f"positions for a prompt of {len(state.prompt_token_ids)} tokens")
+            state.mrope = (positions, int(delta))
+        prompt_positions, delta = state.mrope
+        start = computed[request_id]
+        end = start + num_tokens
+        num_prompt = prompt_positions.shape[1]
+        part = [prompt_positions[:, start:min(end, num_prompt)]]
+        if end > num_prompt:
+            later = torch.arange(max(start, num_prompt), end, dtype=torch.int64) + delta
+            part.append(later.expand(3, -1))
+        columns.extend(part)
+    return torch.cat(columns, dim=1)

@@ -86,11 +86,14 @@ def test_greedy_tokens_match_transformers_with_one_and_two_images(name, tmp_path
         with portal.wrap_async_context_manager(AsyncEngine.start(config)) as engine:
             outputs = portal.call(run(engine, prompts))
             through_frontend = portal.call(from_text, engine, pictures) if name == "qwen2_vl" else None
-            if name == "qwen2_vl":  # an image placed past its prompt fails that request, not the engine
-                misplaced = msgspec.structs.replace(prompts[0].features[0], position=PlaceholderRange(
-                    offset=len(prompts[0].token_ids) - 2, length=prompts[0].features[0].position.length))
-                with pytest.raises(RequestError, match="placeholder tokens"):
-                    portal.call(one, engine, vl.Prepared(prompts[0].token_ids, [misplaced], {}))
+            if name == "qwen2_vl":  # misplaced images fail their request, not the engine: past the prompt's end,
+                # or the second over the first (which the model's positions refuse)
+                first, second = prompts[1].features
+                for moved in (first.position.offset + 1, len(prompts[1].token_ids) - 2):
+                    misplaced = msgspec.structs.replace(second, position=PlaceholderRange(
+                        offset=moved, length=second.position.length))
+                    with pytest.raises(RequestError, match="placeholder"):
+                        portal.call(one, engine, vl.Prepared(prompts[1].token_ids, [first, misplaced], {}))
                 again = portal.call(run(engine, prompts[:1]))[0]
                 assert again.outputs[0].token_ids == outputs[0].outputs[0].token_ids
             stats = portal.call(engine.get_scheduler_stats)

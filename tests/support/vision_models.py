@@ -50,7 +50,9 @@ def _randomize_norms(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=generator))
 
 
-def build_idefics3(directory: Path, tokenizer_dir: Path, *, seed: int = 0) -> TinyVLM:
+def build_idefics3(directory: Path, tokenizer_dir: Path, *, seed: int = 0, arch: str = "Idefics3") -> TinyVLM:
+    """Idefics3, or with `arch="SmolVLM"` transformers' SmolVLM classes (the same layout; fed by the Idefics3
+    processor, whose prompt layout SmolVLM's model reads the same way: its own processor needs torchvision)."""
     import transformers
     from transformers import AutoTokenizer
 
@@ -59,17 +61,17 @@ def build_idefics3(directory: Path, tokenizer_dir: Path, *, seed: int = 0) -> Ti
                                                              max_image_size={"longest_edge": 64})
     processor = transformers.Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
     image_token_id = tokenizer.convert_tokens_to_ids("<image>")
-    config = transformers.Idefics3Config(
+    config = getattr(transformers, f"{arch}Config")(
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                            image_size=64, patch_size=16, initializer_range=0.2),
         text_config=dict(TEXT, vocab_size=len(tokenizer)), scale_factor=2, image_token_id=image_token_id,
         initializer_range=0.2, tie_word_embeddings=False)
     torch.manual_seed(seed)
-    model = transformers.Idefics3ForConditionalGeneration(config).eval()
+    model = getattr(transformers, f"{arch}ForConditionalGeneration")(config).eval()
     _randomize_norms(model, seed)
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
-    return TinyVLM("idefics3", directory, model, processor, image_token_id)
+    return TinyVLM(arch.lower(), directory, model, processor, image_token_id)
 
 
 def build_llava(directory: Path, tokenizer_dir: Path, *, seed: int = 0) -> TinyVLM:
