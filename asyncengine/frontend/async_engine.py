@@ -45,7 +45,7 @@ from anyio.lowlevel import current_token
 
 from asyncengine.config.engine import EngineConfig, config_from_dict
 from asyncengine.errors import EngineDeadError, RequestError
-from asyncengine.frontend.chat_images import IMAGE_PARTS, load_chat_images
+from asyncengine.frontend.chat_images import image_placeholders, load_chat_images
 from asyncengine.frontend.core_client import CoreClient
 from asyncengine.frontend.dp_router import EngineLost, start_client
 from asyncengine.frontend.output_processor import OutputKind, OutputProcessor
@@ -109,8 +109,7 @@ class AsyncEngine:
         self.startup_report = startup_records
         self.model_config = setup.model_config
         self.tokenizer = setup.tokenizer
-        # A multimodal model's image processing (frontend/multimodal.py; None: the model takes no images), and
-        # its processor's chat template where the engine has none of its own (as transformers' processors ship it).
+        # Image processing (frontend/multimodal.py; None: no images), and the processor's chat template as fallback.
         self.multimodal = setup.multimodal
         self.chat_template = setup.chat_template or (self.multimodal.chat_template if self.multimodal else None)
         self.processor = InputProcessor(config, setup.model_config, setup.tokenizer, plugins.logits_processors,
@@ -282,9 +281,7 @@ class AsyncEngine:
         None: the engine's chat_template_content_format). A bad conversation, or a template that fails
         on it, is a RequestError."""
         if self.multimodal is not None:  # image parts rendered as the placeholder, not loaded (chat_prompt loads them)
-            messages = [{**m, "content": [{"type": "image"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS
-                                          else p for p in m["content"]]}
-                        if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
+            messages = image_placeholders(messages)
         return await self.tokenizer_pool.run(
             render_chat, self.tokenizer, messages, chat_template or self.chat_template,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
@@ -301,9 +298,9 @@ class AsyncEngine:
         pool) and processed: the ids are the expanded prompt's and `mm_features` holds the images."""
         images: list[Any] = []
         if self.multimodal is not None:
-            messages, images = await load_chat_images(
-                messages, self.multimodal.limits, self.multimodal.limit_per_prompt.get("image", 0),
-                self.tokenizer_pool.run)
+            mm = self.multimodal
+            messages, images = await load_chat_images(messages, mm.limits, mm.limit_per_prompt["image"],
+                                                      self.tokenizer_pool.run)
         text = await self.render_chat(messages, **render_options)
         if not images or self.multimodal is None:
             return {"prompt": text, "prompt_token_ids": await self.tokenize(text, add_special_tokens=add_special_tokens)}

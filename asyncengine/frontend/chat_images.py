@@ -17,7 +17,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncengine.errors import RequestError
-from asyncengine.frontend.media import MediaLimits, decode_image, image_bytes_from_url, image_from_object
+from asyncengine.frontend.media import (
+    MediaLimits,
+    decode_data_url,
+    decode_image,
+    image_bytes_from_url,
+    image_from_object,
+)
 
 IMAGE_PARTS = ("image_url", "image_pil")
 REFUSED_PARTS = {"image_embeds": "image embeddings are not taken: send the image itself (image_url)",
@@ -64,17 +70,20 @@ async def load_chat_images(messages: list[dict[str, Any]], limits: MediaLimits, 
         url = value.get("url") if isinstance(value, dict) else value
         if not isinstance(url, str):
             raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,...\"}}", field=where)
+        if url[:5].lower() == "data:":
+            images.append(await run_in_pool(decode_data_url, url, limits, where))
+            continue
         data = await image_bytes_from_url(url, limits, where)
         images.append(await run_in_pool(decode_image, data, limits, where))
-    replaced = {(index, part_index) for index, part_index, _ in parts}
-    rewritten = []
-    for index, message in enumerate(messages):
-        content = message.get("content")
-        if isinstance(content, list) and any((index, j) in replaced for j in range(len(content))):
-            message = {**message, "content": [{"type": "image"} if (index, j) in replaced else part
-                                              for j, part in enumerate(content)]}
-        rewritten.append(message)
-    return rewritten, images
+    return image_placeholders(messages), images
 
 
-__all__ = ["IMAGE_PARTS", "image_parts", "load_chat_images"]
+def image_placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with each image part made `{"type": "image"}` (new dicts where one changes; nothing loaded)."""
+    return [{**message, "content": [{"type": "image"} if isinstance(part, dict) and part.get("type") in IMAGE_PARTS
+                                    else part for part in message["content"]]}
+            if isinstance(message, dict) and isinstance(message.get("content"), list) else message
+            for message in messages]
+
+
+__all__ = ["IMAGE_PARTS", "image_parts", "image_placeholders", "load_chat_images"]

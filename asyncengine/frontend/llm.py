@@ -82,7 +82,9 @@ class LLM(LLMPooling):  # embed / encode / classify / score (frontend/llm_poolin
         """Generate for one prompt or a list of them; outputs come back in input order.
 
         `sampling_params` is one SamplingParams for all prompts or a list with one per prompt.
-        A prompt is a string or `{"prompt_token_ids": [...]}`. `lora_request`: one LoRARequest for all
+        A prompt is a string or `{"prompt_token_ids": [...]}`, and for a multimodal model may carry images:
+        `{"prompt": "...<image>...", "multi_modal_data": {"image": image_or_list}}` (docs/multimodal.md).
+        `lora_request`: one LoRARequest for all
         prompts, or a list with one (or None, the base model) per prompt (docs/lora.md).
         """
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)

@@ -90,6 +90,12 @@ def parse_data_url(url: str, limits: MediaLimits, where: str) -> bytes:
         raise RequestError(f"{where}: the data URL's base64 does not decode: {exc}", field=where) from exc
 
 
+def decode_data_url(url: str, limits: MediaLimits, where: str) -> Any:
+    """A data URL's image, decoded: base64 and pixels both in the caller's thread (a pool's: 20 MB of base64
+    take tens of milliseconds to decode, too long for the event loop)."""
+    return decode_image(parse_data_url(url, limits, where), limits, where)
+
+
 def read_local_file(url: str, limits: MediaLimits, where: str) -> bytes:
     """`file:///path`, when the path (symlinks resolved) lies under --allowed-local-media-path."""
     if not limits.allowed_local_media_path:

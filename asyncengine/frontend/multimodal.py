@@ -106,6 +106,9 @@ class MultiModalInputs:
         self.options = dict(options or {})
         self.cache = ProcessedItemCache(cache_bytes)
         self._name = describe(type(processor))
+        # The tokenizer pool's threads share this tokenizer: transformers' __call__ may reset the Rust
+        # tokenizer's truncation and padding state, which fails ("Already borrowed") under a concurrent call.
+        self._tokenizer_lock = threading.Lock()
 
     @property
     def placeholder(self) -> str:
@@ -132,6 +135,18 @@ class MultiModalInputs:
         items = [] if items is None else list(items) if isinstance(items, (list, tuple)) else [items]
         self.check_count(len(items), f"{field}.image")
         return [image_from_object(item, self.limits, f"{field}.image[{index}]") for index, item in enumerate(items)]
+
+    def check_at_startup(self) -> None:
+        """One dummy image through the whole path, so that a processor (or an `mm_processor_kwargs` option) that
+        cannot work fails start-up, naming it, rather than every request."""
+        dummy = self.processor.dummy_inputs
+        try:
+            images = dummy.get_dummy_mm_data(0, {IMAGE: 1})[IMAGE]
+            self.process(dummy.get_dummy_text({IMAGE: 1}), None, images[:1])
+        except (RequestError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ConfigError(f"the multimodal processor {self._name} cannot process an image with this model's "
+                              f"files and mm_processor_kwargs={self.options}: {type(exc).__name__}: {exc}",
+                              field="mm_processor_kwargs") from exc
 
     def check_count(self, count: int, field: str) -> None:
         limit = self.limit_per_prompt.get(IMAGE, DEFAULT_LIMIT_PER_PROMPT)
@@ -195,7 +210,8 @@ class MultiModalInputs:
         for replacement, piece in zip(replacements, pieces[1:]):
             char_spans.append((len(expanded), len(expanded) + len(replacement)))
             expanded += replacement + piece
-        encoding = self.tokenizer(expanded, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        with self._tokenizer_lock:
+            encoding = self.tokenizer(expanded, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         ids, offsets = list(encoding["input_ids"]), list(encoding["offset_mapping"])
         spans = []
         for char_start, char_end in char_spans:
@@ -215,7 +231,8 @@ class MultiModalInputs:
             if token != placeholder_id:
                 ids.append(token)
                 continue
-            replacement = list(self.tokenizer.encode(next(replacements_left), add_special_tokens=False))
+            with self._tokenizer_lock:
+                replacement = list(self.tokenizer.encode(next(replacements_left), add_special_tokens=False))
             spans.append((len(ids), len(ids) + len(replacement)))
             ids.extend(replacement)
         return ids, spans
@@ -250,9 +267,14 @@ def multimodal_inputs(config: Any, model_config: Any, tokenizer: Any) -> MultiMo
     ctx = ProcessingContext(str(model_config.model_dir), dict(config.mm_processor_kwargs or {}),
                             bool(config.trust_remote_code))
     processor = factories.build_processor(ctx)
-    return MultiModalInputs(processor, processor.info.get_tokenizer(), MediaLimits.of(config),
-                            parse_limit_per_prompt(config.limit_mm_per_prompt), ctx.mm_processor_kwargs,
-                            int(config.mm_processor_cache_gb * 1024**3))
+    limits = parse_limit_per_prompt(config.limit_mm_per_prompt)
+    model_limit = processor.info.get_supported_mm_limits().get(IMAGE)  # the model's own cap, when it has one
+    if model_limit is not None and model_limit < limits[IMAGE]:
+        limits[IMAGE] = model_limit
+    inputs = MultiModalInputs(processor, processor.info.get_tokenizer(), MediaLimits.of(config), limits,
+                              ctx.mm_processor_kwargs, int(config.mm_processor_cache_gb * 1024**3))
+    inputs.check_at_startup()
+    return inputs
 
 
 __all__ = ["CachedItem", "MultiModalInputs", "ProcessedItemCache", "multimodal_inputs", "tensor_data"]

@@ -7,6 +7,9 @@ context-length rule for max_tokens and min_tokens). `n > 1` fans out into `n` en
 (children) that share the prompt and a parent id, by which the scheduler keeps one request's
 completions to their share of the slots and of a step (docs/server.md, "Fairness"); the prompts of
 one HTTP completions request join one such group (`new_group_id`, `ProcessedRequest.join_group`).
+A multimodal model's prompt may carry images (`multi_modal_data`): they are checked and processed here
+(frontend/multimodal.py) into the expanded prompt and one MultiModalFeature per image, which every
+completion's EngineCoreRequest carries (docs/multimodal.md).
 """
 
 from __future__ import annotations

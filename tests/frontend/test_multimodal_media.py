@@ -171,8 +171,8 @@ def http_response(status: str, body: bytes, headers: str = "") -> bytes:
     return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{headers}Connection: close\r\n\r\n".encode() + body
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_fetches_from_allowed_hosts_bounded_in_bytes_and_time(anyio_backend):
+@pytest.mark.anyio
+async def test_fetches_from_allowed_hosts_bounded_in_bytes_and_time():
     png = encoded(noise())
     limits = MediaLimits(allowed_media_domains=("127.0.0.1",), fetch_timeout=0.5, max_image_bytes=len(png) + 10)
     cases = [(http_response("200 OK", png), None), (http_response("404 Not Found", b""), "HTTP 404"),
@@ -195,6 +195,20 @@ async def test_fetches_from_allowed_hosts_bounded_in_bytes_and_time(anyio_backen
     assert info.value.field == WHERE
     with pytest.raises(RequestError, match="not allowed"):  # an allowed domain's look-alike
         await image_bytes_from_url("http://127.0.0.1.evil.example/cat.png", limits, WHERE)
+
+
+@pytest.mark.anyio
+async def test_a_fetch_is_cancelled_with_its_request():
+    limits = MediaLimits(allowed_media_domains=("127.0.0.1",), fetch_timeout=30)
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, answering(None))  # a server that never answers
+            started = anyio.current_time()
+            with anyio.move_on_after(0.2) as scope:  # the request goes away (a client disconnect)
+                await image_bytes_from_url(f"http://127.0.0.1:{port}/slow.png", limits, WHERE)
+            assert scope.cancelled_caught and anyio.current_time() - started < 5
+            tg.cancel_scope.cancel()
 
 
 def test_python_objects_become_rgb_images():
@@ -221,8 +235,8 @@ def test_the_identifier_is_the_pixels_and_the_options():
     assert image_identifier(image, {}, "p") != image_identifier(image, {"do_image_splitting": False}, "p")
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_chat_image_parts_are_loaded_in_order_and_counted_first(anyio_backend):
+@pytest.mark.anyio
+async def test_chat_image_parts_are_loaded_in_order_and_counted_first():
     first, second = noise(seed=1), noise(seed=2)
 
     async def run_in_thread(function, *args):
@@ -230,12 +244,12 @@ async def test_chat_image_parts_are_loaded_in_order_and_counted_first(anyio_back
 
     messages = [{"role": "user", "content": [
         {"type": "text", "text": "compare"}, {"type": "image_url", "image_url": {"url": data_url(encoded(first))}},
-        {"type": "image_url", "image_url": data_url(encoded(second))}]}]
-    rewritten, images = await load_chat_images(messages, MediaLimits(), 2, run_in_thread)
-    assert [image.tobytes() for image in images] == [first.tobytes(), second.tobytes()]
-    assert rewritten[0]["content"][1:] == [{"type": "image"}, {"type": "image"}]
+        {"type": "image_url", "image_url": data_url(encoded(second))}, {"type": "image_pil", "image_pil": first}]}]
+    rewritten, images = await load_chat_images(messages, MediaLimits(), 3, run_in_thread)
+    assert [image.tobytes() for image in images] == [first.tobytes(), second.tobytes(), first.tobytes()]
+    assert rewritten[0]["content"][1:] == [{"type": "image"}] * 3
     assert messages[0]["content"][1]["type"] == "image_url"  # the caller's messages are left alone
-    with pytest.raises(RequestError, match="over the limit of 1") as info:
+    with pytest.raises(RequestError, match="3 images, over the limit of 1") as info:
         await load_chat_images(messages, MediaLimits(), 1, run_in_thread)
     assert info.value.field == "messages[0].content[2]"
     broken = [{"role": "user", "content": [{"type": "text", "text": "x"},
@@ -246,3 +260,49 @@ async def test_chat_image_parts_are_loaded_in_order_and_counted_first(anyio_back
     with pytest.raises(RequestError, match="embeddings"):
         await load_chat_images([{"role": "user", "content": [{"type": "image_embeds", "image_embeds": "x"}]}],
                                MediaLimits(), 2, run_in_thread)
+
+
+def test_image_parts_reach_templates_in_their_content_format():
+    from asyncengine.frontend.chat_messages import conversation_for_template
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is"}, {"type": "image"},
+                                             {"type": "text", "text": "?"}]}]
+    string_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    parts_template = "{% for m in messages %}{% for p in m['content'] %}{{ p['type'] }}{% endfor %}{% endfor %}"
+    assert conversation_for_template(messages, string_template, image_placeholder="<image>")[0]["content"] == \
+        "what is\n<image>\n?"
+    assert conversation_for_template(messages, parts_template, image_placeholder="<image>")[0]["content"] == [
+        {"type": "text", "text": "what is"}, {"type": "image"}, {"type": "text", "text": "?"}]
+    raw = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
+    with pytest.raises(RequestError, match="takes no images") as info:  # a model that is not multimodal
+        conversation_for_template(raw, parts_template)
+    assert info.value.field == "messages[0].content[0].type"
+
+
+def test_the_multimodal_flags_parse_and_bad_values_name_their_field():
+    import argparse
+
+    from asyncengine import EngineConfig
+    from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
+    from asyncengine.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    config = engine_config_from_args(parser.parse_args([
+        "--limit-mm-per-prompt", '{"image": 2}', "--allowed-media-domains", "a.example", "b.example",
+        "--allowed-local-media-path", "/srv/media", "--max-image-pixels", "1000", "--mm-processor-kwargs",
+        '{"do_image_splitting": false}']), model=None)
+    limits = MediaLimits.of(config)
+    assert config.limit_mm_per_prompt == {"image": 2} and config.mm_processor_kwargs == {"do_image_splitting": False}
+    assert limits.allowed_media_domains == ("a.example", "b.example") and limits.max_image_pixels == 1000
+    assert limits.allowed_local_media_path == "/srv/media"
+    for options, field in [({"limit_mm_per_prompt": {"video": 1}}, "limit_mm_per_prompt"),
+                           ({"limit_mm_per_prompt": {"image": -1}}, "limit_mm_per_prompt"),
+                           ({"max_image_pixels": 0}, "max_image_pixels"),
+                           ({"media_fetch_timeout": 0.0}, "media_fetch_timeout"),
+                           ({"mm_processor_cache_gb": float("nan")}, "mm_processor_cache_gb"),
+                           ({"allowed_media_domains": [""]}, "allowed_media_domains")]:
+        with pytest.raises(ConfigError) as info:
+            EngineConfig(**options)
+        assert info.value.field == field, options
+    assert EngineConfig(limit_mm_per_prompt={"image": {"count": 3}}).limit_mm_per_prompt == {"image": {"count": 3}}

@@ -130,3 +130,54 @@ def test_the_input_processor_sends_the_features_with_every_completion(tiny):
     with pytest.raises(RequestError, match="not a multimodal model") as info:
         text_only.process("r", {"prompt": TEXT, "multi_modal_data": {"image": IMAGES}}, None)
     assert info.value.field == "multi_modal_data"
+
+
+def test_processor_options_and_dummy_inputs(tiny, tmp_path):
+    kind, hf, inputs = tiny
+    processor = inputs.processor
+    dummy = processor.dummy_inputs
+    text = dummy.get_dummy_text({"image": 2})
+    data = dummy.get_dummy_mm_data(256, {"image": 2})
+    token_ids, features = inputs.process(text, None, data["image"])  # the profiling inputs process like any
+    assert text == hf.image_token * 2 and len(features) == 2
+    if kind == "idefics3":  # an option of the processor's changes the expansion and the identifier
+        save_tiny_processor(kind, tmp_path)
+        unsplit = DEFAULT_FACTORIES.build_processor(ProcessingContext(str(tmp_path), {"do_image_splitting": False}))
+        options = {"do_image_splitting": False}
+        plain = MultiModalInputs(unsplit, unsplit.info.get_tokenizer(), MediaLimits(), {"image": 3}, options, 0)
+        feature = plain.process("<image>", None, [IMAGES[0]])[1][0]
+        split = inputs.process("<image>", None, [IMAGES[0]])[1][0]
+        assert sum(feature.position.is_embed or [True] * feature.position.length) == 4  # the global tile alone
+        assert feature.identifier != split.identifier and len(plain.cache) == 0  # a cache of 0 bytes keeps nothing
+
+
+def test_the_cache_evicts_the_least_recently_used_by_bytes():
+    from asyncengine.frontend.multimodal import CachedItem, ProcessedItemCache
+
+    cache = ProcessedItemCache(capacity=100)
+    for key in "abc":
+        cache.put(key, CachedItem("r", {}, 40))
+    assert cache.get("a") is None and cache.nbytes == 80  # a went out when c came in
+    assert cache.get("b") is not None  # b is now the most recent
+    cache.put("d", CachedItem("r", {}, 40))
+    assert cache.get("c") is None and cache.get("b") is not None and cache.get("d") is not None
+    cache.put("huge", CachedItem("r", {}, 101))  # larger than the whole cache: not kept
+    assert cache.get("huge") is None and len(cache) == 2
+
+
+def test_a_processor_that_cannot_work_fails_start_up_naming_it(tiny):
+    from asyncengine.errors import ConfigError
+    from asyncengine.interfaces.multimodal_registry import BaseMultiModalProcessor
+
+    _, _, inputs = tiny
+
+    class Broken(BaseMultiModalProcessor):
+        def process_item(self, modality, item, options):
+            raise ValueError("size must have longest_edge")
+
+    broken = Broken(inputs.processor.info)
+    checked = MultiModalInputs(broken, inputs.tokenizer, MediaLimits(), {"image": 1}, {"size": 3}, 0)
+    with pytest.raises(ConfigError, match="Broken cannot process an image.*longest_edge") as info:
+        checked.check_at_startup()
+    assert info.value.field == "mm_processor_kwargs"
+    inputs.check_at_startup()  # a working one passes

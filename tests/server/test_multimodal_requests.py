@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from asyncengine import RequestError
 from asyncengine.server.config import ServerConfig
 from support.in_process_server import in_process_server
 from support.mm_processors import save_tiny_processor
@@ -76,6 +77,7 @@ def server(tmp_path_factory, media):
                "media_fetch_timeout": 0.5}
     with in_process_server(options, ServerConfig()) as running:
         running.media_dir = media / "allowed"
+        running.image_token_id = processor.image_token_id
         yield running
 
 
@@ -93,6 +95,10 @@ def test_data_url_images_reach_the_engine_as_the_expanded_prompt(server):
     assert body["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"] == 2 * 4
     status, body = send(server, chat(image_part(f"file://{server.media_dir}/cat.png")))  # under the allowed folder
     assert status == 200, body
+    status, _, raw = server.request("POST", "/v1/chat/completions",
+                                    chat(image_part(data_url(png(30, 20, 1))), stream=True, max_tokens=2), HEADERS)
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and len(events) >= 2, raw
 
 
 BAD = {
@@ -141,3 +147,29 @@ def test_image_parts_fuzzed_are_never_a_5xx(server):
         statuses[status] = statuses.get(status, 0) + 1
         assert status < 500, body
     assert statuses.get(400, 0) > 20, statuses
+
+
+def test_multi_modal_data_prompts_in_the_python_api(server):
+    """AsyncEngine (what LLM wraps): a prompt's multi_modal_data is processed in the tokenizer pool into the
+    expanded prompt and one feature per image, sent with the request, and the request runs."""
+    from asyncengine import SamplingParams
+
+    images = [Image.open(io.BytesIO(png(30, 20, 1))), np.array(Image.open(io.BytesIO(png(16, 40, 2))))]
+    prompt = {"prompt": "<image> then <image>?", "multi_modal_data": {"image": images}}
+    processed = server.call(server.engine.process_request_async, prompt, SamplingParams(max_tokens=1))
+    features = processed.children[0].mm_features
+    assert [f.position.length for f in features] == [4, 4] and features[0].identifier != features[1].identifier
+    for feature in features:
+        start = feature.position.offset
+        assert processed.prompt_token_ids[start:start + 4] == [server.image_token_id] * 4
+
+    async def generate():
+        return [output async for output in server.engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0))]
+
+    outputs = server.call(generate)
+    assert outputs[-1].finished and outputs[-1].prompt_token_ids == processed.prompt_token_ids
+    with pytest.raises(RequestError, match="over the limit of 2") as info:
+        server.call(server.engine.process_request_async, {"prompt": "<image>" * 3,
+                                                          "multi_modal_data": {"image": images + images[:1]}})
+    assert info.value.field == "multi_modal_data.image"
+

@@ -27,9 +27,14 @@ from asyncengine.server.config import ServerConfig
 
 
 class InProcessServer:
-    def __init__(self, portal: BlockingPortal, client: Any) -> None:
+    def __init__(self, portal: BlockingPortal, client: Any, engine: AsyncEngine) -> None:
         self._portal = portal
         self._client = client
+        self.engine = engine  # the AsyncEngine under the app, for tests of the Python API on the same engine
+
+    def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """`await function(*args, **kwargs)` on the engine's event loop (an async engine method, say)."""
+        return self._portal.call(functools.partial(function, *args, **kwargs))
 
     def request(self, method: str, path: str, body: bytes | dict | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -48,7 +53,7 @@ async def _serving(engine_options: dict[str, Any], server_config: ServerConfig) 
     async with AsyncEngine.start(**engine_options) as engine:
         app = create_app(engine, server_config)
         async with app.test_app() as running:
-            yield running.test_client()
+            yield running.test_client(), engine
 
 
 @contextmanager
@@ -56,5 +61,6 @@ def in_process_server(engine_options: dict[str, Any],
                       server_config: ServerConfig | None = None) -> Iterator[InProcessServer]:
     """An engine started with `engine_options` (EngineConfig fields) and the API over it, until the block ends."""
     with start_blocking_portal("trio") as portal:
-        with portal.wrap_async_context_manager(_serving(engine_options, server_config or ServerConfig())) as client:
-            yield InProcessServer(portal, client)
+        with portal.wrap_async_context_manager(_serving(engine_options, server_config or ServerConfig())) as (
+                client, engine):
+            yield InProcessServer(portal, client, engine)
