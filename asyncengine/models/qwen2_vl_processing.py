@@ -66,7 +66,10 @@ class Qwen2VLDummyInputsBuilder(BaseDummyInputsBuilder):
         from PIL import Image
 
         images = self.info.get_hf_processor().image_processor
-        side = math.isqrt(int(getattr(images, "max_pixels", None) or 448 * 448))
+        # transformers 5 keeps the bound in size.longest_edge (in pixels), older versions in max_pixels
+        size = getattr(images, "size", None)
+        longest = size.get("longest_edge") if isinstance(size, Mapping) else getattr(size, "longest_edge", None)
+        side = math.isqrt(int(getattr(images, "max_pixels", None) or longest or 448 * 448))
         return {IMAGE: [Image.new("RGB", (side, side)) for _ in range(mm_counts.get(IMAGE, 0))]}
 
 
