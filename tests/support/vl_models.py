@@ -253,7 +253,8 @@ def hf_greedy(vlm: SavedVLM, prompt: Prepared, max_tokens: int,
     inputs = {name: value for name, value in prompt.hf_inputs.items() if name not in without}
     with torch.inference_mode():
         out = vlm.hf_model.generate(**inputs, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                                    output_scores=True, return_dict_in_generate=True)
+                                    output_logits=True, return_dict_in_generate=True)
     tokens = out.sequences[0, len(prompt.token_ids):].tolist()
-    logprobs = [float(score[0].float().log_softmax(-1)[token]) for score, token in zip(out.scores, tokens)]
+    # The raw logits: the scores have EOS masked by min_new_tokens, which the engine's ignore_eos does not do.
+    logprobs = [float(logits[0].float().log_softmax(-1)[token]) for logits, token in zip(out.logits, tokens)]
     return tokens, logprobs
