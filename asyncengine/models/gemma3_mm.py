@@ -20,6 +20,7 @@ for transformers' result (docs/multimodal.md).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, ClassVar
 
@@ -32,6 +33,8 @@ from asyncengine.models.layers.attention import AttentionMetadata, PagedAttentio
 from asyncengine.models.layers.norm import GemmaRMSNorm
 from asyncengine.models.qwen2_vl import vision_activation
 from asyncengine.models.image_text import ImageTextModel, sub_config, text_config_of
+
+logger = logging.getLogger(__name__)
 
 
 class SiglipAttention(nn.Module):
@@ -211,6 +214,7 @@ class Gemma3ForConditionalGeneration(ImageTextModel, Gemma3ForCausalLM):
         self.vision_tower = SiglipVisionTower(sub_config(config, "vision_config"), dtype=dtype)
         self.multi_modal_projector = Gemma3MultiModalProjector(config, dtype=dtype)
         self.image_rows = ImageRows()
+        self._warned_split = False
         for module in self.model.modules():
             if isinstance(module, ImageBidirectionalAttention):
                 module.image_rows = self.image_rows
@@ -256,6 +260,11 @@ class Gemma3ForConditionalGeneration(ImageTextModel, Gemma3ForCausalLM):
                     end += 1
                 if end - row > 1:  # one token alone sees itself either way
                     runs.append((row, end - row, seq))
+                if end == start + length and not self._warned_split:  # an image token ends the step's rows
+                    self._warned_split = True  # (an image always ends with <end_of_image>: it continues next step)
+                    logger.warning("a prompt's image is split across two steps: its tokens in the first cannot see "
+                                   "the later ones, which transformers' Gemma 3 lets them; raise "
+                                   "max_num_batched_tokens above an image's tokens for identical outputs")
                 row = end
             start += length
         return runs
