@@ -260,7 +260,7 @@ class Gemma3ForConditionalGeneration(ImageTextModel, Gemma3ForCausalLM):
                     end += 1
                 if end - row > 1:  # one token alone sees itself either way
                     runs.append((row, end - row, seq))
-                if end == start + length and not self._warned_split:  # an image token ends the step's rows
+                if end == start + length and length > 1 and not self._warned_split:  # a prefill chunk ends in it
                     self._warned_split = True  # (an image always ends with <end_of_image>: it continues next step)
                     logger.warning("a prompt's image is split across two steps: its tokens in the first cannot see "
                                    "the later ones, which transformers' Gemma 3 lets them; raise "
