@@ -126,3 +126,13 @@ def test_mrope_positions_take_stray_image_tokens_as_text_and_refuse_images_that_
     for images in ([(7, [1, 4, 4])], [(0, [1, 4, 4]), (2, [1, 2, 2])]):  # past the end; overlapping
         with pytest.raises(ValueError, match="placeholder tokens"):
             mrope_positions(9, images, spatial_merge_size=2)
+
+
+def test_vllms_model_config_view_says_which_models_use_mrope(tmp_path):
+    from asyncengine import EngineConfig
+    from asyncengine.config.vllm_views import SubConfigView
+
+    for name, config, expected in (("qwen2_vl", vl.qwen2_vl_config(), True), ("gemma3", vl.gemma3_config(), False)):
+        config.save_pretrained(tmp_path / name)
+        view = SubConfigView(EngineConfig(model=str(tmp_path / name)), "model_config")
+        assert view.uses_mrope is expected
