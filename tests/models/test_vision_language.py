@@ -14,7 +14,7 @@ encoder cache are empty after every request.
 
 from __future__ import annotations
 
-from pathlib import Path
+from contextlib import aclosing
 
 import anyio
 import msgspec
@@ -61,6 +61,28 @@ class Engine:
             return outputs
 
         return self.portal.call(run_all)
+
+    def abort_after_first_output(self, prompts: list[PreparedPrompt]) -> None:
+        """Stream the prompts at once; at the first output of any, stop consuming all of them: the engine aborts
+        each wherever it is (the others mid-prefill, some inside an image's span)."""
+        async def run_all() -> None:
+            async def one(prompt: PreparedPrompt, scope: anyio.CancelScope) -> None:
+                processed = self.engine.process_request({"prompt_token_ids": prompt.token_ids},
+                                                        SamplingParams(temperature=0.0, max_tokens=100))
+                processed.children = [msgspec.structs.replace(child, mm_features=prompt.features)
+                                      for child in processed.children]
+                async with aclosing(self.engine.submit(processed, OutputKind.DELTA)) as outputs:
+                    async for _ in outputs:
+                        scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                for prompt in prompts:
+                    tg.start_soon(one, prompt, tg.cancel_scope)
+            with anyio.fail_after(30):  # the aborts reach the engine core after the consumers left
+                while (await self.engine.get_scheduler_stats()).num_running_reqs:
+                    await anyio.sleep(0.05)
+
+        self.portal.call(run_all)
 
     def stats(self):
         return self.portal.call(self.engine.get_scheduler_stats)
@@ -121,6 +143,14 @@ def test_the_same_image_hits_the_prefix_cache_and_another_image_does_not(vlm, en
     assert different.num_cached_tokens <= image_offset  # only the text before the image
     assert again.outputs[0].token_ids == warm.outputs[0].token_ids == hf_greedy(vlm, same)
     assert different.outputs[0].token_ids == hf_greedy(vlm, other)
+    assert_idle(engine)
+
+
+def test_aborted_requests_leave_no_kv_blocks_and_no_encoder_cache_entries(vlm, engine):
+    pictures = images(seed=5)
+    prompts = [prepare(vlm, PROMPTS[vlm.name][0], pictures[:1]), prepare(vlm, PROMPTS[vlm.name][1], pictures),
+               prepare(vlm, PROMPTS[vlm.name][1], pictures[::-1])]
+    engine.abort_after_first_output(prompts)
     assert_idle(engine)
 
 
