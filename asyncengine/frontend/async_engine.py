@@ -287,7 +287,7 @@ class AsyncEngine:
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
             tools=tools, documents=documents, template_kwargs=template_kwargs,
             content_format=content_format or self.config.chat_template_content_format,
-            image_placeholder=self.multimodal.placeholder if self.multimodal is not None else None,
+            image_placeholder=self.multimodal.chat_placeholder if self.multimodal is not None else None,
         )
 
     async def chat_prompt(self, messages: list[dict[str, Any]], *, add_special_tokens: bool = False,

@@ -98,7 +98,7 @@ class MultiModalInputs:
 
     def __init__(self, processor: BaseMultiModalProcessor, tokenizer: Any, limits: MediaLimits,
                  limit_per_prompt: Mapping[str, int], options: Mapping[str, Any] | None = None,
-                 cache_bytes: int = 0) -> None:
+                 cache_bytes: int = 0, chat_placeholder: str | None = None) -> None:
         self.processor = processor
         self.tokenizer = tokenizer
         self.limits = limits
@@ -106,6 +106,12 @@ class MultiModalInputs:
         self.options = dict(options or {})
         self.cache = ProcessedItemCache(cache_bytes)
         self._name = describe(type(processor))
+        # What a chat template that prints content as one string gets for an image (vLLM's
+        # SupportsMultiModal.get_placeholder_str, e.g. Qwen2-VL's <|vision_start|><|image_pad|><|vision_end|>).
+        self.chat_placeholder = chat_placeholder or self.placeholder
+        if self.chat_placeholder.count(self.placeholder) != 1:
+            raise ConfigError(f"the model's image placeholder for chat {self.chat_placeholder!r} must hold the "
+                              f"processor's image token {self.placeholder!r} once", field="model")
         # The tokenizer pool's threads share this tokenizer: transformers' __call__ may reset the Rust
         # tokenizer's truncation and padding state, which fails ("Already borrowed") under a concurrent call.
         self._tokenizer_lock = threading.Lock()
@@ -271,8 +277,11 @@ def multimodal_inputs(config: Any, model_config: Any, tokenizer: Any) -> MultiMo
     model_limit = processor.info.get_supported_mm_limits().get(IMAGE)  # the model's own cap, when it has one
     if model_limit is not None and model_limit < limits[IMAGE]:
         limits[IMAGE] = model_limit
+    getter = getattr(model_cls, "get_placeholder_str", None)  # vLLM's SupportsMultiModal classmethod
+    chat_placeholder = getter(IMAGE, 1) if callable(getter) else None
     inputs = MultiModalInputs(processor, processor.info.get_tokenizer(), MediaLimits.of(config), limits,
-                              ctx.mm_processor_kwargs, int(config.mm_processor_cache_gb * 1024**3))
+                              ctx.mm_processor_kwargs, int(config.mm_processor_cache_gb * 1024**3),
+                              chat_placeholder if isinstance(chat_placeholder, str) else None)
     inputs.check_at_startup()
     return inputs
 

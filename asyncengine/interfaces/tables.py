@@ -22,6 +22,7 @@ from asyncengine.interfaces.kv_connector import KVConnectorFactory
 from asyncengine.interfaces.lora_resolver import LoRAResolverRegistry
 from asyncengine.interfaces.model_loader import ModelLoaderRegistry
 from asyncengine.interfaces.models import ModelRegistry
+from asyncengine.interfaces.multimodal_registry import MULTIMODAL_REGISTRY
 from asyncengine.interfaces.parsers import ReasoningParserManager, ToolParserManager
 from asyncengine.interfaces.pooler import PoolerRegistry
 from asyncengine.interfaces.quantization import QuantizationRegistry
@@ -60,6 +61,10 @@ _TABLES: tuple[tuple[Registry[Any], frozenset[str]], ...] = (
     (LoRAResolverRegistry, frozenset({FRONTEND})),
     # speculative_config's method: the frontend checks the name, the worker builds the proposer (R13).
     (ProposerRegistry, frozenset({FRONTEND, WORKER})),
+    # A multimodal model class's processor (R14): the frontend processes images with it. Filled when the model's
+    # module is imported (the decorator), so a child that has not imported it yet would lack the key: the
+    # worker's reading (profiling) is checked where it builds the model, not by the manifest.
+    (MULTIMODAL_REGISTRY, frozenset({FRONTEND})),
 )
 
 

@@ -181,3 +181,17 @@ def test_a_processor_that_cannot_work_fails_start_up_naming_it(tiny):
         checked.check_at_startup()
     assert info.value.field == "mm_processor_kwargs"
     inputs.check_at_startup()  # a working one passes
+
+
+def test_a_models_own_chat_placeholder_holds_the_image_token_once(tiny):
+    from asyncengine.errors import ConfigError
+
+    _, hf, inputs = tiny
+    wrapped = MultiModalInputs(inputs.processor, inputs.tokenizer, MediaLimits(), {"image": 1}, {}, 0,
+                               chat_placeholder=f"<vision>{hf.image_token}</vision>")
+    assert wrapped.chat_placeholder == f"<vision>{hf.image_token}</vision>" and inputs.chat_placeholder == hf.image_token
+    token_ids, features = wrapped.process(f"see <vision>{hf.image_token}</vision>", None, [IMAGES[0]])
+    assert len(features) == 1
+    with pytest.raises(ConfigError, match="once"):
+        MultiModalInputs(inputs.processor, inputs.tokenizer, MediaLimits(), {"image": 1}, {}, 0,
+                         chat_placeholder="<vision></vision>")
