@@ -265,6 +265,14 @@ def _text(facts: _ModelFacts) -> AttrDict:
     return AttrDict(text if isinstance(text, dict) and "num_attention_heads" in text else config)
 
 
+def _uses_mrope(facts: _ModelFacts) -> bool:
+    """vLLM's rule: the text config's rope settings (`rope_parameters`, or the older `rope_scaling`) carry an
+    `mrope_section` (the Qwen-VL family: asyncengine/models/layers/mrope.py)."""
+    text = _text(facts)
+    return any(isinstance(rope, dict) and "mrope_section" in rope
+               for rope in (text.get("rope_parameters"), text.get("rope_scaling")))
+
+
 def _heads(facts: _ModelFacts) -> int:
     return int(_text(facts).get("num_attention_heads") or 0)
 
@@ -297,7 +305,7 @@ _MODEL_QUESTIONS: dict[str, Any] = {
     "runner_type": lambda f: f.resolved.runner if f.resolved is not None else f.config.runner,
     "is_encoder_decoder": lambda f: False,
     "is_multimodal_model": lambda f: False,
-    "uses_mrope": lambda f: False,
+    "uses_mrope": _uses_mrope,
     "get_hidden_size": lambda f: lambda: int(_text(f).get("hidden_size") or 0),
     "get_head_size": lambda f: lambda: _head_size(f),
     "get_total_num_attention_heads": lambda f: lambda: _heads(f),

@@ -43,6 +43,10 @@ class _ModelRegistry(Registry[type[ModelClass]]):
             "MixtralForCausalLM": "asyncengine.models.mixtral:MixtralForCausalLM",
             "OlmoeForCausalLM": "asyncengine.models.olmoe:OlmoeForCausalLM",
             "GptOssForCausalLM": "asyncengine.models.gpt_oss:GptOssForCausalLM",
+            # Images and text (docs/multimodal.md): an image tower beside a language model above.
+            "Qwen2VLForConditionalGeneration": "asyncengine.models.qwen2_vl:Qwen2VLForConditionalGeneration",
+            "Qwen2_5_VLForConditionalGeneration": "asyncengine.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
+            "Gemma3ForConditionalGeneration": "asyncengine.models.gemma3_mm:Gemma3ForConditionalGeneration",
             # Pooling models (docs/pooling.md): BERT-family encoders and classifiers on BERT and decoder bases.
             "BertModel": "asyncengine.models.bert:BertModel",
             "BertForSequenceClassification": "asyncengine.models.bert:BertForSequenceClassification",

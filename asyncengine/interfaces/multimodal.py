@@ -13,8 +13,8 @@ A multimodal model is the language model's class plus three things:
   embeddings with the architecture's scale). The worker calls `embed_input_ids` and passes `inputs_embeds` only
   in steps that carry multimodal positions: a text-only step, and a text-only model, run as before.
   `positions` are whatever the model's forward reads: a (num_tokens,) tensor, or M-RoPE's (3, num_tokens) for
-  a model that sets `uses_mrope = True` and gives vLLM's `get_mrope_input_positions(input_tokens, mm_features)
-  -> (positions (3, num_prompt_tokens) int64 tensor, mrope_position_delta: int)` (the Qwen-VL family): the worker
+  a model that sets `supports_mrope = True` (vLLM's SupportsMRoPE) and gives vLLM's
+  `get_mrope_input_positions(input_tokens, mm_features) -> (positions (3, num_prompt_tokens) int64 tensor, mrope_position_delta: int)` (the Qwen-VL family): the worker
   calls it once per prompt, slices it per chunk, and after the prompt gives every token the position
   `index + mrope_position_delta` on all three rows. `mm_features` are the request's MultiModalFeatures
   (asyncengine/wire/multimodal.py; `asyncengine.wire.tensors.tensor_from_wire` reads their data).

@@ -237,6 +237,7 @@ class PPMissingLayer(nn.Identity):
 
 class LlamaModel(nn.Module):
     layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    rotary_cls: type[RotaryEmbedding] = RotaryEmbedding  # M-RoPE's for the Qwen-VL family (layers/mrope.py)
 
     def __init__(self, config: Any, *, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
@@ -259,7 +260,7 @@ class LlamaModel(nn.Module):
             layer = self.layer_cls(config, dtype=dtype, layer_index=index)
             key = layer.self_attn.rope_key
             if key not in self.rotaries:
-                self.rotaries[key] = RotaryEmbedding(head_dim_of(config), max_position, self.rope_parameters(config, key))
+                self.rotaries[key] = self.rotary_cls(head_dim_of(config), max_position, self.rope_parameters(config, key))
             # Shared, not copied: one table, and one op a plugin may replace (CustomOp "RotaryEmbedding").
             layer.self_attn.rotary_emb = self.rotaries[key]
             self.rope_keys.append(key)

@@ -454,6 +454,11 @@ class ModelRunner:
                        else f"{self.model_config.architectures[0]} takes no images")
             if problem is not None:
                 return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=problem)
+        if self.uses_mrope:  # images that overlap or do not fit fail here, not in a step (the model's positions)
+            try:
+                self.model.get_mrope_input_positions(list(new.prompt_token_ids), list(new.mm_features or ()))
+            except ValueError as exc:
+                return FailedRequest(request_id=new.request_id, field="multi_modal_data", message=str(exc))
         try:
             if self.logits_processors is not None:
                 self.logits_processors.check_request(new.sampling)

@@ -142,8 +142,8 @@ class MultiModalStep:
 
 
 def uses_mrope(model: Any) -> bool:
-    """A model with M-RoPE (3-D positions: the Qwen-VL family), vLLM's SupportsMRoPE flag."""
-    return getattr(model, "uses_mrope", False) is True
+    """A model with M-RoPE (3-D positions: the Qwen-VL family): vLLM's SupportsMRoPE flag, `supports_mrope`."""
+    return getattr(model, "supports_mrope", False) is True
 
 
 def mrope_positions(model: Any, scheduled: Mapping[str, int], computed: Mapping[str, int],

@@ -124,7 +124,7 @@ def test_mrope_positions_slice_the_prompt_and_add_the_delta_after_it():
     from asyncengine.worker.multimodal import mrope_positions
 
     class MRoPE:
-        uses_mrope = True
+        supports_mrope = True
         asked = 0
 
         def get_mrope_input_positions(self, input_tokens, mm_features):
