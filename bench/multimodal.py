@@ -17,11 +17,12 @@ output tokens (checked). Per dtype (`--dtypes`; "auto" is the CPU's default, bfl
 AVX-512 BF16), in this order:
   (a) the vision encoder: images/s of one call on a batch of `--encoder-batch` processed images, the engine's
       `embed_multimodal` (its LLaVA module, loaded with the checkpoint's weights) against transformers'
-      `get_image_features`; the median of `--rounds` timed calls after one warm-up call each;
+      `get_image_features`; the median of `--rounds` timed calls each, alternated, after a warm-up call;
   (b) end to end: `LLM.generate` on the 32 requests (PIL images in `multi_modal_data`: the frontend's processing
-      included), after a warm-up of two requests with other images (no prefix-cache or encoder-cache hit),
-      against transformers' `generate` on the processor's batch of all 32, left-padded, in the same dtype
-      (processing included there too); output tok/s and requests/s.
+      included), after a warm-up of two requests with other images, then `--e2e-rounds` runs each on new
+      images (no prefix-cache or encoder-cache hit), against transformers' `generate` on the processor's batch of
+      all 32, left-padded, in the same dtype (processing included there too): output tok/s and requests/s of the
+      median run, and how many requests' greedy tokens equal transformers' (first round).
 Both sides run the model on `--threads` threads (default 1: on this project's busy 2-core machines two threads
 wait on a core another process holds, e.g. transformers' CLIP call 25x slower at 2 threads than at 1 under load);
 with a CPU spare the engine pins its model thread and moves its other threads (frontend, processor) to the rest,
@@ -98,16 +99,18 @@ def resolve_dtype(name: str) -> torch.dtype:
     return getattr(torch, cpu_auto_dtype() if name == "auto" else name)
 
 
-def timed(call, rounds: int) -> float:
-    """The median seconds of `rounds` calls, after one warm-up call."""
+def timed_pair(first, second, rounds: int) -> tuple[float, float]:
+    """The median seconds of `rounds` calls of each, alternated (A B A B: a load that comes and goes hits both),
+    after one warm-up call each."""
+    times: tuple[list[float], list[float]] = ([], [])
     with torch.inference_mode():
-        call()
-        times = []
+        first(), second()
         for _ in range(rounds):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            for call, into in ((first, times[0]), (second, times[1])):
+                start = time.perf_counter()
+                call()
+                into.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def bench_encoder(model_dir: Path, dtype: torch.dtype, batch: int, rounds: int) -> tuple[float, float]:
@@ -129,15 +132,15 @@ def bench_encoder(model_dir: Path, dtype: torch.dtype, batch: int, rounds: int) 
         expected = torch.cat(list(expected) if isinstance(expected, (list, tuple)) else [expected])
         got = torch.cat(ours.embed_multimodal(pixel_values=our_items[:2]))
         torch.testing.assert_close(got.float().reshape(expected.shape), expected.float(), rtol=2e-2, atol=2e-2)
-    ours_s = timed(lambda: ours.embed_multimodal(pixel_values=our_items), rounds)
-    hf_s = timed(lambda: hf.get_image_features(pixel_values=hf_pixels), rounds)
+    ours_s, hf_s = timed_pair(lambda: ours.embed_multimodal(pixel_values=our_items),
+                              lambda: hf.get_image_features(pixel_values=hf_pixels), rounds)
     del hf, ours
     return batch / ours_s, batch / hf_s
 
 
-def bench_engine(model_dir: Path, dtype_name: str, num_requests: int, max_tokens: int,
-                 threads: int) -> tuple[float, list[list[int]]]:
-    """(b), asyncengine: seconds for the requests through `LLM.generate`, and each request's output tokens."""
+def bench_engine(model_dir: Path, dtype_name: str, num_requests: int, max_tokens: int, threads: int,
+                 rounds: int) -> tuple[float, list[list[list[int]]]]:
+    """(b), asyncengine: the requests through `LLM.generate` (`rounds_of`)."""
     from asyncengine import LLM, SamplingParams
 
     # A KV cache sized for these requests (the CPU default, 2 GiB, would be most of this run's memory).
@@ -148,21 +151,19 @@ def bench_engine(model_dir: Path, dtype_name: str, num_requests: int, max_tokens
         return [{"prompt": prompt, "multi_modal_data": {"image": image}}
                 for prompt, image in zip(prompts_for(len(images)), images)]
 
-    llm.generate(requests(make_images(2, seed=99)), params, use_tqdm=False)  # warm-up, other images
-    measured = requests(make_images(num_requests, seed=1))
-    start = time.perf_counter()
-    outputs = llm.generate(measured, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    generated = [list(output.outputs[0].token_ids) for output in outputs]
-    shutdown = getattr(llm, "shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    del llm
-    return elapsed, generated
+    def run(images: list) -> list[list[int]]:
+        return [list(output.outputs[0].token_ids) for output in llm.generate(requests(images), params, use_tqdm=False)]
+
+    try:
+        return rounds_of(run, num_requests, rounds)
+    finally:
+        shutdown = getattr(llm, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
 
-def bench_transformers(model_dir: Path, dtype: torch.dtype, num_requests: int,
-                       max_tokens: int) -> tuple[float, list[list[int]]]:
+def bench_transformers(model_dir: Path, dtype: torch.dtype, num_requests: int, max_tokens: int,
+                       rounds: int) -> tuple[float, list[list[list[int]]]]:
     """(b), transformers: one padded `generate` over all the requests (the processor's call included)."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
@@ -179,10 +180,21 @@ def bench_transformers(model_dir: Path, dtype: torch.dtype, num_requests: int,
                                  pad_token_id=pad_id)
         return out[:, inputs["input_ids"].shape[1]:].tolist()
 
-    run(make_images(2, seed=99))  # warm-up
-    start = time.perf_counter()
-    generated = run(make_images(num_requests, seed=1))
-    return time.perf_counter() - start, generated
+    return rounds_of(run, num_requests, rounds)
+
+
+def rounds_of(run, num_requests: int, rounds: int) -> tuple[float, list[list[list[int]]]]:
+    """A warm-up on two other images, then `rounds` timed runs on `num_requests` images each, new images every
+    round (seeds 1, 2, ...: no round hits the prefix or encoder cache of another, both sides see the same ones):
+    the median seconds, and each round's outputs."""
+    run(make_images(2, seed=99))
+    times, outputs = [], []
+    for round_index in range(rounds):
+        images = make_images(num_requests, seed=1 + round_index)
+        start = time.perf_counter()
+        outputs.append(run(images))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), outputs
 
 
 def cpu_name() -> str:
@@ -201,7 +213,8 @@ def main() -> int:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--encoder-batch", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--e2e-rounds", type=int, default=3, help="end-to-end runs each side (the median)")
     parser.add_argument("--threads", type=int, default=1,
                         help="the model's threads, both sides (the engine's cpu_threads, torch's in this process)")
     args = parser.parse_args()
@@ -221,7 +234,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> int:
     print(f"machine: {cpu_name()}, {os.cpu_count()} CPUs, model threads {args.threads} (both sides); "
           f"model: random LLaVA (CLIP 4x256 at 224 px, 196 image tokens; Llama 4x384) ")
     print(f"{args.num_requests} requests, one image each (sizes {IMAGE_SIZES}), {args.max_tokens} output tokens, "
-          f"greedy, ignore_eos; encoder batch {args.encoder_batch}, median of {args.rounds}", flush=True)
+          f"greedy, ignore_eos; encoder batch {args.encoder_batch}, median of {args.rounds} calls; end to end, "
+          f"median of {args.e2e_rounds} runs", flush=True)
     for dtype_name in args.dtypes:
         dtype = resolve_dtype(dtype_name)
         label = f"{dtype_name} ({str(dtype).removeprefix('torch.')})"
@@ -230,11 +244,13 @@ def run(args: argparse.Namespace, model_dir: Path) -> int:
         print(f"[{label}] vision encoder (load {load}): asyncengine {ours_ips:.1f} images/s | transformers "
               f"get_image_features {hf_ips:.1f} images/s | ratio {ours_ips / hf_ips:.2f}x", flush=True)
         load = load_average()
-        ours_s, ours_generated = bench_engine(model_dir, dtype_name, args.num_requests, args.max_tokens, args.threads)
-        hf_s, hf_generated = bench_transformers(model_dir, dtype, args.num_requests, args.max_tokens)
-        ours_count, hf_count = sum(map(len, ours_generated)), sum(map(len, hf_generated))
-        if ours_count != expected or hf_count != expected:
-            print(f"error: generated {ours_count} (asyncengine) and {hf_count} (transformers) tokens, "
+        ours_s, ours_generated = bench_engine(model_dir, dtype_name, args.num_requests, args.max_tokens, args.threads,
+                                                  args.e2e_rounds)
+        hf_s, hf_generated = bench_transformers(model_dir, dtype, args.num_requests, args.max_tokens,
+                                                 args.e2e_rounds)
+        counts = [sum(map(len, outputs)) for outputs in ours_generated + hf_generated]
+        if any(count != expected for count in counts):
+            print(f"error: rounds generated {counts} tokens (asyncengine's, then transformers'), "
                   f"expected {expected}", file=sys.stderr)
             return 1
         print(f"[{label}] end to end (load {load}): asyncengine {expected / ours_s:.1f} tok/s, "
@@ -243,7 +259,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> int:
               f"{hf_s / ours_s:.2f}x", flush=True)
         # Not a correctness test (tests/models/test_vision_language.py is): padding and a lower precision may
         # turn a near-tie the other way; said so the figures are known to be for the same work.
-        same = sum(ours == theirs for ours, theirs in zip(ours_generated, hf_generated))
+        same = sum(ours == theirs for ours, theirs in zip(ours_generated[0], hf_generated[0]))
         print(f"[{label}] greedy outputs identical to transformers' on {same}/{args.num_requests} requests")
     return 0
 
