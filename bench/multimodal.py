@@ -220,6 +220,13 @@ def main() -> int:
                         help="the model's threads, both sides (the engine's cpu_threads, torch's in this process)")
     args = parser.parse_args()
 
+    if len(args.dtypes) > 1:  # one child process a dtype: each starts with a clean heap (this run keeps under 2 GB)
+        import subprocess
+
+        rest = [arg for arg in sys.argv[1:] if arg not in args.dtypes and arg != "--dtypes"]
+        codes = [subprocess.run([sys.executable, __file__, "--dtypes", name, *rest]).returncode
+                 for name in args.dtypes]
+        return max(codes)
     torch.set_num_threads(args.threads)
 
     model_dir = Path(tempfile.mkdtemp(prefix="asyncengine-bench-llava-"))
@@ -244,7 +251,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> int:
         ours_ips, hf_ips = bench_encoder(model_dir, dtype, args.encoder_batch, args.rounds)
         print(f"[{label}] vision encoder (load {load}): asyncengine {ours_ips:.1f} images/s | transformers "
               f"get_image_features {hf_ips:.1f} images/s | ratio {ours_ips / hf_ips:.2f}x", flush=True)
-        gc.collect()  # the encoder's two models go before the engine loads (this run keeps under 2 GB)
+        gc.collect()  # the encoder's two models go before the engine loads
         load = load_average()
         ours_s, ours_generated = bench_engine(model_dir, dtype_name, args.num_requests, args.max_tokens, args.threads,
                                                   args.e2e_rounds)
