@@ -25,8 +25,9 @@ AVX-512 BF16), in this order:
       median run, and how many requests' greedy tokens equal transformers' (first round).
 Both sides run the model on `--threads` threads (default 1: on this project's busy 2-core machines two threads
 wait on a core another process holds, e.g. transformers' CLIP call 25x slower at 2 threads than at 1 under load);
-with a CPU spare the engine pins its model thread and moves its other threads (frontend, processor) to the rest,
-as it does by default (docs/performance.md); transformers runs in this one process.
+given `cpu_threads` with a CPU spare, the engine pins its model thread and moves its other threads (frontend,
+image processing) to the spare CPU (asyncengine/worker/cpu_threads.py); transformers runs in this one process.
+Each dtype runs in a child process of its own (a clean heap: the whole run keeps under 2 GB of RSS).
 Prints the machine, its load average at each measurement's start, and one line per figure.
 """
 
