@@ -3,8 +3,9 @@ lazy "module:Class" path, a LLaVA subclass whose logits always pick token 0, wit
 the subclass through MULTIMODAL_REGISTRY), ported by `plugins port` alone and run as vLLM's
 test_oot_registration_multimodal runs it: two `multi_modal_data` prompts, greedy, and nothing but the first
 token generated. The hub's LLaVA is a tiny random one with its real processor (tests/support/vision_models.py),
-its config naming the plugin's architecture. One engine for the module, in a script's process with the ported
-distribution on its PYTHONPATH (LLM's worker runs in that process).
+its config naming the plugin's architecture. One engine for the module, started by a script with the ported
+distribution on its PYTHONPATH, its worker in a process of its own (distributed_executor_backend="mp"), as vLLM's
+engine core is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from support.vllm_shaped import environment, port_and_install
 # gpu_memory_utilization=0.98) and the tiny model's context (1024) for llava-1.5's 4096, plus what the checks below read back: the tokens, the prompts' tokens, the
 # worker's model class and the frontend's processor entry.
 SCRIPT = r"""
-import json, sys
+import json, os, sys
 
 import numpy as np
 from PIL import Image
@@ -35,7 +36,8 @@ image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), d
 prompts = [{"prompt": "What's in the image?<image>", "multi_modal_data": {"image": image}},
            {"prompt": "Describe the image<image>", "multi_modal_data": {"image": image}}]
 with LLM(model=sys.argv[1], load_format="dummy", max_num_seqs=1, trust_remote_code=True, max_model_len=1024,
-         enforce_eager=True, limit_mm_per_prompt={"image": 1}, kv_cache_memory_bytes=4 * 2**20) as llm:
+         enforce_eager=True, limit_mm_per_prompt={"image": 1}, kv_cache_memory_bytes=4 * 2**20,
+         distributed_executor_backend="mp") as llm:
     first_token = llm.get_tokenizer().decode(0)
     outputs = llm.generate(prompts, SamplingParams(temperature=0))
     (worker,) = llm.collective_rpc("describe")
@@ -45,7 +47,8 @@ print(json.dumps({
     "texts": [output.outputs[0].text for output in outputs],
     "tokens": [list(output.outputs[0].token_ids) for output in outputs],
     "prompt_tokens": [list(output.prompt_token_ids) for output in outputs],
-    "worker": {"model_class": worker["model_class"], "architecture": worker["architecture"]},
+    "worker": {"model_class": worker["model_class"], "architecture": worker["architecture"], "pid": worker["pid"]},
+    "script_pid": os.getpid(),
     "processor": entry.implementation.processor.__name__ if entry is not None else None,
 }))
 """
@@ -95,9 +98,10 @@ def test_the_ported_plugins_llava_generates_only_the_first_token(run):
     assert [text.replace(result["first_token"], "") for text in result["texts"]] == ["", ""]
     # and, stronger: 16 tokens (SamplingParams' default), each of them token 0 (not an early stop)
     assert result["tokens"] == [[0] * 16, [0] * 16]
-    # the plugin's class is the model the worker built and ran (LLM's worker: in the script's process)
+    # the plugin's class is the model the worker built and ran, in a process of its own (where the general plugin
+    # registered the lazy path again, and the worker imported it)
     assert result["worker"]["model_class"] == "vllm_shaped_llava.my_llava:MyLlava"
-    assert result["worker"]["architecture"] == "MyLlava"
+    assert result["worker"]["architecture"] == "MyLlava" and result["worker"]["pid"] != result["script_pid"]
     # MyLlava's own registration (R14) is in the frontend's registry (its decorator ran when the lazy path was
     # imported), and its processor expanded each prompt's one <image> into one token per patch
     assert result["processor"] == "LlavaMultiModalProcessor"
