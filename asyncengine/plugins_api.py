@@ -155,6 +155,10 @@ _IN_TREE_OPS = {"RMSNorm": "asyncengine.models.layers.norm", "SiluAndMul": "asyn
                 "RotaryEmbedding": "asyncengine.models.layers.rotary", "FusedMoE": "asyncengine.models.layers.fused_moe"}
 
 
+_LLAVA_NAMES = ("LlavaForConditionalGeneration", "LlavaMultiModalProcessor", "LlavaProcessingInfo",
+                "LlavaDummyInputsBuilder")
+
+
 def __getattr__(name: str):
     # CustomOp (read in: worker; `CustomOp.register_oot` replaces an in-tree op by name) is an nn.Module:
     # imported when asked for, so that importing this module does not import torch.
@@ -179,6 +183,12 @@ def __getattr__(name: str):
         from asyncengine.models.llama import LlamaForCausalLM
 
         return LlamaForCausalLM
+    # LLaVA and its input processing's three classes (read in: worker, which builds the model; frontend, which
+    # processes its images through MULTIMODAL_REGISTRY): subclass them for an out-of-tree LLaVA. Imports torch too.
+    if name in _LLAVA_NAMES:
+        from asyncengine.models import llava
+
+        return getattr(llava, name)
     # BertModel (read in: worker): the built-in encoder, to subclass for an out-of-tree embedding architecture
     # (ModelRegistry.register_model; it says `is_pooling_model = True`). Imports torch too.
     if name == "BertModel":
@@ -268,6 +278,10 @@ __all__ = [
     "KVTransferConfig",
     "LocalDiskConnector",
     "LlamaForCausalLM",
+    "LlavaForConditionalGeneration",
+    "LlavaMultiModalProcessor",
+    "LlavaProcessingInfo",
+    "LlavaDummyInputsBuilder",
     "LogitsProcessor",
     "MoveDirectionality",
     "MovedRequest",

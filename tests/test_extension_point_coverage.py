@@ -1,4 +1,4 @@
-"""Every row of the reference (docs/reference.md: the extension points E1-E6, R1-R13 and R15, C1-C9, the Platform
+"""Every row of the reference (docs/reference.md: the extension points E1-E6, R1-R15, C1-C9, the Platform
 interface P, the cross-process manifest X, and the five "what goes wrong in vLLM" lines G1-G5) is proven
 by at least one end-to-end test in tests/e2e/, which names it with `@pytest.mark.extension_point(...)`.
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = (
-    [f"E{n}" for n in range(1, 7)] + [f"R{n}" for n in range(1, 14)] + ["R15"] + [f"C{n}" for n in range(1, 10)]
+    [f"E{n}" for n in range(1, 7)] + [f"R{n}" for n in range(1, 16)] + [f"C{n}" for n in range(1, 10)]
     + ["P", "X"] + [f"G{n}" for n in range(1, 6)]
 )
 

@@ -4,6 +4,11 @@ The image's patch features are taken from the tower's hidden states at `vision_f
 concatenated when it is a list), without the CLS token under the "default" select strategy, then projected:
 one embedding per patch, every position of the item's placeholder span. One item's processor outputs:
 `pixel_values` (1, 3, H, W).
+
+Its input processing is the registry's default (transformers' LlavaProcessor expands each `<image>` into one token
+per patch), registered under vLLM's three names, which plugins import to register a LLaVA subclass as vLLM's own
+multimodal test plugin does (`@MULTIMODAL_REGISTRY.register_processor(LlavaMultiModalProcessor,
+info=LlavaProcessingInfo, dummy_inputs=LlavaDummyInputsBuilder)`; docs/porting.md, multimodal models).
 """
 
 from __future__ import annotations
@@ -13,9 +18,29 @@ from typing import Any
 import torch
 from torch import nn
 
+from asyncengine.interfaces.multimodal_registry import (
+    MULTIMODAL_REGISTRY,
+    BaseDummyInputsBuilder,
+    BaseMultiModalProcessor,
+    BaseProcessingInfo,
+)
 from asyncengine.models.vision_language import LlamaBackedVisionLanguageModel
 
 
+class LlavaProcessingInfo(BaseProcessingInfo):
+    """LLaVA's processing info: the HF processor from the model's folder; no per-prompt image limit of its own."""
+
+
+class LlavaDummyInputsBuilder(BaseDummyInputsBuilder):
+    """LLaVA's profiling inputs: one `<image>` per image, blank images of the processor's resize size."""
+
+
+class LlavaMultiModalProcessor(BaseMultiModalProcessor):
+    """LLaVA's processor: each image through the HF image processor, its `<image>` repeated once per patch."""
+
+
+@MULTIMODAL_REGISTRY.register_processor(LlavaMultiModalProcessor, info=LlavaProcessingInfo,
+                                        dummy_inputs=LlavaDummyInputsBuilder)
 class LlavaForConditionalGeneration(LlamaBackedVisionLanguageModel):
     config_class = "LlavaConfig"
     checkpoint_prefixes = (

@@ -36,6 +36,8 @@ _API_NAMES = {
     "vllm.envs": [],
     "vllm.model_executor.models": ["ModelRegistry"],
     "vllm.model_executor.models.llama": ["LlamaForCausalLM"],
+    "vllm.model_executor.models.llava": ["LlavaForConditionalGeneration", "LlavaMultiModalProcessor",
+                                         "LlavaProcessingInfo", "LlavaDummyInputsBuilder"],
     "vllm.model_executor.custom_op": ["CustomOp"],
     "vllm.model_executor.layers.rotary_embedding": ["RotaryEmbedding"],
     "vllm.model_executor.layers.layernorm": ["RMSNorm"],
