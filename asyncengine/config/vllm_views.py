@@ -75,9 +75,10 @@ EMPTY_CONTAINERS: dict[str, dict[str, type]] = {
                            "cudagraph_capture_sizes": list, "static_forward_context": dict},
 }
 
-# vLLM's other top-level sub-configs: none is used here, each reads None (and is noted).
+# vLLM's other top-level sub-configs: none is used here, each reads None (and is noted). speculative_config is
+# not among them: it is EngineConfig's own field, read as it is.
 ABSENT_SECTIONS = (
-    "speculative_config", "lora_config", "observability_config", "structured_outputs_config",
+    "lora_config", "observability_config", "structured_outputs_config",
     "decoding_config", "kv_events_config", "ec_transfer_config", "quant_config", "prompt_adapter_config",
     "profiler_config",
 )

@@ -91,4 +91,6 @@ def test_the_ported_platform_runs(ported, tiny_model, tmp_path, in_process):
     ignored = [r.reason for r in trace if (r.plugin or "").endswith(": ignored")]
     assert any("compilation_config.custom_ops = ['all']" in reason for reason in ignored), ignored
     assert any("scheduler_config.is_multi_step" in reason for reason in ignored), ignored
-    assert any("speculative_config" in reason for reason in ignored), ignored
+    # speculative_config is the engine's own now (docs/speculative_decoding.md): the hook reads its value (None
+    # here, so the plugin's "no speculative decoding" branch is not taken), and nothing calls it ignored
+    assert not any("speculative_config" in reason for reason in ignored), ignored
