@@ -194,7 +194,7 @@ def test_a_worker_without_a_pooler_fails_a_pooling_request_instead_of_dropping_i
     assert output.pooled_request_ids == []
 
 
-def test_pooling_requests_take_places_under_max_waiting_requests_as_generations_do(qwen3):
+def test_pooling_requests_take_places_under_max_waiting_requests_as_generations_do(tmp_path):
     """A pooling request holds a place under max_waiting_requests until its output arrives, like a generation:
     with the one place taken, a generation or a pooling request with nowait is refused (EngineOverloadedError),
     the server's pooling route answers 503 engine_overloaded with Retry-After (as the generation routes do), a
@@ -203,7 +203,13 @@ def test_pooling_requests_take_places_under_max_waiting_requests_as_generations_
     from asyncengine.server.app import create_app
     from asyncengine.server.config import ServerConfig
 
-    long = SamplingParams(temperature=0.0, max_tokens=450, ignore_eos=True)  # aborted long before it ends
+    from support.tiny_models import build_tiny_model
+
+    # The running request must outlive every check below: on the CPU fast path a tiny model decodes a token in about
+    # a millisecond, so 450 tokens (the session model's whole context) once ended before the checks did. A model of
+    # its own with a long context lets the generation run for tens of seconds; it is aborted long before it ends.
+    qwen3 = build_tiny_model("qwen3", tmp_path / "qwen3-long", max_position_embeddings=32768)
+    long = SamplingParams(temperature=0.0, max_tokens=32000, ignore_eos=True)
 
     async def wait_for_waiting(engine, count: int) -> None:
         with anyio.fail_after(60):
@@ -212,8 +218,8 @@ def test_pooling_requests_take_places_under_max_waiting_requests_as_generations_
 
     async def main():
         async with AsyncEngine.start(model=str(qwen3.path), dtype="float32", skip_tokenizer_init=True,
-                                     max_model_len=512, max_num_seqs=1, max_waiting_requests=1,
-                                     kv_cache_memory_bytes=2**20) as engine:
+                                     max_model_len=32768, max_num_seqs=1, max_waiting_requests=1,
+                                     kv_cache_memory_bytes=2**25) as engine:
             app = create_app(engine, ServerConfig())
             async with app.test_app() as running:
                 client = running.test_client()
