@@ -18,6 +18,7 @@ Everything here is CPU work: AsyncEngine runs it in its tokenizer pool, never on
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from asyncengine.interfaces.multimodal_registry import (
     MULTIMODAL_REGISTRY,
     BaseMultiModalProcessor,
     ProcessingContext,
+    items_per_prompt,
     supports_multimodal,
 )
 from asyncengine.interfaces.registry import describe, reads
@@ -261,14 +263,14 @@ def multimodal_inputs(config: Any, model_config: Any, tokenizer: Any) -> MultiMo
     if tokenizer is None:
         raise ConfigError("a multimodal model needs its tokenizer: skip_tokenizer_init cannot be set for it",
                           field="skip_tokenizer_init")
-    factories = (MULTIMODAL_REGISTRY.factories_for(model_cls) if model_cls is not None else None) or DEFAULT_FACTORIES
+    factories = MULTIMODAL_REGISTRY.factories_for(model_cls) if model_cls is not None else None
+    if factories is None and getattr(model_cls, "supports_multimodal", False) is True:  # fails, naming the class
+        factories = MULTIMODAL_REGISTRY.registration(model_cls, f"the frontend (pid {os.getpid()})")
+    factories = factories or DEFAULT_FACTORIES  # a model class given by model_class_overrides, or not multimodal
     ctx = ProcessingContext(str(model_config.model_dir), dict(config.mm_processor_kwargs or {}),
                             bool(config.trust_remote_code))
     processor = factories.build_processor(ctx)
-    limits = parse_limit_per_prompt(config.limit_mm_per_prompt)
-    model_limit = processor.info.get_supported_mm_limits().get(IMAGE)  # the model's own cap, when it has one
-    if model_limit is not None and model_limit < limits[IMAGE]:
-        limits[IMAGE] = model_limit
+    limits = items_per_prompt(processor.info, parse_limit_per_prompt(config.limit_mm_per_prompt))
     getter = getattr(model_cls, "get_placeholder_str", None)  # vLLM's SupportsMultiModal classmethod
     chat_placeholder = getter(IMAGE, 1) if callable(getter) else None
     inputs = MultiModalInputs(processor, processor.info.get_tokenizer(), MediaLimits.of(config), limits,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from asyncengine.errors import ModelLoadError, RequestError
+from asyncengine.errors import MissingRegistration, ModelLoadError, RequestError
 from asyncengine.interfaces.registry import Registry, RegistrationError, current_registrant, describe
 
 IMAGE = "image"
@@ -222,8 +222,33 @@ class MultiModalRegistry(Registry[ProcessorFactories]):
     def has_processor(self, model_cls: type) -> bool:
         return self.factories_for(model_cls) is not None
 
+    def registration(self, model_cls: type, process: str) -> ProcessorFactories:
+        """The entry of a multimodal model class (its own or its nearest registered base's), read in `process`
+        ("the worker rank 0 (pid 123)"). None is a start-up error naming the class and the process, as vLLM's
+        registry fails for a multimodal model with no processor: a registration made in one process (a user's
+        script, a frontend-only plugin) does not reach the others."""
+        found = self.factories_for(model_cls)
+        if found is None:
+            raise MissingRegistration(
+                f"multimodal model class {class_key(model_cls)} has no processor registered in {self.name!r} "
+                f"(MULTIMODAL_REGISTRY) in {process}: decorate the class with "
+                "@MULTIMODAL_REGISTRY.register_processor(Processor, info=..., dummy_inputs=...) in its own module "
+                "(so every process that imports it has the entry), or register it from a general plugin "
+                "(entry-point group asyncengine.general_plugins), which every process loads")
+        return found
+
 
 MULTIMODAL_REGISTRY = MultiModalRegistry()
+
+
+def items_per_prompt(info: BaseProcessingInfo, configured: Mapping[str, int]) -> dict[str, int]:
+    """The most items of each modality one prompt may carry: `configured` (--limit-mm-per-prompt, parsed), capped
+    by the model's own limit (`info.get_supported_mm_limits()`) where it has one."""
+    limits = dict(configured)
+    for modality, model_limit in info.get_supported_mm_limits().items():
+        if model_limit is not None and modality in limits and model_limit < limits[modality]:
+            limits[modality] = model_limit
+    return limits
 
 
 def supports_multimodal(model_cls: Any) -> bool:
@@ -235,4 +260,4 @@ def supports_multimodal(model_cls: Any) -> bool:
 
 __all__ = ["BaseDummyInputsBuilder", "BaseMultiModalProcessor", "BaseProcessingInfo", "DEFAULT_FACTORIES",
            "IMAGE", "MULTIMODAL_REGISTRY", "MultiModalRegistry", "ProcessedItem", "ProcessingContext",
-           "ProcessorFactories", "supports_multimodal"]
+           "ProcessorFactories", "items_per_prompt", "supports_multimodal"]

@@ -3,7 +3,8 @@
 Registration is idempotent: the same implementation under the same key twice is a no-op; a different
 implementation under a taken key is an error naming both owners, unless `override=True`. Every entry
 remembers its owner (the plugin whose code registered it, "built-in", or "the calling script"), so a
-process that lacks a key another process has can say who registered it there. No assert anywhere.
+process that lacks a key another process has can say who registered it there. What the import of an entry
+given by path registers (a model module's decorators) is attributed to that entry's owner. No assert anywhere.
 
 `Registry[T](name, what, base)` names the base its implementations must be (a class, or a
 runtime-checkable Protocol; `instances=True` for a table of objects rather than classes). An
@@ -165,7 +166,13 @@ class Registry(Generic[T]):
             def failed(message: str) -> StartupError:
                 return self.import_error(f"{message} (registered by {owner})", self.field)
 
-            implementation = import_by_path(implementation, what=f"{self.what} {key!r}", error=failed)
+            # What the module registers as it is imported (a model module's MULTIMODAL_REGISTRY decorator, say)
+            # is the entry's owner's doing, not whoever happens to be loading it (the calling script).
+            token = current_registrant.set(owner)
+            try:
+                implementation = import_by_path(implementation, what=f"{self.what} {key!r}", error=failed)
+            finally:
+                current_registrant.reset(token)
         problem = self.problem(implementation)
         if problem:
             raise ConfigError(f"{self.what} {key!r} (registered by {entry.owner}) {problem}; register "

@@ -28,6 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asyncengine.interfaces.multimodal_registry import (
+    MULTIMODAL_REGISTRY,
+    BaseDummyInputsBuilder,
+    BaseMultiModalProcessor,
+    BaseProcessingInfo,
+)
 from asyncengine.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer, Gemma3ForCausalLM, Gemma3Model
 from asyncengine.models.layers.attention import AttentionMetadata, PagedAttention
 from asyncengine.models.layers.norm import GemmaRMSNorm
@@ -197,6 +203,10 @@ class Gemma3ImageTextModel(Gemma3Model):
     layer_cls = Gemma3ImageTextDecoderLayer
 
 
+# Its processing is the registry's default (transformers' Gemma3Processor), registered as every multimodal class's
+# is: a worker reads the registration to profile with its dummy inputs.
+@MULTIMODAL_REGISTRY.register_processor(BaseMultiModalProcessor, info=BaseProcessingInfo,
+                                        dummy_inputs=BaseDummyInputsBuilder)
 class Gemma3ForConditionalGeneration(ImageTextModel, Gemma3ForCausalLM):
     model_cls = Gemma3ImageTextModel
     tower_name = "vision_tower"

@@ -14,9 +14,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from asyncengine.interfaces.multimodal_registry import (
+    MULTIMODAL_REGISTRY,
+    BaseDummyInputsBuilder,
+    BaseMultiModalProcessor,
+    BaseProcessingInfo,
+)
 from asyncengine.models.vision_language import LlamaBackedVisionLanguageModel
 
 
+# Its processing is the registry's default (transformers' Idefics3Processor), registered as every multimodal
+# class's is: a worker reads the registration to profile with its dummy inputs (SmolVLM inherits it).
+@MULTIMODAL_REGISTRY.register_processor(BaseMultiModalProcessor, info=BaseProcessingInfo,
+                                        dummy_inputs=BaseDummyInputsBuilder)
 class Idefics3ForConditionalGeneration(LlamaBackedVisionLanguageModel):
     config_class = "Idefics3Config"
     modeling_module = "transformers.models.idefics3.modeling_idefics3"

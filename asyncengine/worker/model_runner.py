@@ -56,6 +56,7 @@ from asyncengine.worker.logit_controls import RequestLogitControls
 from asyncengine.interfaces.logits import BatchUpdate
 from asyncengine.worker.logits_processors import LogitsProcessorRequestError, LogitsProcessors
 from asyncengine.worker.multimodal import MultiModalStep, check_features, mrope_positions, uses_mrope
+from asyncengine.worker.mm_profile import EncoderProfile, profile_encoder, registration_in_worker
 from asyncengine.interfaces.multimodal import supports_multimodal
 from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
@@ -140,6 +141,10 @@ class ModelRunner:
         self.pooling_step: PoolingStep | None = None  # with the model, when it can pool (pooling/step.py)
         self.lora: LoRAPool | None = None  # the adapter slots, with enable_lora (lora/pool.py)
         self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
+        # A multimodal model's MULTIMODAL_REGISTRY entry and who registered it (worker/mm_profile.py), and the
+        # record of the profile with its dummy inputs, for the `kv cache` phase's report.
+        self.mm_registration: tuple[Any, str] | None = None
+        self.mm_profile_record: StartupRecord | None = None
         self.uses_mrope = False  # the model reads (3, num_tokens) positions (worker/multimodal.py)
         # Speculative decoding (worker/spec_decode/verifier.py): with speculative_config, built with the model.
         self.spec_decoder: SpecDecoder | None = None
@@ -171,6 +176,8 @@ class ModelRunner:
                 raise ConfigError(f"LoRA adapters on a multimodal model ({self.model_config.architectures[0]}) are "
                                   "not supported yet: start it without enable_lora", field="enable_lora")
             self.multimodal = MultiModalStep(self.model, self.device)
+            self.mm_registration = registration_in_worker(  # none here: start-up fails, naming the class
+                type(self.model), f"the {current_process_role()} (pid {os.getpid()})")
         self.uses_mrope = uses_mrope(self.model)
         if self.engine_config.enable_lora:  # wrapped after loading: the checkpoint's names stay the base layers'
             config = self.engine_config
@@ -243,6 +250,27 @@ class ModelRunner:
         """How many KV blocks to allocate: the override, else the byte budget, else what memory allows."""
         if layout is not None or self.kv_layout is None:
             self.set_kv_cache_layout(layout)
+        if self.device.type == "cuda":  # the peak from here on is the profile's: the vision encoder's, the forward's
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        profile = self._profile_encoder()
+        try:
+            return self._num_blocks()
+        finally:
+            if profile is not None:  # held through the profile forward, as the encoder cache would hold them
+                profile.embeddings.clear()
+
+    def _profile_encoder(self) -> EncoderProfile | None:
+        """A multimodal model's vision encoder on its registration's dummy inputs (worker/mm_profile.py)."""
+        if self.mm_registration is None:
+            return None
+        factories, owner = self.mm_registration
+        profile = profile_encoder(self.model, factories, owner, self.model_config, self.engine_config, self.device,
+                                  current_process_role())
+        self.mm_profile_record = profile.record
+        return profile
+
+    def _num_blocks(self) -> int:
         config = self.engine_config
         if config.num_gpu_blocks_override is not None:
             return config.num_gpu_blocks_override
@@ -258,10 +286,8 @@ class ModelRunner:
         return max(0, budget // per_block)
 
     def _device_kv_budget(self) -> int:
-        """The memory left under gpu_memory_utilization after the weights and a peak-sized forward pass."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        """The memory left under gpu_memory_utilization after the weights and a peak-sized forward pass (after a
+        multimodal model's encoder profile: determine_num_blocks resets the peak before it)."""
         num_tokens = min(self.engine_config.effective_max_num_batched_tokens, self.model_config.max_model_len)
         self._profile_forward(num_tokens)
         with plugin_hook(self.platform, "get_current_memory_usage"):
@@ -308,7 +334,7 @@ class ModelRunner:
                 f"({num_blocks * self.block_size} tokens), less than one sequence of max_model_len={max_len} "
                 "needs; raise kv_cache_memory_bytes (or gpu_memory_utilization), or lower max_model_len"
             )
-        self.kv_cache_records = []
+        self.kv_cache_records = [self.mm_profile_record] if self.mm_profile_record is not None else []
         if self.device.type == "cpu":
             self._warm_up()  # before the cache: the warm-up's own small one is freed first
         self._allocate_kv_cache(num_blocks)
