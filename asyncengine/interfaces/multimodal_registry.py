@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from asyncengine.errors import MissingRegistration, ModelLoadError, RequestError
-from asyncengine.interfaces.registry import Registry, RegistrationError, current_registrant, describe
+from asyncengine.interfaces.registry import BUILT_IN, Registry, RegistrationError, current_registrant, describe
 
 IMAGE = "image"
 M = TypeVar("M", bound=type)
@@ -205,7 +205,10 @@ class MultiModalRegistry(Registry[ProcessorFactories]):
                     f"model class {key} already has the multimodal processor {describe(current.implementation.processor)}"
                     f" (registered by {current.owner}); {current_registrant.get()} tried to register "
                     f"{describe(processor)}: pass override=True to replace it")
-            self.register(key, factories, override=True)
+            # The package's own classes registered on its own models are built-in, whoever imported the module
+            # (a plugin's model module that subclasses our LLaVA imports it first).
+            ours = all(cls.__module__.startswith("asyncengine.") for cls in (model_cls, processor))
+            self.register(key, factories, override=True, owner=BUILT_IN if ours else None)
             self._by_class[model_cls] = factories
             return model_cls
 
