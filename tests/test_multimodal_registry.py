@@ -130,3 +130,58 @@ def test_vllms_multimodal_registration_ports_and_runs():
         ModelRegistry._entries.pop("PortedVLMForTest", None)
         MULTIMODAL_REGISTRY._entries.pop("ported_vlm:PortedVLM", None)
         MULTIMODAL_REGISTRY._by_class.pop(namespace.get("PortedVLM"), None)  # type: ignore[arg-type]
+
+
+def test_what_a_lazy_entrys_import_registers_belongs_to_that_entrys_owner(tmp_path, monkeypatch):
+    # The known bug: a model module imported lazily (its ModelRegistry entry a path) registered its processor as
+    # "the calling script", whoever's entry it was.
+    from asyncengine.interfaces.registry import Registry, current_registrant
+
+    side = MultiModalRegistry()
+    (tmp_path / "ae_probe_tables.py").write_text("TABLES = {}\n")
+    (tmp_path / "ae_probe_vlm.py").write_text(
+        "from ae_probe_tables import TABLES\n"
+        "from asyncengine.interfaces.multimodal_registry import BaseMultiModalProcessor, BaseProcessingInfo, "
+        "BaseDummyInputsBuilder\n"
+        "class ProbeProcessor(BaseMultiModalProcessor):\n    pass\n"
+        "@TABLES['side'].register_processor(ProbeProcessor, info=BaseProcessingInfo, "
+        "dummy_inputs=BaseDummyInputsBuilder)\n"
+        "class ProbeVLM:\n    supports_multimodal = True\n    def load_weights(self, weights):\n        return set()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ae_probe_tables
+
+    ae_probe_tables.TABLES["side"] = side
+    models = Registry("probe_models", "probe model")
+    models.register("ProbeVLM", "ae_probe_vlm:ProbeVLM", owner="plugin 'probe' (probe-dist)")
+    assert current_registrant.get() == "the calling script"
+    model_cls = models.load("ProbeVLM")
+    assert side.owners() == {"ae_probe_vlm:ProbeVLM": "plugin 'probe' (probe-dist)"}
+    assert current_registrant.get() == "the calling script"  # restored after the import
+    assert side.registration(model_cls, "the worker rank 0 (pid 1)").processor.__name__ == "ProbeProcessor"
+
+
+def test_a_multimodal_class_with_no_registration_fails_naming_the_class_and_the_process():
+    from asyncengine.errors import MissingRegistration
+
+    registry = MultiModalRegistry()
+
+    class Unregistered:
+        supports_multimodal = True
+
+    with pytest.raises(MissingRegistration, match=r"multimodal model class .*Unregistered has no processor registered "
+                                                  r"in 'multimodal_processors' \(MULTIMODAL_REGISTRY\) in the worker "
+                                                  r"rank 0 \(pid 7\): decorate the class"):
+        registry.registration(Unregistered, "the worker rank 0 (pid 7)")
+
+
+def test_every_built_in_multimodal_class_is_registered_and_built_in():
+    from asyncengine.interfaces.models import ModelRegistry
+    from asyncengine.plugins_api import MULTIMODAL_REGISTRY
+
+    for architecture in ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration",
+                         "SmolVLMForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+                         "Qwen2_5_VLForConditionalGeneration", "Gemma3ForConditionalGeneration"):
+        model_cls = ModelRegistry.load(architecture)
+        MULTIMODAL_REGISTRY.registration(model_cls, "this test")  # raises when it has none
+    owners = {key: owner for key, owner in MULTIMODAL_REGISTRY.owners().items() if key.startswith("asyncengine.")}
+    assert len(owners) == 4 and set(owners.values()) == {"built-in"}, owners  # SmolVLM, Qwen2.5-VL: inherited
