@@ -61,9 +61,10 @@ _TABLES: tuple[tuple[Registry[Any], frozenset[str]], ...] = (
     (LoRAResolverRegistry, frozenset({FRONTEND})),
     # speculative_config's method: the frontend checks the name, the worker builds the proposer (R13).
     (ProposerRegistry, frozenset({FRONTEND, WORKER})),
-    # A multimodal model class's processor (R14): the frontend processes images with it. Filled when the model's
-    # module is imported (the decorator), so a child that has not imported it yet would lack the key: the
-    # worker's reading (profiling) is checked where it builds the model, not by the manifest.
+    # A multimodal model class's processor (R14): the frontend processes images with it, the worker profiles with
+    # its dummy inputs. Filled when the model's module is imported (the decorator), so a child that has not imported
+    # it yet would lack the key: the worker's reading is checked where it builds the model
+    # (worker/mm_profile.py: none for its class fails start-up there), not by the manifest, which lists this role.
     (MULTIMODAL_REGISTRY, frozenset({FRONTEND})),
 )
 
@@ -85,6 +86,7 @@ READER_MODULES = (
     "asyncengine.worker.extension",
     "asyncengine.worker.spec_decode.verifier",
     "asyncengine.worker.worker",
+    "asyncengine.worker.mm_profile",
     "asyncengine.frontend.startup",
     "asyncengine.frontend.lora",
     "asyncengine.frontend.tokenizer",

@@ -86,7 +86,9 @@ PROCESSES: list[dict[str, Any]] = [
                          "each op's provider and each out-of-tree custom op are recorded"],
              "platform_hooks": ["worker: get_attn_backend_cls", "worker: op_priority"]},
             {"name": "kv cache",
-             "details": ["worker: get_device_total_memory, get_current_memory_usage (not on cpu)"],
+             "details": ["worker: a multimodal model's vision encoder runs on the dummy inputs of its "
+                         "multimodal_processors registration first (recorded as `multimodal profile`)",
+                         "worker: get_device_total_memory, get_current_memory_usage (not on cpu)"],
              "platform_hooks": ["worker: get_device_total_memory (not on cpu)",
                                 "worker: get_current_memory_usage (not on cpu)"]},
             {"name": "ready", "details": [], "platform_hooks": []},
