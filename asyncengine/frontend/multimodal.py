@@ -263,10 +263,12 @@ def multimodal_inputs(config: Any, model_config: Any, tokenizer: Any) -> MultiMo
     if tokenizer is None:
         raise ConfigError("a multimodal model needs its tokenizer: skip_tokenizer_init cannot be set for it",
                           field="skip_tokenizer_init")
-    factories = MULTIMODAL_REGISTRY.factories_for(model_cls) if model_cls is not None else None
-    if factories is None and getattr(model_cls, "supports_multimodal", False) is True:  # fails, naming the class
+    if model_cls is None:  # a class named by model_class_overrides: the frontend does not import it
+        factories = DEFAULT_FACTORIES
+    elif getattr(model_cls, "supports_multimodal", False) is True:  # none registered: an error naming the class
         factories = MULTIMODAL_REGISTRY.registration(model_cls, f"the frontend (pid {os.getpid()})")
-    factories = factories or DEFAULT_FACTORIES  # a model class given by model_class_overrides, or not multimodal
+    else:  # a class that does not say it is multimodal, for a config.json with a vision_config
+        factories = MULTIMODAL_REGISTRY.factories_for(model_cls) or DEFAULT_FACTORIES
     ctx = ProcessingContext(str(model_config.model_dir), dict(config.mm_processor_kwargs or {}),
                             bool(config.trust_remote_code))
     processor = factories.build_processor(ctx)
