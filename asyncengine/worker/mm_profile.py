@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from asyncengine.config.multimodal import parse_limit_per_prompt
-from asyncengine.errors import StartupError
+from asyncengine.errors import RequestError, StartupError
 from asyncengine.interfaces.multimodal import embed_multimodal_of
 from asyncengine.interfaces.multimodal_registry import (
     IMAGE,
@@ -130,9 +130,13 @@ def _dummy_prompt(processor: BaseMultiModalProcessor, max_model_len: int, per_pr
     done: dict[Any, ProcessedItem] = {}  # the builder's images are often the same blank one: processed once
     items = []
     for image in images:
-        key = (image.mode, image.size, image.tobytes()) if hasattr(image, "tobytes") else id(image)
+        is_pil = all(hasattr(image, name) for name in ("mode", "size", "tobytes"))
+        key = (image.mode, image.size, image.tobytes()) if is_pil else id(image)
         if key not in done:
-            done[key] = processor.process_item(IMAGE, image, options)
+            try:
+                done[key] = processor.process_item(IMAGE, image, options)
+            except RequestError as exc:  # what refuses a request's image refuses the builder's here
+                raise StartupError(f"{who}: the processor refused a dummy image: {exc}") from exc
         items.append(done[key])
     tokenizer = processor.info.get_tokenizer()
     embed_id = processor.embed_token_id(IMAGE)
