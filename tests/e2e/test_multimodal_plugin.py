@@ -1,8 +1,8 @@
 """A multimodal model from a plugin (issue 38's extension point, row R14): the first-party distribution
 plugins/asyncengine-multimodal-example, installed as a real distribution into a temporary target, registers
 `ExampleLlavaForConditionalGeneration` (ModelRegistry, R1), a LLaVA subclass whose class carries its own input
-processing (MULTIMODAL_REGISTRY.register_processor: processor, info, dummy inputs). In a multiprocess engine (its
-worker in a process of its own) the frontend processes the images with the plugin's processor, the worker builds the
+processing (MULTIMODAL_REGISTRY.register_processor: processor, info, dummy inputs). In an engine whose worker runs
+in a process of its own (distributed_executor_backend="mp") the frontend processes the images with the plugin's processor, the worker builds the
 plugin's model and profiles its vision encoder with the plugin's dummy inputs (its start-up record names them and
 the plugin), and the tokens are the built-in LLaVA's with the same weights, for prompts of one and two images.
 The model is a tiny random LLaVA with its real processor (tests/support/vision_models.py).
@@ -42,13 +42,13 @@ params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 options = dict(dtype="float32", max_model_len=512, kv_cache_memory_bytes=4 * 2**20, enforce_eager=True)
 result = {"pid": os.getpid()}
 os.environ["AE_PLUGIN_RECORD"] = os.path.join(directory, "record.jsonl")
-with LLM(example, in_process=False, distributed_executor_backend="mp",
+with LLM(example, distributed_executor_backend="mp",  # the worker in a process of its own
          startup_trace=os.path.join(directory, "trace.json"), **options) as llm:
     result["example"] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     (worker,) = llm.collective_rpc("describe")
     result["worker"] = {"model_class": worker["model_class"], "pid": worker["pid"]}
     try:  # the plugin's processing info allows 2 images per prompt
-        llm.generate({"prompt": "<image><image><image>", "multi_modal_data": {"image": pictures + pictures}}, params)
+        llm.generate({"prompt": "<image><image><image>", "multi_modal_data": {"image": pictures + pictures[:1]}}, params)
     except Exception as exc:
         result["three_images"] = f"{type(exc).__name__}: {exc}"
 del os.environ["AE_PLUGIN_RECORD"]
