@@ -11,6 +11,7 @@ The model is a tiny random LLaVA with its real processor (tests/support/vision_m
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,16 @@ DIST, PLUGIN, ARCH = "asyncengine-multimodal-example", "ae_multimodal_example", 
 KEY = "ae_multimodal_example.model:ExampleLlavaForConditionalGeneration"
 OWNER = f"plugin {PLUGIN!r} ({DIST})"
 
-SCRIPT = r"""
+# LLaVA's class copied, not subclassed: a multimodal class whose MRO has no registration.
+BARE = """
+from asyncengine.plugins_api import LlavaForConditionalGeneration as Llava
+
+BareLlava = type("BareLlava", Llava.__bases__, {**{k: v for k, v in vars(Llava).items()
+                                                   if k not in ("__dict__", "__weakref__")},
+                                               "__module__": __name__, "__qualname__": "BareLlava"})
+"""
+
+SCRIPT = "BARE = " + repr(BARE) + r"""
 import json, os, sys
 import numpy as np
 from PIL import Image
@@ -55,6 +65,18 @@ del os.environ["AE_PLUGIN_RECORD"]
 result["owners"] = MULTIMODAL_REGISTRY.owners()
 with LLM(builtin, **options) as llm:
     result["builtin"] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+# A multimodal class with no registration, reaching the worker through model_class_overrides (the frontend does
+# not import it): the worker's start-up fails, naming the class and the process.
+with open(os.path.join(directory, "ae_bare_llava.py"), "w") as module:
+    module.write(BARE)
+os.environ["PYTHONPATH"] = directory + os.pathsep + os.environ["PYTHONPATH"]
+sys.path.insert(0, directory)
+try:
+    with LLM(builtin, distributed_executor_backend="mp",
+             model_class_overrides={"LlavaForConditionalGeneration": "ae_bare_llava:BareLlava"}, **options):
+        result["unregistered"] = "started"
+except Exception as exc:
+    result["unregistered"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(result))
 """
 
@@ -111,3 +133,7 @@ def test_the_plugins_model_runs_with_its_processing_in_the_frontend_and_the_work
     # ModelRegistry entry), the engine the built-in LLaVA's that the plugin's module imported first.
     assert result["owners"][KEY] == OWNER
     assert result["owners"]["asyncengine.models.llava:LlavaForConditionalGeneration"] == "built-in"
+    # A multimodal class with no registration visible in the worker: start-up fails there, naming class and process.
+    assert re.search(r"multimodal model class ae_bare_llava:BareLlava has no processor registered in "
+                     r"'multimodal_processors' \(MULTIMODAL_REGISTRY\) in the worker rank 0 \(pid \d+\)",
+                     result["unregistered"]), result["unregistered"]
