@@ -2,10 +2,12 @@
 plugins/asyncengine-multimodal-example, installed as a real distribution into a temporary target, registers
 `ExampleLlavaForConditionalGeneration` (ModelRegistry, R1), a LLaVA subclass whose class carries its own input
 processing (MULTIMODAL_REGISTRY.register_processor: processor, info, dummy inputs). In an engine whose worker runs
-in a process of its own (distributed_executor_backend="mp") the frontend processes the images with the plugin's processor, the worker builds the
-plugin's model and profiles its vision encoder with the plugin's dummy inputs (its start-up record names them and
-the plugin), and the tokens are the built-in LLaVA's with the same weights, for prompts of one and two images.
-The model is a tiny random LLaVA with its real processor (tests/support/vision_models.py).
+in a process of its own (distributed_executor_backend="mp"), the frontend processes the images with the plugin's
+processor, the worker builds the plugin's model and profiles its vision encoder with the plugin's dummy inputs (its
+start-up record names them and the plugin), and the tokens are the built-in LLaVA's with the same weights, for
+prompts of one and two images. A multimodal class with no registration, reaching the worker through
+model_class_overrides, fails the worker's start-up naming the class and the process. The model is a tiny random
+LLaVA with its real processor (tests/support/vision_models.py); one script runs the three engines.
 """
 
 from __future__ import annotations
