@@ -58,6 +58,7 @@ from asyncengine.worker.logits_processors import LogitsProcessorRequestError, Lo
 from asyncengine.worker.multimodal import MultiModalStep, check_features, mrope_positions, uses_mrope
 from asyncengine.worker.mm_profile import EncoderProfile, profile_encoder, registration_in_worker
 from asyncengine.interfaces.multimodal import supports_multimodal
+from asyncengine.interfaces.multimodal_registry import ProcessorFactories
 from asyncengine.wire.multimodal import MultiModalFeature
 from asyncengine.worker.pipeline import receive_sampled_tokens, share_sampled_tokens, take_token_ids
 from asyncengine.worker.sampler import Sampler, SamplingRow
@@ -143,7 +144,7 @@ class ModelRunner:
         self.multimodal: MultiModalStep | None = None  # with a multimodal model: its encoder cache and merge
         # A multimodal model's MULTIMODAL_REGISTRY entry and who registered it (worker/mm_profile.py), and the
         # record of the profile with its dummy inputs, for the `kv cache` phase's report.
-        self.mm_registration: tuple[Any, str] | None = None
+        self.mm_registration: tuple[ProcessorFactories, str] | None = None
         self.mm_profile_record: StartupRecord | None = None
         self.uses_mrope = False  # the model reads (3, num_tokens) positions (worker/multimodal.py)
         # Speculative decoding (worker/spec_decode/verifier.py): with speculative_config, built with the model.
