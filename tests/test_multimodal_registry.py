@@ -185,3 +185,28 @@ def test_every_built_in_multimodal_class_is_registered_and_built_in():
         MULTIMODAL_REGISTRY.registration(model_cls, "this test")  # raises when it has none
     owners = {key: owner for key, owner in MULTIMODAL_REGISTRY.owners().items() if key.startswith("asyncengine.")}
     assert len(owners) == 4 and set(owners.values()) == {"built-in"}, owners  # SmolVLM, Qwen2.5-VL: inherited
+
+
+def test_the_frontend_refuses_a_multimodal_class_with_no_registration():
+    import os
+    from types import SimpleNamespace
+
+    from asyncengine.errors import MissingRegistration
+    from asyncengine.frontend.multimodal import multimodal_inputs
+    from asyncengine.interfaces.models import ModelRegistry
+
+    class StubVLM:
+        supports_multimodal = True
+
+        def load_weights(self, weights):
+            return set()
+
+    model_config = SimpleNamespace(load_hf_config=lambda: SimpleNamespace(architectures=["StubVLMForTest"],
+                                                                          vision_config={}))
+    ModelRegistry.register_model("StubVLMForTest", StubVLM)
+    try:
+        with pytest.raises(MissingRegistration, match=rf"StubVLM has no processor registered .* in the frontend "
+                                                      rf"\(pid {os.getpid()}\)"):
+            multimodal_inputs(SimpleNamespace(model_class_overrides=None), model_config, object())
+    finally:  # the process-wide table as it was
+        ModelRegistry._entries.pop("StubVLMForTest", None)
