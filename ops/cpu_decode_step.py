@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from asyncengine.ops.cpu_block_int8 import BLOCK_INT8_C, PackedBlocks
 from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, KernelLibrary
 
 C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
@@ -41,12 +42,18 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 #if defined(__AVX512F__)
 #include <immintrin.h>
 """ + AVX512_BF16 + r"""#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define HAS_BLOCKS 1
+""" + BLOCK_INT8_C + r"""#else
+#define HAS_BLOCKS 0
+#endif
 
 typedef struct {
     const void *norm1, *qkv, *o, *norm2, *gate_up, *down;  /* weights, [out, in] row-major */
     void *k_cache, *v_cache;                                 /* [kv_heads, num_blocks, block_size, head_dim] */
     const void *qkv_bias;                                    /* [qkv rows] or NULL (Qwen2) */
     const void *q_norm, *k_norm;                             /* [head_dim] RMSNorm weights or NULL (Qwen3) */
+    const void *blocks;  /* NULL, or blocks_t[4]: qkv, o, gate_up, down as GGUF blocks (then those four are NULL) */
 } layer_t;
 
 /* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. The weights stream through
@@ -164,6 +171,102 @@ static void matvec(const void *x, const void *w, const void *bias, int64_t N, in
         const float add = bias ? load(bias, n, is_bf16) : 0.0f;
         for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b] + add, is_bf16);
     }
+    barrier_wait(bar, threads);
+}
+
+/* Products over a GGUF file's quantized weights (`quantization="gguf"`): every 32 inputs of an output row share a
+   scale and an offset, the weights are small integers, packed by ops/cpu_block_int8.py's `pack`
+   ([N/16, K/4, 16, 4] bytes). The activation rows are quantized per block of 32 once per product (each thread
+   quantizes them itself, as it normalizes: no barrier), then each pair of 16-output tiles is VNNI dot products
+   per block, scaled once: ops/cpu_block_int8.py's arithmetic (BLOCK_INT8_C, the same code), so these products
+   are the module path's values exactly, rounded to the dtype where its layer rounds. */
+typedef struct { const int8_t *q; const float *scale, *offset; const int32_t *start; } blocks_t;
+#define LAYER_BLOCKS(L, i) ((L)->blocks ? (const blocks_t *)(L)->blocks + (i) : NULL)
+#define MAX_BLOCK_WIDTH 16384  /* the widest input of a block product: its quantized rows live on the stack */
+#if HAS_BLOCKS
+static void quantize_rows(const void *x, int64_t K, int64_t B, int is_bf16, uint8_t *xq, float *dx, float *sx) {
+    const int64_t blocks = K / 32, es = is_bf16 ? 2 : 4;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t g = 0; g < blocks; g++)
+            quantize_block32((const char *)x + (b * K + g * 32) * es, is_bf16, xq + b * K + g * 32,
+                             dx + b * blocks + g, sx + b * blocks + g);
+}
+
+/* acc[r][0] and acc[r][1]: tiles t0 and t1 (16 outputs each) of w times rows r of the quantized x, for B rows. */
+static inline void tile_pair(const blocks_t *w, int64_t t0, int64_t t1, int64_t K, int64_t r0, int rows,
+                             const uint8_t *xq, const float *dx, const float *sx, __m512 acc[][2]) {
+    const int64_t blocks = K / 32, at0 = t0 * blocks * 16, at1 = t1 * blocks * 16;
+    pair_any_rows(rows, w->q + t0 * K * 16, w->q + t1 * K * 16, w->scale + at0, w->scale + at1,
+                  w->offset ? w->offset + at0 : NULL, w->offset ? w->offset + at1 : NULL, w->start + at0,
+                  w->start + at1, xq + r0 * K, K, dx + r0 * blocks, sx + r0 * blocks, blocks, acc);
+}
+
+/* out[b, n] = x[b] . w[n] for this thread's share of the N rows, rounded to the dtype, then + bias[n] rounded
+   (the gguf layer adds its bias to its rounded output). No barrier. */
+static void block_matvec(const void *x, const blocks_t *w, const void *bias, int64_t N, int64_t K, int64_t B,
+                         void *out, int is_bf16) {
+    const int64_t blocks = K / 32;
+    uint8_t xq[B * K];
+    float dx[B * blocks], sx[B * blocks];
+    quantize_rows(x, K, B, is_bf16, xq, dx, sx);
+    #pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t p = 0; p < (N + 31) / 32; p++) {
+        __m512 acc[ROWS][2];
+        float sums[32];
+        for (int64_t r0 = 0; r0 < B; r0 += ROWS) {
+            const int rows = B - r0 < ROWS ? (int)(B - r0) : ROWS;
+            tile_pair(w, 2 * p, 2 * p + 1, K, r0, rows, xq, dx, sx, acc);
+            for (int i = 0; i < rows; i++) {
+                _mm512_storeu_ps(sums, acc[i][0]);
+                _mm512_storeu_ps(sums + 16, acc[i][1]);
+                for (int64_t j = 0; j < 32 && p * 32 + j < N; j++) {
+                    const int64_t n = p * 32 + j;
+                    const float v = bias ? in_dtype(sums[j], is_bf16) + load(bias, n, is_bf16) : sums[j];
+                    store(out, (r0 + i) * N + n, v, is_bf16);
+                }
+            }
+        }
+    }
+}
+
+/* The MLP's gate-up product and SiLU-and-mul over block weights: gate tile t and up tile I/16 + t together, their
+   16 outputs rounded to the dtype (the layer's output), then silu_mul_block. I % 16 == 0. No barrier. */
+static void silu_mul_block(const float *g, const float *u, int64_t n, void *out, int64_t j0, int is_bf16);
+static void block_gate_up(const void *x, const blocks_t *w, int64_t I, int64_t H, int64_t B, void *act,
+                          int is_bf16) {
+    const int64_t blocks = H / 32, es = is_bf16 ? 2 : 4;
+    uint8_t xq[B * H];
+    float dx[B * blocks], sx[B * blocks];
+    quantize_rows(x, H, B, is_bf16, xq, dx, sx);
+    #pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t t = 0; t < I / 16; t++) {
+        __m512 acc[ROWS][2];
+        float g[16], u[16];
+        for (int64_t r0 = 0; r0 < B; r0 += ROWS) {
+            const int rows = B - r0 < ROWS ? (int)(B - r0) : ROWS;
+            tile_pair(w, t, I / 16 + t, H, r0, rows, xq, dx, sx, acc);
+            for (int i = 0; i < rows; i++) {
+                _mm512_storeu_ps(g, acc[i][0]);
+                _mm512_storeu_ps(u, acc[i][1]);
+                for (int j = 0; j < 16; j++) { g[j] = in_dtype(g[j], is_bf16); u[j] = in_dtype(u[j], is_bf16); }
+                silu_mul_block(g, u, 16, (char *)act + (r0 + i) * I * es, t * 16, is_bf16);
+            }
+        }
+    }
+}
+#else
+static void block_matvec(const void *x, const blocks_t *w, const void *bias, int64_t N, int64_t K, int64_t B,
+                         void *out, int is_bf16) {}
+static void block_gate_up(const void *x, const blocks_t *w, int64_t I, int64_t H, int64_t B, void *act,
+                          int is_bf16) {}
+#endif
+int has_blocks(void) { return HAS_BLOCKS; }
+
+/* out = x . w^T (+ bias) over the float weights w, or over block weights bw where the layer has them. */
+static void weight_product(const void *x, const void *w, const blocks_t *bw, const void *bias, int64_t N,
+                           int64_t K, int64_t B, void *out, int is_bf16, barrier_t *bar, int threads) {
+    if (!bw) { matvec(x, w, bias, N, K, B, out, is_bf16, bar, threads); return; }
+    block_matvec(x, bw, bias, N, K, B, out, is_bf16);
     barrier_wait(bar, threads);
 }
 
@@ -402,7 +505,7 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
                          is_bf16, s);
-            matvec(x, L->qkv, L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
+            weight_product(x, L->qkv, LAYER_BLOCKS(L, 0), L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
             #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t task = 0; task < B * num_kv_heads; task++) {
                 const int64_t b = task / num_kv_heads;
@@ -412,11 +515,12 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                                scores_all + b * num_heads * max_ctx, attn + b * Q * es);
             }
             barrier_wait(&bar, team);
-            matvec(attn, L->o, NULL, H, Q, B, hidden, is_bf16, &bar, team);
+            weight_product(attn, L->o, LAYER_BLOCKS(L, 1), NULL, H, Q, B, hidden, is_bf16, &bar, team);
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
                          is_bf16, s);
-            {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
+            if (L->blocks) block_gate_up(x, LAYER_BLOCKS(L, 2), I, H, B, act, is_bf16);
+            else {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
                 float g[MAX_ROWS][16], u[MAX_ROWS][16], sums[MAX_ROWS];
                 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t j0 = 0; j0 < I; j0 += 16) {
@@ -431,7 +535,7 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                 }
             }
             barrier_wait(&bar, team);
-            matvec(act, L->down, NULL, H, I, B, hidden, is_bf16, &bar, team);
+            weight_product(act, L->down, LAYER_BLOCKS(L, 3), NULL, H, I, B, hidden, is_bf16, &bar, team);
         }
         for (int64_t b = 0; b < B; b++)
             norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm, x + b * H * es, H,
@@ -450,6 +554,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 MAX_ROWS = 8  # the kernel's largest batch (MAX_ROWS in the C source)
 MAX_HIDDEN = 8192  # its norms' per-row scratch
 MAX_HEAD_DIM = 512
+MAX_BLOCK_WIDTH = 16384  # the widest input of a block product (MAX_BLOCK_WIDTH in the C source)
 # -ffp-contract=off: the elementwise steps round where torch's separate ops do (the dot products use
 # explicit fused multiply-adds, as any matmul does).
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
@@ -459,13 +564,21 @@ _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-cont
 class Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache", "qkv_bias", "q_norm",
-                 "k_norm")]
+                 "k_norm", "blocks")]
+
+
+class Blocks(ctypes.Structure):
+    """One product's GGUF block weights as the kernel takes them (blocks_t; ops/cpu_block_int8.py's `pack`)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("q", "scale", "offset", "start")]
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 def _declare(library: ctypes.CDLL) -> None:
+    library.has_blocks.restype = ctypes.c_int
+    library.has_blocks.argtypes = []
     library.decode_step.restype = ctypes.c_int
     argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P] + [_I] * 8 + \
         [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _I, _P, ctypes.c_int]
@@ -485,21 +598,32 @@ def unavailable_reason() -> str | None:
     return _kernels.unavailable_reason()
 
 
+def blocks_available(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernel also takes GGUF block weights (AVX-512 VNNI, the compiler's -march=native)."""
+    return _kernels.available(dtype) and _kernels.get(dtype).has_blocks() == 1
+
+
 class DecoderWeights:
     """The tensors one decode step reads, as the kernel takes them: per layer (norm1, qkv, o, norm2, gate_up,
     down, key cache, value cache) and optionally (qkv bias, q norm, k norm), each None where the model has none
-    (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. The caller
-    keeps every tensor alive."""
+    (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. With
+    `blocks`, a layer's entry there (ops/cpu_block_int8.py's PackedBlocks of qkv, o, gate_up and down: a GGUF
+    file's blocks) replaces its four float weights, which are None. The caller keeps every tensor alive."""
 
     def __init__(self, layers: Sequence[Sequence[torch.Tensor | None]], embed: torch.Tensor, final_norm: torch.Tensor,
                  *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float,
-                 lm_head: torch.Tensor | None = None) -> None:
-        self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - len(layer)) for layer in layers]
+                 lm_head: torch.Tensor | None = None, blocks: Sequence[Sequence[PackedBlocks] | None] | None = None
+                 ) -> None:
+        self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - 1 - len(layer)) for layer in layers]
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self.hidden_size = embed.shape[1]
-        self.intermediate_size = self.tensors[0][4].shape[0] // 2 if self.tensors else 0
+        self.blocks = _block_tables(blocks, len(self.tensors), self.hidden_size, num_heads * head_dim,
+                                    (num_heads + 2 * num_kv_heads) * head_dim)
+        first_gate_up = self.tensors[0][4] if self.tensors else None
+        self.intermediate_size = first_gate_up.shape[0] // 2 if first_gate_up is not None else \
+            self.blocks[0][1][2].n // 2 if self.blocks and self.blocks[0] else 0
         self.dtype = embed.dtype
         tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer if t is not None] + \
             ([] if lm_head is None else [lm_head])
@@ -510,8 +634,39 @@ class DecoderWeights:
         if self.hidden_size > MAX_HIDDEN or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads:
             raise ValueError(f"decode_step takes hidden sizes up to {MAX_HIDDEN}, even head sizes up to "
                              f"{MAX_HEAD_DIM} and whole GQA groups")
-        self.table = (Layer * len(self.tensors))(*[Layer(*[None if t is None else t.data_ptr() for t in layer])
-                                                   for layer in self.tensors])
+        self.table = (Layer * len(self.tensors))(*[
+            Layer(*[None if t is None else t.data_ptr() for t in layer],
+                  None if block_table is None else ctypes.addressof(block_table[0]))
+            for layer, block_table in zip(self.tensors, self.blocks or [None] * len(self.tensors))])
+
+
+def _block_tables(blocks: Sequence[Sequence[PackedBlocks] | None] | None, num_layers: int, hidden: int, q_width: int,
+                  qkv_rows: int) -> list[tuple[Any, Sequence[PackedBlocks]] | None] | None:
+    """Per layer, None or (the kernel's blocks_t[4], the four PackedBlocks it points into: qkv, o, gate_up, down),
+    after checking their shapes."""
+    if blocks is None:
+        return None
+    if len(blocks) != num_layers:
+        raise ValueError(f"decode_step: block weights for {len(blocks)} layers, the model has {num_layers}")
+    tables: list[tuple[Any, Sequence[PackedBlocks]] | None] = []
+    for layer_blocks in blocks:
+        if layer_blocks is None:
+            tables.append(None)
+            continue
+        qkv, o, gate_up, down = layer_blocks
+        intermediate = gate_up.n // 2
+        shapes = [(qkv, qkv_rows, hidden), (o, hidden, q_width), (gate_up, 2 * intermediate, hidden),
+                  (down, hidden, intermediate)]
+        if any(packed.n != rows or packed.width != width for packed, rows, width in shapes) or intermediate % 16 \
+                or max(hidden, q_width, intermediate) > MAX_BLOCK_WIDTH:
+            raise ValueError(f"decode_step's block weights: qkv [{qkv_rows}, {hidden}], o [{hidden}, {q_width}], "
+                             f"gate_up [2 I, {hidden}], down [{hidden}, I] with I a multiple of 16, inputs up to "
+                             f"{MAX_BLOCK_WIDTH}; got {[(p.n, p.width) for p in layer_blocks]}")
+        table = (Blocks * 4)(*[Blocks(p.weight.data_ptr(), p.scale.data_ptr(),
+                                      None if p.offset is None else p.offset.data_ptr(), p.start.data_ptr())
+                               for p in layer_blocks])
+        tables.append((table, layer_blocks))
+    return tables
 
 
 def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
