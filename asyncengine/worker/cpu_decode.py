@@ -27,7 +27,7 @@ import torch
 
 from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine.models.layers.logits import finish_logits
-from asyncengine.ops import cpu_decode_step
+from asyncengine.ops import cpu_block_int8, cpu_decode_step
 
 if TYPE_CHECKING:
     from asyncengine.config.engine import EngineConfig
@@ -46,6 +46,7 @@ class CpuDecodeStep:
         self.max_batch_size = max_batch_size
         self._weights: cpu_decode_step.DecoderWeights | None = None
         self._bound_cache: int | None = None  # data_ptr of the first layer's key cache the table points into
+        self._nibbles: dict[int, tuple[Any, cpu_decode_step.BlockWeights]] = {}  # id(PackedBlocks): (it, its form)
 
     @classmethod
     def build(cls, model: Any, attention_layers: list[Any], dtype: torch.dtype,
@@ -79,6 +80,14 @@ class CpuDecodeStep:
     def _weights_dtype(self) -> torch.dtype:
         return self.model.model.embed_tokens.weight.dtype
 
+    def _at_4_bits(self, packed: Any) -> cpu_decode_step.BlockWeights:
+        """A gguf layer's packed blocks at 4 bits where its integers fit (Q4_0, Q4_1: half the bytes a step reads),
+        made once (the layer keeps its int8 blocks for the module path: prefill, larger batches)."""
+        key = id(packed)
+        if key not in self._nibbles:
+            self._nibbles[key] = (packed, cpu_block_int8.pack_nibbles(packed) or packed)
+        return self._nibbles[key][1]
+
     def _table(self) -> cpu_decode_step.DecoderWeights:
         """The kernel's table of weights and caches, rebuilt when the caches were (re)allocated."""
         first_cache = self.attention_layers[0].kv_cache[0].data_ptr()
@@ -91,7 +100,7 @@ class CpuDecodeStep:
                 q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
                 linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
                 packed = [getattr(linear, "gguf_packed", None) for linear in linears]
-                blocks.append(None if packed[0] is None else packed)
+                blocks.append(None if packed[0] is None else [self._at_4_bits(p) for p in packed])
                 qkv, o, gate_up, down = (None,) * 4 if packed[0] is not None else \
                     tuple(linear.weight for linear in linears)
                 layers.append((layer.input_layernorm.weight, qkv, o, layer.post_attention_layernorm.weight, gate_up,

@@ -66,13 +66,14 @@ def runners(tiny_model, platform):
 
 
 def _gguf_runner(path: str, dtype: str) -> ModelRunner:
-    """`quantization="gguf"` on random weights, its blocks then replaced by Q4_1-like ones (4-bit integers, a scale
-    and an offset per block of 32, as the loader keeps a Q4_1 file): the module path and the step read the same."""
+    """`quantization="gguf"` on random weights (Q8_0 blocks), the first layer's then replaced by Q4_1-like ones
+    (4-bit integers, a scale and an offset per block of 32, as the loader keeps a Q4_1 file): the step runs
+    both its 8-bit and its 4-bit products; the module path reads the same blocks."""
     from asyncengine.ops import cpu_block_int8
 
     runner = _runner(path, dtype, quantization="gguf", load_format="dummy")
     generator = torch.Generator().manual_seed(36)
-    for layer in runner.model.model.layers:
+    for layer in runner.model.model.layers[:1]:
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             rows, width = linear.gguf_packed.n, linear.gguf_packed.width
             q = torch.randint(-8, 8, (rows, width), generator=generator, dtype=torch.int8)
