@@ -27,7 +27,7 @@ import torch
 
 from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine.models.layers.logits import finish_logits
-from asyncengine.ops import cpu_block_int8, cpu_decode_step
+from asyncengine.ops import cpu_block_int8, cpu_decode_blocks, cpu_decode_step
 
 if TYPE_CHECKING:
     from asyncengine.config.engine import EngineConfig
@@ -46,7 +46,7 @@ class CpuDecodeStep:
         self.max_batch_size = max_batch_size
         self._weights: cpu_decode_step.DecoderWeights | None = None
         self._bound_cache: int | None = None  # data_ptr of the first layer's key cache the table points into
-        self._nibbles: dict[int, tuple[Any, cpu_decode_step.BlockWeights]] = {}  # id(PackedBlocks): (it, its form)
+        self._nibbles: dict[int, tuple[Any, cpu_decode_blocks.BlockWeights]] = {}  # id(PackedBlocks): (it, its form)
 
     @classmethod
     def build(cls, model: Any, attention_layers: list[Any], dtype: torch.dtype,
@@ -80,7 +80,7 @@ class CpuDecodeStep:
     def _weights_dtype(self) -> torch.dtype:
         return self.model.model.embed_tokens.weight.dtype
 
-    def _at_4_bits(self, packed: Any) -> cpu_decode_step.BlockWeights:
+    def _at_4_bits(self, packed: Any) -> cpu_decode_blocks.BlockWeights:
         """A gguf layer's packed blocks at 4 bits where its integers fit (Q4_0, Q4_1: half the bytes a step reads),
         made once (the layer keeps its int8 blocks for the module path: prefill, larger batches)."""
         key = id(packed)
@@ -232,8 +232,8 @@ def _gguf_blocks_reason(linears: tuple[Any, ...], dtype: torch.dtype) -> str | N
         return "gguf linear layers without their packed block kernel (no AVX-512 VNNI, or another dtype)"
     if linears[2].gguf_packed.n % 32:
         return "an MLP width that is not a multiple of 16 (the kernel's gate and up tiles)"
-    if max(linear.gguf_packed.width for linear in linears) > cpu_decode_step.MAX_BLOCK_WIDTH:
-        return f"gguf linear layers wider than {cpu_decode_step.MAX_BLOCK_WIDTH} inputs"
+    if max(linear.gguf_packed.width for linear in linears) > cpu_decode_blocks.MAX_BLOCK_WIDTH:
+        return f"gguf linear layers wider than {cpu_decode_blocks.MAX_BLOCK_WIDTH} inputs"
     if not cpu_decode_step.blocks_available(dtype):
         return "the C kernel was built without AVX-512 VNNI, which its gguf products need"
     return None
