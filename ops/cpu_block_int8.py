@@ -256,11 +256,11 @@ class PackedBlocks:
 class PackedNibbles:
     """A weight whose integers all lie in -8..7 (Q4_0, Q4_1 and the like), at 4 bits, as ops/cpu_decode_step.py's
     products take it: tile by tile as `pack` lays them out, each byte q + 8 of input k (low nibble) and of
-    input k + 4 (high) for 8 inputs of 16 outputs a 64-byte row; `low` the block's minimum, offset - 8 scale."""
+    input k + 4 (high) for 8 inputs of 16 outputs a 64-byte row; the scales and offsets PackedBlocks' own."""
 
     weight: torch.Tensor  # uint8 [padded / 16, width / 8, 16, 4]
     scale: torch.Tensor  # float32 [padded / 16, width / 32, 16], as PackedBlocks.scale
-    low: torch.Tensor  # float32, as scale
+    offset: torch.Tensor | None  # as PackedBlocks.offset
     n: int
     padded: int
     width: int
@@ -274,9 +274,7 @@ def pack_nibbles(packed: PackedBlocks) -> PackedNibbles | None:
     tiles = packed.padded // TILE
     pairs = (q.reshape(tiles, packed.width // 8, 2, TILE, 4).to(torch.int16) + 8).to(torch.uint8)
     nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
-    offset = packed.offset if packed.offset is not None else torch.zeros_like(packed.scale)
-    return PackedNibbles(nibbles.contiguous(), packed.scale, offset - 8 * packed.scale, packed.n, packed.padded,
-                         packed.width)
+    return PackedNibbles(nibbles.contiguous(), packed.scale, packed.offset, packed.n, packed.padded, packed.width)
 
 
 def check_blocks(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> None:

@@ -31,36 +31,42 @@ BLOCKS_C = r"""
    scale and an offset, the weights are small integers, packed by ops/cpu_block_int8.py's `pack`
    ([N/16, K/4, 16, 4] bytes). The activation rows are quantized per block of 32 once per product (each thread
    quantizes them itself, as it normalizes: no barrier), then each pair of 16-output tiles is VNNI dot products
-   per block, scaled once. At 8 bits this is ops/cpu_block_int8.py's arithmetic (BLOCK_INT8_C, the same code):
-   the module path's values exactly; at 4 bits (nibble_pair_rows) the same products to float32 rounding. Each
-   output is rounded to the dtype where the module path's layer rounds it. */
+   per block, scaled once: ops/cpu_block_int8.py's arithmetic (BLOCK_INT8_C, the same code; at 4 bits
+   nibble_pair_rows, the same integers and the same float steps), so the products are the module path's values
+   exactly, each output rounded to the dtype where the module path's layer rounds it. */
 typedef struct {
     const void *q;            /* int8 [N/16, K/4, 16, 4]; with `nibbles`, 4-bit pairs [N/16, K/8, 16, 4] */
-    const float *scale, *offset;  /* [N/16, K/32, 16]; offset NULL for none; with `nibbles`, the block's minimum */
+    const float *scale, *offset;  /* [N/16, K/32, 16]; offset NULL for none */
     const int32_t *start;     /* [N/16, K/32, 16]: -128 * the block's sum of q (unused with `nibbles`) */
     int64_t nibbles;
 } blocks_t;
 #define LAYER_BLOCKS(L, i) ((L)->blocks ? (const blocks_t *)(L)->blocks + (i) : NULL)
 #define MAX_BLOCK_WIDTH 16384  /* the widest input of a block product: its quantized rows live on the stack */
 #if HAS_BLOCKS
-static void quantize_rows(const void *x, int64_t K, int64_t B, int is_bf16, uint8_t *xq, float *dx, float *sx) {
+/* x's B rows per block of 32 (quantize_block32), with each block's integer sum, sum(xq - 128), in xsum. */
+static void quantize_rows(const void *x, int64_t K, int64_t B, int is_bf16, uint8_t *xq, float *dx, float *sx,
+                          int32_t *xsum) {
     const int64_t blocks = K / 32, es = is_bf16 ? 2 : 4;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t g = 0; g < blocks; g++)
-            quantize_block32((const char *)x + (b * K + g * 32) * es, is_bf16, xq + b * K + g * 32,
-                             dx + b * blocks + g, sx + b * blocks + g);
+        for (int64_t g = 0; g < blocks; g++) {
+            uint8_t *q = xq + b * K + g * 32;
+            quantize_block32((const char *)x + (b * K + g * 32) * es, is_bf16, q, dx + b * blocks + g,
+                             sx + b * blocks + g);
+            int32_t sum = -128 * 32;
+            for (int i = 0; i < 32; i++) sum += q[i];
+            xsum[b * blocks + g] = sum;
+        }
 }
 
 /* pair_rows over weights of 4 bits (Q4_0, Q4_1, and any block whose integers lie in -8..7), half the bytes: each
    byte holds q + 8 of input k (low nibble) and of input k + 4 (high), so one 64-byte load is 8 inputs of 16
    outputs. The weights are the unsigned side of vpdpbusd, the activations (xq - 128) the signed one, so each sum
-   is sum((q + 8) xq), and the block's minimum m = offset - 8 d takes the 8 back out: d dx sum((q + 8) xq) +
-   m sx is sum((d q + offset) dx xq), the module path's value to float32 rounding (its sums run in another
-   order). */
+   is sum((q + 8) xq), and 8 sum(xq) taken back out leaves sum(q xq) exactly: from there the block is scaled as
+   pair_rows scales it, so the products are the module path's values exactly at 4 bits too. */
 static inline __attribute__((always_inline)) void nibble_pair_rows(
-        const int MR, const uint8_t *w0, const uint8_t *w1, const float *d0, const float *d1, const float *m0,
-        const float *m1, const uint8_t *xq, int64_t width, const float *dx, const float *sx, int64_t blocks,
-        __m512 acc[][2]) {
+        const int MR, const uint8_t *w0, const uint8_t *w1, const float *d0, const float *d1, const float *o0,
+        const float *o1, const uint8_t *xq, int64_t width, const float *dx, const float *sx, const int32_t *xsum,
+        int64_t blocks, __m512 acc[][2]) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     for (int r = 0; r < MR; r++) { acc[r][0] = _mm512_setzero_ps(); acc[r][1] = _mm512_setzero_ps(); }
     for (int64_t g = 0; g < blocks; g++) {
@@ -83,23 +89,33 @@ static inline __attribute__((always_inline)) void nibble_pair_rows(
             }
         }
         const __m512 dv0 = _mm512_loadu_ps(d0 + g * 16), dv1 = _mm512_loadu_ps(d1 + g * 16);
-        const __m512 mv0 = _mm512_loadu_ps(m0 + g * 16), mv1 = _mm512_loadu_ps(m1 + g * 16);
         for (int r = 0; r < MR; r++) {
-            const __m512 xs = _mm512_set1_ps(dx[r * blocks + g]), ss = _mm512_set1_ps(sx[r * blocks + g]);
-            acc[r][0] = _mm512_fmadd_ps(mv0, ss, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(dv0, xs),
-                                                                 acc[r][0]));
-            acc[r][1] = _mm512_fmadd_ps(mv1, ss, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(dv1, xs),
-                                                                 acc[r][1]));
+            const __m512i eight = _mm512_set1_epi32(8 * xsum[r * blocks + g]);
+            const __m512 xs = _mm512_set1_ps(dx[r * blocks + g]);
+            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s[r][0], eight)), _mm512_mul_ps(dv0, xs),
+                                        acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s[r][1], eight)), _mm512_mul_ps(dv1, xs),
+                                        acc[r][1]);
+        }
+        if (o0) {
+            const __m512 ov0 = _mm512_loadu_ps(o0 + g * 16), ov1 = _mm512_loadu_ps(o1 + g * 16);
+            for (int r = 0; r < MR; r++) {
+                const __m512 ss = _mm512_set1_ps(sx[r * blocks + g]);
+                acc[r][0] = _mm512_fmadd_ps(ov0, ss, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(ov1, ss, acc[r][1]);
+            }
         }
     }
 }
 
 /* acc[r][0] and acc[r][1]: tiles t0 and t1 (16 outputs each) of w times rows r of the quantized x, for B rows. */
 static inline void tile_pair(const blocks_t *w, int64_t t0, int64_t t1, int64_t K, int64_t r0, int rows,
-                             const uint8_t *xq, const float *dx, const float *sx, __m512 acc[][2]) {
+                             const uint8_t *xq, const float *dx, const float *sx, const int32_t *xsum,
+                             __m512 acc[][2]) {
     const int64_t blocks = K / 32, at0 = t0 * blocks * 16, at1 = t1 * blocks * 16;
     const uint8_t *x = xq + r0 * K;
     const float *d = dx + r0 * blocks, *s = sx + r0 * blocks;
+    const int32_t *xs = xsum + r0 * blocks;
     if (!w->nibbles) {
         const int8_t *q = (const int8_t *)w->q;
         pair_any_rows(rows, q + t0 * K * 16, q + t1 * K * 16, w->scale + at0, w->scale + at1,
@@ -108,14 +124,15 @@ static inline void tile_pair(const blocks_t *w, int64_t t0, int64_t t1, int64_t 
         return;
     }
     const uint8_t *q0 = (const uint8_t *)w->q + t0 * K * 8, *q1 = (const uint8_t *)w->q + t1 * K * 8;
-    const float *d0 = w->scale + at0, *d1 = w->scale + at1, *m0 = w->offset + at0, *m1 = w->offset + at1;
+    const float *d0 = w->scale + at0, *d1 = w->scale + at1;
+    const float *o0 = w->offset ? w->offset + at0 : NULL, *o1 = w->offset ? w->offset + at1 : NULL;
     switch (rows) {
-        case 1: nibble_pair_rows(1, q0, q1, d0, d1, m0, m1, x, K, d, s, blocks, acc); break;
-        case 2: nibble_pair_rows(2, q0, q1, d0, d1, m0, m1, x, K, d, s, blocks, acc); break;
-        case 3: nibble_pair_rows(3, q0, q1, d0, d1, m0, m1, x, K, d, s, blocks, acc); break;
-        case 4: nibble_pair_rows(4, q0, q1, d0, d1, m0, m1, x, K, d, s, blocks, acc); break;
-        case 5: nibble_pair_rows(5, q0, q1, d0, d1, m0, m1, x, K, d, s, blocks, acc); break;
-        case 6: nibble_pair_rows(6, q0, q1, d0, d1, m0, m1, x, K, d, s, blocks, acc); break;
+        case 1: nibble_pair_rows(1, q0, q1, d0, d1, o0, o1, x, K, d, s, xs, blocks, acc); break;
+        case 2: nibble_pair_rows(2, q0, q1, d0, d1, o0, o1, x, K, d, s, xs, blocks, acc); break;
+        case 3: nibble_pair_rows(3, q0, q1, d0, d1, o0, o1, x, K, d, s, xs, blocks, acc); break;
+        case 4: nibble_pair_rows(4, q0, q1, d0, d1, o0, o1, x, K, d, s, xs, blocks, acc); break;
+        case 5: nibble_pair_rows(5, q0, q1, d0, d1, o0, o1, x, K, d, s, xs, blocks, acc); break;
+        case 6: nibble_pair_rows(6, q0, q1, d0, d1, o0, o1, x, K, d, s, xs, blocks, acc); break;
         default: break;
     }
 }
@@ -127,14 +144,15 @@ static void block_matvec(const void *x, const blocks_t *w, const void *bias, int
     const int64_t blocks = K / 32;
     uint8_t xq[B * K];
     float dx[B * blocks], sx[B * blocks];
-    quantize_rows(x, K, B, is_bf16, xq, dx, sx);
+    int32_t xsum[B * blocks];
+    quantize_rows(x, K, B, is_bf16, xq, dx, sx, xsum);
     #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t p = 0; p < (N + 31) / 32; p++) {
         __m512 acc[ROWS][2];
         float sums[32];
         for (int64_t r0 = 0; r0 < B; r0 += ROWS) {
             const int rows = B - r0 < ROWS ? (int)(B - r0) : ROWS;
-            tile_pair(w, 2 * p, 2 * p + 1, K, r0, rows, xq, dx, sx, acc);
+            tile_pair(w, 2 * p, 2 * p + 1, K, r0, rows, xq, dx, sx, xsum, acc);
             for (int i = 0; i < rows; i++) {
                 _mm512_storeu_ps(sums, acc[i][0]);
                 _mm512_storeu_ps(sums + 16, acc[i][1]);
@@ -156,14 +174,15 @@ static void block_gate_up(const void *x, const blocks_t *w, int64_t I, int64_t H
     const int64_t blocks = H / 32, es = is_bf16 ? 2 : 4;
     uint8_t xq[B * H];
     float dx[B * blocks], sx[B * blocks];
-    quantize_rows(x, H, B, is_bf16, xq, dx, sx);
+    int32_t xsum[B * blocks];
+    quantize_rows(x, H, B, is_bf16, xq, dx, sx, xsum);
     #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t t = 0; t < I / 16; t++) {
         __m512 acc[ROWS][2];
         float g[16], u[16];
         for (int64_t r0 = 0; r0 < B; r0 += ROWS) {
             const int rows = B - r0 < ROWS ? (int)(B - r0) : ROWS;
-            tile_pair(w, t, I / 16 + t, H, r0, rows, xq, dx, sx, acc);
+            tile_pair(w, t, I / 16 + t, H, r0, rows, xq, dx, sx, xsum, acc);
             for (int i = 0; i < rows; i++) {
                 _mm512_storeu_ps(g, acc[i][0]);
                 _mm512_storeu_ps(u, acc[i][1]);
@@ -194,7 +213,8 @@ class Blocks(ctypes.Structure):
     @classmethod
     def of(cls, packed: PackedBlocks | PackedNibbles) -> Blocks:
         if isinstance(packed, PackedNibbles):
-            return cls(packed.weight.data_ptr(), packed.scale.data_ptr(), packed.low.data_ptr(), None, 1)
+            return cls(packed.weight.data_ptr(), packed.scale.data_ptr(),
+                       None if packed.offset is None else packed.offset.data_ptr(), None, 1)
         return cls(packed.weight.data_ptr(), packed.scale.data_ptr(),
                    None if packed.offset is None else packed.offset.data_ptr(), packed.start.data_ptr(), 0)
 
