@@ -71,6 +71,19 @@ static inline void quantize_block32(const void *x, int is_bf16, uint8_t *out, fl
     *sx = d * (float)sum;
 }
 
+/* acc[r][t] += the block's offsets (o0, o1: its 16 outputs of each tile; NULL for none) times row r's sx. */
+static inline __attribute__((always_inline)) void add_block_offsets(const int MR, const float *o0, const float *o1,
+                                                                    const float *sx, int64_t blocks, int64_t g,
+                                                                    __m512 acc[][2]) {
+    if (!o0) return;
+    const __m512 ov0 = _mm512_loadu_ps(o0 + g * 16), ov1 = _mm512_loadu_ps(o1 + g * 16);
+    for (int r = 0; r < MR; r++) {
+        const __m512 ss = _mm512_set1_ps(sx[r * blocks + g]);
+        acc[r][0] = _mm512_fmadd_ps(ov0, ss, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(ov1, ss, acc[r][1]);
+    }
+}
+
 /* MR rows of activations times one pair of 16-output tiles (32 outputs), over all K; out[r][0..31]. */
 static inline __attribute__((always_inline)) void pair_rows(
         const int MR, const int8_t *w0, const int8_t *w1, const float *d0, const float *d1, const float *o0,
@@ -98,14 +111,7 @@ static inline __attribute__((always_inline)) void pair_rows(
             acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(dv0, xs), acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(dv1, xs), acc[r][1]);
         }
-        if (o0) {
-            const __m512 ov0 = _mm512_loadu_ps(o0 + g * 16), ov1 = _mm512_loadu_ps(o1 + g * 16);
-            for (int r = 0; r < MR; r++) {
-                const __m512 ss = _mm512_set1_ps(sx[r * blocks + g]);
-                acc[r][0] = _mm512_fmadd_ps(ov0, ss, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(ov1, ss, acc[r][1]);
-            }
-        }
+        add_block_offsets(MR, o0, o1, sx, blocks, g, acc);
     }
 }
 

@@ -97,14 +97,7 @@ static inline __attribute__((always_inline)) void nibble_pair_rows(
             acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s[r][1], eight)), _mm512_mul_ps(dv1, xs),
                                         acc[r][1]);
         }
-        if (o0) {
-            const __m512 ov0 = _mm512_loadu_ps(o0 + g * 16), ov1 = _mm512_loadu_ps(o1 + g * 16);
-            for (int r = 0; r < MR; r++) {
-                const __m512 ss = _mm512_set1_ps(sx[r * blocks + g]);
-                acc[r][0] = _mm512_fmadd_ps(ov0, ss, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(ov1, ss, acc[r][1]);
-            }
-        }
+        add_block_offsets(MR, o0, o1, sx, blocks, g, acc);
     }
 }
 
