@@ -12,7 +12,7 @@ built-in one running its built-in code: Llama's classes (or subclasses that chan
 step does; Qwen2's q/k/v biases and Qwen3's RMSNorm on each query and key head are the kernel's too),
 RMSNorm (one eps throughout), SiLU-and-mul and the NeoX rotary over whole heads, each with `native` first
 among its op's providers and no out-of-tree replacement; plain float weights or `quantization="gguf"`'s
-packed blocks (the kernel runs the same block products: ops/cpu_decode_step.py), no other biases; the built-in
+packed blocks (the kernel runs the same block products: ops/cpu_decode_blocks.py), no other biases; the built-in
 CPU attention backend with neither sliding window, soft cap nor sinks; one worker, no LoRA, no KV
 connector, one KV cache group; float32 or bfloat16 with the C kernel built. Anything else keeps the
 modules, with the reason logged once at start-up. `enforce_eager=True` turns it off, as it does CUDA graphs.
