@@ -50,6 +50,10 @@ class ProposerContext:
     draft_model_config: Any = None
     draft_kv_cache_bytes: int | None = None
     draft_quantization: str | None = None
+    # True when the engine sizes the proposer's own KV cache beside the target's (`kv_cache_bytes_per_block`,
+    # then `initialize_kv_cache` with the target's block count); False: the proposer allocates it in
+    # `load_model` (room for max_num_seqs requests of max_model_len tokens), as when it runs on its own.
+    kv_cache_sized_by_engine: bool = False
 
 
 @dataclass
@@ -133,6 +137,19 @@ class Proposer:
 
     def describe(self) -> str | None:
         """A line for the start-up report (what it loaded, its KV cache's size), or None."""
+        return None
+
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        """Bytes of the proposer's own KV cache per block of `block_size` tokens (0: it keeps none). The engine
+        takes the target's and the proposer's caches out of one KV budget, a proposer block per target block."""
+        return 0
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the proposer's own KV cache: `num_blocks` blocks, the target's count (called once, after
+        `load_model`, when `ProposerContext.kv_cache_sized_by_engine`)."""
+
+    def kv_cache_usage(self) -> dict[str, int] | None:
+        """`{"num_blocks", "num_free_blocks", "num_requests"}` of its own KV cache (None: it keeps none)."""
         return None
 
 
