@@ -215,13 +215,16 @@ def test_random_heads_get_the_targets_states_and_give_its_tokens(method, bigram,
         stats = llm.get_scheduler_stats()
     assert stats.spec_decode_num_drafts > 0 and stats.num_preemptions > 0
     layers = (2, 1, 0) if method == "eagle3" else ()  # (2, L // 2, L - 3) of the 3-layer target
+    # The target is causal: each history's states are those of its request's whole sequence at its positions.
+    sequences = [prompt + output for prompt, output in zip(eagle_prompts, eagle_reference)]
+    with torch.inference_mode():
+        outs = [hf(input_ids=torch.tensor([sequence]), output_hidden_states=True) for sequence in sequences]
+    expected = [torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else out.hidden_states[-1][0]
+                for out in outs]
     checked = 0
     for history, given, rows in recorder.records:
-        with torch.inference_mode():
-            out = hf(input_ids=torch.tensor([history]), output_hidden_states=True)
-        states = (torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers
-                  else out.hidden_states[-1][0])
         n = len(history)
+        (states,) = [e for e, sequence in zip(expected, sequences) if sequence[:n] == history]
         torch.testing.assert_close(rows, states[n - 1 - given:n - 1], atol=2e-4, rtol=1e-4)
         checked += given
     # Every position's state reached the head once at least (prompts in chunks; verified positions), none twice
