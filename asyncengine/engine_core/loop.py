@@ -261,7 +261,7 @@ class EngineCoreLoop:
                 bitmask = self.scheduler.get_grammar_bitmask(following.scheduler_output)
                 await self.executor.deliver_masks(following.deferred_mask, bitmask)
             update_end = time.monotonic()
-            if self._trace is not None:
+            if self._trace is not None and not step.scheduler_output.is_empty:  # (not a step that only forgets)
                 timings = runner_output.timings or StepTimings(-1.0, -1.0, -1.0)
                 self._trace.append(
                     StepRecord(
