@@ -18,7 +18,6 @@ from asyncengine.errors import ConfigError
 from asyncengine.frontend.tokenizer import load_tokenizer
 from asyncengine.interfaces.quantization import QuantizationRegistry
 from asyncengine.interfaces.registry import reads
-from asyncengine.worker.spec_decode.draft_model import resolve_draft_model_config
 
 # Files that say a model directory carries its tokenizer.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -35,6 +34,9 @@ def check_speculative_model(config: EngineConfig, target: ModelConfig, tokenizer
         return
     if speculative.quantization is not None:  # an unknown name fails here, listing the known ones
         QuantizationRegistry.load(speculative.quantization)
+    # (imported here: the draft's loading code, torch's included, only where a draft is named)
+    from asyncengine.worker.spec_decode.draft_model import resolve_draft_model_config
+
     draft = resolve_draft_model_config(speculative.model, dtype=target.dtype)
     draft_dir = Path(draft.model_dir)
     draft_tokenizer = None

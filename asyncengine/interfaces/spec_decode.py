@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     import torch
 
 
+# The start-up record naming a proposer's own KV cache (a draft's, a head's), beside the target's "KV cache".
+PROPOSER_KV_CACHE = "speculative proposer KV cache"
+
+
 @dataclass(frozen=True)
 class ProposerContext:
     """What the engine tells a proposer when building it (one per worker): the target's vocabulary size
@@ -206,5 +210,5 @@ def register_proposer(method: str, proposer: Any, *, override: bool = False) -> 
     ProposerRegistry.register_proposer(method, proposer, override=override)
 
 
-__all__ = ["BUILTIN_PROPOSERS", "DraftTokens", "ProposalBatch", "Proposer", "ProposerContext", "ProposerRegistry",
+__all__ = ["BUILTIN_PROPOSERS", "PROPOSER_KV_CACHE", "DraftTokens", "ProposalBatch", "Proposer", "ProposerContext", "ProposerRegistry",
            "register_proposer"]

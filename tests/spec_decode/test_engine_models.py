@@ -25,6 +25,7 @@ import torch
 from asyncengine import LLM, AsyncEngine, EngineConfig, SamplingParams
 from asyncengine.errors import ConfigError
 from asyncengine.interfaces.spec_decode import ProposalBatch, ProposerRegistry, register_proposer
+from asyncengine.server.startup_log import startup_summary
 from asyncengine.worker.spec_decode.eagle import Eagle3Proposer, EagleProposer
 from support.eagle_heads import VOCAB, bigram_llama, copying_head, head_config, random_tensors, save_head
 from support.engine_checks import assert_all_blocks_free
@@ -89,10 +90,11 @@ def test_a_draft_that_agrees_in_part_gives_the_targets_tokens(target, prompts, r
         assert generate(llm, prompts) == reference
         stats = llm.get_scheduler_stats()
         assert_nothing_held(llm)
-        (record,) = [r for r in llm.engine.startup_report if r.plugin == "speculative proposer KV cache"]
-        (target_record,) = [r for r in llm.engine.startup_report if r.plugin == "KV cache"]
-    # The draft's cache, beside the target's: as many blocks (block 0 of its own aside).
-    assert "draft KV cache: 9 blocks of 16 tokens" in record.reason and target_record.reason.startswith("8 blocks")
+        summary = startup_summary(str(target.path), llm.engine.startup_report)
+    # The draft's cache, beside the target's in serve's start-up summary: as many blocks (block 0 of its own aside).
+    at = next(i for i, line in enumerate(summary) if line.startswith("KV cache: 8 blocks of 16 tokens"))
+    assert summary[at + 1].startswith(f"speculative proposer: draft model LlamaForCausalLM ({draft})")
+    assert "draft KV cache: 9 blocks of 16 tokens" in summary[at + 1]
     assert stats.num_preemptions > 0
     assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 

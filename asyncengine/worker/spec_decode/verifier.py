@@ -27,7 +27,13 @@ import torch
 
 from asyncengine.config.speculative import SpeculativeConfig
 from asyncengine.interfaces.registry import reads
-from asyncengine.interfaces.spec_decode import ProposalBatch, Proposer, ProposerContext, ProposerRegistry
+from asyncengine.interfaces.spec_decode import (
+    PROPOSER_KV_CACHE,
+    ProposalBatch,
+    Proposer,
+    ProposerContext,
+    ProposerRegistry,
+)
 from asyncengine.plugin_runtime.records import current_process_role
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.startup import StartupRecord
@@ -120,7 +126,7 @@ class SpecDecoder:
         started = time.time()
         self.proposer.initialize_kv_cache(num_blocks)
         return StartupRecord(pid=os.getpid(), role=current_process_role(), phase="kv cache",
-                             plugin="speculative proposer KV cache", reason=self.proposer.describe() or "",
+                             plugin=PROPOSER_KV_CACHE, reason=self.proposer.describe() or "",
                              start=started, duration=time.time() - started)
 
     # -- verification --------------------------------------------------------------------------------------
