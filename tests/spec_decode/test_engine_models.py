@@ -234,6 +234,12 @@ def test_random_heads_get_the_targets_states_and_give_its_tokens(method, bigram,
     assert checked >= sum(len(p) + NUM_TOKENS - 1 for p in eagle_prompts)
 
 
+def test_a_head_of_another_vocabulary_fails_start_up(bigram, tmp_path):
+    head = save_head(tmp_path / "wide", head_config("eagle", vocab_size=1001), random_tensors("eagle", seed=2))
+    with pytest.raises(ConfigError, match="the EAGLE head .* has a vocabulary of 1001 tokens, the target .* one of 997"):
+        LLM(str(bigram[1]), speculative_config=speculative("eagle", head), **EAGLE_TIGHT)
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_a_head_copying_the_target_is_accepted_in_full(method, bigram, eagle_prompts, eagle_reference, tmp_path):
     hf, directory = bigram
