@@ -52,8 +52,8 @@ class TargetStates:
     def take(self, final_hidden: torch.Tensor, scheduled: Mapping[str, int]) -> None:
         """After a step's forward: its rows (`scheduled`: request id -> tokens computed, in batch order).
         Rows of the step before that no sample used (a prompt chunk) wait for the request's next sample."""
-        for request_id, rows in self._step.items():
-            self._pending.setdefault(request_id, []).append(rows)
+        for request_id, rows in self._step.items():  # (a copy: the step's other rows are not kept alive)
+            self._pending.setdefault(request_id, []).append(rows.clone())
         if self.layers:
             missing = [index for index in self.layers if index not in self._captured]
             if missing:
