@@ -210,5 +210,5 @@ def register_proposer(method: str, proposer: Any, *, override: bool = False) -> 
     ProposerRegistry.register_proposer(method, proposer, override=override)
 
 
-__all__ = ["BUILTIN_PROPOSERS", "PROPOSER_KV_CACHE", "DraftTokens", "ProposalBatch", "Proposer", "ProposerContext", "ProposerRegistry",
-           "register_proposer"]
+__all__ = ["BUILTIN_PROPOSERS", "PROPOSER_KV_CACHE", "DraftTokens", "ProposalBatch", "Proposer", "ProposerContext",
+           "ProposerRegistry", "register_proposer"]

@@ -1,7 +1,7 @@
 """The start-up summary `serve` logs at INFO between the command and the address it serves on, as vLLM
 logs its own: the model (architecture, dtype, device, weights' memory, load time), the KV cache (blocks,
-tokens, bytes, the maximum concurrency at max_model_len) and a speculative draft's beside it, the C kernels built or loaded from cache, the
-plugins loaded, and each process's start-up phases with their time.
+tokens, bytes, the maximum concurrency at max_model_len) and a speculative draft's beside it, the C kernels
+built or loaded from cache, the plugins loaded, and each process's start-up phases with their time.
 
 It reads the start-up report (the records every process sent in the hand-shake, GET /v1/startup), so it
 says the same for an engine core in its own process as in this one. Progress lines (a C kernel build
@@ -20,7 +20,6 @@ logger = logging.getLogger("asyncengine.startup")
 
 # The plugin field of the records the workers write about what they built (worker/model_runner.py).
 MODEL_WEIGHTS, KV_CACHE, KERNELS_PREFIX = "model weights", "KV cache", "C kernels "
-
 
 
 def startup_summary(model: str, records: Iterable[StartupRecord]) -> list[str]:

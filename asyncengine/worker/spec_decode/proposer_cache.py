@@ -69,7 +69,7 @@ class ProposerKVCache:
                                "a proposer's own KV cache keeps every position and has no sliding-window groups: "
                                "choose a draft without sliding-window layers")
         layout = kv_cache.local_layout(self.layers)
-        self.bytes_per_block = bytes_per_block(model, block_size, dtype)
+        self.bytes_per_block = kv_cache.bytes_per_block(self.layers, layout, block_size, dtype)
         if max_bytes is not None:
             num_blocks = min(num_blocks, max_bytes // self.bytes_per_block)
         if num_blocks < 2:

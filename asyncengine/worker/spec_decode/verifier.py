@@ -11,7 +11,10 @@ raw logits at each emitted token's position, as without speculation.
 
 After every step that samples, the proposer drafts for the requests that sampled, over their histories
 (prompt, output and the tokens just emitted); the drafts travel to the scheduler, which sends them back
-with the request's next step (engine_core/spec_decode.py).
+with the request's next step (engine_core/spec_decode.py). A proposer that reads the target's states (EAGLE)
+gets each request's rows from every forward (target_states.py); one with a model of its own gets its KV
+cache right after the target's, with as many blocks; a request the scheduler drops is forgotten here and by
+the proposer (`remove`), its draft blocks freed.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.startup import StartupRecord
 from asyncengine.wire.worker import ModelRunnerOutput
 from asyncengine.worker.sampler import Sampler, SamplingRow
-from asyncengine.worker.spec_decode.target_states import TargetStates
 from asyncengine.worker.spec_decode.rejection_sampler import (
     rejection_sample,
     request_generators,
     target_distributions,
 )
+from asyncengine.worker.spec_decode.target_states import TargetStates
 
 Logprobs = tuple[list[int], list[float]] | None
 
