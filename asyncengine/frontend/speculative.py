@@ -33,7 +33,10 @@ def check_speculative_model(config: EngineConfig, target: ModelConfig, tokenizer
         _check_head_vocabulary(Path(speculative.model).expanduser(), target)
         return
     if speculative.quantization is not None:  # an unknown name fails here, listing the known ones
-        QuantizationRegistry.load(speculative.quantization)
+        try:
+            QuantizationRegistry.load(speculative.quantization)
+        except ConfigError as exc:
+            raise ConfigError(f"{FIELD}.quantization, the draft's: {exc}", field=FIELD) from None
     # (imported here: the draft's loading code, torch's included, only where a draft is named)
     from asyncengine.worker.spec_decode.draft_model import resolve_draft_model_config
 

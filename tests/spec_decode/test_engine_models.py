@@ -151,6 +151,10 @@ def test_a_draft_of_another_vocabulary_fails_start_up_naming_both(target, tiny_m
     with pytest.raises(ConfigError, match="has a vocabulary of 1001 tokens, the target .* one of 997") as info:
         LLM(str(target.path), speculative_config=speculative("draft_model", other.path), **TIGHT)
     assert str(other.path) in str(info.value) and str(target.path) in str(info.value)
+    # The draft's quantization method is checked there too, against the registered ones.
+    with pytest.raises(ConfigError, match="speculative_config.quantization, the draft's: .*'no_such_method'"):
+        LLM(str(target.path), speculative_config=speculative("draft_model", target.path) | {
+            "quantization": "no_such_method"}, **TIGHT)
 
 
 # -- EAGLE and EAGLE-3 ---------------------------------------------------------------------------------------
