@@ -237,8 +237,11 @@ class ModelRunner:
         return layout
 
     def kv_cache_bytes_per_block(self) -> int:
+        """What one block takes of the KV budget: the target's layers', and a speculative draft's (a head's)
+        own cache's, which gets a block per target block."""
         layout = self.kv_layout or self.set_kv_cache_layout(None)
-        return kv_cache.bytes_per_block(self.attention_layers, layout, self.block_size, self.dtype)
+        draft = self.spec_decoder.kv_cache_bytes_per_block(self.block_size) if self.spec_decoder is not None else 0
+        return kv_cache.bytes_per_block(self.attention_layers, layout, self.block_size, self.dtype) + draft
 
     def determine_num_blocks(self, layout: KVCacheLayout | None = None) -> int:
         """How many KV blocks to allocate: the override, else the byte budget, else what memory allows."""
@@ -250,8 +253,6 @@ class ModelRunner:
         if not self.attention_layers:  # an encoder keeps no KV cache: block ids without memory
             return encoder_num_blocks(config, self.model_config)
         per_block = self.kv_cache_bytes_per_block()
-        if self.spec_decoder is not None:  # a draft's (a head's) own cache: a block of it per target block
-            per_block += self.spec_decoder.kv_cache_bytes_per_block(self.block_size)
         if config.kv_cache_memory_bytes is not None:
             budget = config.kv_cache_memory_bytes
         elif self.device.type == "cpu":

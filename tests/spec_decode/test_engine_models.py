@@ -86,12 +86,15 @@ def perturbed_copy(model, directory, *, scale: float, seed: int):
 
 def test_a_draft_that_agrees_in_part_gives_the_targets_tokens(target, prompts, reference, tmp_path_factory):
     draft = perturbed_copy(target.hf_model, tmp_path_factory.mktemp("draft"), scale=0.05, seed=3)
-    with LLM(str(target.path), speculative_config=speculative("draft_model", draft), **TIGHT) as llm:
+    # A KV budget of 16 blocks of the tiny Llama's (2 layers x K and V x 16 tokens x 2 heads x 16 dims x 4 bytes),
+    # shared by the target and a draft of the same shape: 8 blocks each.
+    budget = {k: v for k, v in TIGHT.items() if k != "num_gpu_blocks_override"} | {"kv_cache_memory_bytes": 16 * 8192}
+    with LLM(str(target.path), speculative_config=speculative("draft_model", draft), **budget) as llm:
         assert generate(llm, prompts) == reference
         stats = llm.get_scheduler_stats()
         assert_nothing_held(llm)
         summary = startup_summary(str(target.path), llm.engine.startup_report)
-    # The draft's cache, beside the target's in serve's start-up summary: as many blocks (block 0 of its own aside).
+    # The draft's cache, beside the target's in serve's start-up summary: as many blocks (and its block 0).
     at = next(i for i, line in enumerate(summary) if line.startswith("KV cache: 8 blocks of 16 tokens"))
     assert summary[at + 1].startswith(f"speculative proposer: draft model LlamaForCausalLM ({draft})")
     assert "draft KV cache: 9 blocks of 16 tokens" in summary[at + 1]
