@@ -91,6 +91,8 @@ def test_a_draft_that_agrees_in_part_gives_the_targets_tokens(target, prompts, r
     budget = {k: v for k, v in TIGHT.items() if k != "num_gpu_blocks_override"} | {"kv_cache_memory_bytes": 16 * 8192}
     with LLM(str(target.path), speculative_config=speculative("draft_model", draft), **budget) as llm:
         assert generate(llm, prompts) == reference
+        for _ in range(2):  # the second time, a prefix hit for the target (the draft computes it all)
+            assert generate(llm, prompts[1:2]) == reference[1:2]
         stats = llm.get_scheduler_stats()
         assert_nothing_held(llm)
         summary = startup_summary(str(target.path), llm.engine.startup_report)
@@ -98,8 +100,8 @@ def test_a_draft_that_agrees_in_part_gives_the_targets_tokens(target, prompts, r
     at = next(i for i, line in enumerate(summary) if line.startswith("KV cache: 8 blocks of 16 tokens"))
     assert summary[at + 1].startswith(f"speculative proposer: draft model LlamaForCausalLM ({draft})")
     assert "draft KV cache: 9 blocks of 16 tokens" in summary[at + 1]
-    assert stats.num_preemptions > 0
-    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0, stats
+    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens, stats
 
 
 async def _stream_and_abort(config: EngineConfig, prompts: list[list[int]]) -> tuple[list[list[int]], int, object]:
@@ -220,9 +222,11 @@ def test_random_heads_get_the_targets_states_and_give_its_tokens(method, bigram,
     recorder.records = []
     with LLM(str(directory), speculative_config=speculative(f"test_{method}", head), **EAGLE_TIGHT) as llm:
         assert generate(llm, eagle_prompts) == eagle_reference
+        for _ in range(2):  # the second time, a prefix hit: the head is given the positions after it only
+            assert generate(llm, eagle_prompts[1:2]) == eagle_reference[1:2]
         assert_nothing_held(llm)
         stats = llm.get_scheduler_stats()
-    assert stats.spec_decode_num_drafts > 0 and stats.num_preemptions > 0, stats
+    assert stats.spec_decode_num_drafts > 0 and stats.num_preemptions > 0 and stats.prefix_cache_hits > 0, stats
     layers = (2, 1, 0) if method == "eagle3" else ()  # (2, L // 2, L - 3) of the 3-layer target
     # The target is causal: each history's states are those of its request's whole sequence at its positions.
     sequences = [prompt + output for prompt, output in zip(eagle_prompts, eagle_reference)]
@@ -236,8 +240,8 @@ def test_random_heads_get_the_targets_states_and_give_its_tokens(method, bigram,
         (states,) = [e for e, sequence in zip(expected, sequences) if sequence[:n] == history]
         torch.testing.assert_close(rows, states[n - 1 - given:n - 1], atol=2e-4, rtol=1e-4)
         checked += given
-    # Every position's state reached the head once at least (prompts in chunks; verified positions), none twice
-    # unless recomputed after a preemption.
+    # Every position's state reached the head once at least (prompts in chunks; verified positions); some more
+    # than once (recomputed after a preemption, or the prompt run again).
     assert checked >= sum(len(p) + NUM_TOKENS - 1 for p in eagle_prompts)
 
 
