@@ -88,6 +88,7 @@ READER_MODULES = (
     "asyncengine.worker.worker",
     "asyncengine.worker.mm_profile",
     "asyncengine.frontend.startup",
+    "asyncengine.frontend.speculative",
     "asyncengine.frontend.lora",
     "asyncengine.frontend.tokenizer",
     "asyncengine.frontend.multimodal",
