@@ -264,4 +264,5 @@ def test_a_head_copying_the_target_is_accepted_in_full(method, bigram, eagle_pro
         stats = llm.get_scheduler_stats()
     assert stats.spec_decode_num_drafts > 0
     assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens, stats  # 100%
-    assert stats.num_preemptions > 0, stats
+    # (No preemption asserted here: with every draft kept, requests end in so few steps that whether two grow
+    # at once depends on when each arrives; the random heads' test, at one token a step, preempts.)
