@@ -10,6 +10,8 @@ that an image's 16 tokens are split across steps (the encoder cache holds images
 - every bad image (truncated, wrong type, too many pixels, too many images, a host not allowed, a file outside the
   allowed folder) is a 400 whose `param` names the part, and a fuzz of mutated images through the client gets no
   5xx; the server still answers correctly after;
+- an http image from an allowed host (a local one) is fetched, and its failures (404, a redirect, no reply within
+  --media-fetch-timeout, bytes that are not HTTP) are 400s naming the part;
 - a disconnect storm: many concurrent streaming image requests whose clients leave at every point (before the
   status line, mid-stream; raw sockets closed or reset, the client's own stream closed) leave nothing behind: no
   request running or waiting, the KV cache and the encoder cache empty (read from /metrics), every request
@@ -19,11 +21,14 @@ that an image's 16 tokens are split across steps (the encoder cache holds images
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import random
 import socket
+import socketserver
 import struct
+import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -167,11 +172,62 @@ def test_an_allowed_file_url_is_read(client, media):
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 2
 
 
-# -- bad images ---------------------------------------------------------------------------------------------
-
 def good_part(seed: int = 7) -> dict:
     return image_part(data_url(encoded(8, 8, seed)))
 
+
+class ImageHost(socketserver.ThreadingTCPServer):
+    """An http host the server may fetch from (127.0.0.1), answering by path: an image, a 404, a redirect, a
+    reply that never comes, bytes that are not HTTP."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    IMAGE = encoded(20, 20, 11)
+    REPLIES = {
+        "/cat.png": b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: %d\r\n\r\n" % len(IMAGE) + IMAGE,
+        "/missing.png": b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+        "/moved.png": b"HTTP/1.1 302 Found\r\nLocation: /cat.png\r\nContent-Length: 0\r\n\r\n",
+        "/garbage.png": b"SSH-2.0-OpenSSH\r\n\r\n",
+    }
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), self.Handler)
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            path = self.rfile.readline().split()[1].decode()
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass
+            if path == "/slow.png":
+                time.sleep(3)  # beyond --media-fetch-timeout: the server has given up and closed by then
+            with contextlib.suppress(OSError):
+                self.wfile.write(ImageHost.REPLIES.get(path, b""))
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    host = ImageHost()
+    thread = threading.Thread(target=host.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{host.server_address[1]}"
+    host.shutdown()
+    host.server_close()
+
+
+def test_http_images_from_an_allowed_host_are_fetched_and_every_failure_is_a_400(client, image_host):
+    reply = client.chat.completions.create(model=MODEL, messages=conversation(image_part(image_host + "/cat.png")),
+                                           max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+    for path, words in [("/missing.png", "answered HTTP 404"), ("/moved.png", "redirects are not followed"),
+                        ("/slow.png", "took longer than 0.5 s"), ("/garbage.png", "could not fetch")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=conversation(good_part(), image_part(
+                image_host + path)), max_tokens=1)
+        assert words in info.value.body["message"], (path, info.value.body)
+        assert info.value.body["param"] == "messages[0].content[2].image_url", info.value.body
+
+
+# -- bad images ---------------------------------------------------------------------------------------------
 
 # Each bad case: the message's parts after the leading text, the index of the part to blame, words of the message.
 BAD = {
