@@ -109,6 +109,8 @@ def served(vlm_dir, media):
         raise
     yield running, reply
     assert running.stop() == 0, running.stderr()[-3000:]
+    # nothing failed out of sight either: no bad image, fetch or disconnect left a traceback in the server's log
+    assert "Traceback" not in running.stderr(), running.stderr()[-5000:]
 
 
 def engines_own_reply(vlm_dir) -> tuple[list[int], int]:
