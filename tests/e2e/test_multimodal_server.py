@@ -393,7 +393,8 @@ def test_a_disconnect_storm_leaves_the_kv_and_encoder_caches_empty(server, clien
     # engine has no request to abort: at least the ones that had seen their stream begin ("status", "events" and
     # the client's own streams) were in it.
     in_engine = sum(1 for job, args in jobs if job is client_that_closes_its_stream or args[2] != "sent")
-    wait_until(lambda: requests_finished(server, "abort") - aborted_before >= in_engine, f"{in_engine} requests aborted")
+    wait_until(lambda: requests_finished(server, "abort") - aborted_before >= in_engine,
+               f"{in_engine} requests aborted")
     wait_until(lambda: requests_finished(server, "length") > length_before, "the staying request counted")
     assert requests_finished(server, "length") == length_before + 1, "a request whose client left ran to its length"
     # No storm connection left open by the server (established or half-closed): besides its listening socket, at
