@@ -31,6 +31,8 @@ REFUSED_PARTS = {"image_embeds": "image embeddings are not taken: send the image
                  "input_image": "send images as image_url parts (the chat completions API's form)",
                  # what a chat template renders for a loaded image: from a client, a placeholder without an image
                  "image": "such a part carries no image: send the image as an image_url part"}
+# OpenAI's image_url.detail: checked, and without effect (as in vLLM): the model's processor sets the resolution.
+IMAGE_DETAILS = ("auto", "low", "high")
 RunInPool = Callable[..., Awaitable[Any]]
 
 
@@ -71,6 +73,9 @@ async def load_chat_images(messages: list[dict[str, Any]], limits: MediaLimits, 
             images.append(await run_in_pool(image_from_object, value, limits, where))
             continue
         url = value.get("url") if isinstance(value, dict) else value
+        if isinstance(value, dict) and value.get("detail", "auto") not in IMAGE_DETAILS:
+            raise RequestError(f"{where}.detail must be one of {', '.join(IMAGE_DETAILS)}, got {value['detail']!r}",
+                               field=f"{where}.detail")
         if not isinstance(url, str):
             raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,...\"}}", field=where)
         if url[:5].lower() == "data:":

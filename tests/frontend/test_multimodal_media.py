@@ -266,6 +266,14 @@ async def test_chat_image_parts_are_loaded_in_order_and_counted_first():
         await load_chat_images([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image"}]}],
                                MediaLimits(), 2, run_in_thread)
     assert info.value.field == "messages[0].content[1].type"
+    # OpenAI's detail: taken (without effect) when it is one of OpenAI's values, else named
+    detailed = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(encoded(first)),
+                                                                              "detail": "low"}}]}]
+    assert len((await load_chat_images(detailed, MediaLimits(), 2, run_in_thread))[1]) == 1
+    detailed[0]["content"][0]["image_url"]["detail"] = 7
+    with pytest.raises(RequestError, match="detail must be one of auto, low, high, got 7") as info:
+        await load_chat_images(detailed, MediaLimits(), 2, run_in_thread)
+    assert info.value.field == "messages[0].content[0].image_url.detail"
 
 
 def test_image_parts_reach_templates_in_their_content_format():
