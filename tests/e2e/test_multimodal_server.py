@@ -46,6 +46,7 @@ from support.vision_models import build_llava
 MODEL = "tiny-vlm"
 MAX_IMAGES = 3
 DEADLINE = 60.0  # for the server to reach a state; generous for a loaded machine
+FETCH_TIMEOUT = 1.5  # --media-fetch-timeout: ample for a local fetch on a loaded machine
 STORM_MAX_TOKENS = 900  # never reached: each storm client leaves within a few tokens
 
 
@@ -100,7 +101,7 @@ def served(vlm_dir, media):
         "--kv-cache-memory-bytes", str(16 * 2**20), "--max-num-seqs", "8", "--max-num-batched-tokens", "24",
         "--limit-mm-per-prompt", json.dumps({"image": MAX_IMAGES}), "--max-image-pixels", str(64 * 64),
         "--allowed-local-media-path", str(media / "allowed"), "--allowed-media-domains", "127.0.0.1",
-        "--media-fetch-timeout", "0.5", "--stats-log-interval", "0.5"])
+        "--media-fetch-timeout", str(FETCH_TIMEOUT), "--stats-log-interval", "0.5"])
     try:
         reply = engines_own_reply(vlm_dir)
         running = launched.wait_until_serving()
@@ -202,7 +203,7 @@ class ImageHost(socketserver.ThreadingTCPServer):
             while self.rfile.readline() not in (b"\r\n", b""):
                 pass
             if path == "/slow.png":
-                time.sleep(3)  # beyond --media-fetch-timeout: the server has given up and closed by then
+                time.sleep(FETCH_TIMEOUT + 2)  # the server has given up and closed by then
             with contextlib.suppress(OSError):
                 self.wfile.write(ImageHost.REPLIES.get(path, b""))
 
@@ -222,7 +223,7 @@ def test_http_images_from_an_allowed_host_are_fetched_and_every_failure_is_a_400
                                            max_tokens=2, extra_body={"ignore_eos": True})
     assert reply.usage.completion_tokens == 2
     for path, words in [("/missing.png", "answered HTTP 404"), ("/moved.png", "redirects are not followed"),
-                        ("/slow.png", "took longer than 0.5 s"), ("/garbage.png", "could not fetch")]:
+                        ("/slow.png", f"took longer than {FETCH_TIMEOUT:g} s"), ("/garbage.png", "could not fetch")]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=MODEL, messages=conversation(good_part(), image_part(
                 image_host + path)), max_tokens=1)
