@@ -116,8 +116,10 @@ class AsyncEngine:
                                         multimodal=setup.multimodal)
         self.lora_adapters = self.processor.lora  # adapters by name, and the resolvers (frontend/lora.py)
         self.startup_report.append(self.lora_adapters.startup_record("frontend"))
-        # Tokenizing and chat rendering run here, off the event loop (tokenizer_pool.py).
+        # Tokenizing and chat rendering run here, off the event loop (tokenizer_pool.py); images are decoded and
+        # processed in a pool of their own, so that a burst of large images never holds up text requests.
         self.tokenizer_pool = TokenizerPool()
+        self.media_pool = TokenizerPool()
         self._core = core
         self.stat_logging = StatLogging(config.stats_log_interval, self._stat_logger_failed,
                                         lambda: self.last_scheduler_stats)
@@ -218,8 +220,8 @@ class AsyncEngine:
         if lora_request is not None:  # its adapter's config is read off the loop (then remembered)
             await self.lora_adapters.check_off_loop(lora_request)
         if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:  # images: decoded, processed
-            return await self.tokenizer_pool.run(self.processor.process, request_id, prompt, params, lora_request,
-                                                 priority)
+            return await self.media_pool.run(self.processor.process, request_id, prompt, params, lora_request,
+                                             priority)
         text = _text_to_tokenize(prompt)
         if self.tokenizer is None:  # token ids only (the processor says so for text): nothing slow
             return self.processor.process(request_id, prompt, params, lora_request, priority)
@@ -295,17 +297,17 @@ class AsyncEngine:
         """A conversation as a prompt: `{"prompt": text, "prompt_token_ids": ids}`, rendered and tokenized
         in the tokenizer pool. The template writes any BOS token itself, so none is added again. With a
         multimodal model, the conversation's image parts are loaded (chat_images.py: fetched, decoded in the
-        pool) and processed: the ids are the expanded prompt's and `mm_features` holds the images."""
+        media pool) and processed there: the ids are the expanded prompt's and `mm_features` holds the images."""
         images: list[Any] = []
         if self.multimodal is not None:
             mm = self.multimodal
             messages, images = await load_chat_images(messages, mm.limits, mm.limit_per_prompt["image"],
-                                                      self.tokenizer_pool.run)
+                                                      self.media_pool.run)
         text = await self.render_chat(messages, **render_options)
         if not images or self.multimodal is None:
             return {"prompt": text, "prompt_token_ids": await self.tokenize(text, add_special_tokens=add_special_tokens)}
-        token_ids, features = await self.tokenizer_pool.run(self.multimodal.process, text, None, images,
-                                                            add_special_tokens=add_special_tokens)
+        token_ids, features = await self.media_pool.run(self.multimodal.process, text, None, images,
+                                                        add_special_tokens=add_special_tokens)
         return {"prompt": text, "prompt_token_ids": token_ids, "mm_features": features}
 
     def _require_tokenizer(self, what: str) -> Any:

@@ -4,7 +4,8 @@ templates render as the model's placeholder (frontend/chat_messages.py).
 Parts read (docs/multimodal.md, "Inputs"): OpenAI's `{"type": "image_url", "image_url": {"url": ...}}` (the
 url a data:, file:// or http(s) address, media.py; `image_url` given as the url string itself is taken too,
 as vLLM takes it) and vLLM's `{"type": "image_pil", "image_pil": <PIL.Image>}` for `LLM.chat`. vLLM's
-`image_embeds` parts are refused: the contract carries pixels, not embeddings.
+`image_embeds` parts are refused: the contract carries pixels, not embeddings; so is a bare `{"type": "image"}`
+part, which would put an image's placeholder in the prompt with no image behind it (vLLM takes no such part).
 
 The count is checked against --limit-mm-per-prompt before anything is fetched or decoded; fetching is async
 (cancelled with the request) and decoding runs in the tokenizer pool. A bad image is a RequestError naming
@@ -27,7 +28,11 @@ from asyncengine.frontend.media import (
 
 IMAGE_PARTS = ("image_url", "image_pil")
 REFUSED_PARTS = {"image_embeds": "image embeddings are not taken: send the image itself (image_url)",
-                 "input_image": "send images as image_url parts (the chat completions API's form)"}
+                 "input_image": "send images as image_url parts (the chat completions API's form)",
+                 # what a chat template renders for a loaded image: from a client, a placeholder without an image
+                 "image": "such a part carries no image: send the image as an image_url part"}
+# OpenAI's image_url.detail: checked, and without effect (as in vLLM): the model's processor sets the resolution.
+IMAGE_DETAILS = ("auto", "low", "high")
 RunInPool = Callable[..., Awaitable[Any]]
 
 
@@ -68,6 +73,9 @@ async def load_chat_images(messages: list[dict[str, Any]], limits: MediaLimits, 
             images.append(await run_in_pool(image_from_object, value, limits, where))
             continue
         url = value.get("url") if isinstance(value, dict) else value
+        if isinstance(value, dict) and value.get("detail", "auto") not in IMAGE_DETAILS:
+            raise RequestError(f"{where}.detail must be one of {', '.join(IMAGE_DETAILS)}, got {value['detail']!r}",
+                               field=f"{where}.detail")
         if not isinstance(url, str):
             raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,...\"}}", field=where)
         if url[:5].lower() == "data:":

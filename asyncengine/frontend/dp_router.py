@@ -341,6 +341,8 @@ def combine(method: str, results: list[Any], indexes: list[int]) -> Any:
             num_kv_connector_loaded_tokens=sum(s.num_kv_connector_loaded_tokens for s in per_engine),
             structured_outputs_cache_bytes=sum(s.structured_outputs_cache_bytes for s in per_engine),
             structured_outputs_cache_entries=sum(s.structured_outputs_cache_entries for s in per_engine),
+            encoder_cache_entries=sum(s.encoder_cache_entries for s in per_engine),
+            encoder_cache_rows=sum(s.encoder_cache_rows for s in per_engine),
             expert_tokens=_sum_per_index([s.expert_tokens for s in per_engine]),
             spec_decode_num_drafts=sum(s.spec_decode_num_drafts for s in per_engine),
             spec_decode_num_draft_tokens=sum(s.spec_decode_num_draft_tokens for s in per_engine),

@@ -209,7 +209,13 @@ def decode_image(data: bytes, limits: MediaLimits, where: str) -> Any:
         raise RequestError(f"{where}: not an image this server reads ({', '.join(IMAGE_FORMATS)})",
                            field=where) from exc
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise RequestError(f"{where}: the image has too many pixels: {exc}", field=where) from exc
+        # pillow's own guard, from the header: over twice its limit before ours could read the size, or over its
+        # limit where ours is higher
+        pillows = Image.MAX_IMAGE_PIXELS
+        limit = (f"pillow's decompression-bomb limit of {pillows}" if pillows and pillows < limits.max_image_pixels
+                 else f"the limit of {limits.max_image_pixels} (--max-image-pixels)")
+        raise RequestError(f"{where}: the image has too many pixels, over {limit}: send a smaller image ({exc})",
+                           field=where) from exc
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error) as exc:
         raise RequestError(f"{where}: the image is damaged or truncated: {exc}", field=where) from exc
     return to_rgb(image)

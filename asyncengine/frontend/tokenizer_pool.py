@@ -6,7 +6,9 @@ loop they would stall every stream and every other request for that long. They r
 instead, at most `size` at a time (an anyio CapacityLimiter, first come first served): a flood of
 long prompts queues for the pool while the event loop goes on serving. One pool per AsyncEngine,
 shared by the server's routes and the Python API (`AsyncEngine.generate`, `LLM.generate` / `chat`),
-so that together they never take more than `size` threads' worth of CPU for tokenizing.
+so that together they never take more than `size` threads' worth of CPU for tokenizing. Images are
+decoded and processed in a second pool of the same size (`AsyncEngine.media_pool`): a burst of large
+images (a 49 KB PNG may hold 16 megapixels, about a second of work) queues there, not ahead of text.
 
 Per-token detokenization of outputs stays on the event loop: it is incremental, a few
 microseconds per token, and a thread hop would cost more than it saves.

@@ -126,6 +126,14 @@ class PrometheusStatLogger(StatLoggerBase):
                                             "charged to its budget).", scheduler_labels),
             "grammar_entries": families.gauge("asyncengine:structured_outputs_cache_entries",
                                               "Compiled grammars in the structured-output cache.", scheduler_labels),
+            # The workers' encoder cache (engine_core/encoder_cache.py). Ours only: vLLM's SchedulerStats had an
+            # encoder_cache_usage field but never published it as a metric.
+            "encoder_entries": families.gauge("asyncengine:encoder_cache_entries",
+                                              "Multimodal items (images) whose vision-encoder outputs the workers "
+                                              "hold: 0 when no request runs.", scheduler_labels),
+            "encoder_rows": families.gauge("asyncengine:encoder_cache_rows",
+                                           "Embedding rows the encoder cache holds, counted against "
+                                           "encoder_cache_size.", scheduler_labels),
         }
         # The scheduler keeps totals; these counters follow them (see update_scheduler_stats).
         self._scheduler_totals = {field_name: families.counter(ours, doc, scheduler_labels, vllm)
@@ -275,6 +283,8 @@ class PrometheusStatLogger(StatLoggerBase):
         series.kv.set(stats.kv_cache_usage)
         series.grammar_bytes.set(stats.structured_outputs_cache_bytes)
         series.grammar_entries.set(stats.structured_outputs_cache_entries)
+        series.encoder_entries.set(stats.encoder_cache_entries)
+        series.encoder_rows.set(stats.encoder_cache_rows)
         # Counters from the scheduler's totals: each stats object may be seen more than once (a step's,
         # then a scrape's), so add what grew since the last one.
         for name, counter in series.counters.items():
@@ -313,7 +323,7 @@ class PrometheusStatLogger(StatLoggerBase):
         self._dead_engines.add(engine_index)
         self._engine_up.labels(self.model_name, str(engine_index)).set(0)
         series = self._series(engine_index if self._per_engine else 0)
-        for gauge in (series.running, series.waiting, series.kv):
+        for gauge in (series.running, series.waiting, series.kv, series.encoder_entries, series.encoder_rows):
             gauge.set(0)
 
     def _series(self, engine_index: int) -> _SchedulerSeries:
@@ -325,6 +335,8 @@ class PrometheusStatLogger(StatLoggerBase):
                 running=families["running"].labels(**values), waiting=families["waiting"].labels(**values),
                 kv=families["kv"].labels(**values), grammar_bytes=families["grammar_bytes"].labels(**values),
                 grammar_entries=families["grammar_entries"].labels(**values),
+                encoder_entries=families["encoder_entries"].labels(**values),
+                encoder_rows=families["encoder_rows"].labels(**values),
                 counters={name: twin.labels(**values) for name, twin in self._scheduler_totals.items()},
             )
         return series
@@ -344,6 +356,8 @@ class _SchedulerSeries:
     kv: Any
     grammar_bytes: Any
     grammar_entries: Any
+    encoder_entries: Any
+    encoder_rows: Any
     counters: dict[str, Any]
     totals: dict[str, int] = field(default_factory=dict)  # the scheduler's last totals, by SchedulerStats field
     # SCHEDULER_INDEXED_TOTALS: by SchedulerStats field, the last totals per index and each index's counter.

@@ -61,14 +61,17 @@ def test_router_keeps_a_prefix_on_its_engine_within_the_slack():
 
 def test_scheduler_stats_combine_into_a_sum_with_each_engine():
     stats = [{"num_running_reqs": 2, "num_waiting_reqs": 1, "kv_cache_usage": 0.5, "num_prompt_tokens_computed": 7,
-              "expert_tokens": [4, 0, 2], "spec_decode_num_drafts": 3, "spec_decode_num_accepted_tokens_per_pos": [2, 1]},
+              "expert_tokens": [4, 0, 2], "spec_decode_num_drafts": 3, "spec_decode_num_accepted_tokens_per_pos": [2, 1],
+              "encoder_cache_entries": 2, "encoder_cache_rows": 32},
              {"num_running_reqs": 3, "num_waiting_reqs": 0, "kv_cache_usage": 0.25, "num_prompt_tokens_computed": 5,
-              "expert_tokens": [1, 1, 0], "spec_decode_num_drafts": 2, "spec_decode_num_accepted_tokens_per_pos": [1, 0]}]
+              "expert_tokens": [1, 1, 0], "spec_decode_num_drafts": 2, "spec_decode_num_accepted_tokens_per_pos": [1, 0],
+              "encoder_cache_entries": 1, "encoder_cache_rows": 16}]
     total = combine("get_scheduler_stats", stats, [0, 1])
     assert (total["num_running_reqs"], total["num_waiting_reqs"], total["num_prompt_tokens_computed"]) == (5, 1, 12)
     assert total["expert_tokens"] == [5, 1, 2]  # a MoE model's tokens per expert, expert by expert
     assert (total["spec_decode_num_drafts"], total["spec_decode_num_accepted_tokens_per_pos"]) == (5, [3, 1])
     assert total["kv_cache_usage"] == pytest.approx(0.375)
+    assert (total["encoder_cache_entries"], total["encoder_cache_rows"]) == (3, 48)  # images held, on both engines
     assert [e["engine_index"] for e in total["engines"]] == [0, 1]
     assert combine("collective_rpc", [[{"rank": 0}], [{"rank": 0}]], [0, 1]) == [{"rank": 0}, {"rank": 0}]
 

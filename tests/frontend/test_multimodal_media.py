@@ -98,10 +98,11 @@ def test_bad_images_name_the_part():
 
 def test_a_decompression_bomb_is_refused_from_its_header():
     bomb = png_announcing(100_000, 100_000)  # 10 gigapixels announced in a few bytes
-    assert "10000000000 pixels" in refused(decode_image, bomb, MediaLimits(), WHERE)
-    # under our limit but over PIL's own guard: still a 400, not a 500
-    assert "pixels" in refused(decode_image, png_announcing(20_000, 20_000),
-                               MediaLimits(max_image_pixels=10**9), WHERE)
+    message = refused(decode_image, bomb, MediaLimits(), WHERE)
+    assert "10000000000 pixels" in message and f"limit of {4096 * 4096} (--max-image-pixels)" in message
+    # under our limit but over PIL's own guard: still a 400, not a 500, naming the guard
+    assert "pillow's decompression-bomb limit" in refused(decode_image, png_announcing(20_000, 20_000),
+                                                          MediaLimits(max_image_pixels=10**9), WHERE)
 
 
 def test_fuzzed_images_are_request_errors_or_images():
@@ -260,6 +261,19 @@ async def test_chat_image_parts_are_loaded_in_order_and_counted_first():
     with pytest.raises(RequestError, match="embeddings"):
         await load_chat_images([{"role": "user", "content": [{"type": "image_embeds", "image_embeds": "x"}]}],
                                MediaLimits(), 2, run_in_thread)
+    # A bare {"type": "image"} part (what templates render) from a client: a placeholder with no image behind it.
+    with pytest.raises(RequestError, match="carries no image: send the image as an image_url part") as info:
+        await load_chat_images([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image"}]}],
+                               MediaLimits(), 2, run_in_thread)
+    assert info.value.field == "messages[0].content[1].type"
+    # OpenAI's detail: taken (without effect) when it is one of OpenAI's values, else named
+    detailed = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(encoded(first)),
+                                                                              "detail": "low"}}]}]
+    assert len((await load_chat_images(detailed, MediaLimits(), 2, run_in_thread))[1]) == 1
+    detailed[0]["content"][0]["image_url"]["detail"] = 7
+    with pytest.raises(RequestError, match="detail must be one of auto, low, high, got 7") as info:
+        await load_chat_images(detailed, MediaLimits(), 2, run_in_thread)
+    assert info.value.field == "messages[0].content[0].image_url.detail"
 
 
 def test_image_parts_reach_templates_in_their_content_format():

@@ -16,16 +16,14 @@ sockets, so that each can leave at an exact point: before the status line, after
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import socket
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from support.server import metric, start_server
+from support.server import metric, requests_finished, start_server, wait_until
 from support.tiny_models import build_tiny_model
 from support.tiny_tokenizer import save_tiny_tokenizer
 
@@ -89,23 +87,6 @@ def read_events(reader, count: int) -> list[dict]:
 # -- the server side --------------------------------------------------------------------------------------
 
 
-def finished(server, reason: str) -> float:
-    """asyncengine:request_success_total for `reason` (engine requests, one per completion)."""
-    with urllib.request.urlopen(server.url + "/metrics") as response:
-        text = response.read().decode()
-    match = re.search(rf'^asyncengine:request_success_total\{{[^}}]*finished_reason="{reason}"[^}}]*\}} (\S+)$',
-                      text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {DEADLINE:.0f} s, still not {what}")
-        time.sleep(0.1)
-
-
 def in_engine(server, running: int, waiting: int = 0):
     return lambda: (metric(server, "num_requests_running"), metric(server, "num_requests_waiting")) == (running,
                                                                                                        waiting)
@@ -114,8 +95,8 @@ def in_engine(server, running: int, waiting: int = 0):
 class Counts:
     def __init__(self, server) -> None:
         self.server = server
-        self.length = finished(server, "length")
-        self.abort = finished(server, "abort")
+        self.length = requests_finished(server, "length")
+        self.abort = requests_finished(server, "abort")
 
     def check_all_aborted(self, expected_aborts: int | None) -> None:
         """Nothing left running or waiting, the KV cache empty, no request run to its length (the
@@ -125,9 +106,9 @@ class Counts:
         wait_until(in_engine(server, 0, 0), "every request gone from the engine")
         wait_until(lambda: metric(server, "kv_cache_usage_perc") == 0, "the KV cache empty")
         if expected_aborts is not None:
-            wait_until(lambda: finished(server, "abort") - self.abort >= expected_aborts,
+            wait_until(lambda: requests_finished(server, "abort") - self.abort >= expected_aborts,
                        f"{expected_aborts} requests aborted")
-        assert finished(server, "length") == self.length, "a request of a client that left ran to its length"
+        assert requests_finished(server, "length") == self.length, "a request of a client that left ran to its length"
 
 
 def test_the_server_answers_after_every_case_and_first_a_normal_request(server):
@@ -138,7 +119,7 @@ def test_the_server_answers_after_every_case_and_first_a_normal_request(server):
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=DEADLINE) as response:
         assert json.loads(response.read())["choices"][0]["finish_reason"] == "length"
-    wait_until(lambda: finished(server, "length") == counts.length + 1, "the request counted")
+    wait_until(lambda: requests_finished(server, "length") == counts.length + 1, "the request counted")
 
 
 # -- gone before the status line -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from asyncengine.frontend.iteration_stats import FinishedRequestStats, Iteration
 from asyncengine.server.metrics import PrometheusStatLogger
 from asyncengine.wire.engine_core import SchedulerStats
 
-GAUGES = ["asyncengine:num_requests_running", "asyncengine:num_requests_waiting", "asyncengine:kv_cache_usage_perc"]
+GAUGES = ["asyncengine:num_requests_running", "asyncengine:num_requests_waiting", "asyncengine:kv_cache_usage_perc",
+          "asyncengine:encoder_cache_entries", "asyncengine:encoder_cache_rows"]
 COUNTERS = ["asyncengine:prompt_tokens_total", "asyncengine:generation_tokens_total",
             "asyncengine:request_success_total"]
 HISTOGRAMS = ["asyncengine:time_to_first_token_seconds", "asyncengine:inter_token_latency_seconds",
@@ -86,14 +87,18 @@ def test_recorded_stats_increase_counters_and_histograms():
 
 def test_gauges_follow_the_latest_scheduler_stats():
     stat_logger = PrometheusStatLogger(model_name="m")
-    stat_logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25), IterationStats())
+    stat_logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25,
+                                      encoder_cache_entries=2, encoder_cache_rows=48), IterationStats())
     assert value(stat_logger, "asyncengine:num_requests_running") == 3
     assert value(stat_logger, "asyncengine:num_requests_waiting") == 2
     assert value(stat_logger, "asyncengine:kv_cache_usage_perc") == 0.25
+    assert value(stat_logger, "asyncengine:encoder_cache_entries") == 2
+    assert value(stat_logger, "asyncengine:encoder_cache_rows") == 48
     stat_logger.update_scheduler_stats(SchedulerStats())  # an idle engine, just before a scrape
     assert value(stat_logger, "asyncengine:num_requests_running") == 0
     assert value(stat_logger, "asyncengine:num_requests_waiting") == 0
     assert value(stat_logger, "asyncengine:kv_cache_usage_perc") == 0.0
+    assert value(stat_logger, "asyncengine:encoder_cache_entries") == 0
 
 
 def test_a_dead_engine_core_is_down_with_its_gauges_zeroed_and_later_stats_ignored():

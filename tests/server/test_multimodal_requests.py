@@ -173,3 +173,29 @@ def test_multi_modal_data_prompts_in_the_python_api(server):
                                                           "multi_modal_data": {"image": images + images[:1]}})
     assert info.value.field == "multi_modal_data.image"
 
+
+
+def test_image_work_never_holds_up_text_requests(server):
+    """Images are decoded and processed in a pool of their own (AsyncEngine.media_pool): with every thread of it
+    busy (a burst of large images), a text request is still tokenized and answered."""
+    import threading
+
+    import anyio
+
+    release = threading.Event()
+    pool = server.engine.media_pool
+
+    async def text_request_while_the_media_pool_is_full():
+        async with anyio.create_task_group() as tg:
+            for _ in range(pool.size):
+                tg.start_soon(pool.run, release.wait, 60)
+            try:
+                while pool.limiter.borrowed_tokens < pool.size:
+                    await anyio.sleep(0.01)
+                with anyio.fail_after(30):
+                    return await server.engine.chat_prompt([{"role": "user", "content": "hello"}])
+            finally:
+                release.set()
+
+    prompt = server.call(text_request_while_the_media_pool_is_full)
+    assert prompt["prompt_token_ids"] and "hello" in prompt["prompt"]

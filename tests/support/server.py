@@ -88,24 +88,42 @@ def start_server(args: list[str], *, env: dict[str, str] | None = None, timeout:
                  command: tuple[str, ...] = ("serve",)) -> RunningServer:
     """Start `asyncengine serve ARGS --port 0` (`command`: another subcommand, `("launch", "render")`);
     returns once it printed the address it listens on."""
+    return launch_server(args, env=env, command=command).wait_until_serving(timeout)
+
+
+@dataclass
+class LaunchedServer:
+    """A server process started, not yet known to serve: the test may do other work while it starts."""
+
+    process: subprocess.Popen
+    directory: Path
+
+    def wait_until_serving(self, timeout: float = 180) -> RunningServer:
+        process, directory = self.process, self.directory
+        stdout_path, stderr_path = directory / "stdout", directory / "stderr"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = _SERVING.search(stdout_path.read_text())
+            if match:
+                return RunningServer(process, match.group(1), stdout_path, stderr_path)
+            if process.poll() is not None:
+                raise ServerDidNotStart(process.returncode, stderr_path.read_text(errors="replace"), directory)
+            time.sleep(0.1)
+        process.kill()
+        process.wait()
+        raise AssertionError(f"the server did not start within {timeout} s; its logs: {directory}; "
+                             f"stderr:\n{stderr_path.read_text()[-3000:]}")
+
+
+def launch_server(args: list[str], *, env: dict[str, str] | None = None,
+                  command: tuple[str, ...] = ("serve",)) -> LaunchedServer:
+    """Start `asyncengine serve ARGS --port 0` and return at once; `wait_until_serving()` then waits for it."""
     directory = Path(tempfile.mkdtemp(prefix="ae-server-"))
-    stdout_path, stderr_path = directory / "stdout", directory / "stderr"
-    with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
+    with open(directory / "stdout", "w") as stdout, open(directory / "stderr", "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "asyncengine", *command, *args, "--port", "0"],
                                    stdout=stdout, stderr=stderr, env=env or dict(os.environ))
     _LOG_DIRECTORIES.append(_LogDirectory(directory, process))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = _SERVING.search(stdout_path.read_text())
-        if match:
-            return RunningServer(process, match.group(1), stdout_path, stderr_path)
-        if process.poll() is not None:
-            raise ServerDidNotStart(process.returncode, stderr_path.read_text(errors="replace"), directory)
-        time.sleep(0.1)
-    process.kill()
-    process.wait()
-    raise AssertionError(f"the server did not start within {timeout} s; its logs: {directory}; "
-                         f"stderr:\n{stderr_path.read_text()[-3000:]}")
+    return LaunchedServer(process, directory)
 
 
 class ServerDidNotStart(Exception):
@@ -123,6 +141,25 @@ def metric(server: RunningServer, name: str) -> float:
     match = re.search(rf"^asyncengine:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
     assert match, f"asyncengine:{name} is not on /metrics"
     return float(match.group(1))
+
+
+def requests_finished(server: RunningServer, reason: str) -> float:
+    """asyncengine:request_success_total for finish reason `reason` (engine requests, one per completion)."""
+    with urllib.request.urlopen(server.url + "/metrics") as response:
+        text = response.read().decode()
+    match = re.search(rf'^asyncengine:request_success_total\{{[^}}]*finished_reason="{reason}"[^}}]*\}} (\S+)$',
+                      text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    """Poll `condition` until it holds; after `timeout` seconds (generous for a loaded machine), fail saying
+    what it was still not."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {timeout:.0f} s, still not {what}")
+        time.sleep(0.1)
 
 
 ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp writes them
