@@ -57,7 +57,11 @@ class CpuDecodeStep:
         return step, f"decode steps of 1-{step.max_batch_size} sequences as one C call (ops/cpu_decode_step.py)"
 
     def applies(self, metadata: AttentionMetadata) -> bool:
-        return metadata.decode_only and len(metadata.query_lens) <= self.max_batch_size
+        """A decode step of up to `max_batch_size` sequences, or a step of up to `MAX_ROWS` new tokens in all
+        (a verification step: each sequence's last token and its drafts; or a short prompt chunk)."""
+        if metadata.decode_only:
+            return len(metadata.query_lens) <= self.max_batch_size
+        return sum(metadata.query_lens) <= MAX_ROWS
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -70,7 +74,8 @@ class CpuDecodeStep:
         rows = input_ids.shape[0]
         hidden, logits = cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
                                                      metadata.slot_mapping, metadata.block_tables,
-                                                     metadata.seq_lens_tensor)
+                                                     metadata.seq_lens_tensor, query_start=None if
+                                                     metadata.decode_only else metadata.query_start_loc)
         if logits is not None:
             logits = finish_logits(logits, divisor=self.model.logits_divisor, cap=self.model.final_logit_soft_cap)
         return hidden, logits
