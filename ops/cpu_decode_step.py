@@ -9,7 +9,9 @@ an OpenMP fork/join, and at one row the oneDNN matmuls are themselves mostly cal
 OpenMP parallel region: the matrix-vector products split their output rows among the threads (dynamic
 chunks, so a slowed thread takes fewer), attention splits by sequence and KV head (each key and value
 read once for the query heads that share it), the norms run on every thread (each into its own copy),
-so a layer has five barriers: after QKV, attention, O, gate-up and down.
+so a layer has five barriers: after QKV, attention, O, gate-up and down. A speculative verification step is the
+same call with several rows a sequence (its last token and its drafts, `query_start`): each (sequence, KV head)
+task stores and attends its rows in order, so they are causal among themselves (issue 37).
 
 What it computes is `decode_step_reference` below (the model's own modules, which is what the model's
 forward runs), rounding where that rounds: every op's output in the model's dtype (bfloat16 after each

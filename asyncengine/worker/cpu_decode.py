@@ -3,8 +3,10 @@
 What CUDA graphs are to a GPU (worker/cuda_graphs.py), this is to a CPU: at one to `MAX_ROWS` decoding
 sequences the step's cost is the layers' per-op overhead (Python, dispatch, a thread fork/join per op),
 not their arithmetic; ops/cpu_decode_step.py runs the embedding, every decoder layer and the final norm in
-one call, with one thread team for the whole step. Larger batches, prompts and mixed steps run the model's
-modules as before (there the matmuls are real work, which oneDNN does best).
+one call, with one thread team for the whole step. So does any other step of up to `MAX_ROWS` new tokens: above
+all a speculative verification (each sequence's last token and its drafts, causal among themselves), which
+otherwise would cost several decode steps in per-op overhead (issue 37). Larger batches, prompts and mixed steps
+run the model's modules as before (there the matmuls are real work, which oneDNN does best).
 
 It applies only where it computes exactly what the model's modules would: it reads the weights from
 the modules' attributes (nothing is copied or restructured) after checking that every module is the
@@ -54,7 +56,8 @@ class CpuDecodeStep:
         if reason is not None:
             return None, reason
         step = cls(model, attention_layers, min(MAX_ROWS, engine_config.max_num_seqs))
-        return step, f"decode steps of 1-{step.max_batch_size} sequences as one C call (ops/cpu_decode_step.py)"
+        return step, (f"decode steps of 1-{step.max_batch_size} sequences, and other steps of up to {MAX_ROWS} new "
+                      "tokens (speculative verification), as one C call (ops/cpu_decode_step.py)")
 
     def applies(self, metadata: AttentionMetadata) -> bool:
         """A decode step of up to `max_batch_size` sequences, or a step of up to `MAX_ROWS` new tokens in all
