@@ -6,7 +6,9 @@ tie (the rule below). The kernel's own checks against the model's modules: tests
 The bfloat16 tie rule: verification computes a position in a step of several rows, plain decoding in a step of
 one, and the kernel's matrix products sum in another order at several rows; that can move a logit by a bfloat16
 rounding. So the outputs must agree token for token up to their first difference, and there the plain run's top
-two logprobs must be within BF16_TIE_GAP (the kernel test's bfloat16 tie gap): a near-tie, never a wrong token.
+two logprobs must be within BF16_TIE_GAP, two bfloat16 roundings of a logit between 16 and 32 (one rounding there
+is 0.125): a near-tie, never a wrong token. (W6's code prompt on the default model in bfloat16 meets one: at its
+123rd token the plain run's top two are 0.125 apart, the verification's equal.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ NUM_TOKENS = 40
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 # One request at a time (W6's single-request case): a verification step of 1 + 4 rows fits the kernel's 8.
 OPTIONS = dict(skip_tokenizer_init=True, max_num_seqs=1, max_model_len=256, num_gpu_blocks_override=32)
-BF16_TIE_GAP = 0.1
+BF16_TIE_GAP = 0.25
 
 
 @pytest.fixture(scope="module")
