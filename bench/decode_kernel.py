@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/decode_kernel.py --baseline-tree /tmp/main              # 1 sequence, bfloat16
     .venv/bin/python bench/decode_kernel.py --baseline-tree /tmp/main --rows 4 --dtype float32 --threads 1
+    .venv/bin/python bench/decode_kernel.py --verify 5     # also a verification step of 1 + 4 drafts (issue 37)
 
 The default model's shapes (30 layers, hidden 576, 9 heads over 3 KV heads of 64, intermediate 1536, vocab
 49152, tied head) with random weights, each sequence at a context of 600 tokens (W5's middle). Each tree's
@@ -48,6 +49,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="default: torch's")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--verify", type=int, default=1, metavar="N",
+                        help="also time this tree's verification step, each sequence's token and N - 1 drafts "
+                             "(sequences x N <= 8), alternately with the rest, and its cost over the decode step's")
     parser.add_argument("--gguf", action="store_true", help="also time the step over GGUF blocks")
     parser.add_argument("--gguf-int8", action="store_true", help="with --gguf: the blocks at 8 bits, not 4")
     args = parser.parse_args()
@@ -80,7 +84,7 @@ def main() -> int:
     slots = torch.tensor([r * blocks_per_row * BLOCK_SIZE + CONTEXT - 1 for r in range(rows)], dtype=torch.int64)
     seq_lens = torch.full((rows,), CONTEXT, dtype=torch.int32)
 
-    steps = []
+    steps, tables_of = [], []  # (each kernel's weight table)
     for kernel in kernels:
         with_head = "lm_head" in inspect.signature(kernel.DecoderWeights.__init__).parameters
         weights = kernel.DecoderWeights(layers, embed, final_norm, num_heads=HEADS, num_kv_heads=KV_HEADS,
@@ -91,6 +95,7 @@ def main() -> int:
             result = kernel.decode_step(weights, ids, cos, sin, slots, tables, seq_lens)
             return result[1] if with_head else cpu_gemm.linear(result, embed, packed)
         steps.append(step)
+        tables_of.append(weights)
     if args.gguf:
         from asyncengine.ops import cpu_block_int8
 
@@ -110,6 +115,9 @@ def main() -> int:
                                                  blocks=block_weights)
         trees.append(("gguf", ROOT))
         steps.append(lambda: kernels[0].decode_step(gguf_weights, ids, cos, sin, slots, tables, seq_lens)[1])
+    if args.verify > 1:
+        trees.append((f"verify {args.verify}", ROOT))
+        steps.append(verification_step(kernels[0], tables_of[0], rows, args.verify, rand))
     logits = [step().float() for step in steps]  # builds each library, and checks they agree
     if len(trees) >= 2 and trees[1][0] == "baseline":
         print(f"logits: largest difference between the trees {(logits[0] - logits[1]).abs().max().item():.4g}")
@@ -129,6 +137,25 @@ def main() -> int:
         print(f"ratio {name}/this tree: median {statistics.median(into) / statistics.median(times[0]):.3f}, "
               f"min {min(into) / min(times[0]):.3f}")
     return 0
+
+
+def verification_step(kernel, weights, sequences: int, new_tokens: int, rand):
+    """This tree's step over `new_tokens` rows a sequence (its last token and the drafts after it, the last at
+    CONTEXT), as a speculative verification runs it: the same caches and weights as the decode step."""
+    import torch
+
+    rows, blocks_per_row = sequences * new_tokens, -(-CONTEXT // BLOCK_SIZE)
+    if rows > kernel.MAX_ROWS:
+        raise SystemExit(f"--verify {new_tokens} with {sequences} sequence(s) is {rows} rows: the step takes "
+                         f"{kernel.MAX_ROWS}")
+    ids = torch.arange(rows, dtype=torch.int64)
+    cos, sin = rand(rows, HEAD_DIM), rand(rows, HEAD_DIM)
+    tables = torch.arange(sequences * blocks_per_row, dtype=torch.int64).view(sequences, blocks_per_row)
+    slots = torch.tensor([s * blocks_per_row * BLOCK_SIZE + CONTEXT - new_tokens + i
+                          for s in range(sequences) for i in range(new_tokens)], dtype=torch.int64)
+    seq_lens = torch.full((sequences,), CONTEXT, dtype=torch.int32)
+    query_start = torch.arange(0, rows + 1, new_tokens, dtype=torch.int32)
+    return lambda: kernel.decode_step(weights, ids, cos, sin, slots, tables, seq_lens, query_start=query_start)[1]
 
 
 if __name__ == "__main__":

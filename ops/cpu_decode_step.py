@@ -9,7 +9,9 @@ an OpenMP fork/join, and at one row the oneDNN matmuls are themselves mostly cal
 OpenMP parallel region: the matrix-vector products split their output rows among the threads (dynamic
 chunks, so a slowed thread takes fewer), attention splits by sequence and KV head (each key and value
 read once for the query heads that share it), the norms run on every thread (each into its own copy),
-so a layer has five barriers: after QKV, attention, O, gate-up and down.
+so a layer has five barriers: after QKV, attention, O, gate-up and down. A speculative verification step is the
+same call with several rows a sequence (its last token and its drafts, `query_start`): each (sequence, KV head)
+task stores and attends its rows in order, so they are causal among themselves (issue 37).
 
 What it computes is `decode_step_reference` below (the model's own modules, which is what the model's
 forward runs), rounding where that rounds: every op's output in the model's dtype (bfloat16 after each
@@ -374,29 +376,62 @@ static void attention_task(const layer_t *L, const char *qkv_row, const void *c,
     }
 }
 
-/* The decode step of B sequences (one new token each) through every layer, ending with the final norm:
-   out [B, H] in the dtype. ids, slots: [B] int64 (a negative slot stores nothing: a padding row);
-   cs, sn: [B, D] the rotary cos/sin of each token's position, in the dtype; tables: [B, table_stride] int64;
-   seq_lens [B] int32 (the context after this token; 0: a padding row, which attends to nothing).
+/* Sequence s's KV head h over its new rows, query_start[s] to query_start[s + 1] (one, or a verification's
+   last token and its drafts: consecutive positions, the last at context seq_len): row by row, its key and value
+   stored, then its queries attended over the context up to and including it. Causal within the new rows with
+   no barrier: the rows of one sequence and KV head are one task's, each stored before a later row reads it.
+   scores: [rows, num_heads, max_ctx] scratch, attn: [rows, Q] (both the step's, indexed by row). */
+static void sequence_attention(const layer_t *L, const char *qkv, const char *cs, const char *sn,
+                               const int64_t *slots, const int64_t *table, int64_t seq_len, int64_t r0, int64_t r1,
+                               int64_t h, int64_t num_heads, int64_t num_kv_heads, int64_t D, int64_t num_blocks,
+                               int64_t block_size, float scale, float eps, int is_bf16, float *scores,
+                               int64_t max_ctx, char *attn) {
+    const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, QKV = (num_heads + 2 * num_kv_heads) * D;
+    for (int64_t r = r0; r < r1; r++)
+        attention_task(L, qkv + r * QKV * es, cs + r * D * es, sn + r * D * es, slots[r], table,
+                       seq_len - (r1 - 1 - r), h, num_heads, num_kv_heads, D, num_blocks, block_size, scale, eps,
+                       is_bf16, scores + r * num_heads * max_ctx, attn + r * Q * es);
+}
+
+/* The step's rows by sequence: 0 when query_start (NULL: one row a sequence, S = B) starts at 0, gives each of
+   the S sequences at least one row and ends at B; and max_ctx, the longest context (at least 1). */
+static int step_rows(const int32_t *query_start, const int32_t *seq_lens, int64_t S, int64_t B, int64_t *max_ctx) {
+    if (query_start ? (query_start[0] != 0 || query_start[S] != B) : S != B) return -1;
+    *max_ctx = 1;
+    for (int64_t s = 0; s < S; s++) {
+        if (query_start && query_start[s + 1] <= query_start[s]) return -1;
+        if (seq_lens[s] > *max_ctx) *max_ctx = seq_lens[s];
+    }
+    return 0;
+}
+
+/* The decode step of B rows through every layer, ending with the final norm: out [B, H] in the dtype.
+   The rows are S sequences' new tokens: query_start [S + 1] int32 (NULL: one row a sequence, S = B), sequence
+   s's rows query_start[s] to query_start[s + 1] at consecutive positions (a verification step: the last token
+   and its drafts), causal among themselves. ids, slots: [B] int64 (a negative slot stores nothing: a padding
+   row); cs, sn: [B, D] the rotary cos/sin of each row's position, in the dtype; tables: [S, table_stride] int64;
+   seq_lens [S] int32 (each sequence's context with its new rows; 0: a padding row, which attends to nothing).
    With lm_head ([V, H], or NULL): also logits [B, V] = out . lm_head^T in the dtype (the LM head, whose V
    rows are a fifth of a small model's weights: a matrix-vector product, which oneDNN's one-row matmul streams
    2-3x slower than this loop).
-   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512), -2 when scratch memory is short.
+   Returns 0, -1 for a shape it does not take (B > MAX_ROWS, D > 512, rows not as above), -2 when scratch
+   memory is short.
 
    Five barriers a layer (barrier_wait: libgomp's work-sharing loops run with nowait), one after each phase
    whose output every thread reads: QKV, attention, O, gate-up and down. The norms need none: every thread computes them itself, into its own input row and its own copy
    of the residual stream (the same arithmetic, so the same values), straight after the barrier that made
-   the hidden state whole. Attention runs one task per (sequence, KV head), which stores that head's new key
-   and value before reading it: no barrier between the store and the reads. */
+   the hidden state whole. Attention runs one task per (sequence, KV head), which stores that head's new keys
+   and values before reading them (sequence_attention): no barrier between the store and the reads. */
 int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, const void *final_norm,
                 const int64_t *ids, const void *cs, const void *sn, const int64_t *slots, const int64_t *tables,
-                int64_t table_stride, const int32_t *seq_lens, int64_t B, int64_t H, int64_t num_heads,
+                int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start, int64_t S,
+                int64_t B, int64_t H, int64_t num_heads,
                 int64_t num_kv_heads, int64_t D, int64_t I, int64_t num_blocks, int64_t block_size, float eps,
                 float scale, int is_bf16, void *out, const void *lm_head, int64_t V, void *logits, int threads) {
     if (B < 1 || B > MAX_ROWS || D > 512 || D % 2 || threads < 1) return -1;
     const int64_t es = is_bf16 ? 2 : 4, Q = num_heads * D, QKV = (num_heads + 2 * num_kv_heads) * D;
-    int64_t max_ctx = 1;
-    for (int64_t b = 0; b < B; b++) if (seq_lens[b] > max_ctx) max_ctx = seq_lens[b];
+    int64_t max_ctx;
+    if (step_rows(query_start, seq_lens, S, B, &max_ctx)) return -1;
     char *mem = malloc((size_t)es * B * (H + QKV + Q + I));
     char *own = malloc((size_t)threads * B * H * 2 * es);  /* each thread's input rows and residual stream */
     float *scores_all = malloc(sizeof(float) * (size_t)max_ctx * B * num_heads);
@@ -416,12 +451,12 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                          is_bf16, s);
             weight_product(x, L->qkv, LAYER_BLOCKS(L, 0), L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
             #pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t task = 0; task < B * num_kv_heads; task++) {
-                const int64_t b = task / num_kv_heads;
-                attention_task(L, qkv + b * QKV * es, (const char *)cs + b * D * es, (const char *)sn + b * D * es,
-                               slots[b], tables + b * table_stride, seq_lens[b], task % num_kv_heads, num_heads,
-                               num_kv_heads, D, num_blocks, block_size, scale, eps, is_bf16,
-                               scores_all + b * num_heads * max_ctx, attn + b * Q * es);
+            for (int64_t task = 0; task < S * num_kv_heads; task++) {
+                const int64_t seq = task / num_kv_heads;
+                sequence_attention(L, qkv, cs, sn, slots, tables + seq * table_stride, seq_lens[seq],
+                                   query_start ? query_start[seq] : seq, query_start ? query_start[seq + 1] : seq + 1,
+                                   task % num_kv_heads, num_heads, num_kv_heads, D, num_blocks, block_size, scale,
+                                   eps, is_bf16, scores_all, max_ctx, attn);
             }
             barrier_wait(&bar, team);
             weight_product(attn, L->o, LAYER_BLOCKS(L, 1), NULL, H, Q, B, hidden, is_bf16, &bar, team);
@@ -482,7 +517,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.has_blocks.restype = ctypes.c_int
     library.has_blocks.argtypes = []
     library.decode_step.restype = ctypes.c_int
-    argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P] + [_I] * 8 + \
+    argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P] + [_I] * 9 + \
         [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _I, _P, ctypes.c_int]
     library.decode_step.argtypes = argtypes
 
@@ -547,16 +582,21 @@ class DecoderWeights:
 
 def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 slots: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                out: torch.Tensor | None = None,
+                query_start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the final hidden states `[B, hidden]` (after the model's last norm), their LM head's output `[B, vocab]` in
-    the model's dtype or None when `weights` has no LM head) of B decoding tokens: `input_ids`,
+    the model's dtype or None when `weights` has no LM head) of B new tokens of S sequences: `input_ids`,
     `slots` `[B]` int64, `cos`/`sin` `[B, head_dim]` in the model's dtype (the rotary tables at each token's
-    position), `block_tables` `[B, width]` int64, `seq_lens` `[B]` int32 (each context with this token).
+    position), `block_tables` `[S, width]` int64, `seq_lens` `[S]` int32 (each context with its new tokens).
+    `query_start` `[S + 1]` int32 (AttentionMetadata's `query_start_loc`): where each sequence's rows start, at
+    least one each, their positions consecutive and causal among themselves (a verification step: each
+    sequence's last token and its drafts); None: one row a sequence (a decode step).
     Each token's key and value are stored at its slot of each layer's cache (none for a negative slot)."""
     library = _kernels.get(weights.dtype)
     rows = input_ids.numel()
     if not 1 <= rows <= MAX_ROWS:
-        raise ValueError(f"decode_step takes 1 to {MAX_ROWS} sequences, got {rows}")
+        raise ValueError(f"decode_step takes 1 to {MAX_ROWS} rows (new tokens), got {rows}")
+    num_seqs = _check_rows(query_start, seq_lens, block_tables, rows)
     if out is None:
         out = torch.empty(rows, weights.hidden_size, dtype=weights.dtype)
     head = weights.lm_head
@@ -572,7 +612,8 @@ def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Ten
     status = library.decode_step(
         ctypes.addressof(weights.table), len(weights.tensors), weights.embed.data_ptr(), weights.final_norm.data_ptr(),
         input_ids.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
-        block_tables.shape[1], seq_lens.data_ptr(), rows, weights.hidden_size, weights.num_heads,
+        block_tables.shape[1], seq_lens.data_ptr(), None if query_start is None else query_start.data_ptr(), num_seqs,
+        rows, weights.hidden_size, weights.num_heads,
         weights.num_kv_heads, weights.head_dim, weights.intermediate_size, num_blocks, block_size, weights.eps,
         weights.scale, int(weights.dtype == torch.bfloat16), out.data_ptr(), None if head is None else head.data_ptr(),
         0 if head is None else head.shape[0], None if logits is None else logits.data_ptr(), torch.get_num_threads())
@@ -581,3 +622,17 @@ def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Ten
     if status != 0:
         raise ValueError(f"decode_step refused the shapes (status {status})")
     return out, logits
+
+
+def _check_rows(query_start: torch.Tensor | None, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                rows: int) -> int:
+    """The number of sequences the step's `rows` belong to, checked against their tables and lengths (the kernel
+    checks `query_start`'s values: it refuses rows that are not each sequence's, at least one each)."""
+    num_seqs = rows if query_start is None else query_start.numel() - 1
+    if query_start is not None and (query_start.dtype != torch.int32 or not query_start.is_contiguous()
+                                    or num_seqs < 1):
+        raise ValueError("decode_step: query_start is a contiguous int32 [sequences + 1]")
+    if seq_lens.numel() != num_seqs or block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"decode_step: {num_seqs} sequences need seq_lens [{num_seqs}] and block tables "
+                         f"[{num_seqs}, width], got {list(seq_lens.shape)} and {list(block_tables.shape)}")
+    return num_seqs

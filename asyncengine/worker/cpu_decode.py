@@ -3,8 +3,10 @@
 What CUDA graphs are to a GPU (worker/cuda_graphs.py), this is to a CPU: at one to `MAX_ROWS` decoding
 sequences the step's cost is the layers' per-op overhead (Python, dispatch, a thread fork/join per op),
 not their arithmetic; ops/cpu_decode_step.py runs the embedding, every decoder layer and the final norm in
-one call, with one thread team for the whole step. Larger batches, prompts and mixed steps run the model's
-modules as before (there the matmuls are real work, which oneDNN does best).
+one call, with one thread team for the whole step. So does any other step of up to `MAX_ROWS` new tokens: above
+all a speculative verification (each sequence's last token and its drafts, causal among themselves), which
+otherwise would cost several decode steps in per-op overhead (issue 37). Larger batches, prompts and mixed steps
+run the model's modules as before (there the matmuls are real work, which oneDNN does best).
 
 It applies only where it computes exactly what the model's modules would: it reads the weights from
 the modules' attributes (nothing is copied or restructured) after checking that every module is the
@@ -56,10 +58,15 @@ class CpuDecodeStep:
         if reason is not None:
             return None, reason
         step = cls(model, attention_layers, min(MAX_ROWS, engine_config.max_num_seqs))
-        return step, f"decode steps of 1-{step.max_batch_size} sequences as one C call (ops/cpu_decode_step.py)"
+        return step, (f"decode steps of 1-{step.max_batch_size} sequences, and other steps of up to {MAX_ROWS} new "
+                      "tokens (speculative verification), as one C call (ops/cpu_decode_step.py)")
 
     def applies(self, metadata: AttentionMetadata) -> bool:
-        return metadata.decode_only and len(metadata.query_lens) <= self.max_batch_size
+        """A decode step of up to `max_batch_size` sequences, or a step of up to `MAX_ROWS` new tokens in all
+        (a verification step: each sequence's last token and its drafts; or a short prompt chunk)."""
+        if metadata.decode_only:
+            return len(metadata.query_lens) <= self.max_batch_size
+        return sum(metadata.query_lens) <= MAX_ROWS
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -72,7 +79,8 @@ class CpuDecodeStep:
         rows = input_ids.shape[0]
         hidden, logits = cpu_decode_step.decode_step(weights, input_ids, cos.reshape(rows, -1), sin.reshape(rows, -1),
                                                      metadata.slot_mapping, metadata.block_tables,
-                                                     metadata.seq_lens_tensor)
+                                                     metadata.seq_lens_tensor, query_start=None if
+                                                     metadata.decode_only else metadata.query_start_loc)
         if logits is not None:
             logits = finish_logits(logits, divisor=self.model.logits_divisor, cap=self.model.final_logit_soft_cap)
         return hidden, logits

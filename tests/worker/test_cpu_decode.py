@@ -15,6 +15,7 @@ import torch
 
 from asyncengine import EngineConfig
 from asyncengine.config.model import build_model_config
+from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine.ops import cpu_decode_step
 from asyncengine.platforms.cpu import CpuPlatform
 from asyncengine.plugin_runtime.records import StartupTrace
@@ -83,30 +84,41 @@ def _gguf_runner(path: str, dtype: str) -> ModelRunner:
     return runner
 
 
-CASES = [("llama", n) for n in (1, 3, 8)] + [("qwen2", 3), ("qwen3", 1), ("qwen3", 8)] + \
-    ([("llama-gguf", 1), ("llama-gguf", 8), ("qwen2-gguf", 3), ("qwen3-gguf", 7)]
-     if cpu_decode_step.blocks_available(torch.float32) else [])
+# Each case: the new tokens of each sequence in the step. One each: a decode step; more: a verification step
+# (a sequence's last token and its k drafts, causal among themselves), alone or beside decoding sequences.
+CASES = [("llama", (1,) * n) for n in (1, 3, 8)] + [("qwen2", (1,) * 3), ("qwen3", (1,)), ("qwen3", (1,) * 8)] + \
+    [("llama", (5,)), ("llama", (3, 1, 4)), ("qwen2", (2, 6)), ("qwen3", (8,)), ("qwen3", (1, 4, 1, 2))] + \
+    ([("llama-gguf", (1,)), ("llama-gguf", (1,) * 8), ("qwen2-gguf", (1,) * 3), ("qwen3-gguf", (1,) * 7),
+      ("llama-gguf", (5,)), ("qwen3-gguf", (3, 1, 4))] if cpu_decode_step.blocks_available(torch.float32) else [])
+
+
+def _case_id(case) -> str:
+    architecture, new_tokens = case
+    return f"{architecture}-" + "+".join(map(str, new_tokens))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize(("architecture", "num_seqs"), CASES)
-def test_decode_step_matches_the_models_modules(runners, architecture, dtype, num_seqs):
+@pytest.mark.parametrize(("architecture", "new_tokens"), CASES, ids=[_case_id(case) for case in CASES])
+def test_decode_step_matches_the_models_modules(runners, architecture, dtype, new_tokens):
     runner = runners[architecture, dtype]
     assert runner.cpu_decode is not None, [r.reason for r in runner.kv_cache_records]
-    generator = torch.Generator().manual_seed(num_seqs)
+    generator = torch.Generator().manual_seed(sum(new_tokens) * 10 + len(new_tokens))
     for key_cache, value_cache in runner.kv_caches:
         key_cache.copy_(torch.randn(key_cache.shape, generator=generator))
         value_cache.copy_(torch.randn(value_cache.shape, generator=generator))
     new, next_block = [], 0
-    for index, context in enumerate(CONTEXTS[:num_seqs]):
+    for index, (context, count) in enumerate(zip(CONTEXTS, new_tokens)):
+        context = max(context, count + 1) if count > 1 else context  # a verification step follows a prompt
         blocks = list(range(next_block, next_block + -(-context // BLOCK_SIZE)))
         next_block += len(blocks) + 1  # a gap, so that no two sequences' tables look alike
         prompt = torch.randint(3, 997, (context,), generator=generator).tolist()
-        new.append(NewRequestData(request_id=f"{architecture}-{dtype}-{num_seqs}-{index}", prompt_token_ids=prompt,
-                                  output_token_ids=[], sampling=SamplingOptions(temperature=0.0), block_ids=blocks,
-                                  num_computed_tokens=context - 1))
+        new.append(NewRequestData(request_id=f"{architecture}-{dtype}-{_case_id((architecture, new_tokens))}-{index}",
+                                  prompt_token_ids=prompt, output_token_ids=[],
+                                  sampling=SamplingOptions(temperature=0.0), block_ids=blocks,
+                                  num_computed_tokens=context - count))
     runner._update_states(SchedulerOutput(new_requests=new))
-    inputs = runner._prepare_inputs({request.request_id: 1 for request in new})
+    inputs = runner._prepare_inputs({request.request_id: count for request, count in zip(new, new_tokens)})
+    assert inputs.metadata.decode_only == (max(new_tokens) == 1)
     assert runner.cpu_decode.applies(inputs.metadata)
     slots = inputs.metadata.slot_mapping
     with torch.inference_mode():
@@ -158,6 +170,33 @@ def test_decode_step_refuses_what_it_does_not_compute(tiny_model, platform):
 def test_decode_step_refuses_more_rows_than_it_holds(runners):
     weights = runners["llama", "float32"].cpu_decode._table()
     ids = torch.zeros(cpu_decode_step.MAX_ROWS + 1, dtype=torch.int64)
-    with pytest.raises(ValueError, match="1 to 8 sequences"):
+    with pytest.raises(ValueError, match="1 to 8 rows"):
         cpu_decode_step.decode_step(weights, ids, torch.empty(0), torch.empty(0), ids, ids.view(-1, 1),
                                     torch.zeros(ids.numel(), dtype=torch.int32))
+
+
+def test_decode_step_refuses_rows_that_are_not_each_sequences(runners):
+    """A verification step's rows must be its sequences' (at least one each, all of them): the kernel refuses
+    others rather than read past its tables; and the engine routes only steps of up to MAX_ROWS new tokens."""
+    step = runners["llama", "float32"].cpu_decode
+    weights = step._table()
+    rows = 4
+    ids, slots = torch.zeros(rows, dtype=torch.int64), torch.full((rows,), -1, dtype=torch.int64)
+    cos = sin = torch.zeros(rows, weights.head_dim)
+    tables, seq_lens = torch.zeros(2, 1, dtype=torch.int64), torch.full((2,), 4, dtype=torch.int32)
+    for starts in ([0, 2, 3], [0, 0, 4], [1, 2, 4]):
+        with pytest.raises(ValueError, match="refused the shapes"):
+            cpu_decode_step.decode_step(weights, ids, cos, sin, slots, tables, seq_lens,
+                                        query_start=torch.tensor(starts, dtype=torch.int32))
+    with pytest.raises(ValueError, match="2 sequences need seq_lens"):
+        cpu_decode_step.decode_step(weights, ids, cos, sin, slots, tables, seq_lens[:1],
+                                    query_start=torch.tensor([0, 2, 4], dtype=torch.int32))
+    hidden, _ = cpu_decode_step.decode_step(weights, ids, cos, sin, slots, tables, seq_lens,
+                                            query_start=torch.tensor([0, 2, 4], dtype=torch.int32))
+    assert hidden.shape == (rows, weights.hidden_size) and bool(torch.isfinite(hidden).all())
+
+    def metadata(query_lens):
+        return AttentionMetadata(torch.zeros(sum(query_lens), dtype=torch.int64), None, query_lens,
+                                 [n + 3 for n in query_lens], torch.zeros(len(query_lens), 1, dtype=torch.int64))
+    assert step.applies(metadata([5, 3])) and step.applies(metadata([1] * 8))
+    assert not step.applies(metadata([5, 4])) and not step.applies(metadata([9]))
