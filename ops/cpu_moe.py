@@ -3,7 +3,9 @@
 `fused_moe_cpu(hidden, router_logits, experts, config)` computes what `fused_moe_reference` (ops/fused_moe.py)
 does, with the same routing (`select_experts`). Where the reference, per expert, compares every routing slot with the
 expert's id, gathers its tokens, runs a chain of ops and adds the result into the output (a dozen torch ops
-and a host synchronisation per expert, for every expert of the layer), here:
+and a host synchronisation per expert, for every expert of the layer), here, for up to
+`cpu_moe_decode.TOKENS` tokens (decode), one C call does all that follows the routing (ops/cpu_moe_decode.py,
+with the same arithmetic as steps 2 and 4 below); for more:
 
 1. the (token, slot) pairs are sorted by expert once (a C counting sort: one host read of the counts);
 2. the experts with at most SMALL_ROWS rows run in one C call (`moe_small_experts`, dot products streaming
