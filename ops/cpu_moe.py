@@ -3,7 +3,9 @@
 `fused_moe_cpu(hidden, router_logits, experts, config)` computes what `fused_moe_reference` (ops/fused_moe.py)
 does, with the same routing (`select_experts`). Where the reference, per expert, compares every routing slot with the
 expert's id, gathers its tokens, runs a chain of ops and adds the result into the output (a dozen torch ops
-and a host synchronisation per expert, for every expert of the layer), here:
+and a host synchronisation per expert, for every expert of the layer), here, for up to
+`cpu_moe_decode.TOKENS` tokens (decode), one C call does all that follows the routing (ops/cpu_moe_decode.py,
+with the same arithmetic as steps 2 and 4 below); for more:
 
 1. the (token, slot) pairs are sorted by expert once (a C counting sort: one host read of the counts);
 2. the experts with at most SMALL_ROWS rows run in one C call (`moe_small_experts`, dot products streaming
@@ -31,13 +33,14 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from typing import TypeGuard
 from itertools import accumulate
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from asyncengine.ops import cpu_block_int8, cpu_fused
+from asyncengine.ops import cpu_block_int8, cpu_fused, cpu_moe_decode
 from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, KernelLibrary
 from asyncengine.ops.fused_moe import MoeConfig, activate, check_arguments, select_experts
 
@@ -120,10 +123,10 @@ C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
 """ + _tile_kernels() + r"""
 
 /* rows [r0, r0 + nr) of `a` (K wide) times rows [0, outs) of one expert's matrix w (outs x K), plus bias, each
-   result rounded to the dtype, into dst (float32 when dst_f32, else the dtype; row stride outs). Output tiles
+   result rounded to the dtype, into dst (float32 when dst_f32, else the dtype; row stride ldd). Output tiles
    outermost, so that each tile of weights is read from memory once and reused from L1 for every row tile. */
 static void expert_gemm(const void *a, int64_t r0, int64_t nrows, const void *w, const void *bias, int64_t outs,
-                        int64_t K, void *dst, int dst_f32, int is_bf16) {
+                        int64_t K, void *dst, int64_t ldd, int dst_f32, int is_bf16) {
     const int64_t elem = is_bf16 ? 2 : 4;
     for (int64_t o0 = 0; o0 < outs; o0 += OT) {
         const int no = (int)(outs - o0 < OT ? outs - o0 : OT);
@@ -136,8 +139,8 @@ static void expert_gemm(const void *a, int64_t r0, int64_t nrows, const void *w,
                     float v = out[i][j];
                     if (bias) v += load(bias, o0 + j, is_bf16);
                     v = in_dtype(v, is_bf16);
-                    if (dst_f32) ((float *)dst)[(r + i) * outs + o0 + j] = v;
-                    else store(dst, (r + i) * outs + o0 + j, v, is_bf16);
+                    if (dst_f32) ((float *)dst)[(r + i) * ldd + o0 + j] = v;
+                    else store(dst, (r + i) * ldd + o0 + j, v, is_bf16);
                 }
             }
         }
@@ -197,10 +200,10 @@ int moe_small_experts(const void *x, int64_t n, int64_t H, int64_t I, int64_t ex
     for (int64_t e = 0; e < experts; e++) {
         if (count[e] <= 0) continue;
         expert_gemm(x, start[e], count[e], (const char *)w13 + e * 2 * I * H * elem,
-                    b13 ? (const char *)b13 + e * 2 * I * elem : NULL, 2 * I, H, gu, 1, is_bf16);
+                    b13 ? (const char *)b13 + e * 2 * I * elem : NULL, 2 * I, H, gu, 2 * I, 1, is_bf16);
         expert_activation(gu, start[e], count[e], I, activation, alpha, limit, act, I, is_bf16);
         expert_gemm(act, start[e], count[e], (const char *)w2 + e * H * I * elem,
-                    b2 ? (const char *)b2 + e * H * elem : NULL, H, I, y, 0, is_bf16);
+                    b2 ? (const char *)b2 + e * H * elem : NULL, H, I, y, H, 0, is_bf16);
     }
     return 0;
 }
@@ -444,7 +447,7 @@ int moe_combine(void *out, int64_t tokens, int64_t width, int64_t k, const int64
     }
     return 0;
 }
-"""
+""" + cpu_moe_decode.C_SOURCE  # the one-call path for a few tokens, on the dot-product kernels above
 
 # -ffp-contract=off: each product is rounded before it is added, as torch's multiply then add do.
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
@@ -463,6 +466,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.moe_combine.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P, _P, _I, ctypes.c_int, ctypes.c_int]
     library.moe_small_experts.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_float,
                                           ctypes.c_float, _P, _P, _P, ctypes.c_int, ctypes.c_int]
+    cpu_moe_decode.declare(library)
 
 
 _kernels = KernelLibrary("cpu_moe", C_SOURCE, _FLAG_SETS, _declare, dtypes=SUPPORTED_DTYPES,
@@ -616,12 +620,18 @@ SMALL_ROWS = 4
 AMX_WIDE_BYTES = 4 << 20
 
 
-def _small_experts(experts: Experts, counts: list[int], hidden: torch.Tensor) -> list[int]:
-    """Per expert, its row count where the small-batch kernel takes it, else 0."""
-    if not (isinstance(experts, DenseExperts) and experts.w13.is_contiguous() and experts.w2.is_contiguous()
+def _dot_kernels_take(experts: Experts, hidden: torch.Tensor) -> TypeGuard[DenseExperts]:
+    """Whether the C dot-product kernels (`moe_small_experts`, `moe_decode`) take these experts: plain
+    contiguous weights (and biases) of hidden's dtype, the kernels built."""
+    return (isinstance(experts, DenseExperts) and experts.w13.is_contiguous() and experts.w2.is_contiguous()
             and (experts.w13_bias is None or experts.w13_bias.is_contiguous())
             and (experts.w2_bias is None or experts.w2_bias.is_contiguous())
-            and experts.w13.dtype == hidden.dtype and available(hidden.dtype)):
+            and experts.w13.dtype == hidden.dtype and available(hidden.dtype))
+
+
+def _small_experts(experts: Experts, counts: list[int], hidden: torch.Tensor) -> list[int]:
+    """Per expert, its row count where the small-batch kernel takes it, else 0."""
+    if not _dot_kernels_take(experts, hidden):
         return [0] * len(counts)
     return [count if count <= SMALL_ROWS else 0 for count in counts]
 
@@ -710,16 +720,27 @@ def _run_other_experts(hidden: torch.Tensor, rows: torch.Tensor, experts: Expert
     return y_amx
 
 
-def fused_moe_cpu(hidden: torch.Tensor, router_logits: torch.Tensor, experts: Experts,
-                  config: MoeConfig) -> torch.Tensor:
-    """`fused_moe_reference` with the tokens grouped per expert (see the module's docstring)."""
+def fused_moe_cpu(hidden: torch.Tensor, router_logits: torch.Tensor, experts: Experts, config: MoeConfig,
+                  expert_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """`fused_moe_reference` with the tokens grouped per expert (see the module's docstring). With
+    `expert_tokens` (int64, one entry per expert of the model), each token's chosen experts are counted into it."""
     if isinstance(experts, DenseExperts):
         check_arguments(hidden, router_logits, experts.w13, experts.w2, experts.w13_bias, experts.w2_bias, config)
     tokens, width = hidden.shape
     if tokens == 0:
         return torch.empty((0, width), dtype=hidden.dtype)
-    num_experts = experts.num_experts
     weights, ids = select_experts(router_logits, config)
+    if cpu_moe_decode.takes(tokens, config.top_k) and _dot_kernels_take(experts, hidden):  # decode: one C call
+        counter = expert_tokens
+        if counter is not None and not (counter.device.type == "cpu" and counter.dtype == torch.int64
+                                        and counter.is_contiguous()):
+            _count(counter, ids)
+            counter = None
+        return cpu_moe_decode.run(_kernels.get(hidden.dtype), hidden, weights, ids, experts.w13, experts.w2,
+                                  experts.w13_bias, experts.w2_bias, config, counter)
+    if expert_tokens is not None:
+        _count(expert_tokens, ids)
+    num_experts = experts.num_experts
     k = ids.shape[1]
     # Local expert ids; a pair whose expert another rank holds goes last and is never run.
     local = (ids - config.first_expert).reshape(-1)
@@ -757,6 +778,11 @@ def fused_moe_cpu(hidden: torch.Tensor, router_logits: torch.Tensor, experts: Ex
         array(*starts), array(*bases), num_experts, int(hidden.dtype == torch.bfloat16), torch.get_num_threads())
     del small_outputs, amx_outputs, outputs  # read by the combine through `bases`: alive until here
     return out
+
+
+def _count(expert_tokens: torch.Tensor, ids: torch.Tensor) -> None:
+    flat = ids.reshape(-1).to(expert_tokens.device)
+    expert_tokens.scatter_add_(0, flat, torch.ones_like(flat, dtype=expert_tokens.dtype))
 
 
 def _group(local: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:

@@ -122,13 +122,17 @@ def test_a_registered_provider_runs_instead_of_the_cpu_kernel(monkeypatch):
         param.data.normal_(0, 0.3)
     ran_cpu_kernel = []
     real = cpu_moe.fused_moe_cpu
-    monkeypatch.setattr(cpu_moe, "fused_moe_cpu", lambda *args: ran_cpu_kernel.append(1) or real(*args))
+    monkeypatch.setattr(cpu_moe, "fused_moe_cpu",
+                        lambda *args, **kwargs: ran_cpu_kernel.append(1) or real(*args, **kwargs))
     hidden, logits = torch.randn(5, SIZE), torch.randn(5, EXPERTS)
     plain = layer(hidden, logits)
     assert ran_cpu_kernel == [1] and calls == []
+    chosen = torch.bincount(torch.topk(logits, TOP_K).indices.reshape(-1), minlength=EXPERTS)
+    assert torch.equal(layer.expert_tokens, chosen)  # counted by the kernel
     register_op_impl("fused_moe", "counting", counting)
     with_provider = layer(hidden, logits)
     assert calls == [5] and ran_cpu_kernel == [1]
+    assert torch.equal(layer.expert_tokens, 2 * chosen)  # counted by the layer around the provider
     assert torch.allclose(with_provider, plain, atol=1e-5)
     assert op_registry.provider_order("fused_moe")[0] == ["counting", "native"]  # triton is left out on CPU
 

@@ -13,6 +13,7 @@ tokens that pick no expert held here), in float32 and bfloat16, within moe_cases
 
 from __future__ import annotations
 
+from itertools import product
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from kernel_device import device, run_checks
 from moe_cases import as_rows_of_their_experts, coverage, make_case, max_error
 from support.torch_threads import one_torch_thread
 
-from asyncengine.ops import cpu_block_int8, cpu_moe
+from asyncengine.ops import cpu_block_int8, cpu_moe, cpu_moe_decode
 from asyncengine.ops.fused_moe import MoeConfig, check_arguments, fused_moe_reference, select_experts
 
 CHECKS = Path(__file__).with_name("triton_moe_checks.py")
@@ -116,6 +117,60 @@ def test_without_the_c_kernels_torch_does_the_same(cases, dtype, monkeypatch):
             got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[kind, case.name], case.config)
             error, allowed = max_error(got, with_kernel[kind, case.name])
             assert error <= allowed, f"{kind} {case.name}"
+
+
+@pytest.fixture(scope="module")
+def decode_cases() -> dict[torch.dtype, list]:
+    """1-4 tokens (the one-call decode path's sizes), seeded as the other cases."""
+    return {dtype: [make_case(seed, dtype, tokens=1 + seed % cpu_moe_decode.TOKENS) for seed in range(80)]
+            for dtype in DTYPES}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_one_call_decode_path_matches_the_reference_and_the_grouped_kernels(decode_cases, dtype, monkeypatch):
+    """Up to cpu_moe_decode.TOKENS tokens the CPU kernel is one C call (ops/cpu_moe_decode.py): against the
+    reference over top-k 1-8, experts that get no token, tokens that pick no expert held here; its results equal
+    to the bit those of the grouped kernels it stands in for (the same arithmetic), on one thread and two (the
+    work split over (expert, rows) changes no sum's order); each chosen expert counted once per token."""
+    cases = decode_cases[dtype]
+    assert {"M=1", "expert without tokens", "token without held experts"} <= coverage(cases)
+    assert {f"top{k}" for k in range(1, 9)} <= coverage(cases)
+    kinds, failures = weight_kinds(dtype), []
+    experts = {(kind, case.name): packed(case, kind) for kind, case in product(kinds, cases)}
+    calls = []
+    run = cpu_moe_decode.run
+    monkeypatch.setattr(cpu_moe_decode, "run", lambda *args: calls.append(1) or run(*args))
+
+    def results() -> dict[tuple[str, str], torch.Tensor]:
+        return {(kind, case.name): cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[kind, case.name],
+                                                         case.config) for kind, case in product(kinds, cases)}
+
+    for kind, case in product(kinds, cases):
+        counts = torch.zeros(case.router_logits.shape[1], dtype=torch.int64)
+        got = cpu_moe.fused_moe_cpu(case.hidden, case.router_logits, experts[kind, case.name], case.config,
+                                    expert_tokens=counts)
+        error, allowed = max_error(got, fused_moe_reference(*case.args))
+        if got.dtype != dtype or error > allowed:
+            failures.append(f"{kind} {case.name}: max error {error:.3g} > {allowed:.3g}")
+        chosen = select_experts(case.router_logits, case.config)[1].reshape(-1)
+        if not torch.equal(counts, torch.bincount(chosen, minlength=counts.numel())):
+            failures.append(f"{kind} {case.name}: counted {counts.tolist()}")
+    assert not failures, "\n".join(failures)
+    assert len(calls) == len(experts), "the decode path did not take every case"
+    one_thread = results()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two_threads = results()
+    finally:
+        torch.set_num_threads(previous)
+    assert len(calls) == 3 * len(experts)
+    monkeypatch.setattr(cpu_moe_decode, "takes", lambda tokens, top_k: False)
+    grouped = results()
+    assert len(calls) == 3 * len(experts)
+    for key, want in grouped.items():
+        assert torch.equal(one_thread[key], want), f"{key}: not the grouped kernels' result"
+        assert torch.equal(two_threads[key], want), f"{key}: two threads differ from the grouped kernels"
 
 
 def _block_quantized(w: torch.Tensor, draw: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

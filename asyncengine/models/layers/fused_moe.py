@@ -109,8 +109,13 @@ class FusedMoE(CustomOp):
         that overrides `forward_native`, not when a provider other than `native` comes first, not for a
         dtype the kernel lacks."""
         if (type(self).forward_native is FusedMoE.forward_native and native_first("fused_moe")
-                and hidden.dtype == self.w13_weight.dtype and cpu_moe.supported(hidden, self._dense_experts())):
-            return self._finish(hidden, self._route_and_run(hidden, router_logits, self._run_cpu_kernel))
+                and hidden.dtype == self.w13_weight.dtype
+                and cpu_moe.supported(hidden, experts := self._dense_experts())):
+            if self.expert_parallel:
+                return self._finish(hidden, self._route_and_run(hidden, router_logits, self._run_cpu_kernel))
+            # The kernel counts the experts it routes to (at decode sizes inside its one C call): no second top-k.
+            return self._finish(hidden, cpu_moe.fused_moe_cpu(hidden, router_logits, experts, self.config,
+                                                              expert_tokens=self.expert_tokens))
         return self.forward_native(hidden, router_logits)
 
     def _route_and_run(self, hidden: torch.Tensor, router_logits: torch.Tensor,
