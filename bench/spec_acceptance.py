@@ -290,6 +290,17 @@ def ratios(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def chat_ids(gguf_path: Path, prompts: list[dict]) -> dict[str, list[int]]:
+    from transformers import AutoTokenizer
+
+    from asyncengine.loader.gguf import convert_gguf_to_hf_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(convert_gguf_to_hf_dir(gguf_path, progress=False))
+    return {p["prompt"]: list(tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
+                                                            add_generation_prompt=True, tokenize=True,
+                                                            return_dict=False)) for p in prompts}
+
+
 def _kind(mode: str) -> str:
     return "none" if mode.startswith("none") else "lookup" if ("ngram" in mode or "lookup" in mode) else "draft"
 
@@ -336,21 +347,30 @@ def run(args: Any, header: dict) -> dict:
         singles = select_prompts(args.pair_prompts)
         speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.pair_k}
         ids = {}
-        for load in args.pair_loads:
+        for load in args.pair_loads if "asyncengine" in args.pair_engines else []:
             options = {"model": str(target), "dtype": "bfloat16", "quantization": "gguf" if load == "gguf" else None,
                        "max_model_len": 2048, "kv_cache_memory_bytes": 256 * 1024**2, "enable_prefix_caching": False,
-                       "cpu_threads": threads}
+                       "cpu_threads": threads, "max_num_seqs": 1}  # one request: the draft's own cache is sized
+            # for max_num_seqs requests of max_model_len tokens (the default 256 would take 6 GB for the 0.5B)
             name = f"Qwen-1.5B {load}"
             print(f"# Qwen2.5-Coder-1.5B-Instruct Q4_K_M, loaded as {load}, {len(singles)} prompts one at a time, "
                   f"{args.pair_tokens} tokens; load {load_average()}", flush=True)
-            runs = [("none", None), ("ngram k4 lookup 2..5", NGRAM), (f"draft_model 0.5B k{args.pair_k}", speculative)]
+            # The draft loaded as the target: a .gguf draft's blocks kept too with quantization gguf (the key is
+            # speculative_config's), else dequantized to the target's dtype.
+            draft_config = dict(speculative, quantization="gguf") if load == "gguf" else speculative
+            runs = [run for run in [("none", None), ("ngram k4 lookup 2..5", NGRAM),
+                                    (f"draft_model 0.5B k{args.pair_k}", draft_config)]
+                    if _kind(run[0]) in args.pair_modes]
             ids.update(_engine_section(options, name, runs, singles, [], args.pair_tokens, report))
-        if ids:
+        if not ids:  # our engine not run: the chat template's ids from the converted model's tokenizer
+            ids = chat_ids(target, singles)
+        if "llama.cpp" in args.pair_engines:
             draft_args = ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max",
                           str(args.pair_k), "--spec-draft-n-min", "0", "-td", str(threads)]
-            _llama_section(target, "Qwen-1.5B Q4_K_M", [("none", []), (f"draft-simple 0.5B k{args.pair_k}", draft_args),
-                                                         ("lookup ngram-simple n3 m4", LLAMA_LOOKUP)],
-                           singles, [], ids, args.pair_tokens, threads, report)
+            modes = [("none", []), (f"draft-simple 0.5B k{args.pair_k}", draft_args),
+                     ("lookup ngram-simple n3 m4", LLAMA_LOOKUP)]
+            _llama_section(target, "Qwen-1.5B Q4_K_M", [m for m in modes if _kind(m[0]) in args.pair_modes], singles,
+                           [], ids, args.pair_tokens, threads, report)
     result = dict(header, load_end=load_average(), rows=rows, ratios=ratios(rows), against_llama=against_llama(rows))
     print("# speedup over the same engine without speculation (same model, same request count):")
     for name, value in result["ratios"].items():
