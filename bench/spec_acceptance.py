@@ -110,9 +110,11 @@ async def _one(engine: Any, prompt: dict, params: Any, ids: list[int]) -> dict:
 
 
 async def engine_rows(engine_options: dict, model: str, mode: str, singles: list[dict], counts: list[int],
-                      max_tokens: int, report: Callable[[dict], None]) -> dict[str, Any]:
-    """asyncengine's rows for one configuration: returns {"rows": [...], "ids": {prompt index: ids},
-    "outputs": [...]} (the single-request outputs, in `singles` order)."""
+                      max_tokens: int, report: Callable[[dict], None],
+                      plain_outputs: list[list[int]] | None = None) -> dict[str, Any]:
+    """asyncengine's rows for one configuration, each reported as it is measured: returns {"rows": [...],
+    "ids": {prompt text: ids}, "outputs": [...]} (the single-request outputs, in `singles` order);
+    `plain_outputs`: the same prompts' outputs without speculation, to compare with."""
     from asyncengine import AsyncEngine, EngineConfig, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -145,6 +147,8 @@ async def engine_rows(engine_options: dict, model: str, mode: str, singles: list
             row["load_seconds"] = round(loaded, 1)
             out["rows"].append(row)
             out["outputs"] = [r["output"] for r in results]
+            if plain_outputs is not None:
+                row["outputs_equal"] = out["outputs"] == plain_outputs
             report(row)
         for count in counts:
             batch = interleaved(count)
@@ -243,22 +247,13 @@ def _engine_section(options: dict, model: str, runs: list[tuple[str, dict | None
     ids: dict[str, list[int]] = {}
     plain_outputs: list[list[int]] | None = None
     for mode, speculative in runs:
-        tagged: list[dict] = []
-
-        def keep(row: dict) -> None:
-            tagged.append(row)
-
         try:
             result = anyio.run(engine_rows, dict(options, speculative_config=speculative), model, mode, singles,
-                               counts, max_tokens, keep)
+                               counts, max_tokens, report, None if speculative is None else plain_outputs)
         except StartupError as error:  # a proposer the engine cannot run yet: said, and the run goes on
             print(f"asyncengine {model} {mode}: not run ({type(error).__name__}: {error})", flush=True)
             continue
         ids.update(result["ids"])
-        for row in tagged:
-            if row["requests"] == 1 and speculative is not None and plain_outputs is not None:
-                row["outputs_equal"] = result["outputs"] == plain_outputs
-            report(row)
         if speculative is None:
             plain_outputs = result["outputs"]
     return ids
