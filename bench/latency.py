@@ -5,12 +5,15 @@
     .venv/bin/python bench/latency.py --baseline-tree /tmp/main --rounds 2   # ABAB against another tree's code
     .venv/bin/python bench/latency.py --quantization gguf    # the default model's Q4_1 GGUF, both engines
     .venv/bin/python bench/latency.py --model gemma-3-270m-Q4_K_M --quantization gguf   # Gemma 3 270M's file
+    .venv/bin/python bench/latency.py --requests 1 --max-tokens 16 --prompt-lens 64 256 512 1024 2048   # TTFT sweep
 
 Each request is W3's first prompt (496 tokens), shifted by a different offset on every request so no prompt is
 ever a prefix-cache hit, greedy, 256 output tokens (ignore_eos). A run submits `n` requests at once and
 records when each token arrived: TTFT (submission to first token), each stream's decode rate (its tokens
 after the first over the time from the first to the last) and the inter-token gaps (p50, p99 over every gap
-of every stream). One warm-up request before the measured ones.
+of every stream). One warm-up request before the measured ones. `--prompt-lens` runs the same with prompts
+of other lengths (W3's first prompt repeated to length, shifted the same way): time to first token from 64 to
+2,048 prompt tokens, never a cache hit.
 
 asyncengine: an in-process AsyncEngine (`--model`, else the default model; `--dtype`, `--quantization`,
 `--cpu-threads`),
@@ -49,11 +52,13 @@ sys.path[:0] = [str(ROOT / "bench")] if sys.argv[1:2] == ["--child"] else [str(R
 PROMPT_LEN = 496  # W3's first prompt
 
 
-def w5_prompts(num_requests: int, run: int) -> list[list[int]]:
-    """W3's first prompt, shifted per request and per run: never a prefix-cache hit."""
+def w5_prompts(num_requests: int, run: int, prompt_len: int = PROMPT_LEN) -> list[list[int]]:
+    """W3's first prompt (repeated or cut to `prompt_len`), shifted per request and per run: never a prefix-cache
+    hit."""
     from throughput import WORKLOADS, draw_workload
 
-    base = draw_workload(*WORKLOADS["w3"])[0][0]
+    first = draw_workload(*WORKLOADS["w3"])[0][0]
+    base = (first * (prompt_len // len(first) + 1))[:prompt_len]
     return [[(t + 1 + 97 * (run * 8 + i)) % 10000 for t in base] for i in range(num_requests)]
 
 
@@ -84,7 +89,7 @@ def summarize(streams: list[tuple[float, list[tuple[float, int]]]]) -> dict:
 # -- asyncengine (in a child process) -------------------------------------------------------------------
 
 
-def child(options: dict, num_requests: int, max_tokens: int, run: int) -> dict:
+def child(options: dict, num_requests: int, max_tokens: int, run: int, prompt_len: int) -> dict:
     import anyio
 
     from asyncengine import AsyncEngine, EngineConfig, SamplingParams
@@ -102,28 +107,35 @@ def child(options: dict, num_requests: int, max_tokens: int, run: int) -> dict:
                 into.append((submitted, arrivals))
 
             warm: list = []
-            await one([(t + 5000) % 10000 for t in w5_prompts(1, run)[0]], warm)
+            await one([(t + 5000) % 10000 for t in w5_prompts(1, run, prompt_len)[0]], warm)
             threads = ((await engine.collective_rpc("describe"))[0].get("cpu_threads") or {}).get("threads")
             streams: list = []
             async with anyio.create_task_group() as tg:
-                for prompt in w5_prompts(num_requests, run):
+                for prompt in w5_prompts(num_requests, run, prompt_len):
                     tg.start_soon(one, prompt, streams)
             return {**summarize(streams), "threads": threads}
 
     import asyncengine
+    import asyncengine.ops
 
-    return {**anyio.run(main, backend="trio"), "code": str(Path(asyncengine.__file__).resolve().parent.parent)}
+    # Both said: the engine's code and the kernels it ran (an editable install once gave a baseline tree main's ops)
+    return {**anyio.run(main, backend="trio"), "code": str(Path(asyncengine.__file__).resolve().parent.parent),
+            "ops": str(Path(asyncengine.ops.__file__).resolve().parent)}
 
 
-def run_asyncengine(args, num_requests: int, run: int, tree: Path | None) -> dict:
+def run_asyncengine(args, num_requests: int, run: int, tree: Path | None, prompt_len: int) -> dict:
+    max_model_len = max(1024, prompt_len + args.max_tokens + 16)
     options = dict(model=args.model, skip_tokenizer_init=True, dtype=args.dtype, quantization=args.quantization,
-                   cpu_threads=args.cpu_threads, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20,
+                   cpu_threads=args.cpu_threads, max_model_len=max_model_len,
+                   # every stream's whole context at 48 KiB a token (the default model's float32 KV: 46 KiB)
+                   kv_cache_memory_bytes=max(64 * 2**20, num_requests * max_model_len * 48 * 2**10),
                    max_num_seqs=max(4, num_requests), plugins="")
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
     command = [sys.executable, str(Path(__file__).resolve()), "--child",
-               json.dumps({"options": options, "n": num_requests, "max_tokens": args.max_tokens, "run": run})]
+               json.dumps({"options": options, "n": num_requests, "max_tokens": args.max_tokens, "run": run,
+                           "prompt_len": prompt_len})]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=str(tree or ROOT))
     if result.returncode != 0:
         raise RuntimeError(f"the asyncengine child failed: {result.stderr[-2000:]}")
@@ -133,7 +145,7 @@ def run_asyncengine(args, num_requests: int, run: int, tree: Path | None) -> dic
 # -- llama.cpp ------------------------------------------------------------------------------------------
 
 
-def run_llama(args, num_requests: int, run: int, kv_type: str | None, threads: int) -> dict:
+def run_llama(args, num_requests: int, run: int, kv_type: str | None, threads: int, prompt_len: int) -> dict:
     import llama_server
     from throughput import model_gguf_file
 
@@ -145,7 +157,7 @@ def run_llama(args, num_requests: int, run: int, kv_type: str | None, threads: i
     server = llama_server.find_binary("llama-server")
     port = llama_server._free_port()
     command = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(num_requests),
-               "-c", str(num_requests * (PROMPT_LEN + args.max_tokens + 16)), "-cb", "-kvu", "-t", str(threads),
+               "-c", str(num_requests * (prompt_len + args.max_tokens + 16)), "-cb", "-kvu", "-t", str(threads),
                "-tb", str(threads), "--no-webui", "-cram", "0"]
     if kv_type is not None:
         command += ["-ctk", kv_type, "-ctv", kv_type]
@@ -175,7 +187,7 @@ def run_llama(args, num_requests: int, run: int, kv_type: str | None, threads: i
 
         one([(t + 5000) % 10000 for t in w5_prompts(1, run)[0]][:64])  # warm-up
         with ThreadPoolExecutor(max_workers=num_requests) as pool:
-            streams = list(pool.map(one, w5_prompts(num_requests, run)))
+            streams = list(pool.map(one, w5_prompts(num_requests, run, prompt_len)))
         return {**summarize(streams), "threads": threads}
     finally:
         llama_server.stop_server(process)
@@ -216,22 +228,29 @@ def hog(enabled: bool):
         process.wait()
 
 
+def label(prompt_len: int, num_requests: int) -> str:
+    return f"{num_requests} req" + ("" if prompt_len == PROMPT_LEN else f" x {prompt_len} tok")
+
+
 def line(name: str, figures: dict, started_load: str) -> str:
     return (f"{name:44s} TTFT {figures['ttft_ms']:7.1f} ms  decode {figures['decode_tok_s']:6.1f} tok/s/stream  "
             f"ITL p50 {figures['itl_p50_ms']:6.1f} ms p99 {figures['itl_p99_ms']:6.1f} ms  "
             f"threads {figures.get('threads')}  (load {started_load})"
-            + (f"  code {figures['code']}" if "code" in figures else ""))
+            + (f"  code {figures['code']} ops {figures.get('ops')}" if "code" in figures else ""))
 
 
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         spec = json.loads(sys.argv[2])
-        print(json.dumps(child(spec["options"], spec["n"], spec["max_tokens"], spec["run"])))
+        print(json.dumps(child(spec["options"], spec["n"], spec["max_tokens"], spec["run"],
+                               spec.get("prompt_len", PROMPT_LEN))))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a packaged model's name or a path (default: the default model)")
     parser.add_argument("--requests", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--prompt-lens", type=int, nargs="+", default=[PROMPT_LEN],
+                        help="prompt lengths to run (default: W5's 496)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--cpu-threads", type=int, default=None)
@@ -251,12 +270,13 @@ def main() -> int:
         except llama_server.Unavailable as exc:
             print(f"llama.cpp: {exc}; asyncengine alone")
             llama = False
-    print(f"W5, model {args.model or 'the default'}, {args.max_tokens} output tokens, prompts of {PROMPT_LEN} tokens, "
+    print(f"W5, model {args.model or 'the default'}, {args.max_tokens} output tokens, prompts of "
+          f"{', '.join(map(str, args.prompt_lens))} tokens, "
           f"dtype {args.dtype}, quantization "
           f"{args.quantization}, {'with a CPU hog on one core' if args.contention else 'no hog'}; "
           f"{len(os.sched_getaffinity(0))} CPUs; load {load()}")
     results: list[dict] = []
-    for num_requests in args.requests:
+    for prompt_len, num_requests in [(p, n) for p in args.prompt_lens for n in args.requests]:
         for run in range(args.rounds):
             variants: list[tuple[str, Path | None]] = [("asyncengine", None)]
             if args.baseline_tree is not None:
@@ -264,10 +284,11 @@ def main() -> int:
             for name, tree in variants:
                 started = load()
                 with hog(args.contention):
-                    figures = run_asyncengine(args, num_requests, run, tree)
-                print(line(f"{name}, {num_requests} req, round {run + 1}", figures, started), flush=True)
-                results.append({"engine": name, "requests": num_requests, "round": run + 1, "load": started,
-                                **figures})
+                    figures = run_asyncengine(args, num_requests, run, tree, prompt_len)
+                print(line(f"{name}, {label(prompt_len, num_requests)}, round {run + 1}", figures, started),
+                      flush=True)
+                results.append({"engine": name, "requests": num_requests, "prompt_len": prompt_len,
+                                "round": run + 1, "load": started, **figures})
             if llama:
                 threads = args.cpu_threads or min(len(os.sched_getaffinity(0)), os.cpu_count() or 1)
                 precision = {"float32": "f32", "bfloat16": "bf16"}.get(resolved_dtype(args.dtype))
@@ -275,10 +296,11 @@ def main() -> int:
                     name = f"llama.cpp KV {kv or 'f16 (default)'}"
                     started = load()
                     with hog(args.contention):
-                        figures = run_llama(args, num_requests, run, kv, threads)
-                    print(line(f"{name}, {num_requests} req, round {run + 1}", figures, started), flush=True)
-                    results.append({"engine": name, "requests": num_requests, "round": run + 1, "load": started,
-                                    **figures})
+                        figures = run_llama(args, num_requests, run, kv, threads, prompt_len)
+                    print(line(f"{name}, {label(prompt_len, num_requests)}, round {run + 1}", figures, started),
+                          flush=True)
+                    results.append({"engine": name, "requests": num_requests, "prompt_len": prompt_len,
+                                    "round": run + 1, "load": started, **figures})
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

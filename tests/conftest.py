@@ -54,6 +54,14 @@ def gemma3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Mistral, Gemma 2/3, Phi-3, OLMo 2, Granite, GLM-4) and the mixtures of experts of issue 35
 # (tests/support/moe_models.py: Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
 @pytest.fixture(scope="session")
+def peft(tmp_path_factory):
+    """The `peft` package (LoRA references): installed once per session into a temporary target, never .venv."""
+    from support.lora_adapters import peft_module
+
+    return peft_module(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     from support.native_models import SPECS as NATIVE_SPECS
     from support.moe_models import MOE_SPECS, build_moe_model

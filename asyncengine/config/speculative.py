@@ -40,12 +40,12 @@ DEFAULT_PROMPT_LOOKUP = 5
 SPECULATIVE_CONFIG_DESCRIPTION = (
     "Speculative decoding: {\"method\": ngram | draft_model | eagle | eagle3 | a registered proposer, "
     "\"num_speculative_tokens\": k, \"model\": the draft, \"prompt_lookup_min\", \"prompt_lookup_max\", "
-    "\"draft_tensor_parallel_size\"}.")
+    "\"draft_tensor_parallel_size\", \"quantization\"}.")
 
 # vLLM's keys that are not built here, with what to do instead (a key nobody knows is refused too).
 _UNSUPPORTED_VLLM_KEYS = {
     "tensor_parallel_size": "give draft_tensor_parallel_size (vLLM warns about this key too)",
-    "quantization": "the draft's quantization is read from its files (a GGUF draft, for one)",
+    "dtype": "the draft takes the target's dtype (as vLLM's draft does)",
     "max_model_len": "the draft runs to the target's max_model_len",
     "revision": "give the draft as a local directory or .gguf file",
     "code_revision": "give the draft as a local directory or .gguf file",
@@ -74,6 +74,10 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
         "wins.")] = None
     draft_tensor_parallel_size: Annotated[int | None, doc(
         "The draft model's tensor-parallel size: 1 or the target's; none: the target's.")] = None
+    quantization: Annotated[str | None, doc(
+        "draft_model: the draft's quantization method (as the engine's quantization option: int8, int8_dynamic, "
+        "gguf for a .gguf draft's quantized blocks, or a plugin's); none: its weights as its files give them "
+        "(a .gguf draft dequantized).")] = None
 
     @property
     def uses_draft_model(self) -> bool:
@@ -140,13 +144,17 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     if draft_tp is not None:
         draft_tp = _positive_int(draft_tp, "draft_tensor_parallel_size")
     lookup_min, lookup_max = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+    quantization = value.get("quantization")
+    if quantization is not None and not (isinstance(quantization, str) and quantization.strip()):
+        raise ConfigError(f"{FIELD}.quantization must name a quantization method (int8, int8_dynamic, gguf or a "
+                          f"registered one); got {quantization!r}", field=FIELD)
     if method == NGRAM:
         if model is not None and model not in _NGRAM_MODEL_NAMES:
             raise ConfigError(f"{FIELD}: method ngram looks tokens up in the request's own history and loads no "
                               f"model; remove \"model\" ({model!r}) or choose method draft_model", field=FIELD)
-        if draft_tp is not None:
-            raise ConfigError(f"{FIELD}: draft_tensor_parallel_size applies to a draft model; method ngram has "
-                              "none", field=FIELD)
+        for key in ("draft_tensor_parallel_size", "quantization"):
+            if value.get(key) is not None:
+                raise ConfigError(f"{FIELD}: {key} applies to a draft model; method ngram has none", field=FIELD)
         model = None
         lookup_min, lookup_max = _lookup_window(lookup_min, lookup_max)
     elif method in MODEL_METHODS:
@@ -154,6 +162,9 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
         if given:
             raise ConfigError(f"{FIELD}: {' and '.join(given)} apply to method ngram only, not {method}",
                               field=FIELD)
+        if quantization is not None and method != "draft_model":
+            raise ConfigError(f"{FIELD}: quantization applies to method draft_model; the {method} head's weights "
+                              "are loaded as its safetensors give them", field=FIELD)
         if method in DRAFT_MODEL_METHODS and model is None:
             what = "the draft model" if method == "draft_model" else f"the {method.upper()} head"
             raise ConfigError(f"{FIELD}: method {method} needs \"model\": {what} (a directory or .gguf file)",
@@ -163,7 +174,8 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
             if bound is not None:
                 _positive_int(bound, key)
     return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model, prompt_lookup_min=lookup_min,
-                             prompt_lookup_max=lookup_max, draft_tensor_parallel_size=draft_tp)
+                             prompt_lookup_max=lookup_max, draft_tensor_parallel_size=draft_tp,
+                             quantization=quantization)
 
 
 def _lookup_window(lookup_min: Any, lookup_max: Any) -> tuple[int, int]:
@@ -181,12 +193,18 @@ def _lookup_window(lookup_min: Any, lookup_max: Any) -> tuple[int, int]:
 
 def check_against_engine(config: SpeculativeConfig, *, tensor_parallel_size: int, max_model_len: int,
                          max_num_batched_tokens: int) -> None:
-    """What the engine's own options bound: the draft's TP (1 or the target's, as vLLM), and k, since one
-    step verifies k + 1 positions of a request within the step's token budget and the model's length."""
+    """What the engine's own options bound: the draft's TP (1 or the target's, as vLLM; a proposer with a
+    model of its own runs only beside a target of TP 1 so far), and k, since one step verifies k + 1
+    positions of a request within the step's token budget and the model's length."""
     draft_tp = config.draft_tensor_parallel_size
     if draft_tp is not None and draft_tp not in (1, tensor_parallel_size):
         raise ConfigError(f"{FIELD}.draft_tensor_parallel_size must be 1 or the target's tensor_parallel_size "
                           f"({tensor_parallel_size}); got {draft_tp}", field=FIELD)
+    if config.uses_draft_model and tensor_parallel_size > 1:
+        raise ConfigError(f"{FIELD}: method {config.method} runs its model on the worker of a target with "
+                          f"tensor_parallel_size 1 only; this engine has {tensor_parallel_size} (not built yet: a "
+                          "draft or head beside a sharded target); use method ngram, or tensor_parallel_size=1",
+                          field=FIELD)
     k = config.num_speculative_tokens
     if k + 1 > max_num_batched_tokens:
         raise ConfigError(f"{FIELD}.num_speculative_tokens={k}: a step verifies k + 1 = {k + 1} tokens of a "

@@ -212,7 +212,9 @@ class EngineCoreLoop:
             self.pipeline_depth == 2 and self.core.micro_batches is None
             and getattr(self.executor, "supports_deferred_grammar", False))
         while True:
-            while len(in_flight) < self.pipeline_depth and self.scheduler.has_unfinished_requests():
+            # (has_requests: also a step of only finished ids once the last request ended, as vLLM sends it,
+            # so that the workers forget them at once: a speculative draft's KV blocks go back with them.)
+            while len(in_flight) < self.pipeline_depth and self.scheduler.has_requests():
                 started = time.monotonic()
                 self._phase = "step loop: scheduler.schedule()"
                 scheduler_output = self.scheduler.schedule()
@@ -259,7 +261,7 @@ class EngineCoreLoop:
                 bitmask = self.scheduler.get_grammar_bitmask(following.scheduler_output)
                 await self.executor.deliver_masks(following.deferred_mask, bitmask)
             update_end = time.monotonic()
-            if self._trace is not None:
+            if self._trace is not None and not step.scheduler_output.is_empty:  # (not a step that only forgets)
                 timings = runner_output.timings or StepTimings(-1.0, -1.0, -1.0)
                 self._trace.append(
                     StepRecord(

@@ -15,6 +15,7 @@ from asyncengine.config.vllm_views import remember_resolved_model
 from asyncengine.config.model import ModelConfig, build_model_config, tokenizer_path
 from asyncengine.errors import ConfigError
 from asyncengine.frontend.multimodal import MultiModalInputs, multimodal_inputs
+from asyncengine.frontend.speculative import check_speculative_model
 from asyncengine.frontend.tokenizer import load_tokenizer, read_chat_template, tokenizer_class
 from asyncengine.interfaces.attention import AttentionBackendRegistry
 from asyncengine.interfaces.models import ModelRegistry
@@ -73,6 +74,7 @@ def prepare(config: EngineConfig, platform: type[Platform], *, progress: bool = 
     chosen = resolve_quantization_name(config.quantization, model_config.load_hf_config())
     if chosen is not None:
         _verify_quantization(QuantizationRegistry.load(chosen), chosen, config, model_config, platform)
+    check_speculative_model(config, model_config, tokenizer)  # the draft's vocabulary, before anything starts
     remember_resolved_model(config.model, model_config)  # what vLLM's config views show a plugin from now on
     return FrontendSetup(model_config, tokenizer, chat_template, multimodal_inputs(config, model_config, tokenizer))
 

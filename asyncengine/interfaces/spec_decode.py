@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     import torch
 
 
+# The start-up record naming a proposer's own KV cache (a draft's, a head's), beside the target's "KV cache".
+PROPOSER_KV_CACHE = "speculative proposer KV cache"
+
+
 @dataclass(frozen=True)
 class ProposerContext:
     """What the engine tells a proposer when building it (one per worker): the target's vocabulary size
@@ -50,6 +54,10 @@ class ProposerContext:
     draft_model_config: Any = None
     draft_kv_cache_bytes: int | None = None
     draft_quantization: str | None = None
+    # True when the engine sizes the proposer's own KV cache beside the target's (`kv_cache_bytes_per_block`,
+    # then `initialize_kv_cache` with the target's block count); False: the proposer allocates it in
+    # `load_model` (room for max_num_seqs requests of max_model_len tokens), as when it runs on its own.
+    kv_cache_sized_by_engine: bool = False
 
 
 @dataclass
@@ -135,6 +143,19 @@ class Proposer:
         """A line for the start-up report (what it loaded, its KV cache's size), or None."""
         return None
 
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        """Bytes of the proposer's own KV cache per block of `block_size` tokens (0: it keeps none). The engine
+        takes the target's and the proposer's caches out of one KV budget, a proposer block per target block."""
+        return 0
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the proposer's own KV cache: `num_blocks` blocks, the target's count (called once, after
+        `load_model`, when `ProposerContext.kv_cache_sized_by_engine`)."""
+
+    def kv_cache_usage(self) -> dict[str, int] | None:
+        """`{"num_blocks", "num_free_blocks", "num_requests"}` of its own KV cache (None: it keeps none)."""
+        return None
+
 
 # The built-in proposers, by path (the floor imports no worker code).
 BUILTIN_PROPOSERS = {
@@ -189,5 +210,5 @@ def register_proposer(method: str, proposer: Any, *, override: bool = False) -> 
     ProposerRegistry.register_proposer(method, proposer, override=override)
 
 
-__all__ = ["BUILTIN_PROPOSERS", "DraftTokens", "ProposalBatch", "Proposer", "ProposerContext", "ProposerRegistry",
-           "register_proposer"]
+__all__ = ["BUILTIN_PROPOSERS", "PROPOSER_KV_CACHE", "DraftTokens", "ProposalBatch", "Proposer", "ProposerContext",
+           "ProposerRegistry", "register_proposer"]

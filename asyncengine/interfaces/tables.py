@@ -86,6 +86,7 @@ READER_MODULES = (
     "asyncengine.worker.spec_decode.verifier",
     "asyncengine.worker.worker",
     "asyncengine.frontend.startup",
+    "asyncengine.frontend.speculative",
     "asyncengine.frontend.lora",
     "asyncengine.frontend.tokenizer",
     "asyncengine.frontend.multimodal",

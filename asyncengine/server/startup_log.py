@@ -1,7 +1,7 @@
 """The start-up summary `serve` logs at INFO between the command and the address it serves on, as vLLM
 logs its own: the model (architecture, dtype, device, weights' memory, load time), the KV cache (blocks,
-tokens, bytes, the maximum concurrency at max_model_len), the C kernels built or loaded from cache, the
-plugins loaded, and each process's start-up phases with their time.
+tokens, bytes, the maximum concurrency at max_model_len) and a speculative draft's beside it, the C kernels
+built or loaded from cache, the plugins loaded, and each process's start-up phases with their time.
 
 It reads the start-up report (the records every process sent in the hand-shake, GET /v1/startup), so it
 says the same for an engine core in its own process as in this one. Progress lines (a C kernel build
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from asyncengine.interfaces.spec_decode import PROPOSER_KV_CACHE
 from asyncengine.wire.startup import StartupRecord
 
 logger = logging.getLogger("asyncengine.startup")
@@ -28,6 +29,7 @@ def startup_summary(model: str, records: Iterable[StartupRecord]) -> list[str]:
     where = (lambda record: f"{record.role}: ") if len(roles) > 1 else (lambda record: "")
     lines = [f"{where(r)}model {model}: {r.reason}" for r in records if r.plugin == MODEL_WEIGHTS]
     lines += [f"{where(r)}KV cache: {r.reason}" for r in records if r.plugin == KV_CACHE]
+    lines += [f"{where(r)}speculative proposer: {r.reason}" for r in records if r.plugin == PROPOSER_KV_CACHE]
     kernels = [_kernel(r) for r in records if (r.plugin or "").startswith(KERNELS_PREFIX)]
     if kernels:
         lines.append("C kernels: " + ", ".join(dict.fromkeys(kernels)))  # each rank builds the same: once

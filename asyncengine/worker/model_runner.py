@@ -208,7 +208,8 @@ class ModelRunner:
                                   "without logits_processors (and logits-processor plugins), or without speculation",
                                   field="speculative_config")
             self.spec_decoder = SpecDecoder(speculative, proposer_context(
-                self.engine_config, self.model_config.vocab_size, self.model_config.max_model_len, self.device))
+                self.engine_config, self.model_config.vocab_size, self.model_config.max_model_len, self.device,
+                dtype=self.dtype, block_size=self.block_size, platform=self.platform))
             self.spec_decoder.load_model(self.model)
             self.startup_records.append(self.spec_decoder.record)
         kv_transfer = self.engine_config.kv_transfer
@@ -236,8 +237,11 @@ class ModelRunner:
         return layout
 
     def kv_cache_bytes_per_block(self) -> int:
+        """What one block takes of the KV budget: the target's layers', and a speculative draft's (a head's)
+        own cache's, which gets a block per target block."""
         layout = self.kv_layout or self.set_kv_cache_layout(None)
-        return kv_cache.bytes_per_block(self.attention_layers, layout, self.block_size, self.dtype)
+        draft = self.spec_decoder.kv_cache_bytes_per_block(self.block_size) if self.spec_decoder is not None else 0
+        return kv_cache.bytes_per_block(self.attention_layers, layout, self.block_size, self.dtype) + draft
 
     def determine_num_blocks(self, layout: KVCacheLayout | None = None) -> int:
         """How many KV blocks to allocate: the override, else the byte budget, else what memory allows."""
@@ -314,11 +318,15 @@ class ModelRunner:
         self._allocate_kv_cache(num_blocks)
         self.num_blocks = num_blocks
         self.kv_cache_records.append(self._kv_cache_record(num_blocks, needed))
+        if self.spec_decoder is not None:  # beside the target's: as many blocks
+            record = self.spec_decoder.initialize_kv_cache(num_blocks)
+            if record is not None:
+                self.kv_cache_records.append(record)
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_caches)
         if self._decode_graphs_allowed():
             self.enable_decode_graphs(capture=True)
-        if self.device.type == "cpu" and self.model_config.runner != "pooling":
+        if self.device.type == "cpu" and self.model_config.runner != "pooling" and not self._reads_layer_states():
             started = time.time()
             self.cpu_decode, detail = CpuDecodeStep.build(self.model, self.attention_layers, self.dtype,
                                                           self.engine_config)
@@ -365,8 +373,12 @@ class ModelRunner:
                 and self.lora is None  # the adapters' per-step assignment is not in the captured buffers
                 and getattr(self.model, "supports_cuda_graphs", True)  # the transformers backend's is False
                 and self.model_config.runner != "pooling"  # a pooling model never decodes
+                and not self._reads_layer_states()  # EAGLE-3's hooks on the target's layers
                 and self.block_rows.num_groups == 1  # the graphs' buffers hold one block table per sequence
                 and all(getattr(layer.backend, "cuda_graph_safe", False) for layer in self.attention_layers))
+
+    def _reads_layer_states(self) -> bool:
+        return self.spec_decoder is not None and self.spec_decoder.reads_layer_states
 
     def enable_decode_graphs(self, *, capture: bool) -> None:
         """Run decode steps through static buffers padded to fixed batch sizes (cuda_graphs.py), captured
@@ -533,6 +545,8 @@ class ModelRunner:
         if events is not None:
             events[1].record()
         forwarded = time.perf_counter()
+        if self.spec_decoder is not None:  # the target's states, for a proposer reading them (EAGLE)
+            self.spec_decoder.take_states(hidden, scheduled)
         if self.kv_connector is not None and connector_metadata is not None:
             self.kv_connector.wait_for_save(connector_metadata)
         if not parallel.is_last_stage():  # pipeline parallelism: the last stage samples (worker/pipeline.py)
@@ -590,7 +604,7 @@ class ModelRunner:
             timings=self._timings(started, prepared, forwarded, events, use_graph), failed_requests=failed,
         )
         if self.spec_decoder is not None:  # drafts for the next step (worker/spec_decode/verifier.py)
-            self.spec_decoder.propose_into(output, self.requests, hidden)
+            self.spec_decoder.propose_into(output, self.requests)
         return self._with_pooled(hidden, inputs, output)
 
     def _verified(self, hidden: torch.Tensor, logits: torch.Tensor, inputs: "_StepInputs",
@@ -600,7 +614,7 @@ class ModelRunner:
         if self.spec_decoder is None or inputs.drafts is None:
             raise RuntimeError("a step with drafts (spec_token_ids) reached a worker built without speculative_config")
         self.spec_decoder.verify_step(logits, inputs.sampling_request_ids, inputs.drafts, self.requests, self.sampler,
-                                      hidden, output)
+                                      output)
         return self._with_pooled(hidden, inputs, output)
 
     def _with_pooled(self, hidden: torch.Tensor, inputs: "_StepInputs", output: ModelRunnerOutput) -> ModelRunnerOutput:

@@ -137,6 +137,12 @@ class Worker(WorkerBase):
         runner.initialize_kv_cache(num_blocks, as_kv_cache_layout(layout))
         return msgspec.to_builtins(runner.kv_cache_records)
 
+    def speculative_kv_cache_usage(self) -> dict[str, int] | None:
+        """The speculative proposer's own KV cache (a draft model's, an EAGLE head's): `num_blocks`,
+        `num_free_blocks`, `num_requests` held; None without one."""
+        spec_decoder = self._runner().spec_decoder
+        return spec_decoder.proposer.kv_cache_usage() if spec_decoder is not None else None
+
     def execute_model(self, scheduler_output: SchedulerOutput, grammar: Any = None) -> ModelRunnerOutput:
         """One step; `grammar`: its deferred masks (ModelRunner.execute_model), from an in-process executor."""
         started = time.monotonic()

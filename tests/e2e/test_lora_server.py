@@ -21,7 +21,7 @@ import urllib.request
 import openai
 import pytest
 
-from support.lora_adapters import make_adapter, peft_module
+from support.lora_adapters import make_adapter
 from support.server import ServerDidNotStart, start_server
 from support.tiny_tokenizer import save_tiny_tokenizer
 
@@ -41,11 +41,6 @@ def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
-
-
-@pytest.fixture(scope="module")
-def peft(tmp_path_factory):
-    return peft_module(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

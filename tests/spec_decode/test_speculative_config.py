@@ -7,6 +7,7 @@ import argparse
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from asyncengine.cli.args import add_engine_arguments, engine_config_from_args
@@ -74,14 +75,34 @@ def test_refusals_name_the_problem():
 
 def test_limits_from_the_engine():
     config = parse_speculative_config({"method": "draft_model", "model": "/d", "num_speculative_tokens": 8,
-                                       "draft_tensor_parallel_size": 2})
-    check_against_engine(config, tensor_parallel_size=2, max_model_len=100, max_num_batched_tokens=9)
+                                       "draft_tensor_parallel_size": 1})
+    check_against_engine(config, tensor_parallel_size=1, max_model_len=100, max_num_batched_tokens=9)
     with pytest.raises(ConfigError, match="must be 1 or the target's tensor_parallel_size \\(4\\)"):
-        check_against_engine(config, tensor_parallel_size=4, max_model_len=100, max_num_batched_tokens=64)
+        check_against_engine(msgspec.structs.replace(config, draft_tensor_parallel_size=2),
+                             tensor_parallel_size=4, max_model_len=100, max_num_batched_tokens=64)
+    # A draft or head beside a sharded target is not built: refused, naming what runs instead.
+    with pytest.raises(ConfigError, match="method draft_model runs its model .* tensor_parallel_size 1 only; this "
+                                          "engine has 2"):
+        check_against_engine(config, tensor_parallel_size=2, max_model_len=100, max_num_batched_tokens=64)
+    check_against_engine(parse_speculative_config({"method": "ngram", "num_speculative_tokens": 8}),
+                         tensor_parallel_size=2, max_model_len=100, max_num_batched_tokens=64)
     with pytest.raises(ConfigError, match="k \\+ 1 = 9 tokens .* more than max_num_batched_tokens \\(8\\)"):
-        check_against_engine(config, tensor_parallel_size=2, max_model_len=100, max_num_batched_tokens=8)
+        check_against_engine(config, tensor_parallel_size=1, max_model_len=100, max_num_batched_tokens=8)
     with pytest.raises(ConfigError, match="below max_model_len \\(8\\)"):
-        check_against_engine(config, tensor_parallel_size=2, max_model_len=8, max_num_batched_tokens=64)
+        check_against_engine(config, tensor_parallel_size=1, max_model_len=8, max_num_batched_tokens=64)
+
+
+def test_the_drafts_quantization_and_dtype():
+    config = parse_speculative_config({"method": "draft_model", "model": "/d.gguf", "num_speculative_tokens": 2,
+                                       "quantization": "gguf"})
+    assert config.quantization == "gguf"
+    refused({"method": "eagle", "model": "/h", "num_speculative_tokens": 2, "quantization": "int8"},
+            "quantization applies to method draft_model")
+    refused({"method": "ngram", "num_speculative_tokens": 2, "quantization": "int8"}, "method ngram has none")
+    refused({"method": "draft_model", "model": "/d", "num_speculative_tokens": 2, "quantization": ""},
+            "must name a quantization method")
+    refused({"method": "draft_model", "model": "/d", "num_speculative_tokens": 2, "dtype": "float16"},
+            "vLLM's key 'dtype' is not built here", "the target's dtype")
 
 
 def test_the_flag_takes_vllm_json():

@@ -169,6 +169,12 @@ class ProposerKVCache:
         return fitted, torch.tensor(positions, dtype=torch.long, device=self.device), last_rows, metadata
 
 
+def bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV block of `block_size` tokens over every attention layer of `model`."""
+    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+    return kv_cache.bytes_per_block(layers, kv_cache.local_layout(layers), block_size, dtype) if layers else 0
+
+
 def blocks_for(max_num_seqs: int, max_model_len: int, k: int, block_size: int) -> int:
     """Blocks that hold `max_num_seqs` requests of `max_model_len` tokens and k drafts each, plus block 0."""
     return max_num_seqs * -(-(max_model_len + k) // block_size) + 1
@@ -180,20 +186,40 @@ class CachedModelProposer(Proposer):
 
     network: torch.nn.Module | None = None
     cache: ProposerKVCache | None = None
+    cache_name = "draft"
 
     def label(self) -> str:
         """What the start-up line calls the model."""
         return str(self.config.model)
 
     def build_cache(self, network: torch.nn.Module, max_len: int, name: str) -> None:
+        """Keep `network`; allocate its cache now (room for max_num_seqs requests of `max_len` tokens and k
+        drafts), unless the engine sizes it beside the target's (`initialize_kv_cache`)."""
+        self.network, self.cache_name = network, name
+        if not self.context.kv_cache_sized_by_engine:
+            self.initialize_kv_cache(blocks_for(self.context.max_num_seqs, max_len,
+                                                self.config.num_speculative_tokens, self.context.block_size) - 1)
+
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        if self.network is None:
+            raise RuntimeError(f"{type(self).__name__}.load_model must run before its KV cache is sized")
+        return bytes_per_block(self.network, block_size, getattr(torch, self.context.dtype))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
         context = self.context
-        self.network = network
-        self.cache = ProposerKVCache(
-            network, num_blocks=blocks_for(context.max_num_seqs, max_len, self.config.num_speculative_tokens,
-                                           context.block_size),
-            block_size=context.block_size, dtype=getattr(torch, context.dtype), device=torch.device(context.device),
-            platform=context.platform, max_bytes=context.draft_kv_cache_bytes, name=name)
+        if self.network is None:
+            raise RuntimeError(f"{type(self).__name__}.load_model must run before initialize_kv_cache")
+        self.cache = ProposerKVCache(  # (+ 1: its block 0 is never handed out)
+            self.network, num_blocks=num_blocks + 1, block_size=context.block_size,
+            dtype=getattr(torch, context.dtype), device=torch.device(context.device), platform=context.platform,
+            max_bytes=context.draft_kv_cache_bytes, name=self.cache_name)
         logger.info("speculative decoding: %s", self.describe())
+
+    def kv_cache_usage(self) -> dict[str, int] | None:
+        if self.cache is None:
+            return None
+        return {"num_blocks": self.cache.num_blocks - 1, "num_free_blocks": self.cache.free_blocks,
+                "num_requests": len(self.cache.known())}
 
     def loaded_cache(self) -> ProposerKVCache:
         if self.cache is None:
@@ -211,4 +237,4 @@ class CachedModelProposer(Proposer):
             self.cache.remove(request_ids)
 
 
-__all__ = ["CachedModelProposer", "Chunk", "ProposerKVCache", "blocks_for"]
+__all__ = ["CachedModelProposer", "Chunk", "ProposerKVCache", "blocks_for", "bytes_per_block"]

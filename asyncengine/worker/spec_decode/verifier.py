@@ -11,7 +11,10 @@ raw logits at each emitted token's position, as without speculation.
 
 After every step that samples, the proposer drafts for the requests that sampled, over their histories
 (prompt, output and the tokens just emitted); the drafts travel to the scheduler, which sends them back
-with the request's next step (engine_core/spec_decode.py).
+with the request's next step (engine_core/spec_decode.py). A proposer that reads the target's states (EAGLE)
+gets each request's rows from every forward (target_states.py); one with a model of its own gets its KV
+cache right after the target's, with as many blocks; a request the scheduler drops is forgotten here and by
+the proposer (`remove`), its draft blocks freed.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ import torch
 
 from asyncengine.config.speculative import SpeculativeConfig
 from asyncengine.interfaces.registry import reads
-from asyncengine.interfaces.spec_decode import ProposalBatch, Proposer, ProposerContext, ProposerRegistry
+from asyncengine.interfaces.spec_decode import (
+    PROPOSER_KV_CACHE,
+    ProposalBatch,
+    Proposer,
+    ProposerContext,
+    ProposerRegistry,
+)
 from asyncengine.plugin_runtime.records import current_process_role
 from asyncengine.wire.engine_core import SamplingOptions
 from asyncengine.wire.startup import StartupRecord
@@ -38,6 +47,7 @@ from asyncengine.worker.spec_decode.rejection_sampler import (
     request_generators,
     target_distributions,
 )
+from asyncengine.worker.spec_decode.target_states import TargetStates
 
 Logprobs = tuple[list[int], list[float]] | None
 
@@ -71,6 +81,9 @@ class SpecDecoder:
         self.num_speculative_tokens = config.num_speculative_tokens
         proposer_class, owner = proposer_for(config.method)
         self.proposer: Proposer = proposer_class(config, context)
+        self.block_size = context.block_size
+        # The target's hidden states, for a proposer that reads them (built with the model).
+        self.target_states: TargetStates | None = None
         self.num_propose_calls = 0
         self.num_proposed_tokens = 0
         # Drafts' distributions (proposers with has_draft_probs), kept until the step that verifies them.
@@ -83,9 +96,41 @@ class SpecDecoder:
 
     def load_model(self, target_model: Any) -> None:
         self.proposer.load_model(target_model)
+        if self.proposer.needs_target_hidden_states:  # (aux_hidden_state_layers is final once loaded)
+            self.target_states = TargetStates(target_model, self.proposer.aux_hidden_state_layers)
+
+    @property
+    def reads_layer_states(self) -> bool:
+        """Whether the proposer reads states inside the target (EAGLE-3): every forward must run the target's
+        layers as modules (no fused C decode step, no CUDA graph), so that their hooks see them."""
+        return bool(self.target_states is not None and self.target_states.layers)
 
     def forget(self, request_id: str) -> None:
+        """The request finished, was aborted or preempted: nothing of it is kept (a draft's KV blocks are freed)."""
         self._draft_probs.pop(request_id, None)
+        if self.target_states is not None:
+            self.target_states.forget(request_id)
+        self.proposer.remove([request_id])
+
+    def take_states(self, hidden_states: torch.Tensor, scheduled: Mapping[str, int]) -> None:
+        """After every forward: the target's states, for a proposer that reads them (target_states.py)."""
+        if self.target_states is not None:
+            self.target_states.take(hidden_states, scheduled)
+
+    # -- the proposer's own KV cache (a draft's, a head's) --------------------------------------------------
+
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        return self.proposer.kv_cache_bytes_per_block(block_size)
+
+    def initialize_kv_cache(self, num_blocks: int) -> StartupRecord | None:
+        """The proposer's own KV cache, as many blocks as the target's; its start-up record (None: it has none)."""
+        if not self.proposer.kv_cache_bytes_per_block(self.block_size):
+            return None
+        started = time.time()
+        self.proposer.initialize_kv_cache(num_blocks)
+        return StartupRecord(pid=os.getpid(), role=current_process_role(), phase="kv cache",
+                             plugin=PROPOSER_KV_CACHE, reason=self.proposer.describe() or "",
+                             start=started, duration=time.time() - started)
 
     # -- verification --------------------------------------------------------------------------------------
 
@@ -120,8 +165,7 @@ class SpecDecoder:
         return Verified(emitted, self._logprobs(raw_logprobs, emitted, counts, positions))
 
     def verify_step(self, logits: torch.Tensor, request_ids: list[str], drafts: Sequence[list[int]],
-                    states: Mapping[str, RequestHistory], sampler: Sampler, hidden_states: torch.Tensor,
-                    output: ModelRunnerOutput) -> None:
+                    states: Mapping[str, RequestHistory], sampler: Sampler, output: ModelRunnerOutput) -> None:
         """A step with drafts, in the worker: verified (`verify`), each request's emitted tokens appended to its
         history, and `output` filled: its last token as the sampled one, the accepted drafts before it, their
         logprobs, and the drafts proposed for the next step."""
@@ -135,14 +179,18 @@ class SpecDecoder:
         if verified.logprobs is not None:
             output.logprobs = [entries[-1] for entries in verified.logprobs]
             output.accepted_logprobs = [entries[:-1] for entries in verified.logprobs]
-        self.propose_into(output, states, hidden_states, [tokens[:-1] for tokens in verified.token_ids])
+        accepted = [tokens[:-1] for tokens in verified.token_ids]
+        # Of each verifying request's k + 1 target states, those of its kept positions are true.
+        num_kept = [len(kept) + 1 if own else None for kept, own in zip(accepted, drafts)]
+        self.propose_into(output, states, accepted, num_kept)
 
     def propose_into(self, output: ModelRunnerOutput, states: Mapping[str, RequestHistory],
-                     hidden_states: torch.Tensor, accepted: list[list[int]] | None = None) -> None:
+                     accepted: list[list[int]] | None = None,
+                     num_kept: Sequence[int | None] | None = None) -> None:
         """`output`'s speculative fields after a step that sampled `output.request_ids`: the drafts each
         accepted (none: a step without drafts), and the drafts proposed for its next step."""
         output.accepted_token_ids = accepted if accepted is not None else [[] for _ in output.request_ids]
-        output.draft_token_ids = self.propose(output.request_ids, states, hidden_states)
+        output.draft_token_ids = self.propose(output.request_ids, states, num_kept)
 
     @staticmethod
     def _logprobs(raw_logprobs: torch.Tensor | None, emitted: list[list[int]], counts: list[int],
@@ -165,16 +213,18 @@ class SpecDecoder:
     # -- proposals -----------------------------------------------------------------------------------------
 
     def propose(self, request_ids: list[str], states: Mapping[str, RequestHistory],
-                hidden_states: torch.Tensor | None = None) -> list[list[int]]:
-        """Drafts for each of `request_ids` (those that sampled this step), over their histories now."""
+                num_kept: Sequence[int | None] | None = None) -> list[list[int]]:
+        """Drafts for each of `request_ids` (those that sampled this step), over their histories now;
+        `num_kept`: of each one's target states this step, how many are true (None: all)."""
         if not request_ids:
             return []
         lengths = np.array([len(states[rid].token_ids) for rid in request_ids], dtype=np.int64)
         history = np.zeros((len(request_ids), int(lengths.max())), dtype=np.int64)
         for row, request_id in enumerate(request_ids):
             history[row, :lengths[row]] = states[request_id].token_ids
-        batch = ProposalBatch(token_ids=history, num_tokens=lengths, request_ids=list(request_ids),
-                              hidden_states=hidden_states if self.proposer.needs_target_hidden_states else None)
+        batch = ProposalBatch(token_ids=history, num_tokens=lengths, request_ids=list(request_ids))
+        if self.target_states is not None:
+            batch.hidden_states, batch.num_hidden_states = self.target_states.rows(request_ids, num_kept)
         drafts = self.proposer.propose(batch, self.num_speculative_tokens)
         self.num_propose_calls += 1
         proposed = drafts.as_lists()
@@ -197,7 +247,14 @@ def proposer_for(method: str) -> tuple[type[Proposer], str]:
     return proposer_class, entry.owner if entry is not None else "?"
 
 
-def proposer_context(config: Any, vocab_size: int, max_model_len: int, device: torch.device) -> ProposerContext:
-    """What a proposer is told when built (ProposerContext), from the engine's config."""
+def proposer_context(config: Any, vocab_size: int, max_model_len: int, device: torch.device, *, dtype: torch.dtype,
+                     block_size: int, platform: Any) -> ProposerContext:
+    """What a proposer is told when built (ProposerContext), from the engine's config: a draft or head takes
+    the target's dtype, block size and attention platform, the draft's quantization from speculative_config,
+    and its KV cache is sized by the engine beside the target's (`initialize_kv_cache`)."""
+    speculative = config.speculative
     return ProposerContext(vocab_size=vocab_size, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
-                           device=str(device), tensor_parallel_size=config.tensor_parallel_size)
+                           device=str(device), tensor_parallel_size=config.tensor_parallel_size,
+                           dtype=str(dtype).removeprefix("torch."), block_size=block_size, platform=platform,
+                           draft_quantization=speculative.quantization if speculative is not None else None,
+                           kv_cache_sized_by_engine=True)
