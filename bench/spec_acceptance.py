@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -226,37 +229,65 @@ def llama_rows(model_file: Path, extra: list[str], model: str, mode: str, single
 
 # --- the run ----------------------------------------------------------------------------------------------------
 
+def show(row: dict) -> None:
+    acceptance = "" if row["acceptance"] is None else (
+        f"  accepted {row['accepted']}/{row['draft_tokens']} ({row['acceptance']:.1%})")
+    per_type = "".join(f"  {k} {v:.1f}" for k, v in row.get("per_type", {}).items())
+    same = "" if "outputs_equal" not in row else f"  outputs = no speculation: {row['outputs_equal']}"
+    print(f"{row['engine']:<11} {row['model']:<16} {row['mode']:<26} {row['requests']:>2} req  "
+          f"{row['tok_s']:8.2f} tok/s ({row['rate']}; {row['tokens']} tokens, {row['seconds']:.1f} s)"
+          f"{per_type}{acceptance}{same}  load {row['load']}", flush=True)
+
+
 def printer(rows: list[dict]) -> Callable[[dict], None]:
     def report(row: dict) -> None:
         rows.append(row)
-        acceptance = "" if row["acceptance"] is None else (
-            f"  accepted {row['accepted']}/{row['draft_tokens']} ({row['acceptance']:.1%})")
-        per_type = "".join(f"  {k} {v:.1f}" for k, v in row.get("per_type", {}).items())
-        same = "" if "outputs_equal" not in row else f"  outputs = no speculation: {row['outputs_equal']}"
-        print(f"{row['engine']:<11} {row['model']:<16} {row['mode']:<26} {row['requests']:>2} req  "
-              f"{row['tok_s']:8.2f} tok/s ({row['rate']}; {row['tokens']} tokens, {row['seconds']:.1f} s)"
-              f"{per_type}{acceptance}{same}  load {row['load']}", flush=True)
+        show(row)
     return report
 
 
 def _engine_section(options: dict, model: str, runs: list[tuple[str, dict | None]], singles: list[dict],
-                    counts: list[int], max_tokens: int, report: Callable[[dict], None]) -> dict[str, list[int]]:
-    """asyncengine without and with each proposer (one engine each, freed before the next): the prompts' ids."""
-    from asyncengine.errors import StartupError
-
+                    counts: list[int], max_tokens: int, rows: list[dict]) -> dict[str, list[int]]:
+    """asyncengine without and with each proposer, each configuration in a process of its own (`child`), so
+    that its models are freed before the next starts (an in-process engine's close left the 1.5B's weights
+    behind: the draft row's process held 10.5 GB): the prompts' ids."""
     ids: dict[str, list[int]] = {}
     plain_outputs: list[list[int]] | None = None
     for mode, speculative in runs:
-        try:
-            result = anyio.run(engine_rows, dict(options, speculative_config=speculative), model, mode, singles,
-                               counts, max_tokens, report, None if speculative is None else plain_outputs)
-        except StartupError as error:  # a proposer the engine cannot run yet: said, and the run goes on
-            print(f"asyncengine {model} {mode}: not run ({type(error).__name__}: {error})", flush=True)
-            continue
+        with tempfile.TemporaryDirectory(prefix="spec-acceptance-") as folder:
+            task, answer = Path(folder) / "task.json", Path(folder) / "result.json"
+            task.write_text(json.dumps({
+                "options": dict(options, speculative_config=speculative), "model": model, "mode": mode,
+                "singles": singles, "counts": counts, "max_tokens": max_tokens,
+                "plain_outputs": None if speculative is None else plain_outputs}))
+            done = subprocess.run([sys.executable, __file__, str(task), str(answer)])
+            if done.returncode != 0 or not answer.exists():
+                print(f"asyncengine {model} {mode}: not run (its process ended with {done.returncode}; its "
+                      "output above says why)", flush=True)
+                continue
+            result = json.loads(answer.read_text())
+        rows += result["rows"]  # the child printed them
         ids.update(result["ids"])
         if speculative is None:
             plain_outputs = result["outputs"]
     return ids
+
+
+def child(task_path: Path, answer_path: Path) -> int:
+    """One configuration's rows (a process of its own): prints each row, writes the result for the parent. A
+    proposer the engine cannot run ends it with the StartupError's message, and the parent goes on."""
+    from asyncengine.errors import StartupError
+
+    task = json.loads(task_path.read_text())
+    try:
+        result = anyio.run(engine_rows, task["options"], task["model"], task["mode"], task["singles"], task["counts"],
+                           task["max_tokens"], show, task["plain_outputs"])
+    except StartupError as error:
+        print(f"asyncengine {task['model']} {task['mode']}: cannot start ({type(error).__name__}: {error})",
+              flush=True)
+        return 3
+    answer_path.write_text(json.dumps(result))
+    return 0
 
 
 def _llama_section(model_file: Path, model: str, modes: list[tuple[str, list[str]]], singles: list[dict],
@@ -285,12 +316,15 @@ def ratios(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def chat_ids(gguf_path: Path, prompts: list[dict]) -> dict[str, list[int]]:
+def chat_ids(gguf_path: Path | None, prompts: list[dict]) -> dict[str, list[int]]:
+    """The prompts through the chat template of the model in `gguf_path` (None: the default model's file)."""
     from transformers import AutoTokenizer
 
     from asyncengine.loader.gguf import convert_gguf_to_hf_dir
+    from asyncengine.loader.packaged_models import default_model_gguf_path
 
-    tokenizer = AutoTokenizer.from_pretrained(convert_gguf_to_hf_dir(gguf_path, progress=False))
+    tokenizer = AutoTokenizer.from_pretrained(convert_gguf_to_hf_dir(gguf_path or default_model_gguf_path(),
+                                                                     progress=False))
     return {p["prompt"]: list(tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
                                                             add_generation_prompt=True, tokenize=True,
                                                             return_dict=False)) for p in prompts}
@@ -330,11 +364,13 @@ def run(args: Any, header: dict) -> dict:
                                                          "num_speculative_tokens": args.pair_k}))
         print(f"# SmolLM2-135M-Instruct, {args.dtype}, W6, {len(singles)} single prompts, "
               f"{args.requests} requests at once; load {load_average()}", flush=True)
-        ids = _engine_section(options, "SmolLM2-135M", runs, singles, args.requests, header["max_tokens"], report)
+        ids = (_engine_section(options, "SmolLM2-135M", runs, singles, args.requests, header["max_tokens"], rows)
+               if "asyncengine" in args.engines else chat_ids(None, singles + interleaved(max([0, *args.requests]))))
         gguf_type = llama_server.GGUF_TYPES[args.dtype]
-        _llama_section(llama_server.gguf_file(gguf_type), "SmolLM2-135M",
-                       [(f"none ({gguf_type} GGUF)", []), ("lookup ngram-simple n3 m4", LLAMA_LOOKUP)],
-                       singles, args.requests, ids, header["max_tokens"], threads, report)
+        if "llama.cpp" in args.engines:
+            _llama_section(llama_server.gguf_file(gguf_type), "SmolLM2-135M",
+                           [(f"none ({gguf_type} GGUF)", []), ("lookup ngram-simple n3 m4", LLAMA_LOOKUP)],
+                           singles, args.requests, ids, header["max_tokens"], threads, report)
     if not args.skip_pair:
         import spec_models
 
@@ -342,7 +378,7 @@ def run(args: Any, header: dict) -> dict:
         singles = select_prompts(args.pair_prompts)
         speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.pair_k}
         ids = {}
-        for load in args.pair_loads if "asyncengine" in args.pair_engines else []:
+        for load in args.pair_loads if "asyncengine" in args.engines else []:
             options = {"model": str(target), "dtype": "bfloat16", "quantization": "gguf" if load == "gguf" else None,
                        "max_model_len": 2048, "kv_cache_memory_bytes": 256 * 1024**2, "enable_prefix_caching": False,
                        "cpu_threads": threads, "max_num_seqs": 1}  # one request: the draft's own cache is sized
@@ -356,10 +392,10 @@ def run(args: Any, header: dict) -> dict:
             runs = [run for run in [("none", None), ("ngram k4 lookup 2..5", NGRAM),
                                     (f"draft_model 0.5B k{args.pair_k}", draft_config)]
                     if _kind(run[0]) in args.pair_modes]
-            ids.update(_engine_section(options, name, runs, singles, [], args.pair_tokens, report))
+            ids.update(_engine_section(options, name, runs, singles, [], args.pair_tokens, rows))
         if not ids:  # our engine not run: the chat template's ids from the converted model's tokenizer
             ids = chat_ids(target, singles)
-        if "llama.cpp" in args.pair_engines:
+        if "llama.cpp" in args.engines:
             draft_args = ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max",
                           str(args.pair_k), "--spec-draft-n-min", "0", "-td", str(threads)]
             modes = [("none", []), (f"draft-simple 0.5B k{args.pair_k}", draft_args),
@@ -375,3 +411,7 @@ def run(args: Any, header: dict) -> dict:
         print(f"  {name}: {value:.2f}x")
     print(f"# load average at the end {result['load_end']}")
     return result
+
+
+if __name__ == "__main__":  # the child of _engine_section: TASK.json RESULT.json
+    raise SystemExit(child(Path(sys.argv[1]), Path(sys.argv[2])))

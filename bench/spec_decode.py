@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="--acceptance: how the pair is loaded (bfloat16: dequantized; gguf: blocks kept)")
     parser.add_argument("--pair-modes", nargs="+", default=["none", "lookup", "draft"],
                         choices=["none", "lookup", "draft"], help="--acceptance: the pair's rows, both engines")
-    parser.add_argument("--pair-engines", nargs="+", default=["asyncengine", "llama.cpp"],
-                        choices=["asyncengine", "llama.cpp"], help="--acceptance: the pair's engines")
+    parser.add_argument("--engines", nargs="+", default=["asyncengine", "llama.cpp"],
+                        choices=["asyncengine", "llama.cpp"], help="--acceptance: the engines measured")
     parser.add_argument("--smol-draft", default=None, help="--acceptance: a draft model for the default model")
     parser.add_argument("--smol-kv-bytes", type=int, default=1536 * 1024**2,
                         help="--acceptance: the default model's KV cache (32 requests of W6 in float32: 1.3 GB)")
