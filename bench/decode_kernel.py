@@ -10,6 +10,10 @@ does not run the LM head gets it from the engine's own path (cpu_gemm.linear ove
 time a step up to its logits. Rounds alternate A B A B; it prints each round's ms per step and the ratio of
 the medians and of the minima (baseline / this tree: above 1 is faster). The step without the engine around
 it: Python, scheduling and sampling are bench/latency.py's.
+
+`--gguf`: also this tree's step with its four products over GGUF blocks (`quantization="gguf"`: Q4_1-like
+4-bit integers with a scale and an offset per block of 32, at 4 bits, or 8 with `--gguf-int8`, as
+ops/cpu_block_int8.py packs them), in the same rounds.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="default: torch's")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--gguf", action="store_true", help="also time the step over GGUF blocks")
+    parser.add_argument("--gguf-int8", action="store_true", help="with --gguf: the blocks at 8 bits, not 4")
     args = parser.parse_args()
 
     import torch
@@ -85,8 +91,27 @@ def main() -> int:
             result = kernel.decode_step(weights, ids, cos, sin, slots, tables, seq_lens)
             return result[1] if with_head else cpu_gemm.linear(result, embed, packed)
         steps.append(step)
+    if args.gguf:
+        from asyncengine.ops import cpu_block_int8
+
+        def blocks(rows_out: int, width: int) -> cpu_block_int8.PackedBlocks:
+            q = torch.randint(-8, 8, (rows_out, width), generator=generator, dtype=torch.int8)
+            scale = torch.rand(rows_out, width // 32, generator=generator) * 0.01
+            offset = (torch.rand(rows_out, width // 32, generator=generator) - 0.5) * 0.02
+            packed = cpu_block_int8.pack(q, scale, offset)
+            return packed if args.gguf_int8 else cpu_block_int8.pack_nibbles(packed)
+
+        shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTERMEDIATE, HIDDEN),
+                  (HIDDEN, INTERMEDIATE)]
+        block_weights = [[blocks(*shape) for shape in shapes] for _ in layers]
+        float_free = [(layer[0], None, None, layer[3], None, None) + layer[6:] for layer in layers]
+        gguf_weights = kernels[0].DecoderWeights(float_free, embed, final_norm, num_heads=HEADS, num_kv_heads=KV_HEADS,
+                                                 head_dim=HEAD_DIM, eps=1e-5, scale=HEAD_DIM**-0.5, lm_head=embed,
+                                                 blocks=block_weights)
+        trees.append(("gguf", ROOT))
+        steps.append(lambda: kernels[0].decode_step(gguf_weights, ids, cos, sin, slots, tables, seq_lens)[1])
     logits = [step().float() for step in steps]  # builds each library, and checks they agree
-    if len(logits) == 2:
+    if len(trees) >= 2 and trees[1][0] == "baseline":
         print(f"logits: largest difference between the trees {(logits[0] - logits[1]).abs().max().item():.4g}")
     times: list[list[float]] = [[] for _ in steps]
     for _ in range(args.rounds):
@@ -100,9 +125,9 @@ def main() -> int:
     for (name, tree), into in zip(trees, times):
         print(f"{name:10s} {str(tree):28s} ms/step " + " ".join(f"{t:.2f}" for t in into)
               + f"  median {statistics.median(into):.2f}  min {min(into):.2f}")
-    if len(times) == 2:
-        print(f"ratio baseline/this tree: median {statistics.median(times[1]) / statistics.median(times[0]):.3f}, "
-              f"min {min(times[1]) / min(times[0]):.3f}")
+    for (name, _), into in list(zip(trees, times))[1:]:
+        print(f"ratio {name}/this tree: median {statistics.median(into) / statistics.median(times[0]):.3f}, "
+              f"min {min(into) / min(times[0]):.3f}")
     return 0
 
 

@@ -30,62 +30,58 @@ BLOCK = 32
 TILE = 16  # output rows per 512-bit vector of int32 sums
 PAIR = 2 * TILE  # the kernel computes two tiles at once; N is padded to a multiple of it
 
-C_SOURCE = C_PRELUDE + r"""
-#include <immintrin.h>
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
-int has_kernel(void) { return 1; }
-
-/* Each row of x [rows, width] (row stride `stride`, float32 or bfloat16) per block of 32: dx = max|x| / 127,
-   xq = round-half-even(x / dx) + 128 as bytes, sx = dx * sum(round(x / dx)). A block of zeros has dx 0; a
-   block holding a NaN or an infinity gets dx NaN (its row's outputs are NaN). */
-int quantize_blocks(const void *x, int64_t stride, int64_t rows, int64_t width, int is_bf16, uint8_t *xq,
-                    float *dx, float *sx, int threads) {
-    const int64_t blocks = width / 32;
-    #pragma omp parallel for num_threads(threads) schedule(static) if(rows * width >= 65536)
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t g = 0; g < blocks; g++) {
-            __m512 lo, hi;
-            if (is_bf16) {
-                const uint16_t *p = (const uint16_t *)x + r * stride + g * 32;
-                lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-                hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
-            } else {
-                const float *p = (const float *)x + r * stride + g * 32;
-                lo = _mm512_loadu_ps(p);
-                hi = _mm512_loadu_ps(p + 16);
-            }
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-            /* A NaN is dropped by max: look for one (or an infinity) apart. */
-            const __mmask16 bad = _mm512_fpclass_ps_mask(lo, 0x99) | _mm512_fpclass_ps_mask(hi, 0x99);
-            uint8_t *out = xq + r * width + g * 32;
-            const float d = amax / 127.0f;
-            if (bad) {
-                dx[r * blocks + g] = NAN; sx[r * blocks + g] = NAN;
-                memset(out, 128, 32);
-                continue;
-            }
-            if (d == 0.0f) {
-                dx[r * blocks + g] = 0.0f; sx[r * blocks + g] = 0.0f;
-                memset(out, 128, 32);
-                continue;
-            }
-            const __m512 vd = _mm512_set1_ps(d);
-            const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-            __m512i qlo = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(lo, vd), rnd));
-            __m512i qhi = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(hi, vd), rnd));
-            const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
-            qlo = _mm512_max_epi32(_mm512_min_epi32(qlo, lim), nlim);
-            qhi = _mm512_max_epi32(_mm512_min_epi32(qhi, lim), nlim);
-            const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-            const __m512i bias = _mm512_set1_epi32(128);
-            _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(_mm512_add_epi32(qlo, bias)));
-            _mm_storeu_si128((__m128i *)(out + 16), _mm512_cvtepi32_epi8(_mm512_add_epi32(qhi, bias)));
-            dx[r * blocks + g] = d;
-            sx[r * blocks + g] = d * (float)sum;
-        }
+# The block-int8 arithmetic both this module's layer kernel and the one-call decode step (ops/cpu_decode_step.py)
+# run, so that the two compute the same values (inside an `#if` of AVX-512 F/BW/DQ and VNNI, after <immintrin.h>).
+BLOCK_INT8_C = r"""
+/* One block of 32 activations (float32 or bfloat16): dx = max|x| / 127, xq = round-half-even(x / dx) + 128 as
+   bytes, sx = dx * sum(round(x / dx)). A block of zeros has dx 0; a block holding a NaN or an infinity gets dx
+   NaN (its row's outputs are NaN). */
+static inline void quantize_block32(const void *x, int is_bf16, uint8_t *out, float *dx, float *sx) {
+    __m512 lo, hi;
+    if (is_bf16) {
+        const uint16_t *p = (const uint16_t *)x;
+        lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+        hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
+    } else {
+        const float *p = (const float *)x;
+        lo = _mm512_loadu_ps(p);
+        hi = _mm512_loadu_ps(p + 16);
     }
-    return 0;
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    /* A NaN is dropped by max: look for one (or an infinity) apart. */
+    const __mmask16 bad = _mm512_fpclass_ps_mask(lo, 0x99) | _mm512_fpclass_ps_mask(hi, 0x99);
+    const float d = amax / 127.0f;
+    if (bad || d == 0.0f) {
+        *dx = bad ? NAN : 0.0f; *sx = bad ? NAN : 0.0f;
+        memset(out, 128, 32);
+        return;
+    }
+    const __m512 vd = _mm512_set1_ps(d);
+    const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512i qlo = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(lo, vd), rnd));
+    __m512i qhi = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(hi, vd), rnd));
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    qlo = _mm512_max_epi32(_mm512_min_epi32(qlo, lim), nlim);
+    qhi = _mm512_max_epi32(_mm512_min_epi32(qhi, lim), nlim);
+    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    const __m512i bias = _mm512_set1_epi32(128);
+    _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(_mm512_add_epi32(qlo, bias)));
+    _mm_storeu_si128((__m128i *)(out + 16), _mm512_cvtepi32_epi8(_mm512_add_epi32(qhi, bias)));
+    *dx = d;
+    *sx = d * (float)sum;
+}
+
+/* acc[r][t] += the block's offsets (o0, o1: its 16 outputs of each tile; NULL for none) times row r's sx. */
+static inline __attribute__((always_inline)) void add_block_offsets(const int MR, const float *o0, const float *o1,
+                                                                    const float *sx, int64_t blocks, int64_t g,
+                                                                    __m512 acc[][2]) {
+    if (!o0) return;
+    const __m512 ov0 = _mm512_loadu_ps(o0 + g * 16), ov1 = _mm512_loadu_ps(o1 + g * 16);
+    for (int r = 0; r < MR; r++) {
+        const __m512 ss = _mm512_set1_ps(sx[r * blocks + g]);
+        acc[r][0] = _mm512_fmadd_ps(ov0, ss, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(ov1, ss, acc[r][1]);
+    }
 }
 
 /* MR rows of activations times one pair of 16-output tiles (32 outputs), over all K; out[r][0..31]. */
@@ -115,15 +111,47 @@ static inline __attribute__((always_inline)) void pair_rows(
             acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(dv0, xs), acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(dv1, xs), acc[r][1]);
         }
-        if (o0) {
-            const __m512 ov0 = _mm512_loadu_ps(o0 + g * 16), ov1 = _mm512_loadu_ps(o1 + g * 16);
-            for (int r = 0; r < MR; r++) {
-                const __m512 ss = _mm512_set1_ps(sx[r * blocks + g]);
-                acc[r][0] = _mm512_fmadd_ps(ov0, ss, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(ov1, ss, acc[r][1]);
-            }
-        }
+        add_block_offsets(MR, o0, o1, sx, blocks, g, acc);
     }
+}
+
+#define ROWS 6
+/* pair_rows for any 1 to ROWS rows, each count its own unrolled kernel. */
+static inline void pair_any_rows(int rows, const int8_t *w0, const int8_t *w1, const float *d0, const float *d1,
+                                 const float *o0, const float *o1, const int32_t *b0, const int32_t *b1,
+                                 const uint8_t *xq, int64_t width, const float *dx, const float *sx, int64_t blocks,
+                                 __m512 acc[][2]) {
+    switch (rows) {
+        case 1: pair_rows(1, w0, w1, d0, d1, o0, o1, b0, b1, xq, width, dx, sx, blocks, acc); break;
+        case 2: pair_rows(2, w0, w1, d0, d1, o0, o1, b0, b1, xq, width, dx, sx, blocks, acc); break;
+        case 3: pair_rows(3, w0, w1, d0, d1, o0, o1, b0, b1, xq, width, dx, sx, blocks, acc); break;
+        case 4: pair_rows(4, w0, w1, d0, d1, o0, o1, b0, b1, xq, width, dx, sx, blocks, acc); break;
+        case 5: pair_rows(5, w0, w1, d0, d1, o0, o1, b0, b1, xq, width, dx, sx, blocks, acc); break;
+        case 6: pair_rows(6, w0, w1, d0, d1, o0, o1, b0, b1, xq, width, dx, sx, blocks, acc); break;
+        default: break;
+    }
+}
+"""
+
+C_SOURCE = C_PRELUDE + r"""
+#include <immintrin.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+""" + BLOCK_INT8_C + r"""
+int has_kernel(void) { return 1; }
+
+/* Each row of x [rows, width] (row stride `stride`, float32 or bfloat16) per block of 32 (quantize_block32, in
+   BLOCK_INT8_C). */
+int quantize_blocks(const void *x, int64_t stride, int64_t rows, int64_t width, int is_bf16, uint8_t *xq,
+                    float *dx, float *sx, int threads) {
+    const int64_t blocks = width / 32;
+    #pragma omp parallel for num_threads(threads) schedule(static) if(rows * width >= 65536)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < blocks; g++)
+            quantize_block32(is_bf16 ? (const void *)((const uint16_t *)x + r * stride + g * 32)
+                                     : (const void *)((const float *)x + r * stride + g * 32),
+                             is_bf16, xq + r * width + g * 32, dx + r * blocks + g, sx + r * blocks + g);
+    return 0;
 }
 
 static inline void store_row(__m512 a0, __m512 a1, void *out, int64_t col, int64_t n, int is_bf16) {
@@ -148,7 +176,6 @@ static inline void store_row(__m512 a0, __m512 a1, void *out, int64_t col, int64
     }
 }
 
-#define ROWS 6
 /* out [rows, n] (row stride ldo, float32 or bfloat16) = the block-quantized product; the weights packed as
    ops/cpu_block_int8.py's `pack` lays them out, n padded to `padded` (a multiple of 32). */
 int block_linear(const int8_t *w, const float *wd, const float *wo, const int32_t *wstart, int64_t n,
@@ -171,17 +198,9 @@ int block_linear(const int8_t *w, const float *wd, const float *wo, const int32_
             for (int i = 0; i < ROWS; i++)
                 store_row(acc[i][0], acc[i][1], (char *)out + (r + i) * ldo * elt, p * 32, n, is_bf16);
         }
-        const int left = (int)(rows - r);  /* 0 to ROWS - 1, each count its own unrolled kernel */
-        const uint8_t *xr = xq + r * width;
-        const float *dr = dx + r * blocks, *sr = sx + r * blocks;
-        switch (left) {
-            case 1: pair_rows(1, w0, w1, d0, d1, o0, o1, b0, b1, xr, width, dr, sr, blocks, acc); break;
-            case 2: pair_rows(2, w0, w1, d0, d1, o0, o1, b0, b1, xr, width, dr, sr, blocks, acc); break;
-            case 3: pair_rows(3, w0, w1, d0, d1, o0, o1, b0, b1, xr, width, dr, sr, blocks, acc); break;
-            case 4: pair_rows(4, w0, w1, d0, d1, o0, o1, b0, b1, xr, width, dr, sr, blocks, acc); break;
-            case 5: pair_rows(5, w0, w1, d0, d1, o0, o1, b0, b1, xr, width, dr, sr, blocks, acc); break;
-            default: break;
-        }
+        const int left = (int)(rows - r);  /* 0 to ROWS - 1 */
+        pair_any_rows(left, w0, w1, d0, d1, o0, o1, b0, b1, xq + r * width, width, dx + r * blocks, sx + r * blocks,
+                      blocks, acc);
         for (int i = 0; i < left; i++)
             store_row(acc[i][0], acc[i][1], (char *)out + (r + i) * ldo * elt, p * 32, n, is_bf16);
     }
@@ -237,6 +256,31 @@ class PackedBlocks:
     n: int
     padded: int
     width: int
+
+
+@dataclass(frozen=True)
+class PackedNibbles:
+    """A weight whose integers all lie in -8..7 (Q4_0, Q4_1 and the like), at 4 bits, as ops/cpu_decode_step.py's
+    products take it: tile by tile as `pack` lays them out, each byte q + 8 of input k (low nibble) and of
+    input k + 4 (high) for 8 inputs of 16 outputs a 64-byte row; the scales and offsets PackedBlocks' own."""
+
+    weight: torch.Tensor  # uint8 [padded / 16, width / 8, 16, 4]
+    scale: torch.Tensor  # float32 [padded / 16, width / 32, 16], as PackedBlocks.scale
+    offset: torch.Tensor | None  # as PackedBlocks.offset
+    n: int
+    padded: int
+    width: int
+
+
+def pack_nibbles(packed: PackedBlocks) -> PackedNibbles | None:
+    """`packed` at 4 bits, or None when an integer lies outside -8..7."""
+    q = packed.weight
+    if int(q.min()) < -8 or int(q.max()) > 7:
+        return None
+    tiles = packed.padded // TILE
+    pairs = (q.reshape(tiles, packed.width // 8, 2, TILE, 4).to(torch.int16) + 8).to(torch.uint8)
+    nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
+    return PackedNibbles(nibbles.contiguous(), packed.scale, packed.offset, packed.n, packed.padded, packed.width)
 
 
 def check_blocks(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> None:

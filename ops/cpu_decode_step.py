@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from asyncengine.ops.cpu_decode_blocks import BLOCKS_C, BlockWeights, block_weight_tables
 from asyncengine.ops.cpu_build import AVX512_BF16, AVX512_EXP, C_PRELUDE, KernelLibrary
 
 C_SOURCE = C_PRELUDE + AVX512_EXP + r"""
@@ -47,6 +48,7 @@ typedef struct {
     void *k_cache, *v_cache;                                 /* [kv_heads, num_blocks, block_size, head_dim] */
     const void *qkv_bias;                                    /* [qkv rows] or NULL (Qwen2) */
     const void *q_norm, *k_norm;                             /* [head_dim] RMSNorm weights or NULL (Qwen3) */
+    const void *blocks;  /* NULL, or blocks_t[4]: qkv, o, gate_up, down as GGUF blocks (then those four are NULL) */
 } layer_t;
 
 /* sums[b] = dot(x[b, :K], w[:K]) in float32, for the B (<= MAX_ROWS) rows of x. The weights stream through
@@ -164,6 +166,16 @@ static void matvec(const void *x, const void *w, const void *bias, int64_t N, in
         const float add = bias ? load(bias, n, is_bf16) : 0.0f;
         for (int64_t b = 0; b < B; b++) store(out, b * N + n, sums[b] + add, is_bf16);
     }
+    barrier_wait(bar, threads);
+}
+
+""" + BLOCKS_C + r"""
+
+/* out = x . w^T (+ bias) over the float weights w, or over block weights bw where the layer has them. */
+static void weight_product(const void *x, const void *w, const blocks_t *bw, const void *bias, int64_t N,
+                           int64_t K, int64_t B, void *out, int is_bf16, barrier_t *bar, int threads) {
+    if (!bw) { matvec(x, w, bias, N, K, B, out, is_bf16, bar, threads); return; }
+    block_matvec(x, bw, bias, N, K, B, out, is_bf16);
     barrier_wait(bar, threads);
 }
 
@@ -402,7 +414,7 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, l > 0, L->norm1, x + b * H * es, H, eps,
                          is_bf16, s);
-            matvec(x, L->qkv, L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
+            weight_product(x, L->qkv, LAYER_BLOCKS(L, 0), L->qkv_bias, QKV, H, B, qkv, is_bf16, &bar, team);
             #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t task = 0; task < B * num_kv_heads; task++) {
                 const int64_t b = task / num_kv_heads;
@@ -412,11 +424,12 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                                scores_all + b * num_heads * max_ctx, attn + b * Q * es);
             }
             barrier_wait(&bar, team);
-            matvec(attn, L->o, NULL, H, Q, B, hidden, is_bf16, &bar, team);
+            weight_product(attn, L->o, LAYER_BLOCKS(L, 1), NULL, H, Q, B, hidden, is_bf16, &bar, team);
             for (int64_t b = 0; b < B; b++)
                 norm_row(hidden + b * H * es, residual + b * H * es, 1, L->norm2, x + b * H * es, H, eps,
                          is_bf16, s);
-            {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
+            if (L->blocks) block_gate_up(x, LAYER_BLOCKS(L, 2), I, H, B, act, is_bf16);
+            else {   /* gate and up rows j and I + j together, 16 j at a time: their SiLU-and-product at once */
                 float g[MAX_ROWS][16], u[MAX_ROWS][16], sums[MAX_ROWS];
                 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t j0 = 0; j0 < I; j0 += 16) {
@@ -431,7 +444,7 @@ int decode_step(const layer_t *layers, int64_t num_layers, const void *embed, co
                 }
             }
             barrier_wait(&bar, team);
-            matvec(act, L->down, NULL, H, I, B, hidden, is_bf16, &bar, team);
+            weight_product(act, L->down, LAYER_BLOCKS(L, 3), NULL, H, I, B, hidden, is_bf16, &bar, team);
         }
         for (int64_t b = 0; b < B; b++)
             norm_row(hidden + b * H * es, residual + b * H * es, num_layers > 0, final_norm, x + b * H * es, H,
@@ -459,13 +472,15 @@ _FLAG_SETS = (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-cont
 class Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("norm1", "qkv", "o", "norm2", "gate_up", "down", "k_cache", "v_cache", "qkv_bias", "q_norm",
-                 "k_norm")]
+                 "k_norm", "blocks")]
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 def _declare(library: ctypes.CDLL) -> None:
+    library.has_blocks.restype = ctypes.c_int
+    library.has_blocks.argtypes = []
     library.decode_step.restype = ctypes.c_int
     argtypes: list[Any] = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P] + [_I] * 8 + \
         [ctypes.c_float, ctypes.c_float, ctypes.c_int, _P, _P, _I, _P, ctypes.c_int]
@@ -485,21 +500,35 @@ def unavailable_reason() -> str | None:
     return _kernels.unavailable_reason()
 
 
+def blocks_available(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernel also takes GGUF block weights (AVX-512 VNNI, the compiler's -march=native)."""
+    return _kernels.available(dtype) and _kernels.get(dtype).has_blocks() == 1
+
+
 class DecoderWeights:
     """The tensors one decode step reads, as the kernel takes them: per layer (norm1, qkv, o, norm2, gate_up,
     down, key cache, value cache) and optionally (qkv bias, q norm, k norm), each None where the model has none
-    (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. The caller
-    keeps every tensor alive."""
+    (Qwen2 has the bias, Qwen3 the head norms, which use `eps` too); and the embedding and final norm. With
+    `blocks`, a layer's entry there (ops/cpu_block_int8.py's PackedBlocks, or PackedNibbles, of qkv, o, gate_up
+    and down: a GGUF file's blocks) replaces its four float weights, which are None. The caller keeps every tensor alive."""
 
     def __init__(self, layers: Sequence[Sequence[torch.Tensor | None]], embed: torch.Tensor, final_norm: torch.Tensor,
                  *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, scale: float,
-                 lm_head: torch.Tensor | None = None) -> None:
-        self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - len(layer)) for layer in layers]
+                 lm_head: torch.Tensor | None = None,
+                 blocks: Sequence[Sequence[BlockWeights] | None] | None = None) -> None:
+        self.tensors = [tuple(layer) + (None,) * (len(Layer._fields_) - 1 - len(layer)) for layer in layers]
         self.embed, self.final_norm, self.lm_head = embed, final_norm, lm_head
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self.hidden_size = embed.shape[1]
-        self.intermediate_size = self.tensors[0][4].shape[0] // 2 if self.tensors else 0
+        self.blocks = block_weight_tables(blocks, len(self.tensors), self.hidden_size, num_heads * head_dim,
+                                    (num_heads + 2 * num_kv_heads) * head_dim)
+        for index, layer in enumerate(self.tensors):
+            if (self.blocks is None or self.blocks[index] is None) and any(t is None for t in layer[1:3] + layer[4:6]):
+                raise ValueError(f"decode_step: layer {index} has neither float weights nor block weights")
+        first_gate_up = self.tensors[0][4] if self.tensors else None
+        self.intermediate_size = first_gate_up.shape[0] // 2 if first_gate_up is not None else \
+            self.blocks[0][1][2].n // 2 if self.blocks and self.blocks[0] else 0
         self.dtype = embed.dtype
         tensors = [embed, final_norm] + [t for layer in self.tensors for t in layer if t is not None] + \
             ([] if lm_head is None else [lm_head])
@@ -510,8 +539,10 @@ class DecoderWeights:
         if self.hidden_size > MAX_HIDDEN or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads:
             raise ValueError(f"decode_step takes hidden sizes up to {MAX_HIDDEN}, even head sizes up to "
                              f"{MAX_HEAD_DIM} and whole GQA groups")
-        self.table = (Layer * len(self.tensors))(*[Layer(*[None if t is None else t.data_ptr() for t in layer])
-                                                   for layer in self.tensors])
+        self.table = (Layer * len(self.tensors))(*[
+            Layer(*[None if t is None else t.data_ptr() for t in layer],
+                  None if block_table is None else ctypes.addressof(block_table[0]))
+            for layer, block_table in zip(self.tensors, self.blocks or [None] * len(self.tensors))])
 
 
 def decode_step(weights: DecoderWeights, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

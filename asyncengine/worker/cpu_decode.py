@@ -11,7 +11,8 @@ the modules' attributes (nothing is copied or restructured) after checking that 
 built-in one running its built-in code: Llama's classes (or subclasses that change none of what the
 step does; Qwen2's q/k/v biases and Qwen3's RMSNorm on each query and key head are the kernel's too),
 RMSNorm (one eps throughout), SiLU-and-mul and the NeoX rotary over whole heads, each with `native` first
-among its op's providers and no out-of-tree replacement; plain float weights, no other biases; the built-in
+among its op's providers and no out-of-tree replacement; plain float weights or `quantization="gguf"`'s
+packed blocks (the kernel runs the same block products: ops/cpu_decode_blocks.py), no other biases; the built-in
 CPU attention backend with neither sliding window, soft cap nor sinks; one worker, no LoRA, no KV
 connector, one KV cache group; float32 or bfloat16 with the C kernel built. Anything else keeps the
 modules, with the reason logged once at start-up. `enforce_eager=True` turns it off, as it does CUDA graphs.
@@ -26,7 +27,7 @@ import torch
 
 from asyncengine.models.layers.attention import AttentionMetadata
 from asyncengine.models.layers.logits import finish_logits
-from asyncengine.ops import cpu_decode_step
+from asyncengine.ops import cpu_block_int8, cpu_decode_blocks, cpu_decode_step
 
 if TYPE_CHECKING:
     from asyncengine.config.engine import EngineConfig
@@ -45,6 +46,7 @@ class CpuDecodeStep:
         self.max_batch_size = max_batch_size
         self._weights: cpu_decode_step.DecoderWeights | None = None
         self._bound_cache: int | None = None  # data_ptr of the first layer's key cache the table points into
+        self._nibbles: dict[int, tuple[Any, cpu_decode_blocks.BlockWeights]] = {}  # id(PackedBlocks): (it, its form)
 
     @classmethod
     def build(cls, model: Any, attention_layers: list[Any], dtype: torch.dtype,
@@ -78,25 +80,38 @@ class CpuDecodeStep:
     def _weights_dtype(self) -> torch.dtype:
         return self.model.model.embed_tokens.weight.dtype
 
+    def _at_4_bits(self, packed: Any) -> cpu_decode_blocks.BlockWeights:
+        """A gguf layer's packed blocks at 4 bits where its integers fit (Q4_0, Q4_1: half the bytes a step reads),
+        made once (the layer keeps its int8 blocks for the module path: prefill, larger batches)."""
+        key = id(packed)
+        if key not in self._nibbles:
+            self._nibbles[key] = (packed, cpu_block_int8.pack_nibbles(packed) or packed)
+        return self._nibbles[key][1]
+
     def _table(self) -> cpu_decode_step.DecoderWeights:
         """The kernel's table of weights and caches, rebuilt when the caches were (re)allocated."""
         first_cache = self.attention_layers[0].kv_cache[0].data_ptr()
         if self._weights is None or self._bound_cache != first_cache:
             inner = self.model.model
-            layers = []
+            layers, blocks = [], []
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 key_cache, value_cache = attn.attn.kv_cache
                 q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-                layers.append((layer.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
-                               layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
-                               key_cache, value_cache, attn.qkv_proj.bias,
+                linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+                packed = [getattr(linear, "gguf_packed", None) for linear in linears]
+                blocks.append(None if packed[0] is None else [self._at_4_bits(p) for p in packed])
+                qkv, o, gate_up, down = (None,) * 4 if packed[0] is not None else \
+                    tuple(linear.weight for linear in linears)
+                layers.append((layer.input_layernorm.weight, qkv, o, layer.post_attention_layernorm.weight, gate_up,
+                               down, key_cache, value_cache, attn.qkv_proj.bias,
                                None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight))
             first = inner.layers[0].self_attn
             self._weights = cpu_decode_step.DecoderWeights(
                 layers, inner.embed_tokens.weight, inner.norm.weight, num_heads=first.num_heads,
                 num_kv_heads=first.num_kv_heads, head_dim=first.head_dim, eps=inner.norm.eps, scale=first.attn.scale,
-                lm_head=self.model.lm_head.weight if plain_lm_head(self.model, self._weights_dtype()) else None)
+                lm_head=self.model.lm_head.weight if plain_lm_head(self.model, self._weights_dtype()) else None,
+                blocks=blocks if any(b is not None for b in blocks) else None)
             self._bound_cache = first_cache
         return self._weights
 
@@ -190,12 +205,35 @@ def _layer_reason(layer: Any, dtype: torch.dtype, eps: float, decoder_cls: Any, 
             or paged.logits_soft_cap is not None or paged.sinks is not None or paged.kv_cache_group != 0:
         return "attention with another backend, a sliding window, a soft cap or sinks"
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    if any(type(linear.quant_method) is not linear_method for linear in linears):
+    gguf = _gguf_blocks_reason(linears, dtype)
+    if gguf not in (None, "not gguf"):
+        return gguf
+    if gguf is not None and any(type(linear.quant_method) is not linear_method for linear in linears):
         return "quantized linear layers"
     if any(linear.bias is not None for linear in linears[1:]):  # a q/k/v bias (Qwen2) is the kernel's; no other
         return "biases on the o, gate-up or down projections"
     biases = [] if attn.qkv_proj.bias is None else [attn.qkv_proj.bias]
-    tensors = [linear.weight for linear in linears] + [norm.weight for norm in norms + tuple(head_norms)] + biases
+    float_weights = [] if gguf is None else [linear.weight for linear in linears]
+    tensors = float_weights + [norm.weight for norm in norms + tuple(head_norms)] + biases
     if not all(t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
         return "weights that are not contiguous CPU tensors in the model's dtype"
+    return None
+
+
+def _gguf_blocks_reason(linears: tuple[Any, ...], dtype: torch.dtype) -> str | None:
+    """None when the four linear layers all run `quantization="gguf"`'s block kernel (packed for `dtype`
+    activations) and the step can run them too; "not gguf" when none is a gguf layer; else why the step cannot."""
+    from asyncengine.models.layers.gguf_linear import GgufLinearMethod
+
+    kinds = [type(linear.quant_method) is GgufLinearMethod for linear in linears]
+    if not any(kinds):
+        return "not gguf"
+    if not all(kinds) or any(linear.gguf_packed is None or linear.gguf_compute_dtype != dtype for linear in linears):
+        return "gguf linear layers without their packed block kernel (no AVX-512 VNNI, or another dtype)"
+    if linears[2].gguf_packed.n % 32:
+        return "an MLP width that is not a multiple of 16 (the kernel's gate and up tiles)"
+    if max(linear.gguf_packed.width for linear in linears) > cpu_decode_blocks.MAX_BLOCK_WIDTH:
+        return f"gguf linear layers wider than {cpu_decode_blocks.MAX_BLOCK_WIDTH} inputs"
+    if not cpu_decode_step.blocks_available(dtype):
+        return "the C kernel was built without AVX-512 VNNI, which its gguf products need"
     return None

@@ -5,6 +5,7 @@ cannot run before anything starts, and the default model runs on its Q4_1 blocks
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -189,3 +190,28 @@ def test_the_default_models_blocks_stay_within_the_stated_tolerance_of_float32(d
     assert agreement >= (0.90 if loose else 0.94), agreement
     assert difference <= (0.12 if loose else 0.08), difference
     assert abs(perplexity_ratio - 1) <= (0.02 if loose else 0.01), perplexity_ratio
+
+
+def test_the_one_call_decode_step_runs_the_q4_1_blocks_to_the_module_paths_tokens(caplog):
+    """The default model's Q4_1 file in float32: greedy tokens through the engine with the CPU decode step
+    (ops/cpu_decode_step.py's 4-bit products) equal those of the module path (`enforce_eager=True`) up to the
+    first position where the module path's top two are a near tie: the products are the module path's, but
+    attention's other order of sums moves an activation by a rounding, and one at a boundary of its block's
+    quantization step lands on the other integer (tests/worker/test_cpu_decode.py)."""
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    outputs = {}
+    for eager in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="asyncengine.worker.model_runner"):
+            with LLM(quantization="gguf", dtype="float32", max_model_len=256, enforce_eager=eager) as llm:
+                outputs[eager] = [o.outputs[0] for o in llm.generate(prompts, params)]
+        step_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU decode step:")]
+        assert step_lines and ("not used" in step_lines[0]) == eager, step_lines
+    for step, module in zip(outputs[False], outputs[True]):
+        differ = [i for i, (a, b) in enumerate(zip(step.token_ids, module.token_ids)) if a != b]
+        if differ:
+            first = differ[0]
+            top = sorted(module.logprobs[first].items(), key=lambda item: -item[1])
+            assert first >= 8 and step.token_ids[first] == top[1][0] and top[0][1] - top[1][1] < 0.1, \
+                (first, top, step.token_ids, module.token_ids)
