@@ -31,8 +31,12 @@ Record the machine and the load average (printed) with the figures.
 Q4_K_M GGUF, installed by bench/spec_models.py), in an in-process harness over the project's model code, and
 llama-server plain and with `--model-draft` in the same run (bench/spec_pair.py says what is measured).
 
-Still to come: decode rates at 4 and 32 requests, the pair through the engine's step (the harness runs the
-models directly), and llama.cpp's lookup mode in the same run (WORKLOADS.md W6).
+    python bench/spec_decode.py --acceptance --json /tmp/w6.json  # issue 37's acceptance 4, every row
+
+`--acceptance`: every figure of issue 37's acceptance 4 in one run (bench/spec_acceptance.py says what runs):
+the default model on W6 at 1, 4 and 32 requests without speculation, with n-gram (and `draft_model` given
+`--smol-draft`), llama-server plain and in its lookup mode; then the Qwen pair through the engine (the 1.5B
+alone, with n-gram, with the 0.5B drafting; `--pair-loads`) and llama-server plain, `--model-draft` and lookup.
 """
 
 from __future__ import annotations
@@ -198,6 +202,11 @@ def speed_run(args: argparse.Namespace, workload: dict, prompts: list[dict], win
             base = rows
 
 
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=int, nargs="+", default=[4], help="num_speculative_tokens values")
@@ -212,10 +221,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pair-tokens", type=int, default=128, help="--pair: tokens decoded")
     parser.add_argument("--pair-quantization", default="gguf", help="--pair: the models' quantization (none: "
                         "dequantized weights)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--pair: threads of both engines")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--pair, --acceptance: threads of both engines")
     parser.add_argument("--pair-models", nargs=2, metavar=("TARGET", "DRAFT"),
                         help="--pair on other GGUF files (a smoke run on small models); default: the Qwen pair")
+    parser.add_argument("--acceptance", action="store_true",
+                        help="issue 37's acceptance 4: every row, both engines (bench/spec_acceptance.py)")
+    parser.add_argument("--requests", type=int, nargs="*", default=[4, 32],
+                        help="--acceptance: the batch sizes after the single-request rows")
+    parser.add_argument("--pair-prompts", type=int, default=1, help="--acceptance: pair prompts of each type")
+    parser.add_argument("--pair-k", type=int, default=4, help="--acceptance: the draft model's k")
+    parser.add_argument("--pair-loads", nargs="+", default=["bfloat16", "gguf"], choices=["bfloat16", "gguf"],
+                        help="--acceptance: how the pair is loaded (bfloat16: dequantized; gguf: blocks kept)")
+    parser.add_argument("--pair-modes", nargs="+", default=["none", "lookup", "draft"],
+                        choices=["none", "lookup", "draft"], help="--acceptance: the pair's rows, both engines")
+    parser.add_argument("--engines", nargs="+", default=["asyncengine", "llama.cpp"],
+                        choices=["asyncengine", "llama.cpp"], help="--acceptance: the engines measured")
+    parser.add_argument("--smol-draft", default=None, help="--acceptance: a draft model for the default model")
+    parser.add_argument("--smol-kv-bytes", type=int, default=1536 * 1024**2,
+                        help="--acceptance: the default model's KV cache (32 requests of W6 in float32: 1.3 GB)")
+    parser.add_argument("--skip-smol", action="store_true", help="--acceptance: the pair's rows only")
+    parser.add_argument("--skip-pair", action="store_true", help="--acceptance: the default model's rows only")
+    parser.add_argument("--max-tokens", type=int, default=None, help="--acceptance: instead of W6's 256 (a smoke run)")
+    parser.add_argument("--json", type=Path, default=None, help="--acceptance: write every row here")
     args = parser.parse_args(argv)
+    if args.acceptance:
+        from spec_acceptance import run
+
+        header = {"machine": machine(), "load_start": load_average(), "commit": _commit(), "dtype": args.dtype,
+                  "threads": args.threads, "max_tokens": args.max_tokens or json.loads(WORKLOAD.read_text())["max_tokens"],
+                  "command": " ".join(sys.argv)}
+        print(f"# issue 37 acceptance 4; {header['machine']}; load {header['load_start']}; commit {header['commit']};"
+              f" {args.threads} threads", flush=True)
+        if args.prompts is None:
+            args.prompts = 2
+        result = run(args, header)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+            print(f"# rows written to {args.json}")
+        return
     if args.pair:
         from spec_pair import run_pair
 
@@ -226,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
 
             draft, target = spec_models.prepare()
         quantization = None if args.pair_quantization == "none" else args.pair_quantization
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
+        commit = _commit()
         header = f"# speculative decoding, draft/target pair; {machine()}; load {load_average()}; commit {commit}"
         for k in args.k:
             run_pair(target, draft, k=k, max_tokens=args.pair_tokens, dtype=args.dtype, quantization=quantization,
@@ -236,8 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     windows = args.lookup or [[2, 5]]
     workload = json.loads(WORKLOAD.read_text())
     prompts = workload["prompts"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = _commit()
     if args.speed:
         if args.prompts is not None:
             prompts = [p for name in ("edit", "summarise", "code")
