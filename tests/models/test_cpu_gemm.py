@@ -69,7 +69,9 @@ def test_a_loaded_model_runs_its_linear_layers_and_head_through_the_reordered_we
     monkeypatch.setattr(cpu_gemm, "linear", _counting(cpu_gemm.linear, calls))
     llm = make_llm(str(tiny_model("llama").path), skip_tokenizer_init=True, max_model_len=64)
     before = len(calls)
-    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], None)
+    # Prompts of more than 8 tokens in all: steps of up to 8 new tokens run the one-call decode step
+    # (worker/cpu_decode.py), which reads the weights itself; a longer prefill runs the modules' linear layers.
+    llm.generate([{"prompt_token_ids": list(range(5, 17))}, {"prompt_token_ids": list(range(20, 29))}], None)
     packed = [c for c in calls[before:] if c]
     assert packed, "no linear layer ran through a reordered weight"
 
